@@ -1,0 +1,177 @@
+// CachingHostAllocator, the device allocator registry, and process RSS readings.
+#include "core/allocator.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace mw {
+
+CachingHostAllocator::CachingHostAllocator(Device device, int64_t capacity_bytes,
+                                           int64_t max_cached_bytes)
+    : device_(device), max_cached_bytes_(max_cached_bytes) {
+  stats_.capacity_bytes = capacity_bytes;
+}
+
+CachingHostAllocator::~CachingHostAllocator() { empty_cache(); }
+
+void* CachingHostAllocator::allocate(int64_t nbytes) {
+  MW_CHECK_T(InvalidArgument, nbytes >= 0, "allocate: negative size ", nbytes);
+  int64_t rounded = round_up(std::max<int64_t>(nbytes, 1), kHostAlignment);
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++stats_.alloc_count;
+  if (stats_.capacity_bytes > 0 && stats_.current_bytes + rounded > stats_.capacity_bytes) {
+    int64_t free_bytes = stats_.capacity_bytes - stats_.current_bytes;
+    throw OutOfMemory(
+        str(device_.str(), " out of memory: requested ", rounded, " bytes, ", free_bytes,
+            " bytes free of a ", stats_.capacity_bytes,
+            "-byte capacity. Raise the capacity (--device sim:SIZE), lower the batch, or enable "
+            "checkpointing/offload."),
+        rounded, free_bytes, stats_.capacity_bytes);
+  }
+  void* ptr = nullptr;
+  auto it = cache_.find(rounded);
+  if (it != cache_.end() && !it->second.empty()) {
+    ptr = it->second.back();
+    it->second.pop_back();
+    stats_.cached_bytes -= rounded;
+    ++stats_.cache_hits;
+  } else {
+    ptr = std::aligned_alloc(kHostAlignment, rounded);
+    if (!ptr) {
+      free_cached_locked(rounded);
+      ptr = std::aligned_alloc(kHostAlignment, rounded);
+    }
+    if (!ptr)
+      throw OutOfMemory(str(device_.str(), ": the system refused ", rounded,
+                            " bytes of host memory; lower the batch or offload more"),
+                        rounded, 0, stats_.capacity_bytes);
+  }
+  stats_.current_bytes += rounded;
+  stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
+  return ptr;
+}
+
+void CachingHostAllocator::deallocate(void* ptr, int64_t nbytes) {
+  if (!ptr) return;
+  int64_t rounded = round_up(std::max<int64_t>(nbytes, 1), kHostAlignment);
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.current_bytes -= rounded;
+  if (stats_.cached_bytes + rounded <= max_cached_bytes_) {
+    cache_[rounded].push_back(ptr);
+    stats_.cached_bytes += rounded;
+  } else {
+    std::free(ptr);
+  }
+}
+
+void CachingHostAllocator::free_cached_locked(int64_t needed_bytes) {
+  for (auto& [size, blocks] : cache_) {
+    for (void* p : blocks) std::free(p);
+    stats_.cached_bytes -= size * static_cast<int64_t>(blocks.size());
+    blocks.clear();
+  }
+  cache_.clear();
+}
+
+AllocatorStats CachingHostAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void CachingHostAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.peak_bytes = stats_.current_bytes;
+}
+
+void CachingHostAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  free_cached_locked(0);
+}
+
+void CachingHostAllocator::set_capacity(int64_t capacity_bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.capacity_bytes = capacity_bytes;
+}
+
+namespace {
+// Cache bound for host memory: enough for one GPT-2-small step's activations at the documents' sizes.
+constexpr int64_t kMaxCachedHostBytes = int64_t{4} << 30;
+constexpr int kMaxSimDevices = 8;
+
+struct Registry {
+  CachingHostAllocator cpu{Device::cpu(), 0, kMaxCachedHostBytes};
+  std::unique_ptr<CachingHostAllocator> sim[kMaxSimDevices];
+  std::mutex mutex;
+};
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+}  // namespace
+
+Allocator* cuda_allocator(int index);  // core/cuda or core/cuda_stub.cpp
+
+Allocator& allocator_for(Device device) {
+  Registry& r = registry();
+  switch (device.kind) {
+    case DeviceKind::CPU: return r.cpu;
+    case DeviceKind::Sim: {
+      MW_CHECK_T(InvalidArgument, device.index >= 0 && device.index < kMaxSimDevices,
+                 "sim device index ", device.index, " out of range [0, ", kMaxSimDevices, ")");
+      std::lock_guard<std::mutex> lock(r.mutex);
+      auto& slot = r.sim[device.index];
+      if (!slot) slot = std::make_unique<CachingHostAllocator>(device, 0, kMaxCachedHostBytes);
+      return *slot;
+    }
+    case DeviceKind::CUDA: return *cuda_allocator(device.index);
+  }
+  throw InvalidArgument("allocator_for: unknown device kind");
+}
+
+void set_sim_capacity(int index, int64_t capacity_bytes) {
+  static_cast<CachingHostAllocator&>(allocator_for(Device::sim(index))).set_capacity(capacity_bytes);
+}
+
+int64_t peak_rss_bytes() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+int64_t current_rss_bytes() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  long pages_total = 0, pages_resident = 0;
+  int n = std::fscanf(f, "%ld %ld", &pages_total, &pages_resident);
+  std::fclose(f);
+  return n == 2 ? static_cast<int64_t>(pages_resident) * sysconf(_SC_PAGESIZE) : 0;
+}
+
+AlignedBuffer::AlignedBuffer(int64_t nbytes) : nbytes_(nbytes) {
+  data_ = std::aligned_alloc(kHostAlignment, round_up(std::max<int64_t>(nbytes, 1), kHostAlignment));
+  if (!data_)
+    throw OutOfMemory(str("AlignedBuffer: the system refused ", nbytes, " bytes"), nbytes, 0, 0);
+}
+AlignedBuffer::~AlignedBuffer() { std::free(data_); }
+AlignedBuffer::AlignedBuffer(AlignedBuffer&& o) noexcept : data_(o.data_), nbytes_(o.nbytes_) {
+  o.data_ = nullptr;
+  o.nbytes_ = 0;
+}
+AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
+  if (this != &o) {
+    std::free(data_);
+    data_ = o.data_;
+    nbytes_ = o.nbytes_;
+    o.data_ = nullptr;
+    o.nbytes_ = 0;
+  }
+  return *this;
+}
+
+}  // namespace mw
