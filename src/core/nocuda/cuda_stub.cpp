@@ -9,3 +9,10 @@ Allocator* cuda_allocator(int index) {
                         "time); use --device cpu or sim, or rebuild on a machine with the CUDA toolkit"));
 }
 }  // namespace mw
+
+namespace mw {
+void cuda_copy_bytes(void*, Device dst_device, const void*, Device src_device, int64_t) {
+  throw DeviceError(str("copy between ", src_device.str(), " and ", dst_device.str(),
+                        " needs the CUDA backend, but memwall was built without CUDA"));
+}
+}  // namespace mw

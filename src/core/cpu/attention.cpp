@@ -1,0 +1,159 @@
+// Causal self-attention on a fused qkv tensor, forward and backward.
+//
+// qkv [B, T, 3C] holds q, k, v side by side; head h of q is channels [h*hs, (h+1)*hs). Each
+// (batch, head) pair is one task: scores = q k^T / sqrt(hs) through BLAS with leading dimension 3C,
+// causal mask, softmax, optional dropout on the probabilities, out = p v. att [B, NH, T, T] keeps the
+// pre-dropout probabilities for backward; the dropout mask is regenerated from its RngState
+// (Note [Counter-based dropout]).
+#include <cblas.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/ops.h"
+#include "core/parallel.h"
+
+namespace mw::ops {
+
+namespace {
+
+template <typename T>
+void gemm1(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+           const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  auto opa = ta ? CblasTrans : CblasNoTrans;
+  auto opb = tb ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, opa, opb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    cblas_dgemm(CblasRowMajor, opa, opb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+struct Dims {
+  int64_t B, T, C, NH, hs;
+};
+
+Dims attention_dims(const Tensor& qkv, int64_t n_head) {
+  MW_CHECK_T(ShapeError, qkv.dim() == 3 && qkv.size(2) % 3 == 0, "attention: expected qkv [B, T, 3C], got ",
+             qkv.desc());
+  const int64_t C = qkv.size(2) / 3;
+  MW_CHECK_T(ShapeError, n_head > 0 && C % n_head == 0, "attention: ", C,
+             " channels do not split into ", n_head, " heads");
+  return {qkv.size(0), qkv.size(1), C, n_head, C / n_head};
+}
+
+// Element index of (b, h, t, s) in att, the counter used for its dropout draw.
+inline uint64_t att_index(const Dims& d, int64_t b, int64_t h, int64_t t, int64_t s) {
+  return static_cast<uint64_t>(((b * d.NH + h) * d.T + t) * d.T + s);
+}
+
+}  // namespace
+
+AttentionOut attention(const Tensor& qkv_in, int64_t n_head, double attn_dropout, RngState rng) {
+  check_float("attention", qkv_in);
+  Tensor qkv = qkv_in.contiguous();
+  const Dims d = attention_dims(qkv, n_head);
+  AttentionOut r{Tensor::empty({d.B, d.T, d.C}, qkv.dtype(), qkv.device()),
+                 Tensor::empty({d.B, d.NH, d.T, d.T}, qkv.dtype(), qkv.device())};
+  dispatch_float(qkv.dtype(), "attention", [&]<typename T>() {
+    const T* pq = qkv.template data<T>();
+    T* po = r.out.template data<T>();
+    T* pa = r.att.template data<T>();
+    const T scale = T(1) / std::sqrt(static_cast<T>(d.hs));
+    const T keep_scale = static_cast<T>(1.0 / (1.0 - attn_dropout));
+    parallel_for(d.B * d.NH, 1, [&](int64_t s, int64_t e) {
+      std::vector<T> dropped;
+      for (int64_t bh = s; bh < e; ++bh) {
+        const int64_t b = bh / d.NH, h = bh % d.NH;
+        const T* q = pq + b * d.T * 3 * d.C + h * d.hs;
+        const T* k = q + d.C;
+        const T* v = q + 2 * d.C;
+        T* att = pa + bh * d.T * d.T;
+        gemm1<T>(false, true, d.T, d.T, d.hs, scale, q, 3 * d.C, k, 3 * d.C, T(0), att, d.T);
+        for (int64_t t = 0; t < d.T; ++t) {
+          T* row = att + t * d.T;
+          T mx = row[0];
+          for (int64_t j = 1; j <= t; ++j) mx = std::max(mx, row[j]);
+          T sum = 0;
+          for (int64_t j = 0; j <= t; ++j) sum += (row[j] = std::exp(row[j] - mx));
+          T inv = T(1) / sum;
+          for (int64_t j = 0; j <= t; ++j) row[j] *= inv;
+          for (int64_t j = t + 1; j < d.T; ++j) row[j] = T(0);
+        }
+        const T* probs = att;
+        if (attn_dropout > 0) {
+          dropped.assign(att, att + d.T * d.T);
+          for (int64_t t = 0; t < d.T; ++t)
+            for (int64_t j = 0; j <= t; ++j)
+              dropped[t * d.T + j] = random_uniform(rng, att_index(d, b, h, t, j)) >= attn_dropout
+                                         ? dropped[t * d.T + j] * keep_scale
+                                         : T(0);
+          probs = dropped.data();
+        }
+        gemm1<T>(false, false, d.T, d.hs, d.T, T(1), probs, d.T, v, 3 * d.C, T(0),
+                 po + b * d.T * d.C + h * d.hs, d.C);
+      }
+    });
+  });
+  return r;
+}
+
+Tensor attention_backward(const Tensor& dout_in, const Tensor& qkv_in, const Tensor& att_in,
+                          int64_t n_head, double attn_dropout, RngState rng) {
+  Tensor qkv = qkv_in.contiguous(), dout = dout_in.contiguous(), att_all = att_in.contiguous();
+  const Dims d = attention_dims(qkv, n_head);
+  Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
+  dispatch_float(qkv.dtype(), "attention_backward", [&]<typename T>() {
+    const T* pq = qkv.template data<T>();
+    const T* pd = dout.template data<T>();
+    const T* pa = att_all.template data<T>();
+    T* pg = dqkv.template data<T>();
+    const T scale = T(1) / std::sqrt(static_cast<T>(d.hs));
+    const T keep_scale = static_cast<T>(1.0 / (1.0 - attn_dropout));
+    parallel_for(d.B * d.NH, 1, [&](int64_t s, int64_t e) {
+      std::vector<T> dp(static_cast<size_t>(d.T * d.T)), dropped;
+      for (int64_t bh = s; bh < e; ++bh) {
+        const int64_t b = bh / d.NH, h = bh % d.NH;
+        const int64_t base = b * d.T * 3 * d.C + h * d.hs;
+        const T* q = pq + base;
+        const T* k = q + d.C;
+        const T* v = q + 2 * d.C;
+        T* dq = pg + base;
+        T* dk = dq + d.C;
+        T* dv = dq + 2 * d.C;
+        const T* att = pa + bh * d.T * d.T;
+        const T* dO = pd + b * d.T * d.C + h * d.hs;
+        // keep[t, j]: the dropout multiplier (0 or 1/(1-p)) of probability (t, j).
+        auto keep = [&](int64_t t, int64_t j) {
+          return random_uniform(rng, att_index(d, b, h, t, j)) >= attn_dropout ? keep_scale : T(0);
+        };
+        const T* probs = att;
+        if (attn_dropout > 0) {
+          dropped.assign(att, att + d.T * d.T);
+          for (int64_t t = 0; t < d.T; ++t)
+            for (int64_t j = 0; j <= t; ++j) dropped[t * d.T + j] *= keep(t, j);
+          probs = dropped.data();
+        }
+        // dv = probs^T @ dO
+        gemm1<T>(true, false, d.T, d.hs, d.T, T(1), probs, d.T, dO, d.C, T(0), dv, 3 * d.C);
+        // dp = dO @ v^T, then through dropout and softmax
+        gemm1<T>(false, true, d.T, d.T, d.hs, T(1), dO, d.C, v, 3 * d.C, T(0), dp.data(), d.T);
+        for (int64_t t = 0; t < d.T; ++t) {
+          T* row = dp.data() + t * d.T;
+          const T* a = att + t * d.T;
+          if (attn_dropout > 0)
+            for (int64_t j = 0; j <= t; ++j) row[j] *= keep(t, j);
+          T dot = 0;
+          for (int64_t j = 0; j <= t; ++j) dot += row[j] * a[j];
+          for (int64_t j = 0; j <= t; ++j) row[j] = a[j] * (row[j] - dot) * scale;
+          for (int64_t j = t + 1; j < d.T; ++j) row[j] = T(0);
+        }
+        // dq = ds @ k ; dk = ds^T @ q
+        gemm1<T>(false, false, d.T, d.hs, d.T, T(1), dp.data(), d.T, k, 3 * d.C, T(0), dq, 3 * d.C);
+        gemm1<T>(true, false, d.T, d.hs, d.T, T(1), dp.data(), d.T, q, 3 * d.C, T(0), dk, 3 * d.C);
+      }
+    });
+  });
+  return dqkv;
+}
+
+}  // namespace mw::ops

@@ -1,0 +1,92 @@
+// The fused shifted cross-entropy of GPT-2 training (ColossalAI GPTLMLoss):
+//   loss = mean over b, t < T-1 of (logsumexp(logits[b, t]) - logits[b, t, ids[b, t+1]]).
+// Row losses are summed serially in double, so the loss is deterministic for any thread count.
+#include <cmath>
+
+#include "core/ops.h"
+#include "core/parallel.h"
+
+namespace mw::ops {
+
+namespace {
+std::vector<int64_t> target_ids(const Tensor& ids, int64_t B, int64_t T, int64_t V) {
+  MW_CHECK_T(ShapeError, ids.dim() == 2 && ids.size(0) == B && ids.size(1) == T,
+             "cross-entropy: ids ", ids.desc(), " do not match logits [", B, ", ", T, ", ", V, "]");
+  std::vector<int64_t> out(static_cast<size_t>(B * T));
+  Tensor c = ids.contiguous();
+  for (int64_t i = 0; i < B * T; ++i) {
+    int64_t id = ids.dtype() == DType::I32 ? c.data<int32_t>()[i] : c.data<int64_t>()[i];
+    MW_CHECK_T(InvalidArgument, id >= 0 && id < V, "cross-entropy: target id ", id,
+               " outside the vocabulary of ", V);
+    out[static_cast<size_t>(i)] = id;
+  }
+  return out;
+}
+}  // namespace
+
+std::pair<Tensor, Tensor> shifted_cross_entropy(const Tensor& logits_in, const Tensor& ids) {
+  check_float("cross-entropy", logits_in);
+  MW_CHECK_T(ShapeError, logits_in.dim() == 3 && logits_in.size(1) >= 2,
+             "cross-entropy: expected logits [B, T>=2, V], got ", logits_in.desc());
+  Tensor logits = logits_in.contiguous();
+  const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
+  const auto targets = target_ids(ids, B, T, V);
+  Tensor loss = Tensor::empty({}, logits.dtype(), logits.device());
+  Tensor lse = Tensor::empty({B, T - 1}, logits.dtype(), logits.device());
+  dispatch_float(logits.dtype(), "cross-entropy", [&]<typename Tp>() {
+    const Tp* pl = logits.template data<Tp>();
+    Tp* plse = lse.template data<Tp>();
+    std::vector<double> row_loss(static_cast<size_t>(B * (T - 1)));
+    parallel_for(B * (T - 1), 4, [&](int64_t s, int64_t e) {
+      for (int64_t r = s; r < e; ++r) {
+        const int64_t b = r / (T - 1), t = r % (T - 1);
+        const Tp* row = pl + (b * T + t) * V;
+        Tp mx = row[0];
+        for (int64_t j = 1; j < V; ++j) mx = std::max(mx, row[j]);
+        Tp sum = 0;
+        for (int64_t j = 0; j < V; ++j) sum += std::exp(row[j] - mx);
+        Tp l = mx + std::log(sum);
+        plse[r] = l;
+        row_loss[static_cast<size_t>(r)] = static_cast<double>(l - row[targets[b * T + t + 1]]);
+      }
+    });
+    double total = 0;
+    for (double v : row_loss) total += v;
+    *loss.template data<Tp>() = static_cast<Tp>(total / static_cast<double>(B * (T - 1)));
+  });
+  return {loss, lse};
+}
+
+Tensor shifted_cross_entropy_backward(const Tensor& dloss, const Tensor& logits_in,
+                                      const Tensor& lse, const Tensor& ids, bool reuse_logits) {
+  Tensor logits = logits_in.contiguous();
+  const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
+  const auto targets = target_ids(ids, B, T, V);
+  Tensor dlogits = reuse_logits && logits.is_same(logits_in)
+                       ? logits
+                       : Tensor::empty(logits.shape(), logits.dtype(), logits.device());
+  dlogits.bump_version();
+  dispatch_float(logits.dtype(), "cross-entropy backward", [&]<typename Tp>() {
+    const Tp* pl = logits.template data<Tp>();
+    const Tp* plse = lse.template data<Tp>();
+    Tp* pd = dlogits.template data<Tp>();
+    const Tp scale = static_cast<Tp>(dloss.item() / static_cast<double>(B * (T - 1)));
+    parallel_for(B * T, 4, [&](int64_t s, int64_t e) {
+      for (int64_t r = s; r < e; ++r) {
+        const int64_t b = r / T, t = r % T;
+        Tp* d = pd + r * V;
+        if (t == T - 1) {
+          std::fill(d, d + V, Tp(0));
+          continue;
+        }
+        const Tp* row = pl + r * V;
+        const Tp l = plse[b * (T - 1) + t];
+        for (int64_t j = 0; j < V; ++j) d[j] = std::exp(row[j] - l) * scale;
+        d[targets[r + 1]] -= scale;
+      }
+    });
+  });
+  return dlogits;
+}
+
+}  // namespace mw::ops

@@ -1,0 +1,189 @@
+// Matrix products on the CPU: cblas_sgemm / cblas_dgemm, tiled across oneTBB (Note [Threads]).
+//
+// Each product is split along its larger output dimension into one tile per thread; each tile is an
+// independent single-threaded BLAS call on a sub-block, so results depend only on the thread count,
+// and the one thread pool is oneTBB's.
+#include <cblas.h>
+
+#include "core/allocator.h"
+
+#include "core/ops.h"
+#include "core/parallel.h"
+
+namespace mw::ops {
+
+namespace {
+
+// A 2-D operand as BLAS sees it: base pointer, leading dimension, and whether it is stored
+// transposed relative to its logical shape.
+struct BlasOperand {
+  const void* data;
+  int64_t ld;
+  bool trans;
+};
+
+BlasOperand as_blas(const Tensor& t, bool trans, Tensor& keepalive) {
+  MW_CHECK_T(ShapeError, t.dim() == 2, "gemm: expected a 2-D operand, got ", t.desc());
+  if (t.stride(1) == 1 && t.stride(0) >= std::max<int64_t>(1, t.size(1)))
+    return {t.raw_data(), t.stride(0), trans};
+  if (t.stride(0) == 1 && t.stride(1) >= std::max<int64_t>(1, t.size(0)))
+    return {t.raw_data(), t.stride(1), !trans};  // a transposed view: flip the flag
+  keepalive = t.contiguous();
+  return {keepalive.raw_data(), std::max<int64_t>(1, keepalive.size(1)), trans};
+}
+
+template <typename T>
+void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+               const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  auto opa = ta ? CblasTrans : CblasNoTrans;
+  auto opb = tb ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, opa, opb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    cblas_dgemm(CblasRowMajor, opa, opb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// C[M,N] = alpha * op(A) @ op(B) + beta * C, tiled over the larger of M and N.
+template <typename T>
+void tiled_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda,
+                const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
+    return;
+  }
+  const int64_t threads = num_threads();
+  const bool split_m = M >= N;
+  const int64_t extent = split_m ? M : N;
+  // Tiles of a multiple of 16 rows/columns, one per thread; small products stay on one thread.
+  int64_t tile = round_up((extent + threads - 1) / threads, 16);
+  if (M * N * K < (int64_t{1} << 18)) tile = extent;
+  const int64_t ntiles = (extent + tile - 1) / tile;
+  parallel_for(ntiles, 1, [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      int64_t lo = k * tile, hi = std::min(extent, lo + tile);
+      if (split_m) {
+        const T* a = ta ? A + lo : A + lo * lda;
+        blas_gemm<T>(ta, tb, hi - lo, N, K, T(1), a, lda, B, ldb, beta, C + lo * ldc, ldc);
+      } else {
+        const T* bp = tb ? B + lo * ldb : B + lo;
+        blas_gemm<T>(ta, tb, M, hi - lo, K, T(1), A, lda, bp, ldb, beta, C + lo, ldc);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& out,
+          bool accumulate) {
+  check_float("gemm", a);
+  MW_CHECK_T(ShapeError, a.dtype() == b.dtype() && a.dtype() == out.dtype(),
+             "gemm: dtypes differ: ", a.desc(), ", ", b.desc(), ", ", out.desc());
+  const int64_t M = trans_a ? a.size(1) : a.size(0);
+  const int64_t K = trans_a ? a.size(0) : a.size(1);
+  const int64_t Kb = trans_b ? b.size(1) : b.size(0);
+  const int64_t N = trans_b ? b.size(0) : b.size(1);
+  MW_CHECK_T(ShapeError, K == Kb, "gemm: inner dimensions differ: ", a.desc(),
+             trans_a ? "^T" : "", " @ ", b.desc(), trans_b ? "^T" : "");
+  MW_CHECK_T(ShapeError, out.dim() == 2 && out.size(0) == M && out.size(1) == N && out.is_contiguous(),
+             "gemm: output ", out.desc(), " is not a contiguous [", M, ", ", N, "]");
+  Tensor ka, kb;
+  BlasOperand A = as_blas(a, trans_a, ka), B = as_blas(b, trans_b, kb);
+  out.bump_version();
+  dispatch_float(a.dtype(), "gemm", [&]<typename T>() {
+    tiled_gemm<T>(A.trans, B.trans, M, N, K, static_cast<const T*>(A.data), A.ld,
+                  static_cast<const T*>(B.data), B.ld, accumulate ? T(1) : T(0),
+                  out.template data<T>(), std::max<int64_t>(1, N));
+  });
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  MW_CHECK_T(ShapeError, a.dim() >= 2 && b.dim() >= 2, "matmul: operands must be at least 2-D, got ",
+             a.desc(), " @ ", b.desc());
+  MW_CHECK_T(ShapeError, a.size(-1) == b.size(-2), "matmul: inner dimensions differ: ", a.desc(),
+             " @ ", b.desc());
+  const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+  Shape out_shape(a.shape().begin(), a.shape().end() - 1);
+  out_shape.push_back(N);
+  if (b.dim() == 2) {  // fold all of a's leading dims into M: one large product
+    Tensor a2 = a.dim() == 2 ? a : a.reshape({-1, K});
+    Tensor out = Tensor::empty({a2.size(0), N}, a.dtype(), a.device());
+    gemm(a2, false, b, false, out, false);
+    return out.view(out_shape);
+  }
+  MW_CHECK_T(ShapeError,
+             a.dim() == b.dim() && std::equal(a.shape().begin(), a.shape().end() - 2, b.shape().begin()),
+             "matmul: batch dimensions differ: ", a.desc(), " @ ", b.desc());
+  Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
+  Tensor a3 = a.reshape({-1, M, K}), b3 = b.reshape({-1, K, N});
+  Tensor o3 = out.view({-1, M, N});
+  for (int64_t i = 0; i < a3.size(0); ++i) {
+    Tensor oi = o3.narrow(0, i, 1).view({M, N});
+    gemm(a3.narrow(0, i, 1).reshape({M, K}), false, b3.narrow(0, i, 1).reshape({K, N}), false, oi,
+         false);
+  }
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  MW_CHECK_T(ShapeError, w.dim() == 2 && x.size(-1) == w.size(0), "linear: input ", x.desc(),
+             " does not fit weight ", w.desc(), " ([in, out], HF Conv1D layout)");
+  const int64_t K = w.size(0), N = w.size(1);
+  Tensor x2 = x.reshape({-1, K});
+  const int64_t R = x2.size(0);
+  Tensor out = Tensor::empty({R, N}, x.dtype(), x.device());
+  bool has_bias = bias.defined();
+  if (has_bias) {
+    MW_CHECK_T(ShapeError, bias.dim() == 1 && bias.size(0) == N, "linear: bias ", bias.desc(),
+               " does not fit weight ", w.desc());
+    dispatch_float(x.dtype(), "linear", [&]<typename T>() {
+      const T* bp = bias.contiguous().template data<T>();
+      T* op = out.template data<T>();
+      parallel_for(R, 64, [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) std::copy(bp, bp + N, op + r * N);
+      });
+    });
+  }
+  gemm(x2, false, w, false, out, has_bias);
+  Shape shape = x.shape();
+  shape.back() = N;
+  return out.view(shape);
+}
+
+LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, bool need_dx,
+                            bool need_dw, bool need_dbias) {
+  const int64_t K = w.size(0), N = w.size(1);
+  Tensor dy2 = dy.reshape({-1, N}), x2 = x.reshape({-1, K});
+  const int64_t R = dy2.size(0);
+  LinearGrads g;
+  if (need_dx) {
+    g.dx = Tensor::empty({R, K}, x.dtype(), x.device());
+    gemm(dy2, false, w, true, g.dx, false);
+    g.dx = g.dx.view(x.shape());
+  }
+  if (need_dw) {
+    g.dw = Tensor::empty({K, N}, w.dtype(), w.device());
+    gemm(x2, true, dy2, false, g.dw, false);
+  }
+  if (need_dbias) {
+    // Column sums: each thread owns a range of columns and adds rows in order (deterministic).
+    g.dbias = Tensor::empty({N}, dy.dtype(), dy.device());
+    Tensor dyc = dy2.contiguous();
+    dispatch_float(dy.dtype(), "linear_backward", [&]<typename T>() {
+      const T* d = dyc.template data<T>();
+      T* db = g.dbias.template data<T>();
+      parallel_for(N, 256, [&](int64_t b, int64_t e) {
+        std::fill(db + b, db + e, T(0));
+        for (int64_t r = 0; r < R; ++r) {
+          const T* row = d + r * N;
+          for (int64_t j = b; j < e; ++j) db[j] += row[j];
+        }
+      });
+    });
+  }
+  return g;
+}
+
+}  // namespace mw::ops

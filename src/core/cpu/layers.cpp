@@ -1,0 +1,281 @@
+// Forward and backward kernels of the per-row layers: embedding, layernorm, GELU, softmax, dropout.
+// Each forward sits next to its backward (llm.c's layout). Reductions across rows (weight gradients)
+// are combined in fixed block order (Note [Deterministic parallelism]).
+#include <cmath>
+
+#include "core/ops.h"
+#include "core/parallel.h"
+
+namespace mw::ops {
+
+namespace {
+constexpr int64_t kGrain = 1 << 14;
+
+template <typename F>
+void for_ids(const Tensor& ids, F f) {  // f(position, id)
+  MW_CHECK_T(ShapeError, ids.dtype() == DType::I32 || ids.dtype() == DType::I64,
+             "expected i32 or i64 token ids, got ", ids.desc());
+  Tensor c = ids.contiguous();
+  if (ids.dtype() == DType::I32) {
+    const int32_t* p = c.data<int32_t>();
+    for (int64_t i = 0; i < c.numel(); ++i) f(i, static_cast<int64_t>(p[i]));
+  } else {
+    const int64_t* p = c.data<int64_t>();
+    for (int64_t i = 0; i < c.numel(); ++i) f(i, p[i]);
+  }
+}
+}  // namespace
+
+// ---------------- embedding ----------------
+
+Tensor embedding(const Tensor& table_in, const Tensor& ids) {
+  check_float("embedding", table_in);
+  MW_CHECK_T(ShapeError, table_in.dim() == 2, "embedding: table must be [V, C], got ",
+             table_in.desc());
+  Tensor table = table_in.contiguous();
+  const int64_t V = table.size(0), C = table.size(1);
+  Shape shape = ids.shape();
+  shape.push_back(C);
+  Tensor out = Tensor::empty(shape, table.dtype(), table.device());
+  std::vector<int64_t> rows(static_cast<size_t>(ids.numel()));
+  for_ids(ids, [&](int64_t i, int64_t id) {
+    MW_CHECK_T(InvalidArgument, id >= 0 && id < V, "embedding: token id ", id, " at position ", i,
+               " is outside the table's ", V, " rows; check the data's vocabulary");
+    rows[i] = id;
+  });
+  dispatch_float(table.dtype(), "embedding", [&]<typename T>() {
+    const T* t = table.template data<T>();
+    T* o = out.template data<T>();
+    parallel_for(static_cast<int64_t>(rows.size()), 16, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) std::copy(t + rows[i] * C, t + (rows[i] + 1) * C, o + i * C);
+    });
+  });
+  return out;
+}
+
+Tensor embedding_backward(const Tensor& dout_in, const Tensor& ids, int64_t num_rows) {
+  Tensor dout = dout_in.contiguous();
+  const int64_t C = dout.size(-1);
+  Tensor dtable = Tensor::zeros({num_rows, C}, dout.dtype(), dout.device());
+  std::vector<int64_t> rows(static_cast<size_t>(ids.numel()));
+  for_ids(ids, [&](int64_t i, int64_t id) { rows[i] = id; });
+  dispatch_float(dout.dtype(), "embedding_backward", [&]<typename T>() {
+    const T* d = dout.template data<T>();
+    T* g = dtable.template data<T>();
+    // Each thread owns a slice of channels and adds positions in order: deterministic.
+    parallel_for(C, 64, [&](int64_t cs, int64_t ce) {
+      for (size_t i = 0; i < rows.size(); ++i) {
+        T* gr = g + rows[i] * C;
+        const T* dr = d + static_cast<int64_t>(i) * C;
+        for (int64_t c = cs; c < ce; ++c) gr[c] += dr[c];
+      }
+    });
+  });
+  return dtable;
+}
+
+// ---------------- layernorm ----------------
+
+LayerNormOut layernorm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, double eps) {
+  check_float("layernorm", x_in);
+  Tensor x = x_in.contiguous();
+  const int64_t C = x.size(-1), N = x.numel() / C;
+  MW_CHECK_T(ShapeError, weight.numel() == C && bias.numel() == C, "layernorm: weight ",
+             weight.desc(), " and bias ", bias.desc(), " must have ", C, " elements for ", x.desc());
+  LayerNormOut r{Tensor::empty(x.shape(), x.dtype(), x.device()),
+                 Tensor::empty({N}, x.dtype(), x.device()), Tensor::empty({N}, x.dtype(), x.device())};
+  dispatch_float(x.dtype(), "layernorm", [&]<typename T>() {
+    const T* px = x.template data<T>();
+    const T* w = weight.contiguous().template data<T>();
+    const T* b = bias.contiguous().template data<T>();
+    T* po = r.out.template data<T>();
+    T* pm = r.mean.template data<T>();
+    T* pr = r.rstd.template data<T>();
+    parallel_for(N, 8, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) {
+        const T* row = px + i * C;
+        T m = 0;
+        for (int64_t c = 0; c < C; ++c) m += row[c];
+        m /= static_cast<T>(C);
+        T v = 0;
+        for (int64_t c = 0; c < C; ++c) v += (row[c] - m) * (row[c] - m);
+        v /= static_cast<T>(C);
+        T rs = T(1) / std::sqrt(v + static_cast<T>(eps));
+        T* o = po + i * C;
+        for (int64_t c = 0; c < C; ++c) o[c] = (row[c] - m) * rs * w[c] + b[c];
+        pm[i] = m;
+        pr[i] = rs;
+      }
+    });
+  });
+  return r;
+}
+
+LayerNormGrads layernorm_backward(const Tensor& dout_in, const Tensor& x_in, const Tensor& weight,
+                                  const Tensor& mean, const Tensor& rstd) {
+  Tensor dout = dout_in.contiguous(), x = x_in.contiguous();
+  const int64_t C = x.size(-1), N = x.numel() / C;
+  LayerNormGrads g{Tensor::empty(x.shape(), x.dtype(), x.device()),
+                   Tensor::empty({C}, x.dtype(), x.device()), Tensor::empty({C}, x.dtype(), x.device())};
+  dispatch_float(x.dtype(), "layernorm_backward", [&]<typename T>() {
+    const T* pd = dout.template data<T>();
+    const T* px = x.template data<T>();
+    const T* w = weight.contiguous().template data<T>();
+    const T* pm = mean.template data<T>();
+    const T* pr = rstd.template data<T>();
+    T* pdx = g.dx.template data<T>();
+    constexpr int64_t kRowsPerBlock = 32;
+    // Each block of rows writes dx for its rows and returns partial dweight/dbias sums.
+    auto partials = parallel_reduce_blocks<std::vector<T>>(N, kRowsPerBlock, [&](int64_t s, int64_t e) {
+      std::vector<T> acc(static_cast<size_t>(2 * C), T(0));
+      for (int64_t i = s; i < e; ++i) {
+        const T* d = pd + i * C;
+        const T* row = px + i * C;
+        const T m = pm[i], rs = pr[i];
+        T dnorm_mean = 0, dnorm_norm_mean = 0;
+        for (int64_t c = 0; c < C; ++c) {
+          T norm = (row[c] - m) * rs;
+          T dnorm = w[c] * d[c];
+          dnorm_mean += dnorm;
+          dnorm_norm_mean += dnorm * norm;
+          acc[c] += d[c] * norm;
+          acc[C + c] += d[c];
+        }
+        dnorm_mean /= static_cast<T>(C);
+        dnorm_norm_mean /= static_cast<T>(C);
+        T* dx = pdx + i * C;
+        for (int64_t c = 0; c < C; ++c) {
+          T norm = (row[c] - m) * rs;
+          dx[c] = (w[c] * d[c] - dnorm_mean - norm * dnorm_norm_mean) * rs;
+        }
+      }
+      return acc;
+    });
+    T* dw = g.dweight.template data<T>();
+    T* db = g.dbias.template data<T>();
+    std::fill(dw, dw + C, T(0));
+    std::fill(db, db + C, T(0));
+    for (const auto& p : partials)
+      for (int64_t c = 0; c < C; ++c) {
+        dw[c] += p[c];
+        db[c] += p[C + c];
+      }
+  });
+  return g;
+}
+
+// ---------------- GELU (tanh form, HF gelu_new) ----------------
+
+namespace {
+constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2/pi)
+}
+
+Tensor gelu(const Tensor& x_in) {
+  check_float("gelu", x_in);
+  Tensor x = x_in.contiguous();
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  dispatch_float(x.dtype(), "gelu", [&]<typename T>() {
+    const T* px = x.template data<T>();
+    T* po = out.template data<T>();
+    const T s = static_cast<T>(kGeluScale), k = static_cast<T>(0.044715);
+    parallel_for(x.numel(), kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        T v = px[i];
+        po[i] = T(0.5) * v * (T(1) + std::tanh(s * (v + k * v * v * v)));
+      }
+    });
+  });
+  return out;
+}
+
+Tensor gelu_backward(const Tensor& dout_in, const Tensor& x_in) {
+  Tensor x = x_in.contiguous(), dout = dout_in.contiguous();
+  Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+  dispatch_float(x.dtype(), "gelu_backward", [&]<typename T>() {
+    const T* px = x.template data<T>();
+    const T* pd = dout.template data<T>();
+    T* po = dx.template data<T>();
+    const T s = static_cast<T>(kGeluScale), k = static_cast<T>(0.044715);
+    parallel_for(x.numel(), kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        T v = px[i];
+        T u = s * (v + k * v * v * v);
+        T t = std::tanh(u);
+        T sech2 = T(1) - t * t;
+        T local = T(0.5) * (T(1) + t) + T(0.5) * v * sech2 * s * (T(1) + T(3) * k * v * v);
+        po[i] = local * pd[i];
+      }
+    });
+  });
+  return dx;
+}
+
+// ---------------- softmax over the last dim ----------------
+
+Tensor softmax(const Tensor& x_in) {
+  check_float("softmax", x_in);
+  Tensor x = x_in.contiguous();
+  const int64_t C = x.size(-1), N = x.numel() / std::max<int64_t>(C, 1);
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  dispatch_float(x.dtype(), "softmax", [&]<typename T>() {
+    const T* px = x.template data<T>();
+    T* po = out.template data<T>();
+    parallel_for(N, 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const T* row = px + i * C;
+        T* o = po + i * C;
+        T mx = row[0];
+        for (int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
+        T sum = 0;
+        for (int64_t c = 0; c < C; ++c) sum += (o[c] = std::exp(row[c] - mx));
+        T inv = T(1) / sum;
+        for (int64_t c = 0; c < C; ++c) o[c] *= inv;
+      }
+    });
+  });
+  return out;
+}
+
+Tensor softmax_backward(const Tensor& dout_in, const Tensor& y_in) {
+  Tensor y = y_in.contiguous(), dout = dout_in.contiguous();
+  const int64_t C = y.size(-1), N = y.numel() / std::max<int64_t>(C, 1);
+  Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
+  dispatch_float(y.dtype(), "softmax_backward", [&]<typename T>() {
+    const T* py = y.template data<T>();
+    const T* pd = dout.template data<T>();
+    T* po = dx.template data<T>();
+    parallel_for(N, 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const T* yr = py + i * C;
+        const T* dr = pd + i * C;
+        T dot = 0;
+        for (int64_t c = 0; c < C; ++c) dot += yr[c] * dr[c];
+        T* o = po + i * C;
+        for (int64_t c = 0; c < C; ++c) o[c] = yr[c] * (dr[c] - dot);
+      }
+    });
+  });
+  return dx;
+}
+
+// ---------------- dropout ----------------
+
+Tensor dropout(const Tensor& x_in, double p, RngState rng) {
+  check_float("dropout", x_in);
+  MW_CHECK_T(InvalidArgument, p >= 0 && p < 1, "dropout: probability ", p,
+             " must be in [0, 1)");
+  Tensor x = x_in.contiguous();
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  dispatch_float(x.dtype(), "dropout", [&]<typename T>() {
+    const T* px = x.template data<T>();
+    T* po = out.template data<T>();
+    const T scale = static_cast<T>(1.0 / (1.0 - p));
+    parallel_for(x.numel(), kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        po[i] = random_uniform(rng, static_cast<uint64_t>(i)) >= p ? px[i] * scale : T(0);
+    });
+  });
+  return out;
+}
+
+}  // namespace mw::ops

@@ -1,0 +1,65 @@
+// Counter-based random numbers.
+//
+// Note [Counter-based dropout]: every random draw is a pure function of (seed, offset + index),
+// hashed with splitmix64. An op that needs n numbers takes an RngState and the generator advances its
+// offset by n. So a mask can be regenerated in backward instead of stored, recomputation replays the
+// same masks by restoring (seed, offset), and results do not depend on the number of threads.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace mw {
+
+struct RngState {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+
+inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// A 64-bit random number for element `index` of a draw that starts at `rng`.
+inline uint64_t random_bits(RngState rng, uint64_t index) {
+  return splitmix64(splitmix64(rng.seed) ^ (rng.offset + index));
+}
+
+// Uniform in [0, 1) with 24 random bits (exact in float and double).
+inline double random_uniform(RngState rng, uint64_t index) {
+  return static_cast<double>(random_bits(rng, index) >> 40) * (1.0 / 16777216.0);
+}
+
+// Standard normal by Box-Muller on two independent draws.
+inline double random_normal(RngState rng, uint64_t index) {
+  uint64_t bits = random_bits(rng, index);
+  double u1 = (static_cast<double>(bits >> 11) + 1.0) * (1.0 / 9007199254740993.0);  // (0, 1]
+  double u2 = static_cast<double>(splitmix64(bits) >> 11) * (1.0 / 9007199254740992.0);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+// A seed plus a running offset. reserve(n) hands out a state for n draws and advances.
+class Generator {
+ public:
+  explicit Generator(uint64_t seed = 0) : state_{seed, 0} {}
+  RngState reserve(uint64_t n) {
+    RngState s = state_;
+    state_.offset += n;
+    return s;
+  }
+  RngState state() const { return state_; }
+  void set_state(RngState s) { state_ = s; }
+  void manual_seed(uint64_t seed) { state_ = {seed, 0}; }
+
+ private:
+  RngState state_;
+};
+
+// The process-wide generator that dropout layers draw from. Checkpointing saves and restores its
+// state around recomputation (nn/checkpoint.h), as PyTorch does with its default generator.
+Generator& default_generator();
+
+}  // namespace mw

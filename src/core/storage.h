@@ -1,0 +1,60 @@
+// Storage: a block of bytes on one device, shared by every tensor view onto it.
+//
+// Note [Storage lifecycle]: the *object* outlives its *bytes*. release() frees the bytes while every
+// view survives (reading a released storage throws); materialize() re-allocates them; move_to()
+// re-homes them on another device, and every view sees the new place. Gemini's chunks, NVMe offload
+// and recomputation are built on these three operations.
+//
+// Note [Version counter]: every in-place write to a storage bumps version(). Autograd records the
+// version of each saved tensor and checks it in backward, so an in-place change is reported instead of
+// silently producing wrong gradients.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "core/device.h"
+
+namespace mw {
+
+class Allocator;
+
+class Storage {
+ public:
+  // Allocates nbytes on device (contents uninitialised).
+  Storage(int64_t nbytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  static std::shared_ptr<Storage> create(int64_t nbytes, Device device) {
+    return std::make_shared<Storage>(nbytes, device);
+  }
+
+  void* data();  // throws if released
+  const void* data() const;
+  void* data_or_null() { return data_; }
+  int64_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+  bool is_released() const { return data_ == nullptr && nbytes_ > 0; }
+
+  void release();                    // free the bytes; views survive
+  void materialize();                // re-allocate released bytes (uninitialised) on device()
+  void move_to(Device device);       // copy bytes to device, free the old ones
+  void resize_uninitialized(int64_t nbytes);  // only for released or empty storages
+
+  uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  void* data_ = nullptr;
+  int64_t nbytes_ = 0;
+  Device device_;
+  std::atomic<uint64_t> version_{0};
+};
+
+// Copies nbytes between any two devices (host memcpy for cpu/sim, CUDA copies otherwise).
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, int64_t nbytes);
+
+}  // namespace mw
