@@ -1,0 +1,300 @@
+// The backward engine, autograd metadata, grad mode and graph teardown.
+//
+// Backward (run_backward):
+//  1. count, for every node reachable from the roots, how many edges point at it (iterative DFS);
+//  2. start from the roots; a node runs once all of its incoming gradients have arrived, and the
+//     ready node created last runs first (highest sequence number), mirroring the forward;
+//  3. gradients arriving at the same node input are summed; saved tensors are released as soon as
+//     a node has run (unless retain_graph).
+#include <queue>
+#include <unordered_map>
+
+#include "autograd/node.h"
+#include "core/ops.h"
+
+namespace mw {
+
+// ---------------- metadata ----------------
+
+AutogradMeta* autograd_meta(const Tensor& t) {
+  return t.defined() ? static_cast<AutogradMeta*>(t.autograd_meta()) : nullptr;
+}
+
+AutogradMeta& ensure_autograd_meta(const Tensor& t) {
+  MW_CHECK_T(AutogradError, t.defined(), "autograd on an undefined tensor");
+  if (!t.autograd_meta()) t.set_autograd_meta(std::make_shared<AutogradMeta>());
+  return *autograd_meta(t);
+}
+
+const Tensor& set_requires_grad(const Tensor& t, bool requires_grad) {
+  auto& meta = ensure_autograd_meta(t);
+  MW_CHECK_T(AutogradError, !meta.grad_fn, "set_requires_grad: ", t.desc(),
+             " is the result of an op; only leaves can be marked (use detach() first)");
+  MW_CHECK_T(AutogradError, !requires_grad || is_floating(t.dtype()),
+             "set_requires_grad: only floating tensors can require grad, got ", t.desc());
+  meta.requires_grad = requires_grad;
+  return t;
+}
+
+bool requires_grad(const Tensor& t) {
+  auto* m = autograd_meta(t);
+  return m && (m->requires_grad || m->grad_fn);
+}
+
+bool is_leaf(const Tensor& t) {
+  auto* m = autograd_meta(t);
+  return !m || !m->grad_fn;
+}
+
+std::shared_ptr<Node> grad_fn(const Tensor& t) {
+  auto* m = autograd_meta(t);
+  return m ? m->grad_fn : nullptr;
+}
+
+Tensor grad(const Tensor& t) {
+  auto* m = autograd_meta(t);
+  return m ? m->grad : Tensor();
+}
+
+void set_grad(const Tensor& t, Tensor g) {
+  if (g.defined()) check_same_shape("set_grad", t, g);
+  ensure_autograd_meta(t).grad = std::move(g);
+}
+
+void zero_grad(const Tensor& t) {
+  if (auto* m = autograd_meta(t)) m->grad = Tensor();
+}
+
+void add_grad_ready_hook(const Tensor& leaf, GradReadyHook hook) {
+  MW_CHECK_T(AutogradError, is_leaf(leaf), "grad-ready hooks go on leaves, not on ", leaf.desc());
+  ensure_autograd_meta(leaf).grad_ready_hooks.push_back(std::move(hook));
+}
+
+// ---------------- grad mode ----------------
+
+namespace {
+thread_local bool t_grad_enabled = true;
+}
+bool grad_enabled() { return t_grad_enabled; }
+NoGradGuard::NoGradGuard() : previous_(t_grad_enabled) { t_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { t_grad_enabled = previous_; }
+EnableGradGuard::EnableGradGuard() : previous_(t_grad_enabled) { t_grad_enabled = true; }
+EnableGradGuard::~EnableGradGuard() { t_grad_enabled = previous_; }
+
+// ---------------- nodes ----------------
+
+uint64_t next_sequence_nr() {
+  static std::atomic<uint64_t> counter{0};
+  return counter.fetch_add(1, std::memory_order_relaxed);
+}
+
+namespace {
+// Iterative teardown: a node being deleted hands its children to a pending list instead of letting
+// their destructors recurse.
+thread_local bool t_deleting = false;
+thread_local std::vector<std::shared_ptr<Node>> t_pending_delete;
+
+void delete_node(Node* node) {
+  for (auto& e : node->next_edges)
+    if (e.fn) t_pending_delete.push_back(std::move(e.fn));
+  node->next_edges.clear();
+  if (t_deleting) {
+    delete node;
+    return;
+  }
+  t_deleting = true;
+  delete node;
+  while (!t_pending_delete.empty()) {
+    std::shared_ptr<Node> next = std::move(t_pending_delete.back());
+    t_pending_delete.pop_back();
+    next.reset();  // if last owner: delete_node runs, appends its children, returns at once
+  }
+  t_deleting = false;
+}
+}  // namespace
+
+std::shared_ptr<Node> adopt_node(Node* node) {
+  node->sequence_nr = next_sequence_nr();
+  return std::shared_ptr<Node>(node, delete_node);
+}
+
+std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grad_outputs) {
+  MW_CHECK_T(AutogradError, backward_ != nullptr, "backward through ", name_,
+             " a second time: its saved tensors were already freed; pass retain_graph=true to the "
+             "first backward");
+  return backward_(grad_outputs);
+}
+
+std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
+  Tensor g = std::move(grad_outputs[0]);
+  if (!g.defined()) return {};
+  auto& meta = ensure_autograd_meta(leaf_);
+  MW_CHECK_T(ShapeError, g.shape() == leaf_.shape(), "gradient ", g.desc(), " does not match leaf ",
+             leaf_.desc());
+  if (!meta.grad.defined()) {
+    // Take the incoming buffer when nobody else holds it; else copy (never alias a live tensor).
+    bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 &&
+                     g.is_contiguous() && g.offset() == 0 && !g.autograd_meta();
+    meta.grad = exclusive ? g : g.detach().clone();
+  } else {
+    ops::axpy_(meta.grad, g);
+  }
+  for (auto& hook : meta.grad_ready_hooks) hook(leaf_);
+  return {};
+}
+
+Edge gradient_edge(const Tensor& t) {
+  auto* m = autograd_meta(t);
+  if (!m) return {};
+  if (m->grad_fn) return {m->grad_fn, m->output_nr};
+  if (!m->requires_grad) return {};
+  auto acc = m->grad_accumulator.lock();
+  if (!acc) {
+    acc = adopt_node(new AccumulateGrad(t));
+    m->grad_accumulator = acc;
+  }
+  return {acc, 0};
+}
+
+bool any_requires_grad(std::initializer_list<Tensor> inputs) {
+  for (const auto& t : inputs)
+    if (t.defined() && requires_grad(t)) return true;
+  return false;
+}
+
+Tensor record(const char* name, const Tensor& out, std::initializer_list<Tensor> inputs,
+              const std::function<BackwardFn(const std::vector<bool>& needs)>& make_backward) {
+  if (!grad_enabled() || !any_requires_grad(inputs)) return out;
+  std::vector<bool> needs;
+  std::vector<Edge> edges;
+  for (const auto& t : inputs) {
+    Edge e = t.defined() ? gradient_edge(t) : Edge{};
+    needs.push_back(e.valid());
+    edges.push_back(std::move(e));
+  }
+  auto node = adopt_node(new FunctionNode(name, make_backward(needs)));
+  node->next_edges = std::move(edges);
+  auto& meta = ensure_autograd_meta(out);
+  meta.grad_fn = std::move(node);
+  meta.output_nr = 0;
+  return out;
+}
+
+// ---------------- the engine ----------------
+
+namespace {
+
+struct ReadyOrder {
+  bool operator()(const Node* a, const Node* b) const { return a->sequence_nr < b->sequence_nr; }
+};
+
+void accumulate_into(Tensor& slot, Tensor g) {
+  if (!g.defined()) return;
+  if (!slot.defined()) {
+    slot = std::move(g);
+    return;
+  }
+  bool exclusive = slot.impl_ptr().use_count() == 1 && slot.storage().use_count() == 1 &&
+                   slot.is_contiguous() && !slot.autograd_meta();
+  if (exclusive) {
+    ops::axpy_(slot, g);
+  } else {
+    slot = ops::binary(ops::BinaryOp::Add, slot, g);
+  }
+}
+
+}  // namespace
+
+void backward(const Tensor& root, const Tensor& grad_output, bool retain_graph) {
+  backward(std::vector<Tensor>{root}, std::vector<Tensor>{grad_output}, retain_graph);
+}
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_outputs,
+              bool retain_graph) {
+  MW_CHECK_T(AutogradError, roots.size() == grad_outputs.size(), "backward: ", roots.size(),
+             " roots but ", grad_outputs.size(), " gradients");
+  NoGradGuard no_grad;  // backward formulas are not themselves recorded
+  std::unordered_map<Node*, int64_t> dependencies;
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  std::unordered_map<Node*, std::shared_ptr<Node>> keep_alive;
+
+  std::vector<std::pair<Edge, Tensor>> starts;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    Edge e = gradient_edge(r);
+    MW_CHECK_T(AutogradError, e.valid(), "backward: ", r.desc(),
+               " does not require grad and has no grad_fn; nothing to differentiate");
+    Tensor g = grad_outputs[i];
+    if (!g.defined()) {
+      MW_CHECK_T(AutogradError, r.numel() == 1, "backward: a gradient must be given for non-scalar ",
+                 r.desc());
+      g = Tensor::ones(r.shape(), r.dtype(), r.device());
+    }
+    check_same_shape("backward", r, g);
+    starts.emplace_back(e, g);
+  }
+
+  // 1. dependency counts (iterative DFS)
+  std::vector<Node*> stack;
+  std::unordered_map<Node*, bool> seen;
+  for (auto& [e, g] : starts) {
+    keep_alive[e.fn.get()] = e.fn;
+    if (!seen[e.fn.get()]) {
+      seen[e.fn.get()] = true;
+      stack.push_back(e.fn.get());
+    }
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (auto& e : n->next_edges) {
+      if (!e.fn) continue;
+      ++dependencies[e.fn.get()];
+      if (!seen[e.fn.get()]) {
+        seen[e.fn.get()] = true;
+        stack.push_back(e.fn.get());
+      }
+    }
+  }
+
+  // 2. seed the roots
+  std::priority_queue<Node*, std::vector<Node*>, ReadyOrder> ready;
+  for (auto& [e, g] : starts) {
+    auto& buf = buffers[e.fn.get()];
+    buf.resize(e.fn->num_outputs);
+    accumulate_into(buf[e.input_nr], g);
+  }
+  for (auto& [e, g] : starts)
+    if (dependencies[e.fn.get()] == 0 && buffers.count(e.fn.get())) {
+      ready.push(e.fn.get());
+      dependencies[e.fn.get()] = -1;  // queued
+    }
+
+  // 3. run
+  while (!ready.empty()) {
+    Node* n = ready.top();
+    ready.pop();
+    std::vector<Tensor> inputs = std::move(buffers[n]);
+    buffers.erase(n);
+    inputs.resize(n->num_outputs);
+    bool any = false;
+    for (auto& t : inputs) any = any || t.defined();
+    std::vector<Tensor> outs;
+    if (any) outs = n->apply(std::move(inputs));
+    if (!retain_graph) n->release_saved();
+    for (size_t i = 0; i < n->next_edges.size(); ++i) {
+      const Edge& e = n->next_edges[i];
+      if (!e.fn) continue;
+      Node* next = e.fn.get();
+      keep_alive.try_emplace(next, e.fn);
+      if (i < outs.size() && outs[i].defined()) {
+        auto& buf = buffers[next];
+        buf.resize(next->num_outputs);
+        accumulate_into(buf[e.input_nr], std::move(outs[i]));
+      }
+      if (--dependencies[next] == 0) ready.push(next);
+    }
+  }
+}
+
+}  // namespace mw

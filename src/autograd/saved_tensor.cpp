@@ -1,0 +1,61 @@
+// Saved tensors and the thread-local stack of saved-tensor hooks (Note [Saved-tensor hooks]).
+#include "autograd/saved_tensor.h"
+
+#include <vector>
+
+#include "core/error.h"
+
+namespace mw {
+
+namespace {
+struct HookPair {
+  PackHook pack;
+  UnpackHook unpack;
+};
+thread_local std::vector<HookPair> t_hooks;
+thread_local bool t_disabled = false;
+}  // namespace
+
+SavedTensorHooksGuard::SavedTensorHooksGuard(PackHook pack, UnpackHook unpack) {
+  t_hooks.push_back({std::move(pack), std::move(unpack)});
+}
+SavedTensorHooksGuard::~SavedTensorHooksGuard() { t_hooks.pop_back(); }
+
+DisableSavedTensorHooksGuard::DisableSavedTensorHooksGuard() : saved_depth_(t_disabled ? 1 : 0) {
+  t_disabled = true;
+}
+DisableSavedTensorHooksGuard::~DisableSavedTensorHooksGuard() { t_disabled = saved_depth_ != 0; }
+
+SavedTensor::SavedTensor(const Tensor& t, const char* name) : defined_(t.defined()), name_(name) {
+  if (!t.defined()) return;
+  origin_ = t.storage();
+  version_ = t.storage()->version();
+  if (!t_hooks.empty() && !t_disabled) {
+    HookPair hooks = t_hooks.back();
+    {
+      DisableSavedTensorHooksGuard no_nested_hooks;  // a pack hook's own ops are not packed
+      packed_ = hooks.pack(t);
+    }
+    unpack_ = std::move(hooks.unpack);
+  } else {
+    data_ = t.detach();
+  }
+}
+
+Tensor SavedTensor::unpack() const {
+  if (!defined_) return Tensor();
+  if (auto origin = origin_.lock()) {
+    MW_CHECK_T(AutogradError, origin->version() == version_, "the ", name_,
+               " saved for backward was modified in place (version ", version_, " -> ",
+               origin->version(),
+               "); compute on a copy (clone()) instead of writing into a tensor autograd saved");
+  }
+  if (unpack_) {
+    DisableSavedTensorHooksGuard no_nested_hooks;
+    Tensor t = unpack_(packed_);
+    return t.detach();
+  }
+  return data_;
+}
+
+}  // namespace mw

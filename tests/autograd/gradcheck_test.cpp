@@ -1,0 +1,139 @@
+// Every differentiable op against central finite differences, in double precision (gradcheck.h).
+#include "gradcheck.h"
+
+namespace mw {
+namespace {
+
+using testing::gradcheck;
+using testing::random_tensor;
+using Ts = std::vector<Tensor>;
+
+TEST(Gradcheck, Matmul2D) {
+  gradcheck([](const Ts& x) { return matmul(x[0], x[1]); },
+            {random_tensor({3, 4}, 1), random_tensor({4, 5}, 2)});
+}
+
+TEST(Gradcheck, MatmulFoldedLeadingDims) {
+  gradcheck([](const Ts& x) { return matmul(x[0], x[1]); },
+            {random_tensor({2, 3, 4}, 1), random_tensor({4, 5}, 2)});
+}
+
+TEST(Gradcheck, MatmulBatched) {
+  gradcheck([](const Ts& x) { return matmul(x[0], x[1]); },
+            {random_tensor({2, 3, 4}, 1), random_tensor({2, 4, 2}, 2)});
+}
+
+TEST(Gradcheck, MatmulTransposedView) {  // the LM head: x @ wte^T with wte^T a strided view
+  gradcheck([](const Ts& x) { return matmul(x[0], transpose(x[1], 0, 1)); },
+            {random_tensor({3, 4}, 1), random_tensor({6, 4}, 2)});
+}
+
+TEST(Gradcheck, Linear) {
+  gradcheck([](const Ts& x) { return linear(x[0], x[1], x[2]); },
+            {random_tensor({2, 3, 4}, 1), random_tensor({4, 5}, 2), random_tensor({5}, 3)});
+}
+
+TEST(Gradcheck, BinaryOpsWithBroadcasting) {
+  for (int op = 0; op < 4; ++op) {
+    SCOPED_TRACE(op);
+    auto f = [op](const Ts& x) {
+      switch (op) {
+        case 0: return add(x[0], x[1]);
+        case 1: return sub(x[0], x[1]);
+        case 2: return mul(x[0], x[1]);
+        default: return div(x[0], x[1]);
+      }
+    };
+    // Divisor kept away from zero: 2 + N(0, 0.3).
+    Tensor b = ops::affine_scalar(random_tensor({3, 1}, 2, 0.3), 1.0, 2.0);
+    gradcheck(f, {random_tensor({2, 3, 4}, 1), b});
+    gradcheck(f, {random_tensor({4}, 3), ops::affine_scalar(random_tensor({2, 3, 4}, 4, 0.3), 1.0, 2.0)});
+  }
+}
+
+TEST(Gradcheck, ScalarOps) {
+  gradcheck([](const Ts& x) { return affine(x[0], -1.5, 0.25); }, {random_tensor({2, 5}, 1)});
+  gradcheck([](const Ts& x) { return add_scalar(mul_scalar(x[0], 3.0), 1.0); }, {random_tensor({7}, 2)});
+}
+
+TEST(Gradcheck, SumAndMean) {
+  gradcheck([](const Ts& x) { return sum(x[0]); }, {random_tensor({3, 4}, 1)});
+  gradcheck([](const Ts& x) { return mean(x[0]); }, {random_tensor({3, 4}, 1)});
+  gradcheck([](const Ts& x) { return sum(x[0], 1, false); }, {random_tensor({2, 3, 4}, 1)});
+  gradcheck([](const Ts& x) { return mean(x[0], -1, true); }, {random_tensor({2, 3, 4}, 1)});
+  gradcheck([](const Ts& x) { return sum(x[0], 0, true); }, {random_tensor({2, 3, 4}, 1)});
+}
+
+TEST(Gradcheck, Views) {
+  gradcheck([](const Ts& x) { return mul(view(x[0], {4, 6}), x[1]); },
+            {random_tensor({2, 3, 4}, 1), random_tensor({4, 6}, 2)});
+  gradcheck([](const Ts& x) { return mul(reshape(transpose(x[0], 0, 2), {-1}), x[1]); },
+            {random_tensor({2, 3, 4}, 1), random_tensor({24}, 2)});
+  gradcheck([](const Ts& x) { return contiguous(permute(x[0], {2, 0, 1})); },
+            {random_tensor({2, 3, 4}, 1)});
+  gradcheck([](const Ts& x) { return matmul(permute(x[0], {0, 2, 1}), x[1]); },
+            {random_tensor({2, 3, 4}, 1), random_tensor({2, 3, 5}, 2)});
+}
+
+TEST(Gradcheck, Embedding) {
+  Tensor ids = Tensor::from_vector<int32_t>({1, 4, 1, 0, 3, 4}, {2, 3});  // repeated ids accumulate
+  gradcheck([&](const Ts& x) { return embedding(x[0], ids); }, {random_tensor({5, 3}, 1)});
+}
+
+TEST(Gradcheck, LayerNorm) {
+  gradcheck([](const Ts& x) { return layernorm(x[0], x[1], x[2], 1e-5); },
+            {random_tensor({2, 3, 8}, 1), random_tensor({8}, 2), random_tensor({8}, 3)});
+}
+
+TEST(Gradcheck, Gelu) {
+  gradcheck([](const Ts& x) { return gelu(x[0]); }, {random_tensor({3, 7}, 1, 2.0)});
+}
+
+TEST(Gradcheck, Softmax) {
+  gradcheck([](const Ts& x) { return softmax(x[0]); }, {random_tensor({3, 6}, 1, 2.0)});
+}
+
+TEST(Gradcheck, DropoutIsDeterministicGivenTheGenerator) {
+  Generator gen(7);
+  gradcheck(
+      [&](const Ts& x) {
+        gen.set_state({7, 0});  // every evaluation draws the same mask
+        return dropout(x[0], 0.3, gen);
+      },
+      {random_tensor({4, 9}, 1)});
+}
+
+TEST(Gradcheck, CausalSelfAttention) {
+  Generator gen(3);
+  for (double p : {0.0, 0.25}) {
+    SCOPED_TRACE(p);
+    gradcheck(
+        [&](const Ts& x) {
+          gen.set_state({3, 0});
+          return causal_self_attention(x[0], 2, p, gen);
+        },
+        {random_tensor({2, 5, 12}, 1)});  // B=2, T=5, C=4, two heads of size 2
+  }
+}
+
+TEST(Gradcheck, ShiftedCrossEntropy) {
+  Tensor ids = Tensor::from_vector<int64_t>({1, 4, 2, 0, 3, 4, 4, 1}, {2, 4});
+  gradcheck([&](const Ts& x) { return shifted_cross_entropy(x[0], ids); },
+            {random_tensor({2, 4, 5}, 1, 2.0)});
+}
+
+TEST(Gradcheck, ComposedBlockLikeGpt2) {  // ln -> linear -> attention -> linear, plus residual
+  Generator gen(0);
+  gradcheck(
+      [&](const Ts& x) {
+        Tensor h = layernorm(x[0], x[1], x[2], 1e-5);
+        Tensor qkv = linear(h, x[3], Tensor());
+        Tensor a = causal_self_attention(qkv, 2, 0.0, gen);
+        return add(x[0], gelu(a));
+      },
+      {random_tensor({1, 3, 4}, 1), random_tensor({4}, 2), random_tensor({4}, 3),
+       random_tensor({4, 12}, 4, 0.5)});
+}
+
+}  // namespace
+}  // namespace mw
