@@ -202,6 +202,38 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   });
 }
 
+Tensor lm_head(const Tensor& x, const Tensor& table) {
+  MW_CHECK_T(ShapeError, table.dim() == 2 && x.size(-1) == table.size(1), "lm_head: input ",
+             x.desc(), " does not fit table ", table.desc());
+  const int64_t V = table.size(0), C = table.size(1);
+  Tensor x2 = x.reshape({-1, C});
+  Tensor out = Tensor::empty({x2.size(0), V}, x.dtype(), x.device());
+  ops::gemm(x2, false, table, true, out, false);
+  Shape shape = x.shape();
+  shape.back() = V;
+  out = out.view(shape);
+  return record("LmHeadBackward", out, {x, table}, [&](const std::vector<bool>& needs) -> BackwardFn {
+    SavedTensor sx(needs[1] ? x : Tensor(), "lm_head input");
+    SavedTensor st(needs[0] ? table : Tensor(), "lm_head table");
+    Shape shape_x = x.shape();
+    return [=](const Grads& g) -> Grads {
+      Grads r(2);
+      Tensor dy = g[0].reshape({-1, V});
+      if (needs[0]) {
+        Tensor dx = Tensor::empty({dy.size(0), C}, dy.dtype(), dy.device());
+        ops::gemm(dy, false, st.unpack(), false, dx, false);
+        r[0] = dx.view(shape_x);
+      }
+      if (needs[1]) {
+        Tensor dt = Tensor::empty({V, C}, dy.dtype(), dy.device());
+        ops::gemm(dy, true, sx.unpack().reshape({-1, C}), false, dt, false);
+        r[1] = dt;
+      }
+      return r;
+    };
+  });
+}
+
 Tensor embedding(const Tensor& table, const Tensor& ids) {
   Tensor out = ops::embedding(table, ids);
   return record("EmbeddingBackward", out, {table}, [&](const std::vector<bool>&) -> BackwardFn {

@@ -44,6 +44,9 @@ Tensor contiguous(const Tensor& x);
 // layers
 Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);  // HF Conv1D: w is [in, out]
+// x [..., C] @ table[V, C]^T -> [..., V]: the tied LM head. Its backward writes the table's
+// gradient directly in [V, C] layout (no transposed copy).
+Tensor lm_head(const Tensor& x, const Tensor& table);
 Tensor embedding(const Tensor& table, const Tensor& ids);
 Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
 Tensor gelu(const Tensor& x);

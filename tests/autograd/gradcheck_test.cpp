@@ -28,6 +28,11 @@ TEST(Gradcheck, MatmulTransposedView) {  // the LM head: x @ wte^T with wte^T a 
             {random_tensor({3, 4}, 1), random_tensor({6, 4}, 2)});
 }
 
+TEST(Gradcheck, LmHead) {
+  gradcheck([](const Ts& x) { return lm_head(x[0], x[1]); },
+            {random_tensor({2, 3, 4}, 1), random_tensor({7, 4}, 2)});
+}
+
 TEST(Gradcheck, Linear) {
   gradcheck([](const Ts& x) { return linear(x[0], x[1], x[2]); },
             {random_tensor({2, 3, 4}, 1), random_tensor({4, 5}, 2), random_tensor({5}, 3)});
