@@ -71,8 +71,8 @@ void ReadOnlyFile::read_exact(void* dst, int64_t nbytes, int64_t offset) const {
     if (got < 0) {
       int err = errno;
       if (err == EINTR) continue;
-      throw IoError(str("read of ", what_, " '", path_, "' failed at offset ", offset + done,
-                        " (", nbytes - done, " bytes left): ", errno_text(err)),
+      throw IoError(str("read of ", what_, " '", path_, "' failed at offset ", offset + done, " (",
+                        nbytes - done, " bytes left): ", errno_text(err)),
                     path_, offset + done, nbytes - done, err);
     }
     if (got == 0) {

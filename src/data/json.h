@@ -99,8 +99,8 @@ class Value {
   int64_t int_ = 0;
   double double_ = 0.0;
   std::string string_;
-  std::vector<Value> elements_;               // array elements, or object values
-  std::vector<std::string> keys_;             // object keys, parallel to elements_
+  std::vector<Value> elements_;                        // array elements, or object values
+  std::vector<std::string> keys_;                      // object keys, parallel to elements_
   std::map<std::string, int64_t, std::less<>> index_;  // object key -> position
 };
 

@@ -19,8 +19,8 @@ uint64_t splitmix64(uint64_t x) {
 void random_tokens(uint64_t seed, int64_t step, int64_t B, int64_t T, int64_t vocab_size,
                    int32_t* out) {
   MW_CHECK_T(InvalidArgument, step >= 0 && B >= 1 && T >= 1,
-             "random_tokens needs step >= 0, B >= 1 and T >= 1; got step ", step, ", B ", B,
-             ", T ", T);
+             "random_tokens needs step >= 0, B >= 1 and T >= 1; got step ", step, ", B ", B, ", T ",
+             T);
   MW_CHECK_T(InvalidArgument, vocab_size >= 1 && vocab_size <= INT32_MAX,
              "random_tokens needs vocab_size in [1, 2^31), got ", vocab_size);
   const uint64_t range = static_cast<uint64_t>(vocab_size);

@@ -25,8 +25,8 @@ struct DTypeName {
   const char* name;
 };
 constexpr DTypeName kDTypeNames[] = {
-    {DType::F32, "F32"},   {DType::F64, "F64"}, {DType::F16, "F16"}, {DType::BF16, "BF16"},
-    {DType::I32, "I32"},   {DType::I64, "I64"}, {DType::U16, "U16"},
+    {DType::F32, "F32"}, {DType::F64, "F64"}, {DType::F16, "F16"}, {DType::BF16, "BF16"},
+    {DType::I32, "I32"}, {DType::I64, "I64"}, {DType::U16, "U16"},
 };
 
 // numel of `shape`, or -1 on int64 overflow.
@@ -57,8 +57,8 @@ DType parse_safetensors_dtype(const std::string& name) {
   for (const DTypeName& d : kDTypeNames) {
     if (name == d.name) return d.dtype;
   }
-  throw FormatError(str("unsupported dtype \"", name,
-                        "\"; memwall reads F32, F64, F16, BF16, I32, I64 and U16"));
+  throw FormatError(
+      str("unsupported dtype \"", name, "\"; memwall reads F32, F64, F16, BF16, I32, I64 and U16"));
 }
 
 int64_t TensorRecord::numel() const { return checked_numel(shape); }
@@ -99,7 +99,8 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path)
   } catch (const FormatError& e) {
     throw FormatError(str(e.what(), " (the file is corrupt or not a safetensors file)"));
   }
-  if (!header.is_object()) throw fail(str("header must be a JSON object, found ", header.describe()));
+  if (!header.is_object())
+    throw fail(str("header must be a JSON object, found ", header.describe()));
 
   for (int64_t i = 0; i < header.size(); ++i) {
     const std::string& name = header.key(i);
@@ -168,18 +169,17 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path)
     }
     if (end > data_bytes) {
       throw bad(str("data_offsets [", begin, ", ", end, "] run past the end of the data buffer, ",
-                    "which holds ", data_bytes, " bytes (file of ", file_bytes, " bytes, header of ",
-                    header_bytes_, "): the file is truncated or corrupt"));
+                    "which holds ", data_bytes, " bytes (file of ", file_bytes,
+                    " bytes, header of ", header_bytes_, "): the file is truncated or corrupt"));
     }
     rec.file_offset = data_start + begin;
     rec.nbytes = end - begin;
     tensors_.push_back(std::move(rec));
   }
 
-  std::stable_sort(tensors_.begin(), tensors_.end(),
-                   [](const TensorRecord& a, const TensorRecord& b) {
-                     return a.file_offset < b.file_offset;
-                   });
+  std::stable_sort(
+      tensors_.begin(), tensors_.end(),
+      [](const TensorRecord& a, const TensorRecord& b) { return a.file_offset < b.file_offset; });
   // Overlap check over non-empty ranges, in offset order.
   const TensorRecord* prev = nullptr;
   for (const TensorRecord& rec : tensors_) {
@@ -188,7 +188,8 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path)
       throw fail(str("tensors \"", prev->name, "\" (data bytes [", prev->file_offset - data_start,
                      ", ", prev->file_offset - data_start + prev->nbytes, ")) and \"", rec.name,
                      "\" (data bytes [", rec.file_offset - data_start, ", ",
-                     rec.file_offset - data_start + rec.nbytes, ")) overlap: the header is corrupt"));
+                     rec.file_offset - data_start + rec.nbytes,
+                     ")) overlap: the header is corrupt"));
     }
     if (!prev || rec.file_offset + rec.nbytes > prev->file_offset + prev->nbytes) prev = &rec;
   }

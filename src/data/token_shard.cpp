@@ -65,8 +65,8 @@ void TokenShard::batch(int64_t step, int64_t B, int64_t T, int32_t* out) const {
   std::vector<uint16_t> scratch(static_cast<size_t>(std::min(total, kScanChunkTokens)));
   int64_t filled = 0;
   while (filled < total) {
-    const int64_t n = std::min({total - filled, num_tokens_ - pos,
-                                static_cast<int64_t>(scratch.size())});
+    const int64_t n =
+        std::min({total - filled, num_tokens_ - pos, static_cast<int64_t>(scratch.size())});
     file_.read_exact(scratch.data(), 2 * n, kTokenShardHeaderBytes + 2 * pos);
     for (int64_t i = 0; i < n; ++i) out[filled + i] = scratch[i];
     filled += n;
@@ -95,8 +95,8 @@ void TokenShard::check_vocab(int64_t vocab_size) const {
     file_.read_exact(chunk.data(), 2 * n, kTokenShardHeaderBytes + 2 * pos);
     for (int64_t i = 0; i < n; ++i) {
       if (chunk[i] >= vocab_size) {
-        throw FormatError(str("token shard '", path(), "': token ", chunk[i], " at index ",
-                              pos + i, " is >= the model's vocab_size ", vocab_size,
+        throw FormatError(str("token shard '", path(), "': token ", chunk[i], " at index ", pos + i,
+                              " is >= the model's vocab_size ", vocab_size,
                               ": the shard was tokenized for another vocabulary"));
       }
     }
@@ -113,10 +113,10 @@ void write_token_shard(const std::string& path, const std::vector<uint16_t>& tok
   header[0] = kTokenShardMagic;
   header[1] = kTokenShardVersion;
   header[2] = static_cast<int32_t>(tokens.size());
-  write_file_atomically(path,
-                        {{header, kTokenShardHeaderBytes},
-                         {tokens.data(), static_cast<int64_t>(2 * tokens.size())}},
-                        "pass a writable path for the token shard");
+  write_file_atomically(
+      path,
+      {{header, kTokenShardHeaderBytes}, {tokens.data(), static_cast<int64_t>(2 * tokens.size())}},
+      "pass a writable path for the token shard");
 }
 
 }  // namespace mw::data

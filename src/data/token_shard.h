@@ -6,7 +6,8 @@
 // Invariants:
 // - The header is validated on open: magic, version, a positive count, and the file size; each
 //   failure is a FormatError naming the file, what was expected and what was found.
-// - batch(step, B, T) fills row r with tokens [(step*B + r)*T, (step*B + r + 1)*T), each index taken
+// - batch(step, B, T) fills row r with tokens [(step*B + r)*T, (step*B + r + 1)*T), each index
+// taken
 //   modulo num_tokens(), so the stream wraps at the end. The rows of one step are contiguous, so a
 //   batch is one range of B*T tokens that wraps as often as needed (a shard shorter than B*T is
 //   legal). Index arithmetic is done in 128 bits, so no step can overflow.
