@@ -1,0 +1,122 @@
+// llm.c token shard reader and writer. See token_shard.h for the layout and invariants.
+#include "data/token_shard.h"
+
+#include <algorithm>
+#include <bit>
+
+#include "core/error.h"
+
+namespace mw::data {
+
+static_assert(std::endian::native == std::endian::little,
+              "token shards are little-endian; a big-endian host would need byte swaps");
+
+namespace {
+const char* kOpenHint = "pass --data a path to an llm.c .bin shard";
+constexpr int64_t kScanChunkTokens = int64_t{1} << 19;  // 1 MiB of uint16 per read
+}  // namespace
+
+TokenShard::TokenShard(const std::string& path) : file_(path, "token shard", kOpenHint) {
+  auto fail = [&](const std::string& problem) {
+    return FormatError(str("token shard '", path, "': ", problem));
+  };
+  const int64_t file_bytes = file_.size_bytes();
+  if (file_bytes < kTokenShardHeaderBytes) {
+    throw fail(str("the file is ", file_bytes, " bytes, shorter than the ", kTokenShardHeaderBytes,
+                   "-byte header of an llm.c shard (truncated, or not a shard)"));
+  }
+  int32_t header[256];
+  file_.read_exact(header, kTokenShardHeaderBytes, 0);
+  if (header[0] != kTokenShardMagic) {
+    throw fail(str("magic number is ", header[0], ", expected ", kTokenShardMagic,
+                   ": not an llm.c token shard"));
+  }
+  if (header[1] != kTokenShardVersion) {
+    throw fail(str("version is ", header[1], ", expected ", kTokenShardVersion,
+                   " (uint16 GPT-2 tokens)",
+                   header[1] == 2 ? "; version 2 shards hold uint32 llama-3 tokens" : ""));
+  }
+  const int64_t count = header[2];
+  if (count <= 0) {
+    throw fail(str("header says it holds ", count, " tokens; a shard needs at least one"));
+  }
+  const int64_t expected_bytes = kTokenShardHeaderBytes + 2 * count;
+  if (file_bytes < expected_bytes) {
+    throw fail(str("header says ", count, " tokens, so the file should be ", expected_bytes,
+                   " bytes, but it is ", file_bytes, " bytes: the file is truncated (",
+                   (file_bytes - kTokenShardHeaderBytes) / 2, " tokens present)"));
+  }
+  if (file_bytes > expected_bytes) {
+    throw fail(str("header says ", count, " tokens, so the file should be ", expected_bytes,
+                   " bytes, but it is ", file_bytes, " bytes (", file_bytes - expected_bytes,
+                   " bytes too many): the header or the file is corrupt"));
+  }
+  num_tokens_ = count;
+}
+
+void TokenShard::batch(int64_t step, int64_t B, int64_t T, int32_t* out) const {
+  MW_CHECK_T(InvalidArgument, step >= 0 && B >= 1 && T >= 1, "token batch needs step >= 0, B >= 1",
+             " and T >= 1; got step ", step, ", B ", B, ", T ", T);
+  const int64_t total = B * T;  // callers allocate B*T int32, so this fits
+  const unsigned __int128 first = static_cast<unsigned __int128>(step) *
+                                  static_cast<unsigned __int128>(B) *
+                                  static_cast<unsigned __int128>(T);
+  int64_t pos = static_cast<int64_t>(first % static_cast<unsigned __int128>(num_tokens_));
+  std::vector<uint16_t> scratch(static_cast<size_t>(std::min(total, kScanChunkTokens)));
+  int64_t filled = 0;
+  while (filled < total) {
+    const int64_t n =
+        std::min({total - filled, num_tokens_ - pos, static_cast<int64_t>(scratch.size())});
+    file_.read_exact(scratch.data(), 2 * n, kTokenShardHeaderBytes + 2 * pos);
+    for (int64_t i = 0; i < n; ++i) out[filled + i] = scratch[i];
+    filled += n;
+    pos += n;
+    if (pos == num_tokens_) pos = 0;
+  }
+}
+
+int32_t TokenShard::max_token() const {
+  std::vector<uint16_t> chunk(static_cast<size_t>(std::min(num_tokens_, kScanChunkTokens)));
+  uint16_t max_id = 0;
+  for (int64_t pos = 0; pos < num_tokens_; pos += kScanChunkTokens) {
+    const int64_t n = std::min(num_tokens_ - pos, kScanChunkTokens);
+    file_.read_exact(chunk.data(), 2 * n, kTokenShardHeaderBytes + 2 * pos);
+    max_id = std::max(max_id, *std::max_element(chunk.begin(), chunk.begin() + n));
+  }
+  return max_id;
+}
+
+void TokenShard::check_vocab(int64_t vocab_size) const {
+  MW_CHECK_T(InvalidArgument, vocab_size >= 1, "check_vocab needs vocab_size >= 1, got ",
+             vocab_size);
+  std::vector<uint16_t> chunk(static_cast<size_t>(std::min(num_tokens_, kScanChunkTokens)));
+  for (int64_t pos = 0; pos < num_tokens_; pos += kScanChunkTokens) {
+    const int64_t n = std::min(num_tokens_ - pos, kScanChunkTokens);
+    file_.read_exact(chunk.data(), 2 * n, kTokenShardHeaderBytes + 2 * pos);
+    for (int64_t i = 0; i < n; ++i) {
+      if (chunk[i] >= vocab_size) {
+        throw FormatError(str("token shard '", path(), "': token ", chunk[i], " at index ", pos + i,
+                              " is >= the model's vocab_size ", vocab_size,
+                              ": the shard was tokenized for another vocabulary"));
+      }
+    }
+  }
+}
+
+void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+  MW_CHECK_T(InvalidArgument, !tokens.empty(), "write_token_shard: '", path,
+             "' would hold no tokens; a shard needs at least one");
+  MW_CHECK_T(InvalidArgument, tokens.size() <= static_cast<size_t>(INT32_MAX),
+             "write_token_shard: ", tokens.size(),
+             " tokens do not fit the int32 count of the llm.c header; split them into shards");
+  int32_t header[256] = {};
+  header[0] = kTokenShardMagic;
+  header[1] = kTokenShardVersion;
+  header[2] = static_cast<int32_t>(tokens.size());
+  write_file_atomically(
+      path,
+      {{header, kTokenShardHeaderBytes}, {tokens.data(), static_cast<int64_t>(2 * tokens.size())}},
+      "pass a writable path for the token shard");
+}
+
+}  // namespace mw::data

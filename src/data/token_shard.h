@@ -1,0 +1,50 @@
+// llm.c token shards (the .bin files of llm.c's dev/data scripts) and the batches read from them.
+//
+// Layout: a header of 256 little-endian int32 {20240520 (magic), 1 (version), token count, 0...},
+// then token count x uint16 tokens. The file is exactly 1024 + 2 * count bytes.
+//
+// Invariants:
+// - The header is validated on open: magic, version, a positive count, and the file size; each
+//   failure is a FormatError naming the file, what was expected and what was found.
+// - batch(step, B, T) fills row r with tokens [(step*B + r)*T, (step*B + r + 1)*T), each index
+// taken
+//   modulo num_tokens(), so the stream wraps at the end. The rows of one step are contiguous, so a
+//   batch is one range of B*T tokens that wraps as often as needed (a shard shorter than B*T is
+//   legal). Index arithmetic is done in 128 bits, so no step can overflow.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/file_io.h"
+
+namespace mw::data {
+
+inline constexpr int32_t kTokenShardMagic = 20240520;
+inline constexpr int32_t kTokenShardVersion = 1;
+inline constexpr int64_t kTokenShardHeaderBytes = 256 * 4;
+
+class TokenShard {
+ public:
+  explicit TokenShard(const std::string& path);
+
+  int64_t num_tokens() const { return num_tokens_; }
+  const std::string& path() const { return file_.path(); }
+  // out holds B*T int32, row-major [B, T]. InvalidArgument for step < 0, B < 1 or T < 1.
+  void batch(int64_t step, int64_t B, int64_t T, int32_t* out) const;
+  // Largest token id in the shard (reads the whole file once, 1 MiB at a time).
+  int32_t max_token() const;
+  // FormatError naming the file, the first offending token and its index when any token is
+  // >= vocab_size ("the shard was tokenized for another vocabulary").
+  void check_vocab(int64_t vocab_size) const;
+
+ private:
+  ReadOnlyFile file_;
+  int64_t num_tokens_ = 0;
+};
+
+// Writes a version-1 shard (atomically, file_io.h). InvalidArgument for an empty token list.
+void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens);
+
+}  // namespace mw::data
