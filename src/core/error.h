@@ -49,6 +49,8 @@ class IoError : public Error {
  public:
   IoError(const std::string& what, std::string path, int64_t offset, int64_t length, int err)
       : Error(what), path(std::move(path)), offset(offset), length(length), err(err) {}
+  // For failures that are not one transfer (opening, creating a directory): the message says all.
+  explicit IoError(const std::string& what) : Error(what), offset(0), length(0), err(0) {}
   std::string path;
   int64_t offset, length;
   int err;  // errno value, 0 when not from a system call
