@@ -78,10 +78,27 @@ Isa best_isa() {
 
 namespace detail {
 
+namespace {
+
+// The gradient dtype is a template parameter so the per-element loop has no dtype switch.
+template <DType kGrad>
+void adam_scalar_impl(const AdamStepScalars& s, float* param, const void* grad, float* exp_avg,
+                      float* exp_avg_sq, int64_t numel) {
+  for (int64_t i = 0; i < numel; ++i) {
+    adam_element(s, load_grad_element(grad, kGrad, i), param[i], exp_avg[i], exp_avg_sq[i]);
+  }
+}
+
+}  // namespace
+
 void adam_kernel_scalar(const AdamStepScalars& s, float* param, const void* grad, DType grad_dtype,
                         float* exp_avg, float* exp_avg_sq, int64_t numel) {
-  for (int64_t i = 0; i < numel; ++i) {
-    adam_element(s, load_grad_element(grad, grad_dtype, i), param[i], exp_avg[i], exp_avg_sq[i]);
+  switch (grad_dtype) {
+    case DType::F16:
+      return adam_scalar_impl<DType::F16>(s, param, grad, exp_avg, exp_avg_sq, numel);
+    case DType::BF16:
+      return adam_scalar_impl<DType::BF16>(s, param, grad, exp_avg, exp_avg_sq, numel);
+    default: return adam_scalar_impl<DType::F32>(s, param, grad, exp_avg, exp_avg_sq, numel);
   }
 }
 
