@@ -98,7 +98,8 @@ void adam_kernel_scalar(const AdamStepScalars& s, float* param, const void* grad
       return adam_scalar_impl<DType::F16>(s, param, grad, exp_avg, exp_avg_sq, numel);
     case DType::BF16:
       return adam_scalar_impl<DType::BF16>(s, param, grad, exp_avg, exp_avg_sq, numel);
-    default: return adam_scalar_impl<DType::F32>(s, param, grad, exp_avg, exp_avg_sq, numel);
+    default:
+      return adam_scalar_impl<DType::F32>(s, param, grad, exp_avg, exp_avg_sq, numel);
   }
 }
 
