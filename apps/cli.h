@@ -1,0 +1,130 @@
+// A small command-line parser shared by the apps: "--name value" and "--flag" options, each with a
+// default and a help line. Unknown or malformed options throw UsageError; main() prints the usage
+// with the reason and exits 2.
+#pragma once
+
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/error.h"
+
+namespace mw::cli {
+
+class UsageError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+class Parser {
+ public:
+  Parser(std::string program, std::string summary)
+      : program_(std::move(program)), summary_(std::move(summary)) {}
+
+  void option(const std::string& name, const std::string& def, const std::string& help) {
+    specs_.push_back({name, def, help, false});
+    values_[name] = def;
+  }
+  void flag(const std::string& name, const std::string& help) {
+    specs_.push_back({name, "", help, true});
+    values_[name] = "";
+  }
+
+  void parse(int argc, char** argv) {
+    for (int i = 1; i < argc; ++i) {
+      std::string arg = argv[i];
+      if (arg == "-h" || arg == "--help") {
+        help_ = true;
+        return;
+      }
+      if (arg.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + arg + "'");
+      std::string name = arg.substr(2), value;
+      bool inline_value = false;
+      if (auto eq = name.find('='); eq != std::string::npos) {
+        value = name.substr(eq + 1);
+        name = name.substr(0, eq);
+        inline_value = true;
+      }
+      const Spec* spec = find(name);
+      if (!spec) throw UsageError("unknown option '--" + name + "'");
+      if (spec->is_flag) {
+        if (inline_value) throw UsageError("--" + name + " takes no value");
+        values_[name] = "1";
+        continue;
+      }
+      if (!inline_value) {
+        if (i + 1 >= argc) throw UsageError("--" + name + " needs a value");
+        value = argv[++i];
+      }
+      values_[name] = value;
+      given_[name] = true;
+    }
+  }
+
+  bool help_requested() const { return help_; }
+  bool given(const std::string& name) const { return given_.count(name) > 0; }
+  bool has(const std::string& name) const { return values_.at(name) == "1"; }
+  std::string str(const std::string& name) const { return values_.at(name); }
+
+  int64_t integer(const std::string& name, int64_t min, int64_t max) const {
+    const std::string& v = values_.at(name);
+    char* end = nullptr;
+    long long x = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || x < min || x > max)
+      throw UsageError(mw::str("--", name, " '", v, "': expected an integer in [", min, ", ", max, "]"));
+    return x;
+  }
+  double real(const std::string& name, double min, double max) const {
+    const std::string& v = values_.at(name);
+    char* end = nullptr;
+    double x = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || !(x >= min && x <= max))
+      throw UsageError(mw::str("--", name, " '", v, "': expected a number in [", min, ", ", max, "]"));
+    return x;
+  }
+  std::string choice(const std::string& name, const std::vector<std::string>& allowed) const {
+    const std::string& v = values_.at(name);
+    for (const auto& a : allowed)
+      if (a == v) return v;
+    std::string list;
+    for (const auto& a : allowed) list += (list.empty() ? "" : "|") + a;
+    throw UsageError("--" + name + " '" + v + "': expected one of " + list);
+  }
+  int64_t bytes(const std::string& name) const {
+    try {
+      return parse_bytes(values_.at(name));
+    } catch (const InvalidArgument& e) {
+      throw UsageError("--" + name + ": " + e.what());
+    }
+  }
+
+  std::string usage() const {
+    std::string u = "usage: " + program_ + " [options]\n" + summary_ + "\n\noptions:\n";
+    for (const auto& s : specs_) {
+      std::string left = "  --" + s.name + (s.is_flag ? "" : " V");
+      left.resize(std::max<size_t>(left.size() + 2, 30), ' ');
+      u += left + s.help + (s.is_flag || s.def.empty() ? "" : " (default " + s.def + ")") + "\n";
+    }
+    return u;
+  }
+
+ private:
+  struct Spec {
+    std::string name, def, help;
+    bool is_flag;
+  };
+  const Spec* find(const std::string& name) const {
+    for (const auto& s : specs_)
+      if (s.name == name) return &s;
+    return nullptr;
+  }
+  std::string program_, summary_;
+  std::vector<Spec> specs_;
+  std::map<std::string, std::string> values_;
+  std::map<std::string, bool> given_;
+  bool help_ = false;
+};
+
+}  // namespace mw::cli

@@ -1,0 +1,49 @@
+// Optimizers over a list of parameters (leaf tensors whose .grad autograd fills).
+//
+// AdamW is the plain reference: torch.optim.AdamW semantics, computed by the scalar kernel of Note
+// [Adam math]. HybridAdam (hybrid_adam.h) computes the same function with the fastest kernel for
+// where each parameter lives, and can keep its states on NVMe; tests compare it against AdamW.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "optim/adam_math.h"
+
+namespace mw::optim {
+
+class Optimizer {
+ public:
+  explicit Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {}
+  virtual ~Optimizer() = default;
+  virtual void step() = 0;
+  virtual std::string name() const = 0;
+  // Bytes of optimizer state held in host or device memory (not on disk).
+  virtual int64_t state_bytes_in_memory() const = 0;
+  void zero_grad();  // drops every parameter's gradient (set to none)
+  const std::vector<Tensor>& params() const { return params_; }
+  int64_t step_count() const { return step_; }
+
+ protected:
+  std::vector<Tensor> params_;
+  int64_t step_ = 0;
+};
+
+// The reference Adam/AdamW: one m and v tensor per parameter, updated by the scalar kernel.
+// f32 parameters only (what every optimizer in memwall trains).
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<Tensor> params, AdamHyper hyper = {});
+  void step() override;
+  std::string name() const override { return hyper_.adamw_mode ? "adamw" : "adam"; }
+  int64_t state_bytes_in_memory() const override;
+  const Tensor& exp_avg(size_t i) const { return exp_avg_[i]; }
+  const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_[i]; }
+
+ private:
+  AdamHyper hyper_;
+  std::vector<Tensor> exp_avg_, exp_avg_sq_;
+};
+
+}  // namespace mw::optim
