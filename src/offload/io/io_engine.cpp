@@ -61,6 +61,10 @@ void IoHandle::wait() const {
   }
 }
 
+void IoHandle::join() const {
+  if (!done()) engine_->wait_states(states_);
+}
+
 void IoHandle::merge(const IoHandle& other) {
   if (!engine_) engine_ = other.engine_;
   states_.insert(states_.end(), other.states_.begin(), other.states_.end());

@@ -89,6 +89,8 @@ class IoHandle {
   // Blocks until every request of the handle has completed, then throws the IoError of the first
   // one that failed, if any.
   void wait() const;
+  // Blocks like wait() but never throws; a failure stays reportable by wait() and wait_all().
+  void join() const;
   // True when done() and some request failed. Never blocks, never throws.
   bool failed() const;
   int64_t request_count() const { return static_cast<int64_t>(states_.size()); }
