@@ -12,6 +12,12 @@
 
 namespace mw::io {
 
+namespace {
+std::atomic<bool> g_refuse_direct{false};
+}
+
+void set_refuse_direct_for_testing(bool refuse) { g_refuse_direct = refuse; }
+
 void ensure_directory(const std::string& dir) {
   MW_CHECK_T(InvalidArgument, !dir.empty(), "offload directory path is empty; pass a directory");
   // Create each missing component, left to right.
@@ -46,7 +52,12 @@ ScratchFile::ScratchFile(const std::string& dir, const std::string& stem, bool w
   for (;;) {
     path_ = str(dir, dir.back() == '/' ? "" : "/", stem, "-", ::getpid(), "-", counter++, ".bin");
     int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
-    fd_ = want_direct ? ::open(path_.c_str(), flags | O_DIRECT, 0600) : -1;
+    if (want_direct && g_refuse_direct) {
+      fd_ = -1;
+      errno = EINVAL;
+    } else {
+      fd_ = want_direct ? ::open(path_.c_str(), flags | O_DIRECT, 0600) : -1;
+    }
     direct_ = fd_ >= 0;
     if (fd_ < 0 && (!want_direct || errno == EINVAL)) {
       if (want_direct) ::unlink(path_.c_str());  // some kernels create it before refusing

@@ -47,4 +47,8 @@ class ScratchFile {
   int64_t size_bytes_ = 0;
 };
 
+// Test hook: while set, ScratchFile behaves as if open(O_DIRECT) failed with EINVAL, so the
+// fallback path of Note [O_DIRECT fallback] can be tested on file systems that accept O_DIRECT.
+void set_refuse_direct_for_testing(bool refuse);
+
 }  // namespace mw::io
