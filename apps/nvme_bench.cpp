@@ -41,13 +41,17 @@ int64_t parse_bytes(const std::string& text) {
   }
   std::string unit = text.substr(pos);
   int64_t mult = 1;
-  if (unit == "" || unit == "B") mult = 1;
-  else if (unit == "K" || unit == "KiB" || unit == "k") mult = int64_t{1} << 10;
-  else if (unit == "M" || unit == "MiB") mult = int64_t{1} << 20;
-  else if (unit == "G" || unit == "GiB") mult = int64_t{1} << 30;
+  if (unit == "" || unit == "B")
+    mult = 1;
+  else if (unit == "K" || unit == "KiB" || unit == "k")
+    mult = int64_t{1} << 10;
+  else if (unit == "M" || unit == "MiB")
+    mult = int64_t{1} << 20;
+  else if (unit == "G" || unit == "GiB")
+    mult = int64_t{1} << 30;
   else
-    throw InvalidArgument(str("unknown size unit '", unit, "' in '", text,
-                              "'; use B, KiB, MiB or GiB"));
+    throw InvalidArgument(
+        str("unknown size unit '", unit, "' in '", text, "'; use B, KiB, MiB or GiB"));
   return static_cast<int64_t>(value * static_cast<double>(mult));
 }
 
@@ -140,10 +144,10 @@ double fio_bw_bytes(const std::string& json, const std::string& section) {
 }
 
 double run_fio(const std::string& file, int64_t size_bytes, const Config& c, const char* rw) {
-  std::string cmd = str("fio --name=mwbench --filename=", file, " --size=", size_bytes,
-                        " --bs=", c.block_bytes, " --iodepth=", c.depth,
-                        " --ioengine=io_uring --direct=1 --rw=", rw,
-                        " --output-format=json 2>/dev/null");
+  std::string cmd =
+      str("fio --name=mwbench --filename=", file, " --size=", size_bytes, " --bs=", c.block_bytes,
+          " --iodepth=", c.depth, " --ioengine=io_uring --direct=1 --rw=", rw,
+          " --output-format=json 2>/dev/null");
   FILE* pipe = ::popen(cmd.c_str(), "r");
   MW_CHECK(pipe != nullptr, "could not start fio: ", cmd);
   std::string out;
@@ -189,16 +193,26 @@ int real_main(int argc, char** argv) {
       MW_CHECK_T(InvalidArgument, i + 1 < argc, a, " needs a value");
       return argv[++i];
     };
-    if (a == "--dir") dir = value();
-    else if (a == "--size") size_bytes = parse_bytes(value());
-    else if (a == "--block") block_bytes = parse_bytes(value());
-    else if (a == "--depth") depth = std::atoi(value().c_str());
-    else if (a == "--backend") backend = value();
-    else if (a == "--reps") reps = std::atoi(value().c_str());
-    else if (a == "--json") json = true;
-    else if (a == "--no-fio") fio = false;
-    else if (a == "--help" || a == "-h") return usage(), 0;
-    else throw InvalidArgument(str("unknown option '", a, "'"));
+    if (a == "--dir")
+      dir = value();
+    else if (a == "--size")
+      size_bytes = parse_bytes(value());
+    else if (a == "--block")
+      block_bytes = parse_bytes(value());
+    else if (a == "--depth")
+      depth = std::atoi(value().c_str());
+    else if (a == "--backend")
+      backend = value();
+    else if (a == "--reps")
+      reps = std::atoi(value().c_str());
+    else if (a == "--json")
+      json = true;
+    else if (a == "--no-fio")
+      fio = false;
+    else if (a == "--help" || a == "-h")
+      return usage(), 0;
+    else
+      throw InvalidArgument(str("unknown option '", a, "'"));
   }
   MW_CHECK_T(InvalidArgument, !dir.empty(), "--dir is required (a directory on the drive to test)");
   MW_CHECK_T(InvalidArgument, size_bytes >= 4096 && size_bytes % 4096 == 0,
@@ -244,12 +258,13 @@ int real_main(int argc, char** argv) {
       std::printf(
           "{\"backend\": \"%s\", \"block\": %lld, \"depth\": %d, \"size\": %lld, \"reps\": %d, "
           "\"write_GBps\": %.3f, \"read_GBps\": %.3f",
-          name, static_cast<long long>(c.block_bytes), c.depth,
-          static_cast<long long>(size_bytes), reps, w, rd);
+          name, static_cast<long long>(c.block_bytes), c.depth, static_cast<long long>(size_bytes),
+          reps, w, rd);
       if (fio)
-        std::printf(", \"fio_write_GBps\": %.3f, \"fio_read_GBps\": %.3f, \"write_ratio\": %.3f, "
-                    "\"read_ratio\": %.3f",
-                    fwm, frm, w / fwm, rd / frm);
+        std::printf(
+            ", \"fio_write_GBps\": %.3f, \"fio_read_GBps\": %.3f, \"write_ratio\": %.3f, "
+            "\"read_ratio\": %.3f",
+            fwm, frm, w / fwm, rd / frm);
       std::printf("}\n");
     } else {
       std::printf("%-7s block %-6s depth %-3d size %s (median of %d): write %.2f GB/s", name,

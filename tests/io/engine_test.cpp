@@ -1,8 +1,6 @@
 // IoEngine, both backends: bit-identical round trips of random sizes and offsets under
 // concurrency, batching, fault injection (EIO, ENOSPC, short transfers), a real EFBIG, and no
 // leaked descriptors.
-#include "offload/io/io_engine.h"
-
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -16,6 +14,7 @@
 #include "core/error.h"
 #include "io_test_util.h"
 #include "offload/io/file.h"
+#include "offload/io/io_engine.h"
 
 namespace mw::io {
 namespace {
@@ -58,8 +57,8 @@ TEST_P(EngineTest, ConcurrentRandomRoundTripIsBitIdentical) {
   std::mt19937_64 rng(42);
   int64_t cursor = 0;
   for (int i = 0; i < kThreads * kPerThread; ++i) {
-    int64_t length = (1 + rng() % 64) * kHostAlignment;   // 4 KiB .. 256 KiB
-    cursor += (rng() % 4) * kHostAlignment;                // random gaps
+    int64_t length = (1 + rng() % 64) * kHostAlignment;  // 4 KiB .. 256 KiB
+    cursor += (rng() % 4) * kHostAlignment;              // random gaps
     pieces.push_back({cursor, length, rng()});
     cursor += length;
   }
@@ -71,8 +70,8 @@ TEST_P(EngineTest, ConcurrentRandomRoundTripIsBitIdentical) {
   auto worker = [&](int t, IoOp op) {
     std::vector<IoRequest> batch;
     for (int i = t; i < static_cast<int>(pieces.size()); i += kThreads)
-      batch.push_back({file.fd(), file.path(), pieces[i].offset, bufs[i].data(),
-                       pieces[i].length, op});
+      batch.push_back(
+          {file.fd(), file.path(), pieces[i].offset, bufs[i].data(), pieces[i].length, op});
     // Submit in small uneven batches, then wait on all handles.
     std::vector<IoHandle> handles;
     for (size_t pos = 0; pos < batch.size();) {
@@ -200,8 +199,8 @@ TEST_P(EngineTest, InjectedFaultsSurfaceOnTheRightHandle) {
   std::vector<IoRequest> reads;
   for (int i = 0; i < kN; ++i) {
     if (i == 5 || i == 9) continue;
-    reads.push_back({file.fd(), file.path(), i * kLen,
-                     static_cast<char*>(back.data()) + i * kLen, kLen, IoOp::kRead});
+    reads.push_back({file.fd(), file.path(), i * kLen, static_cast<char*>(back.data()) + i * kLen,
+                     kLen, IoOp::kRead});
   }
   // Inject a short read too: it must be resumed to the full length.
   engine->set_fault_injector([](const IoRequest&, int64_t seq) {
@@ -243,8 +242,8 @@ TEST_P(EngineTest, ReadPastEndOfFileFails) {
   auto engine = make(4);
   AlignedBuffer buf(2 * kHostAlignment);
   engine->submit({file.fd(), file.path(), 0, buf.data(), kHostAlignment, IoOp::kWrite}).wait();
-  IoHandle h = engine->submit({file.fd(), file.path(), 0, buf.data(), 2 * kHostAlignment,
-                               IoOp::kRead});
+  IoHandle h =
+      engine->submit({file.fd(), file.path(), 0, buf.data(), 2 * kHostAlignment, IoOp::kRead});
   try {
     h.wait();
     FAIL() << "expected end-of-file failure";
@@ -306,7 +305,9 @@ TEST_P(EngineTest, NoDescriptorsOrFilesLeftBehind) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, EngineTest,
                          ::testing::Values(BackendKind::kUring, BackendKind::kThreads),
-                         [](const auto& info) { return std::string(backend_kind_name(info.param)); });
+                         [](const auto& info) {
+                           return std::string(backend_kind_name(info.param));
+                         });
 
 // Note [Backend choice]: MW_IO_BACKEND overrides the probe; a bad value is an error.
 TEST(EngineChoice, EnvironmentOverridesProbe) {

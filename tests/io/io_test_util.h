@@ -3,6 +3,7 @@
 #pragma once
 
 #include <dirent.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -11,8 +12,6 @@
 #include <filesystem>
 #include <random>
 #include <string>
-
-#include <gtest/gtest.h>
 
 namespace mw::io::testing {
 
@@ -32,8 +31,7 @@ class TempDir {
  public:
   explicit TempDir(const std::string& root = "/tmp") {
     static std::atomic<int> counter{0};
-    path_ = root + "/mw-io-test-" + std::to_string(::getpid()) + "-" +
-            std::to_string(counter++);
+    path_ = root + "/mw-io-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
     std::filesystem::create_directories(path_);
   }
   ~TempDir() { std::filesystem::remove_all(path_); }
@@ -52,7 +50,8 @@ class TempDir {
 
 // Byte i of pattern `seed`: varies with both, so a chunk written to the wrong place is caught.
 inline uint8_t pattern_byte(uint64_t seed, int64_t i) {
-  uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(i) * 0xBF58476D1CE4E5B9ull;
+  uint64_t x =
+      (seed + 1) * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(i) * 0xBF58476D1CE4E5B9ull;
   x ^= x >> 31;
   return static_cast<uint8_t>(x);
 }
@@ -75,8 +74,8 @@ inline ::testing::AssertionResult matches_pattern(const void* buf, int64_t nbyte
     }
   }
   if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << bad << " of " << nbytes << " bytes differ (seed "
-                                       << seed << "), first at " << first << ":" << detail;
+  return ::testing::AssertionFailure() << bad << " of " << nbytes << " bytes differ (seed " << seed
+                                       << "), first at " << first << ":" << detail;
 }
 
 }  // namespace mw::io::testing

@@ -99,8 +99,8 @@ TEST(SpaceAllocator, RandomizedAgainstGranuleMap) {
       int64_t off = a.allocate(granules * kG - static_cast<int64_t>(rng() % kG));
       ASSERT_EQ(off % kG, 0);
       auto next = live.lower_bound(off);
-      ASSERT_TRUE(next == live.end() || next->first >= off + granules * kG) << "overlap at step "
-                                                                             << step;
+      ASSERT_TRUE(next == live.end() || next->first >= off + granules * kG)
+          << "overlap at step " << step;
       if (next != live.begin()) {
         auto prev = std::prev(next);
         ASSERT_LE(prev->first + prev->second * kG, off) << "overlap at step " << step;

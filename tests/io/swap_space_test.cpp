@@ -141,8 +141,8 @@ TEST_P(SwapTest, FaultInOneBlobLeavesOthersIntact) {
   int64_t base = engine->stats().requests_completed;
   engine->set_fault_injector([base](const IoRequest&, int64_t seq) {
     Fault f;
-    if (seq == base + 2) f.error = EIO;          // third chunk of y
-    if (seq == base + 4) f.short_bytes = 4096;   // a short one, resumed
+    if (seq == base + 2) f.error = EIO;         // third chunk of y
+    if (seq == base + 4) f.short_bytes = 4096;  // a short one, resumed
     return f;
   });
   IoHandle hy = swap.write("y", y.data(), n);
@@ -184,7 +184,9 @@ TEST_P(SwapTest, FilesAndDescriptorsAreReleasedOnEveryPath) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, SwapTest,
                          ::testing::Values(BackendKind::kUring, BackendKind::kThreads),
-                         [](const auto& info) { return std::string(backend_kind_name(info.param)); });
+                         [](const auto& info) {
+                           return std::string(backend_kind_name(info.param));
+                         });
 
 TEST(SwapSpaceDirs, MissingDirectoryIsCreated) {
   TempDir root;

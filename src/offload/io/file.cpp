@@ -105,10 +105,9 @@ void ScratchFile::reserve(int64_t nbytes) {
   if (rc != 0) {
     int err = errno;
     if (err != EOPNOTSUPP && err != ENOSYS) {
-      throw IoError(str("cannot grow offload file '", path_, "' from ", size_bytes_, " to ",
-                        nbytes, " bytes: ", errno_text(err),
-                        err == ENOSPC ? "; free space on that drive or use another directory"
-                                      : ""),
+      throw IoError(str("cannot grow offload file '", path_, "' from ", size_bytes_, " to ", nbytes,
+                        " bytes: ", errno_text(err),
+                        err == ENOSPC ? "; free space on that drive or use another directory" : ""),
                     path_, size_bytes_, nbytes - size_bytes_, err);
     }
   }
@@ -119,9 +118,9 @@ void ScratchFile::truncate(int64_t nbytes) {
   if (nbytes >= size_bytes_) return;
   if (::ftruncate(fd_, nbytes) != 0) {
     int err = errno;
-    throw IoError(str("cannot shrink offload file '", path_, "' to ", nbytes,
-                      " bytes: ", errno_text(err)),
-                  path_, nbytes, size_bytes_ - nbytes, err);
+    throw IoError(
+        str("cannot shrink offload file '", path_, "' to ", nbytes, " bytes: ", errno_text(err)),
+        path_, nbytes, size_bytes_ - nbytes, err);
   }
   size_bytes_ = nbytes;
 }

@@ -20,9 +20,12 @@ using detail::RequestState;
 
 const char* backend_kind_name(BackendKind kind) {
   switch (kind) {
-    case BackendKind::kAuto: return "auto";
-    case BackendKind::kUring: return "uring";
-    case BackendKind::kThreads: return "threads";
+    case BackendKind::kAuto:
+      return "auto";
+    case BackendKind::kUring:
+      return "uring";
+    case BackendKind::kThreads:
+      return "threads";
   }
   return "?";
 }
@@ -95,10 +98,9 @@ std::vector<IoHandle> IoEngine::submit(std::span<const IoRequest> requests) {
     MW_CHECK_T(InvalidArgument, r.fd >= 0, "IoEngine::submit: request on '", r.path,
                "' has no open file descriptor (fd ", r.fd, ")");
     MW_CHECK_T(InvalidArgument, r.offset >= 0 && r.length >= 0, "IoEngine::submit: request on '",
-               r.path, "' has offset ", r.offset, " and length ", r.length,
-               "; both must be >= 0");
-    MW_CHECK_T(InvalidArgument, r.buf != nullptr || r.length == 0,
-               "IoEngine::submit: request on '", r.path, "' has a null buffer");
+               r.path, "' has offset ", r.offset, " and length ", r.length, "; both must be >= 0");
+    MW_CHECK_T(InvalidArgument, r.buf != nullptr || r.length == 0, "IoEngine::submit: request on '",
+               r.path, "' has a null buffer");
   }
   std::vector<IoHandle> handles(requests.size());
   std::vector<std::shared_ptr<RequestState>> to_start;
@@ -198,9 +200,9 @@ bool account_attempt(RequestState& state, int64_t result, IoStats& stats) {
       hint = "; free space on that drive or point the offload directory elsewhere";
     else if (err == EFBIG)
       hint = "; the file size limit (ulimit -f) or the file system's maximum file size was hit";
-    state.error_message = str(verb, " of ", r.length, " bytes at offset ", r.offset, " of '",
-                              r.path, "' failed after ", state.done_bytes, " bytes: ",
-                              errno_text(err), hint);
+    state.error_message =
+        str(verb, " of ", r.length, " bytes at offset ", r.offset, " of '", r.path,
+            "' failed after ", state.done_bytes, " bytes: ", errno_text(err), hint);
     return true;
   }
   if (result == 0 && state.done_bytes < r.length) {
@@ -248,8 +250,8 @@ std::unique_ptr<IoEngine> IoEngine::create(const IoOptions& options) {
     std::string why = str("requested by IoOptions (", backend_kind_name(options.backend), ")");
     if (options.backend == BackendKind::kUring) {
       std::string problem = detail::probe_uring();
-      MW_CHECK_T(DeviceError, problem.empty(), "the io_uring backend was requested but ",
-                 problem, "; use the threads backend (MW_IO_BACKEND=threads)");
+      MW_CHECK_T(DeviceError, problem.empty(), "the io_uring backend was requested but ", problem,
+                 "; use the threads backend (MW_IO_BACKEND=threads)");
     }
     return create_engine_with_reason(options.backend, options, why);
   }

@@ -152,7 +152,7 @@ class IoEngine {
 
  private:
   friend std::unique_ptr<IoEngine> create_engine_with_reason(BackendKind, const IoOptions&,
-                                                            std::string);
+                                                             std::string);
   std::string choice_reason_;
   FaultInjector injector_;
   int64_t next_seq_ = 0;
@@ -166,11 +166,11 @@ namespace detail {
 struct RequestState {
   IoRequest request;
   int64_t seq = 0;
-  int64_t done_bytes = 0;         // bytes transferred so far
-  int fault_error = 0;            // injected errno (Note [Fault injection])
-  int64_t first_limit_bytes = -1; // injected short first transfer
+  int64_t done_bytes = 0;          // bytes transferred so far
+  int fault_error = 0;             // injected errno (Note [Fault injection])
+  int64_t first_limit_bytes = -1;  // injected short first transfer
   bool first_attempt = true;
-  int err = 0;                    // errno of the failure, 0 if none or not from a system call
+  int err = 0;  // errno of the failure, 0 if none or not from a system call
   bool failed = false;
   std::string error_message;
   std::atomic<bool> complete{false};

@@ -42,11 +42,11 @@ int64_t SpaceAllocator::allocate(int64_t nbytes) {
 
 void SpaceAllocator::free(int64_t offset, int64_t nbytes) {
   int64_t length = round_up(nbytes, granule_bytes_);
-  MW_CHECK_T(InvalidArgument,
-             nbytes > 0 && offset >= 0 && offset % granule_bytes_ == 0 &&
-                 offset + length <= end_bytes_,
-             "SpaceAllocator::free: range [", offset, ", ", offset + length,
-             ") is not an allocated range of a file whose allocated end is ", end_bytes_);
+  MW_CHECK_T(
+      InvalidArgument,
+      nbytes > 0 && offset >= 0 && offset % granule_bytes_ == 0 && offset + length <= end_bytes_,
+      "SpaceAllocator::free: range [", offset, ", ", offset + length,
+      ") is not an allocated range of a file whose allocated end is ", end_bytes_);
   auto next = by_offset_.lower_bound(offset);
   MW_CHECK_T(InvalidArgument, next == by_offset_.end() || next->first >= offset + length,
              "SpaceAllocator::free: range [", offset, ", ", offset + length,

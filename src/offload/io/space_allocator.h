@@ -4,8 +4,8 @@
 //  - Every range is a multiple of the granule (4096 by default, so O_DIRECT offsets stay aligned).
 //  - Holes (free ranges) never touch each other: free() coalesces with both neighbours.
 //  - No hole ever ends at end_bytes(): a free range at the tail shrinks the tail instead, after
-//    merging with the hole just before it. (TensorNVMe's free list forgets that hole, so a file that
-//    is filled and emptied repeatedly keeps growing; see tests/io/space_allocator_test.cpp.)
+//    merging with the hole just before it. (TensorNVMe's free list forgets that hole, so a file
+//    that is filled and emptied repeatedly keeps growing; see tests/io/space_allocator_test.cpp.)
 //  - allocate() is best-fit over holes (smallest hole that fits, lowest offset on ties), else it
 //    grows the tail.
 // Not thread-safe; SwapSpace serialises access.

@@ -92,8 +92,8 @@ std::vector<IoRequest> SwapSpace::requests_locked(const Blob& blob, void* buf, I
 }
 
 IoHandle SwapSpace::write(const std::string& key, const void* buf, int64_t nbytes) {
-  MW_CHECK_T(InvalidArgument, nbytes > 0, "SwapSpace::write('", key,
-             "'): size must be > 0, got ", nbytes);
+  MW_CHECK_T(InvalidArgument, nbytes > 0, "SwapSpace::write('", key, "'): size must be > 0, got ",
+             nbytes);
   MW_CHECK_T(InvalidArgument, reinterpret_cast<uintptr_t>(buf) % kHostAlignment == 0,
              "SwapSpace::write('", key, "'): buffer ", buf, " is not ", kHostAlignment,
              "-byte aligned; allocate it with mw::AlignedBuffer");
