@@ -265,6 +265,16 @@ int real_main(int argc, char** argv) {
             ", \"fio_write_GBps\": %.3f, \"fio_read_GBps\": %.3f, \"write_ratio\": %.3f, "
             "\"read_ratio\": %.3f",
             fwm, frm, w / fwm, rd / frm);
+      auto list = [](const std::vector<double>& v) {
+        std::string out = "[";
+        for (size_t k = 0; k < v.size(); ++k) out += str(k ? ", " : "", v[k]);
+        return out + "]";
+      };
+      std::printf(", \"write_GBps_reps\": %s, \"read_GBps_reps\": %s", list(ow).c_str(),
+                  list(orr).c_str());
+      if (fio)
+        std::printf(", \"fio_write_GBps_reps\": %s, \"fio_read_GBps_reps\": %s",
+                    list(fw).c_str(), list(fr).c_str());
       std::printf("}\n");
     } else {
       std::printf("%-7s block %-6s depth %-3d size %s (median of %d): write %.2f GB/s", name,
