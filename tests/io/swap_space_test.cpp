@@ -172,8 +172,8 @@ TEST_P(SwapTest, FilesAndDescriptorsAreReleasedOnEveryPath) {
   EXPECT_THROW(SwapSpace({a.path(), blocker + "/sub"}, *engine), IoError);
   EXPECT_EQ(a.file_count(), 0);
   try {
+    AlignedBuffer buf(4096);  // declared first: it must outlive the write SwapSpace's dtor joins
     SwapSpace swap({a.path()}, *engine);
-    AlignedBuffer buf(4096);
     IoHandle h = swap.write("k", buf.data(), 4096);
     throw std::runtime_error("unwind");
   } catch (const std::runtime_error&) {
