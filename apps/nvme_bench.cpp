@@ -1,0 +1,306 @@
+// nvme_bench: sequential write and read bandwidth of the offload I/O engine, next to fio's in the
+// same run (the ceiling), like DeepSpeed's NVMe tuner.
+//
+//   nvme_bench --dir D [--size 2GiB] [--block 1MiB] [--depth 32] [--backend uring|threads]
+//              [--reps N] [--json] [--no-fio]
+//
+// With none of --block/--depth/--backend it sweeps backend x depth {8, 32} x block {256KiB, 1MiB,
+// 4MiB}; otherwise it runs the one configuration asked for (defaults fill the rest). Each
+// repetition runs ours (write, then read back) and then fio (ioengine=io_uring, direct=1, same
+// size, block and depth), alternating, and the medians are reported. The disk is noisy; use
+// --reps 3 or more for figures you quote.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/error.h"
+#include "offload/io/file.h"
+#include "offload/io/io_engine.h"
+
+namespace {
+
+using mw::InvalidArgument;
+using mw::str;
+namespace io = mw::io;
+
+int64_t parse_bytes(const std::string& text) {
+  size_t pos = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    throw InvalidArgument(str("'", text, "' is not a size; write e.g. 2GiB, 1MiB, 4096"));
+  }
+  std::string unit = text.substr(pos);
+  int64_t mult = 1;
+  if (unit == "" || unit == "B")
+    mult = 1;
+  else if (unit == "K" || unit == "KiB" || unit == "k")
+    mult = int64_t{1} << 10;
+  else if (unit == "M" || unit == "MiB")
+    mult = int64_t{1} << 20;
+  else if (unit == "G" || unit == "GiB")
+    mult = int64_t{1} << 30;
+  else
+    throw InvalidArgument(
+        str("unknown size unit '", unit, "' in '", text, "'; use B, KiB, MiB or GiB"));
+  return static_cast<int64_t>(value * static_cast<double>(mult));
+}
+
+std::string format_bytes(int64_t n) {
+  if (n % (int64_t{1} << 30) == 0) return str(n >> 30, "GiB");
+  if (n % (int64_t{1} << 20) == 0) return str(n >> 20, "MiB");
+  if (n % (int64_t{1} << 10) == 0) return str(n >> 10, "KiB");
+  return str(n, "B");
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Config {
+  io::BackendKind backend;
+  int64_t block_bytes;
+  int depth;
+};
+
+struct Rates {
+  double write_GBps = 0, read_GBps = 0;
+};
+
+// One pass over the file with `depth` requests in flight: the oldest is waited on before its
+// buffer is reused, so the queue stays full. Returns GB/s (1e9 bytes per second).
+double pass(io::IoEngine& engine, const io::ScratchFile& file, int64_t size_bytes,
+            int64_t block_bytes, int depth, std::vector<mw::AlignedBuffer>& bufs, io::IoOp op) {
+  std::vector<io::IoHandle> slots(depth);
+  auto start = std::chrono::steady_clock::now();
+  int64_t i = 0;
+  for (int64_t off = 0; off < size_bytes; off += block_bytes, ++i) {
+    io::IoHandle& slot = slots[i % depth];
+    slot.wait();
+    slot = engine.submit({file.fd(), file.path(), off, bufs[i % depth].data(),
+                          std::min(block_bytes, size_bytes - off), op});
+  }
+  for (auto& h : slots) h.wait();
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return static_cast<double>(size_bytes) / s / 1e9;
+}
+
+Rates run_ours(const std::string& dir, int64_t size_bytes, const Config& c) {
+  io::IoOptions o;
+  o.backend = c.backend;
+  o.queue_depth = c.depth;
+  auto engine = io::IoEngine::create(o);
+  io::ScratchFile file(dir, "nvme-bench", /*want_direct=*/true);
+  MW_CHECK_T(Error, file.direct(), "the file system of '", dir,
+             "' refuses O_DIRECT, so this would measure the page cache; use a disk directory");
+  file.reserve(size_bytes);  // laid out first, as fio does, so writes do not extend the file
+  std::vector<mw::AlignedBuffer> bufs;
+  std::mt19937_64 rng(1);
+  for (int d = 0; d < c.depth; ++d) {
+    bufs.emplace_back(c.block_bytes);
+    auto* p = static_cast<uint64_t*>(bufs.back().data());
+    for (int64_t k = 0; k < c.block_bytes / 8; ++k) p[k] = rng();
+  }
+  Rates r;
+  r.write_GBps = pass(*engine, file, size_bytes, c.block_bytes, c.depth, bufs, io::IoOp::kWrite);
+  r.read_GBps = pass(*engine, file, size_bytes, c.block_bytes, c.depth, bufs, io::IoOp::kRead);
+  return r;
+}
+
+bool have_fio() {
+  const char* path = std::getenv("PATH");
+  std::string p = path ? path : "/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= p.size()) {
+    size_t end = p.find(':', start);
+    if (end == std::string::npos) end = p.size();
+    std::string candidate = p.substr(start, end - start) + "/fio";
+    if (::access(candidate.c_str(), X_OK) == 0) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
+// bw_bytes of the "read" or "write" section of fio's JSON output.
+double fio_bw_bytes(const std::string& json, const std::string& section) {
+  size_t s = json.find("\"" + section + "\" : {");
+  if (s == std::string::npos) return -1;
+  size_t k = json.find("\"bw_bytes\"", s);
+  if (k == std::string::npos) return -1;
+  size_t colon = json.find(':', k);
+  return std::atof(json.c_str() + colon + 1);
+}
+
+double run_fio(const std::string& file, int64_t size_bytes, const Config& c, const char* rw) {
+  std::string cmd =
+      str("fio --name=mwbench --filename=", file, " --size=", size_bytes, " --bs=", c.block_bytes,
+          " --iodepth=", c.depth, " --ioengine=io_uring --direct=1 --rw=", rw,
+          " --output-format=json 2>/dev/null");
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  MW_CHECK(pipe != nullptr, "could not start fio: ", cmd);
+  std::string out;
+  char chunk[4096];
+  size_t n;
+  while ((n = std::fread(chunk, 1, sizeof chunk, pipe)) > 0) out.append(chunk, n);
+  int status = ::pclose(pipe);
+  double bw = fio_bw_bytes(out, std::string(rw) == "write" ? "write" : "read");
+  MW_CHECK(status == 0 && bw > 0, "fio failed (exit status ", status, "): ", cmd);
+  return bw / 1e9;
+}
+
+Rates run_fio_pair(const std::string& dir, int64_t size_bytes, const Config& c) {
+  std::string file = str(dir, "/fio-bench-", ::getpid(), ".dat");
+  Rates r;
+  try {
+    r.write_GBps = run_fio(file, size_bytes, c, "write");
+    r.read_GBps = run_fio(file, size_bytes, c, "read");
+  } catch (...) {
+    ::unlink(file.c_str());
+    throw;
+  }
+  ::unlink(file.c_str());
+  return r;
+}
+
+void usage() {
+  std::cerr << "usage: nvme_bench --dir D [--size 2GiB] [--block 1MiB] [--depth 32]\n"
+               "                  [--backend uring|threads] [--reps N] [--json] [--no-fio]\n";
+}
+
+int real_main(int argc, char** argv) {
+  std::string dir;
+  int64_t size_bytes = int64_t{2} << 30;
+  int64_t block_bytes = 0;
+  int depth = 0;
+  std::string backend;
+  int reps = 0;
+  bool json = false, fio = true;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      MW_CHECK_T(InvalidArgument, i + 1 < argc, a, " needs a value");
+      return argv[++i];
+    };
+    if (a == "--dir")
+      dir = value();
+    else if (a == "--size")
+      size_bytes = parse_bytes(value());
+    else if (a == "--block")
+      block_bytes = parse_bytes(value());
+    else if (a == "--depth")
+      depth = std::atoi(value().c_str());
+    else if (a == "--backend")
+      backend = value();
+    else if (a == "--reps")
+      reps = std::atoi(value().c_str());
+    else if (a == "--json")
+      json = true;
+    else if (a == "--no-fio")
+      fio = false;
+    else if (a == "--help" || a == "-h")
+      return usage(), 0;
+    else
+      throw InvalidArgument(str("unknown option '", a, "'"));
+  }
+  MW_CHECK_T(InvalidArgument, !dir.empty(), "--dir is required (a directory on the drive to test)");
+  MW_CHECK_T(InvalidArgument, size_bytes >= 4096 && size_bytes % 4096 == 0,
+             "--size must be a positive multiple of 4096; got ", size_bytes);
+  bool sweep = block_bytes == 0 && depth == 0 && backend.empty();
+  std::vector<Config> configs;
+  if (sweep) {
+    for (auto b : {io::BackendKind::kUring, io::BackendKind::kThreads})
+      for (int d : {8, 32})
+        for (int64_t bs : {int64_t{256} << 10, int64_t{1} << 20, int64_t{4} << 20})
+          configs.push_back({b, bs, d});
+  } else {
+    io::BackendKind b = backend.empty() ? io::BackendKind::kUring : io::parse_backend_kind(backend);
+    MW_CHECK_T(InvalidArgument, b != io::BackendKind::kAuto, "--backend must be uring or threads");
+    configs.push_back({b, block_bytes ? block_bytes : int64_t{1} << 20, depth ? depth : 32});
+  }
+  for (const Config& c : configs) {
+    MW_CHECK_T(InvalidArgument, c.block_bytes >= 4096 && c.block_bytes % 4096 == 0,
+               "--block must be a positive multiple of 4096; got ", c.block_bytes);
+    MW_CHECK_T(InvalidArgument, c.depth >= 1 && c.depth <= 1024, "--depth must be in [1, 1024]");
+  }
+  if (reps <= 0) reps = sweep ? 1 : 3;
+  io::ensure_directory(dir);
+  if (fio && !have_fio()) {
+    std::cerr << "fio is not installed: skipping the fio ceiling (apt-get install fio)\n";
+    fio = false;
+  }
+  for (const Config& c : configs) {
+    std::vector<double> ow, orr, fw, fr;
+    for (int r = 0; r < reps; ++r) {  // alternate ours and fio, so drift hits both alike
+      Rates ours = run_ours(dir, size_bytes, c);
+      ow.push_back(ours.write_GBps);
+      orr.push_back(ours.read_GBps);
+      if (fio) {
+        Rates f = run_fio_pair(dir, size_bytes, c);
+        fw.push_back(f.write_GBps);
+        fr.push_back(f.read_GBps);
+      }
+    }
+    double w = median(ow), rd = median(orr), fwm = median(fw), frm = median(fr);
+    const char* name = io::backend_kind_name(c.backend);
+    if (json) {
+      std::printf(
+          "{\"backend\": \"%s\", \"block\": %lld, \"depth\": %d, \"size\": %lld, \"reps\": %d, "
+          "\"write_GBps\": %.3f, \"read_GBps\": %.3f",
+          name, static_cast<long long>(c.block_bytes), c.depth, static_cast<long long>(size_bytes),
+          reps, w, rd);
+      if (fio)
+        std::printf(
+            ", \"fio_write_GBps\": %.3f, \"fio_read_GBps\": %.3f, \"write_ratio\": %.3f, "
+            "\"read_ratio\": %.3f",
+            fwm, frm, w / fwm, rd / frm);
+      auto list = [](const std::vector<double>& v) {
+        std::string out = "[";
+        for (size_t k = 0; k < v.size(); ++k) out += str(k ? ", " : "", v[k]);
+        return out + "]";
+      };
+      std::printf(", \"write_GBps_reps\": %s, \"read_GBps_reps\": %s", list(ow).c_str(),
+                  list(orr).c_str());
+      if (fio)
+        std::printf(", \"fio_write_GBps_reps\": %s, \"fio_read_GBps_reps\": %s",
+                    list(fw).c_str(), list(fr).c_str());
+      std::printf("}\n");
+    } else {
+      std::printf("%-7s block %-6s depth %-3d size %s (median of %d): write %.2f GB/s", name,
+                  format_bytes(c.block_bytes).c_str(), c.depth, format_bytes(size_bytes).c_str(),
+                  reps, w);
+      if (fio) std::printf(" (fio %.2f, %.2fx)", fwm, w / fwm);
+      std::printf("  read %.2f GB/s", rd);
+      if (fio) std::printf(" (fio %.2f, %.2fx)", frm, rd / frm);
+      std::printf("\n");
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return real_main(argc, argv);
+  } catch (const mw::InvalidArgument& e) {
+    std::cerr << "nvme_bench: " << e.what() << "\n";
+    usage();
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "nvme_bench: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,213 @@
+// The io_uring backend of IoEngine (liburing).
+//
+// Invariants:
+//  - At most queue_depth requests are in the ring; each holds one slot, whose index is the SQE's
+//    user_data. Further requests wait in `pending_` and are started as slots free up.
+//  - One io_uring_submit per batch: submit() fills SQEs for everything that fits and submits once;
+//    the reaper does the same for the resumptions and queued requests a group of CQEs unlocks.
+//  - A single reaper thread owns the completion queue and blocks in io_uring_wait_cqe without the
+//    mutex; everything else (SQ, slots, states, stats) is touched only under IoEngine::mutex_.
+//    The kernel allows one thread to submit while another waits for completions.
+//  - An injected error (Note [Fault injection]) is issued as a NOP, so the failure still travels
+//    the real completion path.
+#include <liburing.h>
+#include <sys/utsname.h>
+
+#include <cerrno>
+#include <deque>
+#include <thread>
+
+#include "core/error.h"
+#include "offload/io/backends.h"
+
+namespace mw::io::detail {
+
+namespace {
+
+constexpr uint64_t kShutdownTag = ~uint64_t{0};
+
+class UringEngine final : public IoEngine {
+ public:
+  explicit UringEngine(int queue_depth) : IoEngine(queue_depth), slots_(queue_depth) {
+    int rc = io_uring_queue_init(static_cast<unsigned>(queue_depth), &ring_, 0);
+    MW_CHECK_T(DeviceError, rc == 0, "io_uring_queue_init(", queue_depth,
+               ") failed: ", errno_text(-rc), "; use the threads backend (MW_IO_BACKEND=threads)");
+    for (int i = queue_depth - 1; i >= 0; --i) free_slots_.push_back(i);
+    reaper_ = std::thread([this] { reap_loop(); });
+  }
+
+  ~UringEngine() override {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      drain(lock);
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring_);  // the ring is empty, so there is room
+      if (sqe) {
+        io_uring_prep_nop(sqe);
+        io_uring_sqe_set_data64(sqe, kShutdownTag);
+        io_uring_submit(&ring_);
+      }
+    }
+    reaper_.join();
+    io_uring_queue_exit(&ring_);
+  }
+
+  std::string backend_name() const override { return "uring"; }
+
+ protected:
+  void enqueue_locked(std::vector<std::shared_ptr<RequestState>>& states) override {
+    for (auto& s : states) pending_.push_back(std::move(s));
+    fill_and_submit_locked();
+  }
+
+ private:
+  // Prepares the SQE for the next attempt of the request in `slot`.
+  void prep_locked(int slot) {
+    RequestState& s = *slots_[slot];
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    // Cannot fail: the SQ has queue_depth entries and at most queue_depth slots are busy, and the
+    // SQ is flushed by io_uring_submit before this function is called again for a new round.
+    MW_CHECK_T(DeviceError, sqe != nullptr, "io_uring: submission queue unexpectedly full");
+    if (s.fault_error != 0) {
+      io_uring_prep_nop(sqe);
+    } else {
+      int64_t len = next_attempt_bytes(s);
+      char* buf = static_cast<char*>(s.request.buf) + s.done_bytes;
+      uint64_t off = static_cast<uint64_t>(s.request.offset + s.done_bytes);
+      // A single SQE moves at most 2 GiB - 4 KiB (the kernel's MAX_RW_COUNT); more is a short
+      // transfer that account_attempt resumes.
+      unsigned n = static_cast<unsigned>(std::min<int64_t>(len, 0x7ffff000));
+      if (s.request.op == IoOp::kRead)
+        io_uring_prep_read(sqe, s.request.fd, buf, n, off);
+      else
+        io_uring_prep_write(sqe, s.request.fd, buf, n, off);
+    }
+    io_uring_sqe_set_data64(sqe, static_cast<uint64_t>(slot));
+    ++prepared_;
+  }
+
+  void fill_and_submit_locked() {
+    while (!pending_.empty() && !free_slots_.empty()) {
+      int slot = free_slots_.back();
+      free_slots_.pop_back();
+      slots_[slot] = std::move(pending_.front());
+      pending_.pop_front();
+      prep_locked(slot);
+    }
+    submit_prepared_locked();
+  }
+
+  void submit_prepared_locked() {
+    while (prepared_ > 0) {
+      int rc = io_uring_submit(&ring_);
+      ++stats_.submit_calls;
+      if (rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) continue;
+      MW_CHECK_T(DeviceError, rc >= 0, "io_uring_submit failed: ", errno_text(-rc));
+      prepared_ -= rc;
+    }
+  }
+
+  void handle_cqe_locked(uint64_t slot, int64_t res) {
+    std::shared_ptr<RequestState>& state = slots_[slot];
+    if (!state) return;  // already failed by fail_everything_locked
+    if (!account_attempt(*state, res, stats_)) {
+      prep_locked(static_cast<int>(slot));  // resume (or retry) from done_bytes
+      return;
+    }
+    finish_locked(state);
+    state.reset();
+    free_slots_.push_back(static_cast<int>(slot));
+  }
+
+  void reap_loop() {
+    bool stopping = false;
+    while (!stopping) {
+      io_uring_cqe* cqe = nullptr;
+      int rc = io_uring_wait_cqe(&ring_, &cqe);
+      if (rc == -EINTR || rc == -EAGAIN) continue;
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (rc < 0) {
+        // The ring itself broke: fail everything in flight rather than leave it waiting.
+        for (size_t i = 0; i < slots_.size(); ++i)
+          if (slots_[i]) handle_cqe_locked(i, rc);
+        continue;
+      }
+      unsigned head, count = 0;
+      try {
+        io_uring_for_each_cqe(&ring_, head, cqe) {
+          ++count;
+          uint64_t tag = io_uring_cqe_get_data64(cqe);
+          if (tag == kShutdownTag)
+            stopping = true;
+          else
+            handle_cqe_locked(tag, cqe->res);
+        }
+        io_uring_cq_advance(&ring_, count);
+        fill_and_submit_locked();
+      } catch (const std::exception& e) {
+        // Only a broken ring gets here (io_uring_submit failing). No waiter may hang on it.
+        fail_everything_locked(e.what());
+      }
+    }
+  }
+
+  void fail_everything_locked(const std::string& why) {
+    auto fail = [&](std::shared_ptr<RequestState> s) {
+      s->failed = true;
+      s->err = EIO;
+      s->error_message = str("io_uring engine failure while handling '", s->request.path,
+                             "' at offset ", s->request.offset, ": ", why);
+      finish_locked(s);
+    };
+    for (auto& s : pending_) fail(std::move(s));
+    pending_.clear();
+    for (auto& s : slots_)
+      if (s) fail(std::move(s)), s.reset();
+  }
+
+  io_uring ring_{};
+  std::vector<std::shared_ptr<RequestState>> slots_;
+  std::vector<int> free_slots_;
+  std::deque<std::shared_ptr<RequestState>> pending_;
+  int prepared_ = 0;  // SQEs prepared and not yet submitted
+  std::thread reaper_;
+};
+
+}  // namespace
+
+std::unique_ptr<IoEngine> make_uring_engine(const IoOptions& options) {
+  return std::make_unique<UringEngine>(options.queue_depth);
+}
+
+std::string probe_uring() {
+  io_uring ring{};
+  int rc = io_uring_queue_init(4, &ring, 0);
+  if (rc < 0) {
+    return str("io_uring_queue_init failed: ", errno_text(-rc),
+               -rc == EPERM ? " (disabled by /proc/sys/kernel/io_uring_disabled or seccomp)" : "");
+  }
+  std::string problem;
+  io_uring_probe* probe = io_uring_get_probe_ring(&ring);
+  if (!probe) {
+    problem = "io_uring opcode probe failed (kernel older than 5.6)";
+  } else {
+    if (!io_uring_opcode_supported(probe, IORING_OP_READ) ||
+        !io_uring_opcode_supported(probe, IORING_OP_WRITE))
+      problem = "io_uring lacks the READ/WRITE opcodes (kernel older than 5.6)";
+    io_uring_free_probe(probe);
+  }
+  if (problem.empty()) {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+    io_uring_prep_nop(sqe);
+    rc = io_uring_submit(&ring);
+    io_uring_cqe* cqe = nullptr;
+    if (rc == 1) rc = io_uring_wait_cqe(&ring, &cqe);
+    if (rc < 0)
+      problem = str("an io_uring NOP failed: ", errno_text(-rc));
+    else
+      io_uring_cqe_seen(&ring, cqe);
+  }
+  io_uring_queue_exit(&ring);
+  return problem;
+}
+
+}  // namespace mw::io::detail
