@@ -15,6 +15,7 @@ What they prove:
     logits and gradients exactly, and the fixture regenerates bit for bit.
 """
 
+import json
 import math
 import os
 import struct
@@ -193,8 +194,6 @@ class SafeTensors(unittest.TestCase):
             self.assertTrue(torch.equal(back[n], t), n)
         (hlen,) = struct.unpack("<Q", raw[:8])
         self.assertEqual(hlen % 8, 0)
-        import json
-
         header = json.loads(raw[8 : 8 + hlen])
         for n, info in header.items():
             if n == "__metadata__":

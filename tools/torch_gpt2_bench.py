@@ -8,8 +8,8 @@ ids[:, 1:]); loss.backward(); optimizer.step(). The model is tools/torch_gpt2.py
 0 in fp32; the optimizer is torch.optim.AdamW with its defaults (lr 1e-3, betas (0.9, 0.999), eps 1e-8,
 weight_decay 0.01); the batch is one fixed set of random tokens in [0, vocab) (as ColossalAI's
 get_data), reused every step. Each step is timed with time.perf_counter; the median is the headline
-because the first step pays for page faults and allocator warm-up. After the steps, the run measures
-its ceiling: torch's fp32 GEMM rate on the MLP shape [B*T, C] @ [C, 4C] with the same threads, printed
+because the first step pays for page faults and allocator warm-up. Before and after the steps, the run
+measures its ceiling: torch's fp32 GEMM rate on the MLP shape [B*T, C] @ [C, 4C] with the same threads, printed
 next to the achieved 6*params*tokens rate (so a machine busy with other work shows in both).
 
 Prints one line per step, then a summary; with --json, the last line of stdout is one JSON object:
@@ -53,6 +53,15 @@ def measure_gemm_gflops(n_embd, tokens, seconds=1.0):
             return flop * reps / dt / 1e9
 
 
+def jemalloc_loaded():
+    """True when jemalloc is mapped into this process (proves LD_PRELOAD took effect)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return "jemalloc" in f.read()
+    except OSError:
+        return False
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="small", choices=sorted(tg.PRESETS))
@@ -83,10 +92,11 @@ def main():
     print(
         f"GPT-2 {args.model}: {numel:,} params ({numel / 1024**3:.3f} B), batch {args.batch}, "
         f"seq {args.seq}, threads {torch.get_num_threads()}, torch {torch.__version__}, "
-        f"init {time.perf_counter() - t0:.1f} s",
+        f"init {time.perf_counter() - t0:.1f} s, jemalloc {'yes' if jemalloc_loaded() else 'no'}",
         flush=True,
     )
 
+    gemm_before = measure_gemm_gflops(cfg.n_embd, args.batch * args.seq)
     step_ms, losses = [], []
     for step in range(args.steps):
         t = time.perf_counter()
@@ -101,7 +111,8 @@ def main():
         losses.append(loss.item())
         print(f"[{step}] loss: {losses[-1]:.3f}  step {dt_ms:.0f} ms", flush=True)
 
-    gemm_gflops = measure_gemm_gflops(cfg.n_embd, args.batch * args.seq)
+    gemm_after = measure_gemm_gflops(cfg.n_embd, args.batch * args.seq)
+    gemm_gflops = 0.5 * (gemm_before + gemm_after)
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     median_ms = statistics.median(step_ms)
     # One step is ~6 * params * tokens FLOP (forward 2, backward 4), plus the LM head's share.
@@ -109,8 +120,9 @@ def main():
     achieved_gflops = tflop / (median_ms / 1e3) * 1e3
     print(
         f"median step {median_ms:.0f} ms: {achieved_gflops:.1f} GFLOP/s at 6*N*tokens, against a GEMM "
-        f"ceiling of {gemm_gflops:.1f} GFLOP/s measured now ({tflop * 1e3 / gemm_gflops:.0f} ms/step "
-        f"at that rate); peak RSS {peak_rss_mb:.0f} MB"
+        f"ceiling of {gemm_gflops:.1f} GFLOP/s measured in this run (before {gemm_before:.1f}, after "
+        f"{gemm_after:.1f}; {tflop * 1e6 / gemm_gflops:.0f} ms/step at that rate); "
+        f"peak RSS {peak_rss_mb:.0f} MB"
     )
     if args.json:
         print(
@@ -126,12 +138,15 @@ def main():
                     "peak_rss_mb": peak_rss_mb,
                     "achieved_gflops": achieved_gflops,
                     "gemm_ceiling_gflops": gemm_gflops,
+                    "gemm_gflops_before": gemm_before,
+                    "gemm_gflops_after": gemm_after,
                     "losses": losses,
                     "torch": torch.__version__,
                     "threads": torch.get_num_threads(),
                     "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
                     "ld_preload": os.environ.get("LD_PRELOAD", ""),
                     "malloc_conf": os.environ.get("MALLOC_CONF", ""),
+                    "jemalloc_loaded": jemalloc_loaded(),
                 }
             )
         )
