@@ -1,0 +1,117 @@
+// gpt2_train as a user runs it: exit codes, the documents' lines, the JSON log, determinism, and
+// save -> --init-from round trips.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "../data/temp_dir.h"
+#include "data/json.h"
+#include "data/token_shard.h"
+
+namespace mw {
+namespace {
+
+using data::testing::TempDir;
+
+struct Result {
+  int exit_code;
+  std::string output;  // stdout and stderr
+};
+
+Result run(const std::string& args) {
+  std::string cmd = std::string(MW_BINARY_DIR) + "/apps/gpt2_train " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::vector<std::string> loss_lines(const std::string& out) {
+  std::vector<std::string> lines;
+  std::istringstream in(out);
+  for (std::string l; std::getline(in, l);)
+    if (l.size() > 1 && l[0] == '[' && l.find("] loss: ") != std::string::npos) lines.push_back(l);
+  return lines;
+}
+
+const char* kTiny = "--model tiny --seq 16 --batch 2 --threads 2 ";
+
+TEST(Gpt2Train, BadFlagsPrintUsageWithTheReasonAndExit2) {
+  for (const char* args : {"--no-such-flag", "--batch abc", "--model huge", "--steps", "--device gpu",
+                           "--dropout 1.5", "--lr -1"}) {
+    SCOPED_TRACE(args);
+    Result r = run(args);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("usage: gpt2_train"), std::string::npos) << r.output;
+  }
+}
+
+TEST(Gpt2Train, PrintsTheDocumentsLinesAndIsDeterministic) {
+  TempDir tmp;
+  Result a = run(std::string(kTiny) + "--steps 3 --log " + tmp.file("log.jsonl"));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  for (const char* line : {"Model numel: 0.000 B", "[0] loss: ", "[2] loss: ", "Time: ", "Mem usage: ",
+                           "Peak RSS: "})
+    EXPECT_NE(a.output.find(line), std::string::npos) << line << "\n" << a.output;
+  Result b = run(std::string(kTiny) + "--steps 3");
+  EXPECT_EQ(loss_lines(a.output), loss_lines(b.output));
+
+  std::ifstream in(tmp.file("log.jsonl"));
+  int steps = 0;
+  for (std::string l; std::getline(in, l); ++steps) {
+    json::Value v = json::parse(l, "log");
+    EXPECT_EQ(v.get_int("step"), steps);
+    EXPECT_GT(v.get_double("loss"), 0.0);
+    EXPECT_GT(v.get_double("step_ms"), 0.0);
+    EXPECT_GT(v.get_double("rss_mb"), 0.0);
+    EXPECT_GT(v.at("device_peak_bytes").get_int("cpu"), 0);
+  }
+  EXPECT_EQ(steps, 3);
+}
+
+TEST(Gpt2Train, SaveThenInitFromContinuesFromTheSavedWeights) {
+  TempDir tmp;
+  Result a = run(std::string(kTiny) + "--steps 2 --dropout 0 --save " + tmp.file("ckpt"));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  // Training from the saved weights on step-0 data must give a loss below the fresh model's.
+  Result fresh = run(std::string(kTiny) + "--steps 1 --dropout 0");
+  Result resumed = run(std::string(kTiny) + "--steps 1 --dropout 0 --init-from " + tmp.file("ckpt"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  auto f = loss_lines(fresh.output), r = loss_lines(resumed.output);
+  ASSERT_EQ(f.size(), 1u);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_LT(std::stod(r[0].substr(r[0].find(": ") + 2)), std::stod(f[0].substr(f[0].find(": ") + 2)));
+}
+
+TEST(Gpt2Train, ReadsAnLlmcTokenShard) {
+  TempDir tmp;
+  std::vector<uint16_t> tokens(1000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7) % 97);
+  data::write_token_shard(tmp.file("shard.bin"), tokens);
+  Result r = run(std::string(kTiny) + "--steps 2 --data " + tmp.file("shard.bin"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  tokens[5] = 500;  // outside the tiny vocabulary of 97
+  data::write_token_shard(tmp.file("bad.bin"), tokens);
+  Result bad = run(std::string(kTiny) + "--steps 1 --data " + tmp.file("bad.bin"));
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("500"), std::string::npos) << bad.output;
+}
+
+TEST(Gpt2Train, MissingOrCorruptInputsGiveAClearErrorAndExit1) {
+  TempDir tmp;
+  Result r = run(std::string(kTiny) + "--init-from " + tmp.file("nope"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("not a directory"), std::string::npos) << r.output;
+  Result d = run(std::string(kTiny) + "--data " + tmp.file("missing.bin"));
+  EXPECT_EQ(d.exit_code, 1);
+  EXPECT_NE(d.output.find("missing.bin"), std::string::npos) << d.output;
+}
+
+}  // namespace
+}  // namespace mw
