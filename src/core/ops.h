@@ -36,6 +36,15 @@ Tensor expand_dim(const Tensor& g, const Shape& shape, int64_t dim, bool keepdim
 Tensor matmul(const Tensor& a, const Tensor& b);
 // out [M, N] (+)= op(a) @ op(b) for 2-D operands; trans flags read a or b as transposed.
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& out, bool accumulate);
+// Counters of every gemm() call (time and floating-point operations), for the benchmarks' "share
+// of step time in GEMM". Cheap: two clock reads and three atomic adds per call.
+struct GemmStats {
+  int64_t calls = 0;
+  int64_t flops = 0;
+  int64_t nanoseconds = 0;
+};
+GemmStats gemm_stats();
+void reset_gemm_stats();
 // y [..., N] = x [..., K] @ w [K, N] + bias [N] (HF Conv1D layout: weight is [in, out]).
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
 struct LinearGrads {

@@ -5,6 +5,9 @@
 // and the one thread pool is oneTBB's.
 #include <cblas.h>
 
+#include <atomic>
+#include <chrono>
+
 #include "core/allocator.h"
 
 #include "core/ops.h"
@@ -13,6 +16,8 @@
 namespace mw::ops {
 
 namespace {
+
+std::atomic<int64_t> g_gemm_calls{0}, g_gemm_flops{0}, g_gemm_ns{0};
 
 // A 2-D operand as BLAS sees it: base pointer, leading dimension, and whether it is stored
 // transposed relative to its logical shape.
@@ -92,11 +97,27 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   Tensor ka, kb;
   BlasOperand A = as_blas(a, trans_a, ka), B = as_blas(b, trans_b, kb);
   out.bump_version();
+  const auto t0 = std::chrono::steady_clock::now();
   dispatch_float(a.dtype(), "gemm", [&]<typename T>() {
     tiled_gemm<T>(A.trans, B.trans, M, N, K, static_cast<const T*>(A.data), A.ld,
                   static_cast<const T*>(B.data), B.ld, accumulate ? T(1) : T(0),
                   out.template data<T>(), std::max<int64_t>(1, N));
   });
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now() - t0).count();
+  g_gemm_calls.fetch_add(1, std::memory_order_relaxed);
+  g_gemm_flops.fetch_add(2 * M * N * K, std::memory_order_relaxed);
+  g_gemm_ns.fetch_add(ns, std::memory_order_relaxed);
+}
+
+GemmStats gemm_stats() {
+  return {g_gemm_calls.load(), g_gemm_flops.load(), g_gemm_ns.load()};
+}
+
+void reset_gemm_stats() {
+  g_gemm_calls = 0;
+  g_gemm_flops = 0;
+  g_gemm_ns = 0;
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
