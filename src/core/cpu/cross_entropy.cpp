@@ -3,6 +3,7 @@
 // Row losses are summed serially in double, so the loss is deterministic for any thread count.
 #include <cmath>
 
+#include "core/cpu/fast_math.h"
 #include "core/ops.h"
 #include "core/parallel.h"
 
@@ -44,7 +45,7 @@ std::pair<Tensor, Tensor> shifted_cross_entropy(const Tensor& logits_in, const T
         Tp mx = row[0];
         for (int64_t j = 1; j < V; ++j) mx = std::max(mx, row[j]);
         Tp sum = 0;
-        for (int64_t j = 0; j < V; ++j) sum += std::exp(row[j] - mx);
+        for (int64_t j = 0; j < V; ++j) sum += fast::exp_t(row[j] - mx);
         Tp l = mx + std::log(sum);
         plse[r] = l;
         row_loss[static_cast<size_t>(r)] = static_cast<double>(l - row[targets[b * T + t + 1]]);
@@ -81,7 +82,7 @@ Tensor shifted_cross_entropy_backward(const Tensor& dloss, const Tensor& logits_
         }
         const Tp* row = pl + r * V;
         const Tp l = plse[b * (T - 1) + t];
-        for (int64_t j = 0; j < V; ++j) d[j] = std::exp(row[j] - l) * scale;
+        for (int64_t j = 0; j < V; ++j) d[j] = fast::exp_t(row[j] - l) * scale;
         d[targets[r + 1]] -= scale;
       }
     });

@@ -3,6 +3,7 @@
 // are combined in fixed block order (Note [Deterministic parallelism]).
 #include <cmath>
 
+#include "core/cpu/fast_math.h"
 #include "core/ops.h"
 #include "core/parallel.h"
 
@@ -181,7 +182,7 @@ Tensor gelu(const Tensor& x_in) {
     parallel_for(x.numel(), kGrain, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         T v = px[i];
-        po[i] = T(0.5) * v * (T(1) + std::tanh(s * (v + k * v * v * v)));
+        po[i] = T(0.5) * v * (T(1) + fast::tanh_t(s * (v + k * v * v * v)));
       }
     });
   });
@@ -200,7 +201,7 @@ Tensor gelu_backward(const Tensor& dout_in, const Tensor& x_in) {
       for (int64_t i = b; i < e; ++i) {
         T v = px[i];
         T u = s * (v + k * v * v * v);
-        T t = std::tanh(u);
+        T t = fast::tanh_t(u);
         T sech2 = T(1) - t * t;
         T local = T(0.5) * (T(1) + t) + T(0.5) * v * sech2 * s * (T(1) + T(3) * k * v * v);
         po[i] = local * pd[i];
