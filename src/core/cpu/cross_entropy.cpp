@@ -42,10 +42,23 @@ std::pair<Tensor, Tensor> shifted_cross_entropy(const Tensor& logits_in, const T
       for (int64_t r = s; r < e; ++r) {
         const int64_t b = r / (T - 1), t = r % (T - 1);
         const Tp* row = pl + (b * T + t) * V;
-        Tp mx = row[0];
-        for (int64_t j = 1; j < V; ++j) mx = std::max(mx, row[j]);
+        // Eight independent lanes, combined in a fixed order: vectorisable without reassociating
+        // a single running sum, and deterministic.
+        constexpr int64_t kLanes = 8;
+        Tp lane[kLanes];
+        for (int64_t k = 0; k < kLanes; ++k) lane[k] = row[0];
+        const int64_t Vmain = V / kLanes * kLanes;
+        for (int64_t j = 0; j < Vmain; j += kLanes)
+          for (int64_t k = 0; k < kLanes; ++k) lane[k] = row[j + k] > lane[k] ? row[j + k] : lane[k];
+        Tp mx = lane[0];
+        for (int64_t k = 1; k < kLanes; ++k) mx = std::max(mx, lane[k]);
+        for (int64_t j = Vmain; j < V; ++j) mx = std::max(mx, row[j]);
+        for (int64_t k = 0; k < kLanes; ++k) lane[k] = 0;
+        for (int64_t j = 0; j < Vmain; j += kLanes)
+          for (int64_t k = 0; k < kLanes; ++k) lane[k] += fast::exp_t(row[j + k] - mx);
         Tp sum = 0;
-        for (int64_t j = 0; j < V; ++j) sum += fast::exp_t(row[j] - mx);
+        for (int64_t k = 0; k < kLanes; ++k) sum += lane[k];
+        for (int64_t j = Vmain; j < V; ++j) sum += fast::exp_t(row[j] - mx);
         Tp l = mx + std::log(sum);
         plse[r] = l;
         row_loss[static_cast<size_t>(r)] = static_cast<double>(l - row[targets[b * T + t + 1]]);

@@ -17,8 +17,10 @@
 namespace mw::ops::fast {
 
 inline float exp(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float k = std::nearbyint(x * 1.44269504088896341f);
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 88.0f ? 88.0f : x;
+  // Round to nearest by the 1.5 * 2^23 trick (plain SSE2; nearbyint would be a libm call).
+  const float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   const float r = (x - k * 0.693145751953125f) - k * 1.428606765330187045e-06f;
   float p = 1.0f / 720.0f;
   p = p * r + 1.0f / 120.0f;
