@@ -253,6 +253,14 @@ int real_main(int argc, char** argv) {
       }
     }
     double w = median(ow), rd = median(orr), fwm = median(fw), frm = median(fr);
+    // Paired ratio: ours over the fio run right after it, then the median. On a noisy disk this
+    // is steadier than a ratio of medians, since neighbours in time share the disk's mood.
+    std::vector<double> pw, pr;
+    for (size_t k = 0; k < fw.size(); ++k) {
+      pw.push_back(ow[k] / fw[k]);
+      pr.push_back(orr[k] / fr[k]);
+    }
+    double wp = median(pw), rp = median(pr);
     const char* name = io::backend_kind_name(c.backend);
     if (json) {
       std::printf(
@@ -273,16 +281,16 @@ int real_main(int argc, char** argv) {
       std::printf(", \"write_GBps_reps\": %s, \"read_GBps_reps\": %s", list(ow).c_str(),
                   list(orr).c_str());
       if (fio)
-        std::printf(", \"fio_write_GBps_reps\": %s, \"fio_read_GBps_reps\": %s",
-                    list(fw).c_str(), list(fr).c_str());
+        std::printf(", \"fio_write_GBps_reps\": %s, \"fio_read_GBps_reps\": %s", list(fw).c_str(),
+                    list(fr).c_str());
       std::printf("}\n");
     } else {
       std::printf("%-7s block %-6s depth %-3d size %s (median of %d): write %.2f GB/s", name,
                   format_bytes(c.block_bytes).c_str(), c.depth, format_bytes(size_bytes).c_str(),
                   reps, w);
-      if (fio) std::printf(" (fio %.2f, %.2fx)", fwm, w / fwm);
+      if (fio) std::printf(" (fio %.2f, %.2fx; paired %.2fx)", fwm, w / fwm, wp);
       std::printf("  read %.2f GB/s", rd);
-      if (fio) std::printf(" (fio %.2f, %.2fx)", frm, rd / frm);
+      if (fio) std::printf(" (fio %.2f, %.2fx; paired %.2fx)", frm, rd / frm, rp);
       std::printf("\n");
     }
     std::fflush(stdout);
