@@ -11,8 +11,8 @@
 //  - An injected error (Note [Fault injection]) is issued as a NOP, so the failure still travels
 //    the real completion path.
 #include <liburing.h>
-#include <sys/utsname.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <deque>
 #include <thread>
