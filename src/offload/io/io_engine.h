@@ -134,6 +134,8 @@ class IoEngine {
 
   // Internals for IoHandle.
   void wait_states(const std::vector<std::shared_ptr<detail::RequestState>>& states);
+  // Harvests finished completions without blocking (used by IoHandle::done()).
+  void poll();
 
  protected:
   explicit IoEngine(int queue_depth);
@@ -144,6 +146,12 @@ class IoEngine {
   void finish_locked(const std::shared_ptr<detail::RequestState>& state);
   // Waits, with mutex_ held through `lock`, until no request is outstanding.
   void drain(std::unique_lock<std::mutex>& lock);
+  // Called with mutex_ held (through `lock`) by a thread that must wait for some completion:
+  // blocks until at least one more request may have finished. The default sleeps on
+  // completed_cv_; a backend whose completions need reaping does the reaping here.
+  virtual void await_progress(std::unique_lock<std::mutex>& lock) { completed_cv_.wait(lock); }
+  // Called with mutex_ held: harvest ready completions without blocking. Default: nothing.
+  virtual void poll_locked() {}
 
   mutable std::mutex mutex_;
   std::condition_variable completed_cv_;
