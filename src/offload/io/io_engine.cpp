@@ -152,6 +152,21 @@ void IoEngine::wait_states(const std::vector<std::shared_ptr<RequestState>>& sta
   while (!all_complete(states)) await_progress(lock);
 }
 
+int64_t IoEngine::wait_any(std::span<const IoHandle> handles) {
+  if (handles.empty()) return -1;
+  auto first_done = [&]() -> int64_t {
+    for (size_t i = 0; i < handles.size(); ++i)
+      if (all_complete(handles[i].states_)) return static_cast<int64_t>(i);
+    return -1;
+  };
+  int64_t i = first_done();
+  if (i >= 0) return i;
+  std::unique_lock<std::mutex> lock(mutex_);
+  poll_locked();
+  while ((i = first_done()) < 0) await_progress(lock);
+  return i;
+}
+
 void IoEngine::poll() {
   std::lock_guard<std::mutex> lock(mutex_);
   poll_locked();

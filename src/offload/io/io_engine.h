@@ -117,6 +117,10 @@ class IoEngine {
   // request (nothing of the batch is submitted then).
   std::vector<IoHandle> submit(std::span<const IoRequest> requests);
   IoHandle submit(const IoRequest& request);
+  // Blocks until at least one of `handles` is done (at once if one already is, or if the span is
+  // empty); returns the index of the first done one, or -1 for an empty span. Never throws an
+  // I/O error: call wait() on the done handle to see its result.
+  int64_t wait_any(std::span<const IoHandle> handles);
   // Waits until nothing is outstanding, then throws the first failure that no handle's wait()
   // has reported (and forgets the others, whose count is in the message).
   void wait_all();
