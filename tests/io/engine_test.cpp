@@ -281,6 +281,32 @@ TEST_P(EngineTest, RealEfbigFromFileSizeLimit) {
   EXPECT_NO_THROW(ok.wait());
 }
 
+// wait_any returns a handle that is done; an empty span gives -1, a done handle returns at once.
+TEST_P(EngineTest, WaitAnyReturnsADoneHandle) {
+  TempDir dir;
+  ScratchFile file(dir.path(), "waitany", true);
+  auto engine = make(4);
+  EXPECT_EQ(engine->wait_any({}), -1);
+  AlignedBuffer buf(16 * kHostAlignment);
+  std::vector<IoRequest> reqs;
+  for (int i = 0; i < 16; ++i)
+    reqs.push_back({file.fd(), file.path(), i * kHostAlignment,
+                    static_cast<char*>(buf.data()) + i * kHostAlignment, kHostAlignment,
+                    IoOp::kWrite});
+  std::vector<IoHandle> hs = engine->submit(reqs);
+  for (int round = 0; round < 16; ++round) {
+    int64_t i = engine->wait_any(hs);
+    ASSERT_GE(i, 0);
+    ASSERT_TRUE(hs[i].done());
+    hs[i].wait();
+    hs.erase(hs.begin() + i);
+  }
+  std::vector<IoHandle> with_done(2);
+  with_done[1] = engine->submit(reqs[0]);
+  EXPECT_EQ(engine->wait_any(with_done), 0) << "a default handle is done";
+  engine->wait_all();
+}
+
 TEST_P(EngineTest, RejectsMalformedRequests) {
   auto engine = make(2);
   AlignedBuffer buf(kHostAlignment);

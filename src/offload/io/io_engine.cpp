@@ -40,21 +40,29 @@ BackendKind parse_backend_kind(const std::string& text) {
 
 // ---- handles ---------------------------------------------------------------------------------
 
-bool IoHandle::done() const {
-  for (const auto& s : states_)
+namespace {
+bool all_complete(const std::vector<std::shared_ptr<RequestState>>& states) {
+  for (const auto& s : states)
     if (!s->complete.load(std::memory_order_acquire)) return false;
   return true;
 }
+}  // namespace
+
+bool IoHandle::done() const {
+  if (all_complete(states_)) return true;  // without touching the engine (it may be gone)
+  engine_->poll();
+  return all_complete(states_);
+}
 
 bool IoHandle::failed() const {
-  if (!done()) return false;
+  if (!all_complete(states_)) return false;
   for (const auto& s : states_)
     if (s->failed) return true;
   return false;
 }
 
 void IoHandle::wait() const {
-  if (!done()) engine_->wait_states(states_);
+  if (!all_complete(states_)) engine_->wait_states(states_);
   for (const auto& s : states_) {
     if (s->failed) {
       s->observed.store(true, std::memory_order_relaxed);
@@ -65,7 +73,7 @@ void IoHandle::wait() const {
 }
 
 void IoHandle::join() const {
-  if (!done()) engine_->wait_states(states_);
+  if (!all_complete(states_)) engine_->wait_states(states_);
 }
 
 void IoHandle::merge(const IoHandle& other) {
@@ -141,15 +149,31 @@ void IoEngine::finish_locked(const std::shared_ptr<RequestState>& state) {
 
 void IoEngine::wait_states(const std::vector<std::shared_ptr<RequestState>>& states) {
   std::unique_lock<std::mutex> lock(mutex_);
-  completed_cv_.wait(lock, [&] {
-    for (const auto& s : states)
-      if (!s->complete.load(std::memory_order_acquire)) return false;
-    return true;
-  });
+  while (!all_complete(states)) await_progress(lock);
+}
+
+int64_t IoEngine::wait_any(std::span<const IoHandle> handles) {
+  if (handles.empty()) return -1;
+  auto first_done = [&]() -> int64_t {
+    for (size_t i = 0; i < handles.size(); ++i)
+      if (all_complete(handles[i].states_)) return static_cast<int64_t>(i);
+    return -1;
+  };
+  int64_t i = first_done();
+  if (i >= 0) return i;
+  std::unique_lock<std::mutex> lock(mutex_);
+  poll_locked();
+  while ((i = first_done()) < 0) await_progress(lock);
+  return i;
+}
+
+void IoEngine::poll() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  poll_locked();
 }
 
 void IoEngine::drain(std::unique_lock<std::mutex>& lock) {
-  completed_cv_.wait(lock, [&] { return outstanding_ == 0; });
+  while (outstanding_ > 0) await_progress(lock);
 }
 
 void IoEngine::wait_all() {

@@ -117,6 +117,10 @@ class IoEngine {
   // request (nothing of the batch is submitted then).
   std::vector<IoHandle> submit(std::span<const IoRequest> requests);
   IoHandle submit(const IoRequest& request);
+  // Blocks until at least one of `handles` is done (at once if one already is, or if the span is
+  // empty); returns the index of the first done one, or -1 for an empty span. Never throws an
+  // I/O error: call wait() on the done handle to see its result.
+  int64_t wait_any(std::span<const IoHandle> handles);
   // Waits until nothing is outstanding, then throws the first failure that no handle's wait()
   // has reported (and forgets the others, whose count is in the message).
   void wait_all();
@@ -134,6 +138,8 @@ class IoEngine {
 
   // Internals for IoHandle.
   void wait_states(const std::vector<std::shared_ptr<detail::RequestState>>& states);
+  // Harvests finished completions without blocking (used by IoHandle::done()).
+  void poll();
 
  protected:
   explicit IoEngine(int queue_depth);
@@ -144,6 +150,12 @@ class IoEngine {
   void finish_locked(const std::shared_ptr<detail::RequestState>& state);
   // Waits, with mutex_ held through `lock`, until no request is outstanding.
   void drain(std::unique_lock<std::mutex>& lock);
+  // Called with mutex_ held (through `lock`) by a thread that must wait for some completion:
+  // blocks until at least one more request may have finished. The default sleeps on
+  // completed_cv_; a backend whose completions need reaping does the reaping here.
+  virtual void await_progress(std::unique_lock<std::mutex>& lock) { completed_cv_.wait(lock); }
+  // Called with mutex_ held: harvest ready completions without blocking. Default: nothing.
+  virtual void poll_locked() {}
 
   mutable std::mutex mutex_;
   std::condition_variable completed_cv_;

@@ -5,17 +5,20 @@
 //    user_data. Further requests wait in `pending_` and are started as slots free up.
 //  - One io_uring_submit per batch: submit() fills SQEs for everything that fits and submits once;
 //    the reaper does the same for the resumptions and queued requests a group of CQEs unlocks.
-//  - A single reaper thread owns the completion queue and blocks in io_uring_wait_cqe without the
-//    mutex; everything else (SQ, slots, states, stats) is touched only under IoEngine::mutex_.
-//    The kernel allows one thread to submit while another waits for completions.
+//  - Note [Waiters reap]: there is no completion thread. A thread that must wait takes the reaper
+//    role (reaping_, under IoEngine::mutex_) if nobody holds it, blocks in io_uring_wait_cqe
+//    *without* the mutex, then under the mutex handles every ready CQE, submits what they unlock,
+//    drops the role and wakes the other waiters, one of which takes the role next if it still has
+//    to wait. Only the role holder touches the completion queue; everything else (SQ, slots,
+//    states, stats) is touched only under the mutex. The kernel allows one thread to submit while
+//    another waits for completions. This saves a thread hand-off per completion (docs/io.md).
 //  - An injected error (Note [Fault injection]) is issued as a NOP, so the failure still travels
 //    the real completion path.
 #include <liburing.h>
-#include <sys/utsname.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <deque>
-#include <thread>
 
 #include "core/error.h"
 #include "offload/io/backends.h"
@@ -24,8 +27,6 @@ namespace mw::io::detail {
 
 namespace {
 
-constexpr uint64_t kShutdownTag = ~uint64_t{0};
-
 class UringEngine final : public IoEngine {
  public:
   explicit UringEngine(int queue_depth) : IoEngine(queue_depth), slots_(queue_depth) {
@@ -33,21 +34,13 @@ class UringEngine final : public IoEngine {
     MW_CHECK_T(DeviceError, rc == 0, "io_uring_queue_init(", queue_depth,
                ") failed: ", errno_text(-rc), "; use the threads backend (MW_IO_BACKEND=threads)");
     for (int i = queue_depth - 1; i >= 0; --i) free_slots_.push_back(i);
-    reaper_ = std::thread([this] { reap_loop(); });
   }
 
   ~UringEngine() override {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       drain(lock);
-      io_uring_sqe* sqe = io_uring_get_sqe(&ring_);  // the ring is empty, so there is room
-      if (sqe) {
-        io_uring_prep_nop(sqe);
-        io_uring_sqe_set_data64(sqe, kShutdownTag);
-        io_uring_submit(&ring_);
-      }
     }
-    reaper_.join();
     io_uring_queue_exit(&ring_);
   }
 
@@ -118,35 +111,49 @@ class UringEngine final : public IoEngine {
     free_slots_.push_back(static_cast<int>(slot));
   }
 
-  void reap_loop() {
-    bool stopping = false;
-    while (!stopping) {
-      io_uring_cqe* cqe = nullptr;
-      int rc = io_uring_wait_cqe(&ring_, &cqe);
-      if (rc == -EINTR || rc == -EAGAIN) continue;
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (rc < 0) {
-        // The ring itself broke: fail everything in flight rather than leave it waiting.
-        for (size_t i = 0; i < slots_.size(); ++i)
-          if (slots_[i]) handle_cqe_locked(i, rc);
-        continue;
+  // Note [Waiters reap].
+  void await_progress(std::unique_lock<std::mutex>& lock) override {
+    if (reaping_) {
+      completed_cv_.wait(lock);
+      return;
+    }
+    reaping_ = true;
+    lock.unlock();
+    io_uring_cqe* cqe = nullptr;
+    int rc;
+    do {
+      rc = io_uring_wait_cqe(&ring_, &cqe);
+    } while (rc == -EINTR || rc == -EAGAIN);
+    lock.lock();
+    reaping_ = false;
+    if (rc < 0) {
+      fail_everything_locked(str("io_uring_wait_cqe failed: ", errno_text(-rc)));
+    } else {
+      harvest_locked();
+    }
+    completed_cv_.notify_all();  // hand the role on, even when nothing of ours finished
+  }
+
+  void poll_locked() override {
+    if (!reaping_) harvest_locked();  // the role holder will harvest otherwise
+  }
+
+  // Handles every ready CQE and submits what they unlock. Caller holds the mutex and either holds
+  // the reaper role or has checked that nobody does.
+  void harvest_locked() {
+    unsigned head, count = 0;
+    io_uring_cqe* cqe;
+    try {
+      io_uring_for_each_cqe(&ring_, head, cqe) {
+        ++count;
+        handle_cqe_locked(io_uring_cqe_get_data64(cqe), cqe->res);
       }
-      unsigned head, count = 0;
-      try {
-        io_uring_for_each_cqe(&ring_, head, cqe) {
-          ++count;
-          uint64_t tag = io_uring_cqe_get_data64(cqe);
-          if (tag == kShutdownTag)
-            stopping = true;
-          else
-            handle_cqe_locked(tag, cqe->res);
-        }
-        io_uring_cq_advance(&ring_, count);
-        fill_and_submit_locked();
-      } catch (const std::exception& e) {
-        // Only a broken ring gets here (io_uring_submit failing). No waiter may hang on it.
-        fail_everything_locked(e.what());
-      }
+      io_uring_cq_advance(&ring_, count);
+      fill_and_submit_locked();
+    } catch (const std::exception& e) {
+      // Only a broken ring gets here (io_uring_submit failing). No waiter may hang on it.
+      io_uring_cq_advance(&ring_, count);
+      fail_everything_locked(e.what());
     }
   }
 
@@ -168,8 +175,8 @@ class UringEngine final : public IoEngine {
   std::vector<std::shared_ptr<RequestState>> slots_;
   std::vector<int> free_slots_;
   std::deque<std::shared_ptr<RequestState>> pending_;
-  int prepared_ = 0;  // SQEs prepared and not yet submitted
-  std::thread reaper_;
+  int prepared_ = 0;      // SQEs prepared and not yet submitted
+  bool reaping_ = false;  // Note [Waiters reap]
 };
 
 }  // namespace
