@@ -184,9 +184,16 @@ int run(const Options& o) {
   std::printf("Peak RSS: %.0f MiB | median step: %.1f ms | %.0f tokens/s | threads: %d\n",
               mib(peak_rss_bytes()), med, med > 0 ? 1000.0 * o.batch * o.seq / med : 0.0,
               num_threads());
-  std::printf("Device peaks: %s | optimizer state in memory: %.0f MiB (%s)\n",
-              device_peaks(o).dump().c_str(), mib(opt->state_bytes_in_memory()),
-              opt->name().c_str());
+  const AllocatorStats host = allocator_for(Device::cpu()).stats();
+  std::printf("Host allocator: peak %.0f MiB in use, %.0f MiB in use now, %.0f MiB cached | "
+              "optimizer state in memory: %.0f MiB (%s)\n",
+              mib(host.peak_bytes), mib(host.current_bytes), mib(host.cached_bytes),
+              mib(opt->state_bytes_in_memory()), opt->name().c_str());
+  if (o.device.is_sim()) {
+    const AllocatorStats sim = allocator_for(o.device).stats();
+    std::printf("%s: peak %.0f MiB of %.0f MiB capacity\n", o.device.str().c_str(),
+                mib(sim.peak_bytes), mib(sim.capacity_bytes));
+  }
   if (!o.save.empty()) {
     gpt2::save_hf(model, o.save);
     std::printf("Saved to %s\n", o.save.c_str());

@@ -35,11 +35,16 @@ void* CachingHostAllocator::allocate(int64_t nbytes) {
         rounded, free_bytes, stats_.capacity_bytes);
   }
   void* ptr = nullptr;
-  auto it = cache_.find(rounded);
-  if (it != cache_.end() && !it->second.empty()) {
+  int64_t block = rounded;
+  auto it = cache_.lower_bound(rounded);  // best fit: the smallest cached block that is big enough
+  while (it != cache_.end() && it->second.empty()) ++it;
+  // A capped (sim) device reuses only exact sizes, so its accounting is exactly what was asked for.
+  const int64_t max_block = stats_.capacity_bytes > 0 ? rounded : 2 * rounded;
+  if (it != cache_.end() && it->first <= max_block) {
+    block = it->first;
     ptr = it->second.back();
     it->second.pop_back();
-    stats_.cached_bytes -= rounded;
+    stats_.cached_bytes -= block;
     ++stats_.cache_hits;
   } else {
     ptr = std::aligned_alloc(kHostAlignment, rounded);
@@ -52,19 +57,23 @@ void* CachingHostAllocator::allocate(int64_t nbytes) {
                             " bytes of host memory; lower the batch or offload more"),
                         rounded, 0, stats_.capacity_bytes);
   }
-  stats_.current_bytes += rounded;
+  live_[ptr] = block;
+  stats_.current_bytes += block;
   stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
   return ptr;
 }
 
-void CachingHostAllocator::deallocate(void* ptr, int64_t nbytes) {
+void CachingHostAllocator::deallocate(void* ptr, int64_t /*nbytes*/) {
   if (!ptr) return;
-  int64_t rounded = round_up(std::max<int64_t>(nbytes, 1), kHostAlignment);
   std::lock_guard<std::mutex> lock(mutex_);
-  stats_.current_bytes -= rounded;
-  if (stats_.cached_bytes + rounded <= max_cached_bytes_) {
-    cache_[rounded].push_back(ptr);
-    stats_.cached_bytes += rounded;
+  auto found = live_.find(ptr);
+  MW_CHECK(found != live_.end(), device_.str(), ": deallocate of a pointer this allocator did not give");
+  const int64_t block = found->second;
+  live_.erase(found);
+  stats_.current_bytes -= block;
+  if (stats_.cached_bytes + block <= max_cached_bytes_) {
+    cache_[block].push_back(ptr);
+    stats_.cached_bytes += block;
   } else {
     std::free(ptr);
   }
