@@ -3,6 +3,7 @@
 // with the reason and exits 2.
 #pragma once
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -12,6 +13,14 @@
 #include "core/error.h"
 
 namespace mw::cli {
+
+// The median of a sample (0 for an empty one): benchmarks report medians, machines here are noisy.
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 class UsageError : public InvalidArgument {
  public:

@@ -26,10 +26,6 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
-}
 
 struct OursResult {
   double median_ms = 0, gemm_ms_per_step = 0, gemm_gflops = 0;
@@ -67,7 +63,7 @@ OursResult run_ours(const gpt2::Config& config, int64_t B, int64_t T, int64_t st
     std::fflush(stdout);
   }
   if (ms.size() > 1) ms.erase(ms.begin());
-  r.median_ms = median(ms);
+  r.median_ms = cli::median(ms);
   r.peak_rss_bytes = peak_rss_bytes();
   const double measured_steps = static_cast<double>(std::max<int64_t>(1, steps - 1));
   r.gemm_ms_per_step = gemm_ns / 1e6 / measured_steps;
@@ -99,7 +95,7 @@ double isolated_gemm_ms_per_step(const gpt2::Config& c, int64_t B, int64_t T, do
         f();
         t.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - t0).count());
       }
-      return median(t);
+      return cli::median(t);
     };
     double ms = time_one([&] { ops::gemm(x, false, w, false, y, false); }) +
                 time_one([&] { ops::gemm(dy, false, w, true, dx, false); }) +

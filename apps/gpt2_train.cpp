@@ -95,12 +95,6 @@ Options parse_options(const cli::Parser& p) {
   return o;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
@@ -180,7 +174,7 @@ int run(const Options& o) {
   const double total_s = std::chrono::duration<double>(clock::now() - t_start).count();
   std::printf("Time: %.3f s\n", total_s);
   std::printf("Mem usage: %.0f MB\n", mib(current_rss_bytes()));
-  const double med = median(step_ms);
+  const double med = cli::median(step_ms);
   std::printf("Peak RSS: %.0f MiB | median step: %.1f ms | %.0f tokens/s | threads: %d\n",
               mib(peak_rss_bytes()), med, med > 0 ? 1000.0 * o.batch * o.seq / med : 0.0,
               num_threads());

@@ -5,17 +5,6 @@
 
 namespace mw::data {
 
-namespace {
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;  // splitmix64's increment, 2^64 / phi
-}  // namespace
-
-uint64_t splitmix64(uint64_t x) {
-  x += kGolden;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 void random_tokens(uint64_t seed, int64_t step, int64_t B, int64_t T, int64_t vocab_size,
                    int32_t* out) {
   MW_CHECK_T(InvalidArgument, step >= 0 && B >= 1 && T >= 1,

@@ -9,10 +9,11 @@
 
 #include <cstdint>
 
+#include "core/random.h"
+
 namespace mw::data {
 
-// The splitmix64 finaliser: a bijective 64-bit mixer.
-uint64_t splitmix64(uint64_t x);
+using mw::splitmix64;  // core/random.h: the one splitmix64 of the codebase
 
 // Fills out[0 .. B*T) for `step`. InvalidArgument for step < 0, B < 1, T < 1 or
 // vocab_size outside [1, 2^31).

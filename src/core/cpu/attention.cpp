@@ -5,11 +5,11 @@
 // causal mask, softmax, optional dropout on the probabilities, out = p v. att [B, NH, T, T] keeps the
 // pre-dropout probabilities for backward; the dropout mask is regenerated from its RngState
 // (Note [Counter-based dropout]).
-#include <cblas.h>
 
 #include <cmath>
 #include <vector>
 
+#include "core/cpu/blas.h"
 #include "core/ops.h"
 #include "core/parallel.h"
 
@@ -17,16 +17,6 @@ namespace mw::ops {
 
 namespace {
 
-template <typename T>
-void gemm1(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-           const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
-  auto opa = ta ? CblasTrans : CblasNoTrans;
-  auto opb = tb ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, opa, opb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  else
-    cblas_dgemm(CblasRowMajor, opa, opb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
 
 struct Dims {
   int64_t B, T, C, NH, hs;
@@ -68,7 +58,7 @@ AttentionOut attention(const Tensor& qkv_in, int64_t n_head, double attn_dropout
         const T* k = q + d.C;
         const T* v = q + 2 * d.C;
         T* att = pa + bh * d.T * d.T;
-        gemm1<T>(false, true, d.T, d.T, d.hs, scale, q, 3 * d.C, k, 3 * d.C, T(0), att, d.T);
+        blas_gemm<T>(false, true, d.T, d.T, d.hs, scale, q, 3 * d.C, k, 3 * d.C, T(0), att, d.T);
         for (int64_t t = 0; t < d.T; ++t) {
           T* row = att + t * d.T;
           T mx = row[0];
@@ -89,7 +79,7 @@ AttentionOut attention(const Tensor& qkv_in, int64_t n_head, double attn_dropout
                                          : T(0);
           probs = dropped.data();
         }
-        gemm1<T>(false, false, d.T, d.hs, d.T, T(1), probs, d.T, v, 3 * d.C, T(0),
+        blas_gemm<T>(false, false, d.T, d.hs, d.T, T(1), probs, d.T, v, 3 * d.C, T(0),
                  po + b * d.T * d.C + h * d.hs, d.C);
       }
     });
@@ -134,9 +124,9 @@ Tensor attention_backward(const Tensor& dout_in, const Tensor& qkv_in, const Ten
           probs = dropped.data();
         }
         // dv = probs^T @ dO
-        gemm1<T>(true, false, d.T, d.hs, d.T, T(1), probs, d.T, dO, d.C, T(0), dv, 3 * d.C);
+        blas_gemm<T>(true, false, d.T, d.hs, d.T, T(1), probs, d.T, dO, d.C, T(0), dv, 3 * d.C);
         // dp = dO @ v^T, then through dropout and softmax
-        gemm1<T>(false, true, d.T, d.T, d.hs, T(1), dO, d.C, v, 3 * d.C, T(0), dp.data(), d.T);
+        blas_gemm<T>(false, true, d.T, d.T, d.hs, T(1), dO, d.C, v, 3 * d.C, T(0), dp.data(), d.T);
         for (int64_t t = 0; t < d.T; ++t) {
           T* row = dp.data() + t * d.T;
           const T* a = att + t * d.T;
@@ -148,8 +138,8 @@ Tensor attention_backward(const Tensor& dout_in, const Tensor& qkv_in, const Ten
           for (int64_t j = t + 1; j < d.T; ++j) row[j] = T(0);
         }
         // dq = ds @ k ; dk = ds^T @ q
-        gemm1<T>(false, false, d.T, d.hs, d.T, T(1), dp.data(), d.T, k, 3 * d.C, T(0), dq, 3 * d.C);
-        gemm1<T>(true, false, d.T, d.hs, d.T, T(1), dp.data(), d.T, q, 3 * d.C, T(0), dk, 3 * d.C);
+        blas_gemm<T>(false, false, d.T, d.hs, d.T, T(1), dp.data(), d.T, k, 3 * d.C, T(0), dq, 3 * d.C);
+        blas_gemm<T>(true, false, d.T, d.hs, d.T, T(1), dp.data(), d.T, q, 3 * d.C, T(0), dk, 3 * d.C);
       }
     });
   });

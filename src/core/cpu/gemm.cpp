@@ -3,13 +3,13 @@
 // Each product is split along its larger output dimension into one tile per thread; each tile is an
 // independent single-threaded BLAS call on a sub-block, so results depend only on the thread count,
 // and the one thread pool is oneTBB's.
-#include <cblas.h>
 
 #include <atomic>
 #include <chrono>
 
 #include "core/allocator.h"
 
+#include "core/cpu/blas.h"
 #include "core/ops.h"
 #include "core/parallel.h"
 
@@ -37,16 +37,6 @@ BlasOperand as_blas(const Tensor& t, bool trans, Tensor& keepalive) {
   return {keepalive.raw_data(), std::max<int64_t>(1, keepalive.size(1)), trans};
 }
 
-template <typename T>
-void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-               const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
-  auto opa = ta ? CblasTrans : CblasNoTrans;
-  auto opb = tb ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, opa, opb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  else
-    cblas_dgemm(CblasRowMajor, opa, opb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
 
 // C[M,N] = alpha * op(A) @ op(B) + beta * C, tiled over the larger of M and N.
 template <typename T>
