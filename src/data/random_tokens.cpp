@@ -5,6 +5,10 @@
 
 namespace mw::data {
 
+namespace {
+constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;  // 2^64 / phi, splitmix64's increment
+}  // namespace
+
 void random_tokens(uint64_t seed, int64_t step, int64_t B, int64_t T, int64_t vocab_size,
                    int32_t* out) {
   MW_CHECK_T(InvalidArgument, step >= 0 && B >= 1 && T >= 1,
