@@ -1,4 +1,7 @@
 // Every differentiable op against central finite differences, in double precision (gradcheck.h).
+#include <gtest/gtest-spi.h>
+
+#include "autograd/node.h"
 #include "gradcheck.h"
 
 namespace mw {
@@ -138,6 +141,31 @@ TEST(Gradcheck, ComposedBlockLikeGpt2) {  // ln -> linear -> attention -> linear
       },
       {random_tensor({1, 3, 4}, 1), random_tensor({4}, 2), random_tensor({4}, 3),
        random_tensor({4, 12}, 4, 0.5)});
+}
+
+}  // namespace
+}  // namespace mw
+
+namespace mw {
+namespace {
+
+// The checker itself must be able to fail: an op whose backward is off by 1% is caught.
+Tensor wrong_square(const Tensor& x) {
+  Tensor out = ops::binary(ops::BinaryOp::Mul, x, x);
+  return record("WrongSquareBackward", out, {x}, [&](const std::vector<bool>&) -> BackwardFn {
+    Tensor saved = x.detach();
+    return [saved](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+      // d(x^2)/dx = 2x; 2.02x is wrong by 1%
+      return {ops::binary(ops::BinaryOp::Mul, g[0], ops::affine_scalar(saved, 2.02, 0.0))};
+    };
+  });
+}
+
+TEST(Gradcheck, DetectsAWrongBackward) {
+  EXPECT_NONFATAL_FAILURE(
+      testing::gradcheck([](const std::vector<Tensor>& x) { return wrong_square(x[0]); },
+                         {testing::random_tensor({4}, 1)}),
+      "analytic");
 }
 
 }  // namespace
