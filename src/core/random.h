@@ -33,12 +33,37 @@ inline double random_uniform(RngState rng, uint64_t index) {
   return static_cast<double>(random_bits(rng, index) >> 40) * (1.0 / 16777216.0);
 }
 
-// Standard normal by Box-Muller on two independent draws.
-inline double random_normal(RngState rng, uint64_t index) {
-  uint64_t bits = random_bits(rng, index);
+// Standard normals by Box-Muller: draw `pair` gives two independent normals, r cos(theta) for
+// element 2*pair and r sin(theta) for element 2*pair + 1, from one log, one sqrt and one sincos.
+inline void random_normal_pair(RngState rng, uint64_t pair, double* even, double* odd) {
+  uint64_t bits = random_bits(rng, pair);
   double u1 = (static_cast<double>(bits >> 11) + 1.0) * (1.0 / 9007199254740993.0);  // (0, 1]
   double u2 = static_cast<double>(splitmix64(bits) >> 11) * (1.0 / 9007199254740992.0);
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  double r = std::sqrt(-2.0 * std::log(u1));
+  double theta = 6.283185307179586 * u2;
+  *even = r * std::cos(theta);
+  *odd = r * std::sin(theta);
+}
+
+// Element `index` of the normal sequence of random_normal_pair.
+inline double random_normal(RngState rng, uint64_t index) {
+  double even, odd;
+  random_normal_pair(rng, index / 2, &even, &odd);
+  return index % 2 ? odd : even;
+}
+
+// out[i] = stddev * random_normal(rng, i) for i in [begin, end), two elements per draw.
+template <typename T>
+void fill_normal(T* out, uint64_t begin, uint64_t end, RngState rng, double stddev) {
+  uint64_t i = begin;
+  if (i < end && i % 2) out[i - begin] = static_cast<T>(stddev * random_normal(rng, i)), ++i;
+  for (; i + 1 < end; i += 2) {
+    double even, odd;
+    random_normal_pair(rng, i / 2, &even, &odd);
+    out[i - begin] = static_cast<T>(stddev * even);
+    out[i + 1 - begin] = static_cast<T>(stddev * odd);
+  }
+  if (i < end) out[i - begin] = static_cast<T>(stddev * random_normal(rng, i));
 }
 
 // A seed plus a running offset. reserve(n) hands out a state for n draws and advances.

@@ -19,8 +19,7 @@ void initialise(Tensor& t, Init init, RngState rng, int64_t n_layer) {
   dispatch_float(t.dtype(), "init", [&]<typename T>() {
     T* p = t.template data<T>();
     parallel_for(t.numel(), 1 << 14, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i)
-        p[i] = static_cast<T>(stddev * random_normal(rng, static_cast<uint64_t>(i)));
+      fill_normal(p + b, static_cast<uint64_t>(b), static_cast<uint64_t>(e), rng, stddev);
     });
   });
 }
