@@ -30,6 +30,8 @@ using clock_type = std::chrono::steady_clock;
 struct OursResult {
   double median_ms = 0, gemm_ms_per_step = 0, gemm_gflops = 0;
   int64_t peak_rss_bytes = 0, gemm_flops_per_step = 0;
+  // per-phase times of the measured steps; *_other is the phase minus its gemm() time
+  std::vector<double> forward_ms, backward_ms, optimizer_ms, forward_other_ms, backward_other_ms;
   std::vector<double> losses;
 };
 
@@ -49,8 +51,21 @@ OursResult run_ours(const gpt2::Config& config, int64_t B, int64_t T, int64_t st
     Tensor logits = model(ids);
     Tensor loss = shifted_cross_entropy(logits, ids);
     logits = Tensor();
+    const auto t1 = clock_type::now();
+    const int64_t gemm_fwd_ns = ops::gemm_stats().nanoseconds;
     backward(loss);
+    const auto t2 = clock_type::now();
+    const int64_t gemm_bwd_ns = ops::gemm_stats().nanoseconds - gemm_fwd_ns;
     opt.step();
+    const auto t3 = clock_type::now();
+    auto ms_between = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    if (step > 0) {
+      r.forward_ms.push_back(ms_between(t0, t1));
+      r.backward_ms.push_back(ms_between(t1, t2));
+      r.optimizer_ms.push_back(ms_between(t2, t3));
+      r.forward_other_ms.push_back(ms_between(t0, t1) - gemm_fwd_ns / 1e6);
+      r.backward_other_ms.push_back(ms_between(t1, t2) - gemm_bwd_ns / 1e6);
+    }
     r.losses.push_back(loss.item());
     ms.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - t0).count());
     auto g = ops::gemm_stats();
@@ -180,6 +195,11 @@ int run(const cli::Parser& p) {
   std::printf("GEMM in a step: %.0f ms = %.0f%% of the step, at %.1f GFLOP/s (%.1f GFLOP/step)\n",
               ours.gemm_ms_per_step, 100.0 * ours.gemm_ms_per_step / ours.median_ms,
               ours.gemm_gflops, ours.gemm_flops_per_step / 1e9);
+  std::printf("phases (median ms): forward %.0f (non-GEMM %.0f), backward %.0f (non-GEMM %.0f), "
+              "optimizer %.0f\n",
+              cli::median(ours.forward_ms), cli::median(ours.forward_other_ms),
+              cli::median(ours.backward_ms), cli::median(ours.backward_other_ms),
+              cli::median(ours.optimizer_ms));
   std::printf("same GEMM shapes run alone: %.0f ms at %.1f GFLOP/s (the floor for this step's GEMMs)\n",
               iso_ms, iso_gflops);
   if (p.has("json")) {
