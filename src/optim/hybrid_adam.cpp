@@ -52,7 +52,7 @@ HybridAdam::HybridAdam(std::vector<Tensor> params, HybridAdamOptions options)
     std::weak_ptr<NvmeAdamStates> weak = nvme_;
     for (size_t i : nvme_params_) {
       add_grad_ready_hook(params_[i], [this, weak, i](const Tensor&) {
-        if (auto alive = weak.lock()) update_offloaded(i);
+        if (auto alive = weak.lock()) update_offloaded(i, true);
       });
     }
   }
@@ -60,7 +60,7 @@ HybridAdam::HybridAdam(std::vector<Tensor> params, HybridAdamOptions options)
 
 HybridAdam::~HybridAdam() { nvme_.reset(); }  // hooks see the states gone and do nothing
 
-void HybridAdam::update_offloaded(size_t i) {
+void HybridAdam::update_offloaded(size_t i, bool in_backward) {
   Tensor& p = params_[i];
   Tensor g = grad(p);
   if (!g.defined()) return;
@@ -68,6 +68,14 @@ void HybridAdam::update_offloaded(size_t i) {
   const AdamStepScalars s = make_adam_step_scalars(options_.hyper, step_ + 1, options_.div_scale);
   p.bump_version();
   nvme_->update(nvme_index_[i], s, p.data<float>(), gc.raw_data(), gc.dtype());
+  if (!in_backward) return;
+  // Note [Borrowed gradient slots]: the gradient is spent; release it, and lend its buffer to the
+  // pipeline when nobody else holds it.
+  set_grad(p, Tensor());
+  g = Tensor();
+  if (gc.dtype() == DType::F32 && gc.device().is_host_addressable() && gc.offset() == 0 &&
+      gc.impl_ptr().use_count() == 1 && gc.storage().use_count() == 1)
+    nvme_->donate(std::move(gc));
 }
 
 void HybridAdam::step() {
@@ -77,7 +85,7 @@ void HybridAdam::step() {
   const AdamStepScalars s = make_adam_step_scalars(options_.hyper, step_ + 1, options_.div_scale);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (nvme_index_[i] >= 0) {
-      if (!nvme_->updated_this_step(nvme_index_[i])) update_offloaded(i);
+      if (!nvme_->updated_this_step(nvme_index_[i])) update_offloaded(i, false);
       continue;
     }
     Tensor& p = params_[i];

@@ -12,7 +12,10 @@
 // Note [Overlapped step contract]: with overlap_backward, each backward must be followed by step()
 // before the next backward (no gradient accumulation), and the gradients must not be changed
 // between backward and step() (clip by passing div_scale, as ColossalAI does). A second hook for
-// the same parameter in one step is reported as an error by step().
+// the same parameter in one step is reported as an error by step(). As in PyTorch's
+// optimizer-in-backward, the gradient of a parameter updated inside backward is released right
+// after its update (grad() is undefined from then on) and its buffer is lent to the pipeline
+// (Note [Borrowed gradient slots]).
 //
 // Checkpoints (save_state/load_state) stream the states through a slot-sized buffer, from disk for
 // offloaded parameters (Note [Optimizer checkpoint format] in hybrid_adam.cpp).
@@ -62,7 +65,7 @@ class HybridAdam : public Optimizer {
   void load_state(const std::string& path);
 
  protected:
-  void update_offloaded(size_t i);
+  void update_offloaded(size_t i, bool in_backward);
   HybridAdamOptions options_;
   Isa isa_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;

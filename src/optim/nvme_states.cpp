@@ -88,6 +88,7 @@ NvmeAdamStates::NvmeAdamStates(std::vector<int64_t> numels, NvmeOffloadOptions o
   const int64_t slot_bytes = 8 * options_.slice_numel;
   const int64_t nslots = std::max<int64_t>(2, options_.window_bytes / slot_bytes);
   slots_.resize(static_cast<size_t>(nslots));
+  owned_slots_ = slots_.size();
   for (Slot& s : slots_) s.buf = AlignedBuffer(slot_bytes);
   stats_.staging_bytes = nslots * slot_bytes;
   stats_.direct = swap_->direct();
@@ -137,14 +138,14 @@ void NvmeAdamStates::start_read_locked(int64_t id, int slot_index) {
   slot.read_error = nullptr;
   s.slot = slot_index;
   if (!s.on_disk) {  // never written: Adam's initial state is zeros
-    std::memset(slot.buf.data(), 0, static_cast<size_t>(8 * s.numel));
+    std::memset(slot.data(), 0, static_cast<size_t>(8 * s.numel));
     slot.state = SlotState::kReady;
     return;
   }
   if (options_.record_timeline) timing_locked(id).read_issue_ms = now_ms();
   slot.state = SlotState::kReading;
   try {
-    slot.handle = swap_->read(s.key, slot.buf.data());
+    slot.handle = swap_->read(s.key, slot.data());
     io_fifo_.push_back(slot_index);
   } catch (...) {
     slot.read_error = std::current_exception();
@@ -159,8 +160,9 @@ void NvmeAdamStates::finish_write_locked(int slot_index, std::exception_ptr erro
   if (error) {
     // Note [NVMe failure guarantee]: the new m, v stay in RAM; the slot gets a fresh buffer.
     record_error_locked(error);
-    dirty_.emplace_back(slot.slice, std::move(slot.buf));
-    slot.buf = AlignedBuffer(8 * options_.slice_numel);
+    AlignedBuffer copy(8 * options_.slice_numel);
+    std::memcpy(copy.data(), slot.data(), static_cast<size_t>(8 * s.numel));
+    dirty_.emplace_back(slot.slice, std::move(copy));
   }
   s.slot = -1;
   slot.slice = -1;
@@ -196,6 +198,7 @@ void NvmeAdamStates::pump() {
     const int slot_index = io_fifo_.front();
     io_fifo_.pop_front();
     io::IoHandle handle = slots_[slot_index].handle;
+    reaping_slot_ = slot_index;
     lock.unlock();
     std::exception_ptr error;
     try {
@@ -204,6 +207,7 @@ void NvmeAdamStates::pump() {
       error = std::current_exception();
     }
     lock.lock();
+    reaping_slot_ = -1;
     Slot& slot = slots_[slot_index];
     if (slot.state == SlotState::kReading) {
       if (options_.record_timeline) timing_locked(slot.slice).read_done_ms = now_ms();
@@ -255,7 +259,8 @@ void NvmeAdamStates::update_slice(int64_t id, const AdamStepScalars& sc, float* 
     return true;
   };
   const double wait_start = now_ms();
-  cv_.wait(lock, [&] { return present() || stalled() || stop_; });
+  cv_.wait(lock, [&] { return present() || stalled() || stop_ || failed_; });
+  if (failed_ && !present()) return;  // read-ahead stopped at the failure: leave the slice as is
   const size_t esize = dtype_size(grad_dtype);
   float* p = param + s.offset;
   const char* g = grad + s.offset * static_cast<int64_t>(esize);
@@ -308,7 +313,7 @@ void NvmeAdamStates::update_slice(int64_t id, const AdamStepScalars& sc, float* 
   slot.state = SlotState::kBusy;
   if (options_.record_timeline) timing_locked(id).compute_start_ms = now_ms();
   lock.unlock();
-  float* m = static_cast<float*>(slot.buf.data());
+  float* m = slot.data();
   adam_update_parallel(isa_, sc, p, g, grad_dtype, m, m + s.numel, s.numel);
   lock.lock();
   s.step = sc.step;
@@ -327,6 +332,25 @@ void NvmeAdamStates::update_slice(int64_t id, const AdamStepScalars& sc, float* 
   cv_.notify_all();
 }
 
+void NvmeAdamStates::donate(Tensor buffer) {
+  const int64_t slot_bytes = 8 * options_.slice_numel;
+  if (!buffer.defined() || buffer.nbytes() < slot_bytes) return;
+  auto* base = static_cast<char*>(buffer.raw_data());
+  if (reinterpret_cast<uintptr_t>(base) % kHostAlignment != 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failed_) return;
+    for (int64_t off = 0; off + slot_bytes <= buffer.nbytes(); off += slot_bytes) {
+      Slot& slot = slots_.emplace_back();
+      slot.borrowed = reinterpret_cast<float*>(base + off);
+      borrowed_bytes_ += slot_bytes;
+    }
+    stats_.borrowed_bytes_max = std::max(stats_.borrowed_bytes_max, borrowed_bytes_);
+    donors_.push_back(std::move(buffer));
+  }
+  cv_.notify_all();
+}
+
 bool NvmeAdamStates::updated_this_step(int k) const {
   std::lock_guard<std::mutex> lock(mutex_);
   return slices_[first_slice_[k]].consumed;
@@ -341,11 +365,24 @@ void NvmeAdamStates::finish_step() {
   std::unique_lock<std::mutex> lock(mutex_);
   const double t = now_ms();
   cv_.wait(lock, [&] {
-    for (const Slot& s : slots_)
-      if (s.state == SlotState::kWriting || s.state == SlotState::kBusy) return false;
+    if (reaping_slot_ >= static_cast<int>(owned_slots_)) return false;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const SlotState st = slots_[i].state;
+      if (st == SlotState::kWriting || st == SlotState::kBusy) return false;
+      if (i >= owned_slots_ && st == SlotState::kReading) return false;  // reaped by the pump
+    }
     return true;
   });
   stats_.flush_wait_ms += now_ms() - t;
+  // Return the borrowed slots (Note [Borrowed gradient slots]). Unconsumed prefetches in them hold
+  // unchanged data: drop them.
+  while (slots_.size() > owned_slots_) {
+    Slot& slot = slots_.back();
+    if (slot.slice >= 0) slices_[slot.slice].slot = -1;
+    slots_.pop_back();
+  }
+  donors_.clear();
+  borrowed_bytes_ = 0;
   // The next step reads in the order this one consumed, then whatever it did not touch.
   std::vector<int64_t> next = consumed_order_;
   for (int64_t id : order_)
@@ -401,7 +438,7 @@ int64_t NvmeAdamStates::read_slice(int k, int64_t i, float* m_out, float* v_out)
     std::fill(v_out, v_out + s.numel, 0.f);
     return s.step;
   }
-  float* m = static_cast<float*>(slots_[0].buf.data());
+  float* m = slots_[0].data();
   swap_->read(s.key, m).wait();
   std::memcpy(m_out, m, static_cast<size_t>(4 * s.numel));
   std::memcpy(v_out, m + s.numel, static_cast<size_t>(4 * s.numel));
@@ -416,7 +453,7 @@ void NvmeAdamStates::write_slice(int k, int64_t i, const float* m_in, const floa
   MW_CHECK_T(InvalidArgument, id < first_slice_[k + 1], "slice ", i, " of parameter ", k,
              " out of range");
   Slice& s = slices_[id];
-  float* m = static_cast<float*>(slots_[0].buf.data());
+  float* m = slots_[0].data();
   std::memcpy(m, m_in, static_cast<size_t>(4 * s.numel));
   std::memcpy(m + s.numel, v_in, static_cast<size_t>(4 * s.numel));
   swap_->write(s.key, m, 8 * s.numel).wait();

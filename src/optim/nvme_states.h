@@ -19,6 +19,14 @@
 //  - update() waits for its slice to be Ready, runs the Adam kernel on it in the slot, and submits
 //    the write-back. A slice never written is zero-filled instead of read (the first step reads
 //    nothing).
+//  - Note [Borrowed gradient slots]: with updates inside backward, a parameter's gradient is dead
+//    once its update ran. HybridAdam then releases it and *lends* its buffer here (donate()); it is
+//    carved into extra slots for the rest of the step, so read-ahead runs deeper exactly when the
+//    memory is there and the process's footprint does not grow: the gradients of all parameters
+//    would have been alive at the end of a plain backward anyway. This is what hides the tied
+//    embedding's states (the largest, and final only at the very end of backward): by then the
+//    dead gradients of the transformer blocks hold most of them, already read. Borrowed slots are
+//    returned (dropped) by finish_step().
 //  - A slice consumed out of the expected order while every slot holds another slice's prefetch
 //    goes through one spare slot synchronously, so the pipeline never deadlocks.
 //
@@ -49,6 +57,7 @@
 
 #include "core/allocator.h"
 #include "core/dtype.h"
+#include "core/tensor.h"
 #include "offload/io/io_engine.h"
 #include "offload/io/swap_space.h"
 #include "optim/adam_cpu.h"
@@ -86,6 +95,7 @@ struct NvmeStats {
   double flush_wait_ms = 0;     // time finish_step() spent waiting for the last writes
   int64_t spare_slices = 0;     // slices that took the spare slot (out of the expected order)
   int64_t staging_bytes = 0;    // RAM of the slots (and the spare, once made)
+  int64_t borrowed_bytes_max = 0;  // most dead-gradient memory lent as slots in one step
   int64_t file_bytes = 0;       // disk space in use
   bool direct = true;           // O_DIRECT everywhere
 };
@@ -104,6 +114,9 @@ class NvmeAdamStates {
   void update(int k, const AdamStepScalars& scalars, float* param, const void* grad,
               DType grad_dtype) noexcept;
   bool updated_this_step(int k) const;
+  // Lends a dead gradient's buffer (f32, host, its storage held by nobody else) as extra slots
+  // until finish_step() (Note [Borrowed gradient slots]). Buffers smaller than a slot are ignored.
+  void donate(Tensor buffer);
   // Ends a step: waits for this step's write-backs, restarts read-ahead for the next step in the
   // order just observed, and throws the first failure of the step (Note [NVMe failure guarantee]).
   void finish_step();
@@ -135,7 +148,9 @@ class NvmeAdamStates {
  private:
   enum class SlotState { kFree, kReading, kReady, kBusy, kWriting };
   struct Slot {
+    float* data() { return borrowed ? borrowed : static_cast<float*>(buf.data()); }
     AlignedBuffer buf;
+    float* borrowed = nullptr;  // a slice of a donated gradient (Note [Borrowed gradient slots])
     SlotState state = SlotState::kFree;
     int64_t slice = -1;
     io::IoHandle handle;
@@ -173,7 +188,11 @@ class NvmeAdamStates {
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;
-  std::vector<Slot> slots_;
+  std::deque<Slot> slots_;  // owned slots first, then borrowed ones; a deque keeps references valid
+  size_t owned_slots_ = 0;
+  int reaping_slot_ = -1;  // slot whose transfer the pump is waiting on, unlocked
+  std::vector<Tensor> donors_;
+  int64_t borrowed_bytes_ = 0;
   AlignedBuffer spare_;
   std::vector<std::pair<int64_t, AlignedBuffer>> dirty_;  // slice -> new m, v after a failed write
   std::deque<int> io_fifo_;                               // slots with I/O in flight, issue order
