@@ -239,10 +239,11 @@ int run(const Options& o) {
     const double gb = 1e9;
     std::printf("NVMe: read %.3f GB, written %.3f GB | %.2f GB/s read, %.2f GB/s written over the "
                 "run | exposed waits: reads %.0f ms, last writes %.0f ms | staging %.0f MiB, "
-                "file %.0f MiB, %lld spare-slot slices\n",
+                "file %.0f MiB, borrowed gradient slots %.0f MiB, %lld spare-slot slices\n",
                 st.bytes_read / gb, st.bytes_written / gb, st.bytes_read / gb / total_s,
                 st.bytes_written / gb / total_s, st.consumer_wait_ms, st.flush_wait_ms,
-                mib(st.staging_bytes), mib(st.file_bytes), static_cast<long long>(st.spare_slices));
+                mib(st.staging_bytes), mib(st.file_bytes), mib(st.borrowed_bytes_max),
+                static_cast<long long>(st.spare_slices));
     if (!o.nvme_timeline.empty()) {
       std::ofstream csv(o.nvme_timeline);
       MW_CHECK_T(IoError, csv.good(), "--nvme-timeline '", o.nvme_timeline, "' cannot be written");

@@ -340,7 +340,12 @@ void NvmeAdamStates::donate(Tensor buffer) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (failed_) return;
-    for (int64_t off = 0; off + slot_bytes <= buffer.nbytes(); off += slot_bytes) {
+    // Enough to hold the largest parameter's states (the tied embedding, consumed last) is all
+    // that helps; beyond that, spent gradients are better freed for reuse.
+    int64_t limit = 0;
+    for (int64_t n : numels_) limit = std::max(limit, round_up(8 * n, slot_bytes));
+    for (int64_t off = 0; off + slot_bytes <= buffer.nbytes() && borrowed_bytes_ + slot_bytes <= limit;
+         off += slot_bytes) {
       Slot& slot = slots_.emplace_back();
       slot.borrowed = reinterpret_cast<float*>(base + off);
       borrowed_bytes_ += slot_bytes;

@@ -25,8 +25,8 @@
 //    memory is there and the process's footprint does not grow: the gradients of all parameters
 //    would have been alive at the end of a plain backward anyway. This is what hides the tied
 //    embedding's states (the largest, and final only at the very end of backward): by then the
-//    dead gradients of the transformer blocks hold most of them, already read. Borrowed slots are
-//    returned (dropped) by finish_step().
+//    dead gradients of the transformer blocks hold most of them, already read. At most the largest
+//    parameter's m+v is borrowed; borrowed slots are returned (dropped) by finish_step().
 //  - A slice consumed out of the expected order while every slot holds another slice's prefetch
 //    goes through one spare slot synchronously, so the pipeline never deadlocks.
 //
