@@ -4,7 +4,8 @@
 //   "MWADAMv1"                                  8 bytes
 //   int64 step, int64 nparams
 //   per parameter: int64 numel, int64 nsegments, then nsegments x (int64 offset, int64 numel,
-//                  int64 step)                  a segment is a range of elements with one step count
+//                  int64 step)                  a segment is a range of elements with one step
+//                  count
 //   data: per parameter, per segment: m (numel f32) then v (numel f32)
 // In-memory parameters save one segment; offloaded ones one per slice (Note [NVMe slices]), so the
 // per-slice step counters of a partially applied step survive (Note [NVMe failure guarantee]).
@@ -27,7 +28,8 @@ HybridAdam::HybridAdam(std::vector<Tensor> params, HybridAdamOptions options)
     : Optimizer(std::move(params)), options_(std::move(options)), isa_(best_isa()) {
   for (auto& p : params_)
     MW_CHECK_T(InvalidArgument, p.dtype() == DType::F32 && p.is_contiguous(),
-               "HybridAdam: parameters must be contiguous f32 (fp32 master weights), got ", p.desc());
+               "HybridAdam: parameters must be contiguous f32 (fp32 master weights), got ",
+               p.desc());
   exp_avg_.resize(params_.size());
   exp_avg_sq_.resize(params_.size());
   nvme_index_.assign(params_.size(), -1);
@@ -205,8 +207,8 @@ class CheckpointReader {
     fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) {
       int err = errno;
-      throw IoError(str("cannot open optimizer checkpoint '", path_, "': ", errno_text(err)),
-                    path_, 0, 0, err);
+      throw IoError(str("cannot open optimizer checkpoint '", path_, "': ", errno_text(err)), path_,
+                    0, 0, err);
     }
   }
   ~CheckpointReader() { ::close(fd_); }
@@ -278,7 +280,8 @@ void HybridAdam::save_state(const std::string& path) {
       m.resize(static_cast<size_t>(nvme_->slice_numel()));
       v.resize(m.size());
       for (int64_t j = 0; j < nvme_->slice_count(k); ++j) {
-        const int64_t n = std::min(nvme_->slice_numel(), params_[i].numel() - j * nvme_->slice_numel());
+        const int64_t n =
+            std::min(nvme_->slice_numel(), params_[i].numel() - j * nvme_->slice_numel());
         nvme_->read_slice(k, j, m.data(), v.data());
         w.put(m.data(), 4 * n);
         w.put(v.data(), 4 * n);
@@ -343,7 +346,8 @@ void HybridAdam::load_state(const std::string& path) {
       const int64_t lo = std::max(off, s.offset), hi = std::min(off + n, s.offset + s.numel);
       if (lo >= hi) continue;
       MW_CHECK_T(FormatError, range_step < 0 || range_step == s.step, "optimizer checkpoint '",
-                 path, "' holds a partially applied step (Note [NVMe failure guarantee]) whose "
+                 path,
+                 "' holds a partially applied step (Note [NVMe failure guarantee]) whose "
                  "slices do not match this optimizer's; load it with the same nvme slice size");
       range_step = s.step;
       r.get_at(s.data_pos + 4 * (lo - s.offset), m + (lo - off), 4 * (hi - lo));

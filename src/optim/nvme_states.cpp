@@ -37,10 +37,11 @@ std::string make_private_dir() {
   std::string pattern = str(base && *base ? base : "/tmp", "/memwall-nvme-XXXXXX");
   if (::mkdtemp(pattern.data()) == nullptr) {
     int err = errno;
-    throw IoError(str("cannot create a private NVMe offload directory '", pattern,
-                      "': ", errno_text(err), "; pass nvme_offload_dir (--nvme-dir) to a writable "
-                      "directory on a disk"),
-                  pattern, 0, 0, err);
+    throw IoError(
+        str("cannot create a private NVMe offload directory '", pattern, "': ", errno_text(err),
+            "; pass nvme_offload_dir (--nvme-dir) to a writable "
+            "directory on a disk"),
+        pattern, 0, 0, err);
   }
   return pattern;
 }
@@ -48,11 +49,14 @@ std::string make_private_dir() {
 }  // namespace
 
 NvmeAdamStates::NvmeAdamStates(std::vector<int64_t> numels, NvmeOffloadOptions options, Isa isa)
-    : options_(std::move(options)), isa_(isa), numels_(std::move(numels)),
+    : options_(std::move(options)),
+      isa_(isa),
+      numels_(std::move(numels)),
       t0_(std::chrono::steady_clock::now()) {
   MW_CHECK_T(InvalidArgument, options_.slice_numel > 0 && options_.slice_numel % 1024 == 0,
              "NVMe slice_numel must be a positive multiple of 1024 (so slots stay 4096-aligned); "
-             "got ", options_.slice_numel);
+             "got ",
+             options_.slice_numel);
   for (size_t k = 0; k < numels_.size(); ++k) {
     first_slice_.push_back(static_cast<int64_t>(slices_.size()));
     for (int64_t off = 0; off < numels_[k]; off += options_.slice_numel) {
@@ -228,8 +232,9 @@ void NvmeAdamStates::update(int k, const AdamStepScalars& scalars, float* param,
       if (failed_) return;
       MW_CHECK_T(InvalidArgument, k >= 0 && k < param_count(), "NvmeAdamStates::update: parameter ",
                  k, " out of range [0, ", param_count(), ")");
-      MW_CHECK_T(InvalidArgument, !slices_[first_slice_[k]].consumed,
-                 "NVMe-offloaded parameter ", k, " was updated twice in one step. "
+      MW_CHECK_T(InvalidArgument, !slices_[first_slice_[k]].consumed, "NVMe-offloaded parameter ",
+                 k,
+                 " was updated twice in one step. "
                  "overlap_backward assumes one backward per optimizer step; turn it off for "
                  "gradient accumulation");
     }
@@ -276,8 +281,10 @@ void NvmeAdamStates::update_slice(int64_t id, const AdamStepScalars& sc, float* 
     if (options_.record_timeline) timing_locked(id).spare = true;
     lock.unlock();
     float* m = static_cast<float*>(spare_.data());
-    if (on_disk) swap_->read(s.key, m).wait();
-    else std::memset(m, 0, static_cast<size_t>(8 * s.numel));
+    if (on_disk)
+      swap_->read(s.key, m).wait();
+    else
+      std::memset(m, 0, static_cast<size_t>(8 * s.numel));
     adam_update_parallel(isa_, sc, p, g, grad_dtype, m, m + s.numel, s.numel);
     std::exception_ptr error;
     try {
@@ -344,7 +351,8 @@ void NvmeAdamStates::donate(Tensor buffer) {
     // that helps; beyond that, spent gradients are better freed for reuse.
     int64_t limit = 0;
     for (int64_t n : numels_) limit = std::max(limit, round_up(8 * n, slot_bytes));
-    for (int64_t off = 0; off + slot_bytes <= buffer.nbytes() && borrowed_bytes_ + slot_bytes <= limit;
+    for (int64_t off = 0;
+         off + slot_bytes <= buffer.nbytes() && borrowed_bytes_ + slot_bytes <= limit;
          off += slot_bytes) {
       Slot& slot = slots_.emplace_back();
       slot.borrowed = reinterpret_cast<float*>(base + off);

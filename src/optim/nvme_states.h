@@ -7,9 +7,9 @@
 // changes nothing in the result: a slice is updated by the same kernel as the whole parameter
 // (Note [Adam math]), bit for bit.
 //
-// Note [NVMe pipeline]: a fixed pool of slots (window_bytes of RAM; the only state memory) is cycled
-// by one pump thread and the consumer (the thread calling update(), i.e. the backward pass through
-// grad-ready hooks, or step()):
+// Note [NVMe pipeline]: a fixed pool of slots (window_bytes of RAM; the only state memory) is
+// cycled by one pump thread and the consumer (the thread calling update(), i.e. the backward pass
+// through grad-ready hooks, or step()):
 //  - the pump reads slices ahead into free slots in the *expected order* (the order in which the
 //    previous step consumed them; parameters last-to-first before any step ran), and reaps
 //    completions in issue order: a finished read makes its slot Ready, a finished write makes it
@@ -91,13 +91,13 @@ struct SliceTiming {
 
 struct NvmeStats {
   int64_t bytes_read = 0, bytes_written = 0;  // what the engine moved
-  double consumer_wait_ms = 0;  // time update() spent waiting for reads (exposed read latency)
-  double flush_wait_ms = 0;     // time finish_step() spent waiting for the last writes
-  int64_t spare_slices = 0;     // slices that took the spare slot (out of the expected order)
-  int64_t staging_bytes = 0;    // RAM of the slots (and the spare, once made)
+  double consumer_wait_ms = 0;     // time update() spent waiting for reads (exposed read latency)
+  double flush_wait_ms = 0;        // time finish_step() spent waiting for the last writes
+  int64_t spare_slices = 0;        // slices that took the spare slot (out of the expected order)
+  int64_t staging_bytes = 0;       // RAM of the slots (and the spare, once made)
   int64_t borrowed_bytes_max = 0;  // most dead-gradient memory lent as slots in one step
-  int64_t file_bytes = 0;       // disk space in use
-  bool direct = true;           // O_DIRECT everywhere
+  int64_t file_bytes = 0;          // disk space in use
+  bool direct = true;              // O_DIRECT everywhere
 };
 
 class NvmeAdamStates {

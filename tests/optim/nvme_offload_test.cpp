@@ -112,8 +112,8 @@ TEST(NvmeOffload, StepPathMatchesAdamWBitwiseAtEveryFraction) {
       // Per step, m+v of every slice padded to 4096: 3000 -> 3 slices (24576 B), 1024 -> 8192,
       // 100 -> 4096, 5000 -> 5 slices (40960), 7 -> 4096: 81920 B. Five steps, one of which skips
       // the 100-element parameter. Reads: steps 2..5 read what the previous one wrote (a prefetched
-      // slice of a skipped parameter may be kept for the next step instead of read again), and after
-      // the last step the pump may already read ahead for a next one (at most the two slots).
+      // slice of a skipped parameter may be kept for the next step instead of read again), and
+      // after the last step the pump may already read ahead for a next one (at most the two slots).
       EXPECT_EQ(st.bytes_written, 5 * 81920 - 4096);
       EXPECT_GE(st.bytes_read, 4 * 81920 - 4096);
       EXPECT_LE(st.bytes_read, 4 * 81920 + 2 * 8192);
@@ -157,9 +157,11 @@ float train_step(gpt2::GPT2& model, Optimizer& opt, int64_t step) {
 RunResult train_tiny(const std::string& optimizer, double fraction, int steps) {
   gpt2::GPT2 model(tiny_config(), 0, DType::F32);
   std::unique_ptr<Optimizer> opt;
-  if (optimizer == "adamw") opt = std::make_unique<AdamW>(model.parameters());
-  else opt = std::make_unique<HybridAdam>(model.parameters(),
-                                          HybridAdamOptions({}, -1.f, small_nvme(fraction)));
+  if (optimizer == "adamw")
+    opt = std::make_unique<AdamW>(model.parameters());
+  else
+    opt = std::make_unique<HybridAdam>(model.parameters(),
+                                       HybridAdamOptions({}, -1.f, small_nvme(fraction)));
   RunResult r;
   for (int s = 0; s < steps; ++s) r.losses.push_back(train_step(model, *opt, s));
   for (const Tensor& p : model.parameters()) r.params.push_back(p.clone());
@@ -246,7 +248,8 @@ TEST(NvmeOffload, SaveLoadContinueGivesBitwiseEqualLosses) {
 // Returns {old slices, new slices}.
 std::pair<int64_t, int64_t> check_per_slice_atomic(
     HybridAdam& opt, const std::vector<Tensor>& ps, int64_t step,
-    const std::vector<std::array<Tensor, 3>>& before, const std::vector<std::array<Tensor, 3>>& after) {
+    const std::vector<std::array<Tensor, 3>>& before,
+    const std::vector<std::array<Tensor, 3>>& after) {
   int64_t old_slices = 0, new_slices = 0;
   NvmeAdamStates& st = *opt.nvme();
   for (int k = 0; k < st.param_count(); ++k) {
@@ -256,10 +259,10 @@ std::pair<int64_t, int64_t> check_per_slice_atomic(
       const int64_t off = j * st.slice_numel(), n = std::min(st.slice_numel(), st.numel(k) - off);
       bool is_old[3], is_new[3];
       for (int t = 0; t < 3; ++t) {
-        is_old[t] = std::memcmp(got[t].data<float>() + off, before[k][t].data<float>() + off,
-                                4 * n) == 0;
-        is_new[t] = std::memcmp(got[t].data<float>() + off, after[k][t].data<float>() + off,
-                                4 * n) == 0;
+        is_old[t] =
+            std::memcmp(got[t].data<float>() + off, before[k][t].data<float>() + off, 4 * n) == 0;
+        is_new[t] =
+            std::memcmp(got[t].data<float>() + off, after[k][t].data<float>() + off, 4 * n) == 0;
       }
       const bool all_old = is_old[0] && is_old[1] && is_old[2];
       const bool all_new = is_new[0] && is_new[1] && is_new[2];
@@ -371,7 +374,8 @@ TEST(NvmeOffload, NoFileOutlivesTheOptimizerAndAGivenDirectoryIsKept) {
     set_grads(b, 0, false);
     private_opt.step();
     given_opt.step();
-    // Already gone while in use (Note [NVMe files]): the files are unlinked, the private dir removed.
+    // Already gone while in use (Note [NVMe files]): the files are unlinked, the private dir
+    // removed.
     EXPECT_EQ(count_private(), private_before);
     int entries = 0;
     for (auto& e : fs::directory_iterator(given)) entries += e.path().filename() != "user_file";
