@@ -184,13 +184,15 @@ int run(const Options& o) {
   std::vector<int32_t> tokens(static_cast<size_t>(o.batch * o.seq));
   std::vector<double> step_ms;
   std::vector<std::pair<std::string, double>> phase_ms;
+  const int64_t first_step = opt->step_count();  // > 0 after --load-optimizer
   model.train();
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
   for (int64_t step = 0; step < o.steps; ++step) {
     const auto t0 = clock::now();
-    if (shard) shard->batch(step, o.batch, o.seq, tokens.data());
-    else data::random_tokens(o.seed, step, o.batch, o.seq, config.vocab_size, tokens.data());
+    const int64_t data_step = step + first_step;  // a resumed run continues the data stream
+    if (shard) shard->batch(data_step, o.batch, o.seq, tokens.data());
+    else data::random_tokens(o.seed, data_step, o.batch, o.seq, config.vocab_size, tokens.data());
     Tensor ids = Tensor::from_vector(tokens, {o.batch, o.seq}, o.device);
 
     auto mark = [&](const char* phase) {  // on the offload clock, for --nvme-timeline
