@@ -31,6 +31,9 @@ struct Options {
   optim::AdamHyper hyper;
   Device device = Device::cpu();
   int64_t sim_capacity_bytes = 0;
+  // NVMe offload of the optimizer states (HybridAdam only).
+  optim::NvmeOffloadOptions nvme;
+  std::string save_optimizer, load_optimizer, nvme_timeline;
 };
 
 cli::Parser make_parser() {
@@ -56,6 +59,13 @@ cli::Parser make_parser() {
   p.option("data", "", "llm.c token shard (.bin); default: seeded random tokens");
   p.option("log", "", "write one JSON object per step to this file");
   p.option("save", "", "save the trained model as a HuggingFace folder");
+  p.option("offload", "none", "none|nvme: keep HybridAdam's m and v on disk between steps");
+  p.option("fraction", "1.0", "with --offload nvme: fraction of parameter elements offloaded");
+  p.option("nvme-dir", "", "directory for offloaded states (default: a private temporary one)");
+  p.option("nvme-window", "32MiB", "RAM for states in flight (read ahead / update / write back)");
+  p.option("save-optimizer", "", "after training, save the optimizer state to this file");
+  p.option("load-optimizer", "", "before training, load the optimizer state from this file");
+  p.option("nvme-timeline", "", "write per-slice read/compute/write times of the last step (CSV)");
   return p;
 }
 
@@ -92,6 +102,21 @@ Options parse_options(const cli::Parser& p) {
   o.data = p.str("data");
   o.log = p.str("log");
   o.save = p.str("save");
+  const bool nvme = p.choice("offload", {"none", "nvme"}) == "nvme";
+  if (nvme) {
+    MW_CHECK_T(cli::UsageError, o.optimizer == "hybridadam",
+               "--offload nvme needs --optimizer hybridadam");
+    o.nvme.fraction = p.real("fraction", 0, 1);
+    o.nvme.dir = p.str("nvme-dir");
+    o.nvme.window_bytes = parse_bytes(p.str("nvme-window"));
+    o.nvme.record_timeline = !p.str("nvme-timeline").empty();
+  }
+  o.save_optimizer = p.str("save-optimizer");
+  o.load_optimizer = p.str("load-optimizer");
+  o.nvme_timeline = p.str("nvme-timeline");
+  MW_CHECK_T(cli::UsageError,
+             o.optimizer == "hybridadam" || (o.save_optimizer.empty() && o.load_optimizer.empty()),
+             "--save-optimizer/--load-optimizer need --optimizer hybridadam");
   return o;
 }
 
@@ -128,7 +153,20 @@ int run(const Options& o) {
 
   std::unique_ptr<optim::Optimizer> opt;
   if (o.optimizer == "adamw") opt = std::make_unique<optim::AdamW>(model.parameters(), o.hyper);
-  else opt = std::make_unique<optim::HybridAdam>(model.parameters(), optim::HybridAdamOptions{o.hyper});
+  else opt = std::make_unique<optim::HybridAdam>(model.parameters(),
+                                                 optim::HybridAdamOptions(o.hyper, -1.f, o.nvme));
+  auto* hybrid = dynamic_cast<optim::HybridAdam*>(opt.get());
+  if (hybrid && hybrid->nvme())
+    std::printf("NVMe offload: %.3f B of %.3f B parameters' Adam states in '%s' (%s), window %.0f MiB\n",
+                static_cast<double>(hybrid->offloaded_numel()) / (1 << 30),
+                static_cast<double>(model.num_parameters()) / (1 << 30),
+                o.nvme.dir.empty() ? "private temporary directory" : o.nvme.dir.c_str(),
+                hybrid->nvme()->stats().direct ? "O_DIRECT" : "buffered", mib(o.nvme.window_bytes));
+  if (!o.load_optimizer.empty()) {
+    hybrid->load_state(o.load_optimizer);
+    std::printf("Loaded optimizer state (step %lld) from %s\n",
+                static_cast<long long>(hybrid->step_count()), o.load_optimizer.c_str());
+  }
 
   std::unique_ptr<std::ofstream> log;
   if (!o.log.empty()) {
@@ -139,21 +177,32 @@ int run(const Options& o) {
 
   std::vector<int32_t> tokens(static_cast<size_t>(o.batch * o.seq));
   std::vector<double> step_ms;
+  std::vector<std::pair<std::string, double>> phase_ms;
+  const int64_t first_step = opt->step_count();  // > 0 after --load-optimizer
   model.train();
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
   for (int64_t step = 0; step < o.steps; ++step) {
     const auto t0 = clock::now();
-    if (shard) shard->batch(step, o.batch, o.seq, tokens.data());
-    else data::random_tokens(o.seed, step, o.batch, o.seq, config.vocab_size, tokens.data());
+    const int64_t data_step = step + first_step;  // a resumed run continues the data stream
+    if (shard) shard->batch(data_step, o.batch, o.seq, tokens.data());
+    else data::random_tokens(o.seed, data_step, o.batch, o.seq, config.vocab_size, tokens.data());
     Tensor ids = Tensor::from_vector(tokens, {o.batch, o.seq}, o.device);
 
+    auto mark = [&](const char* phase) {  // on the offload clock, for --nvme-timeline
+      if (hybrid && hybrid->nvme()) phase_ms.emplace_back(phase, hybrid->nvme()->now_ms());
+    };
+    phase_ms.clear();
     opt->zero_grad();
+    mark("forward_start");
     Tensor logits = model(ids);
     Tensor loss = shifted_cross_entropy(logits, ids);
     logits = Tensor();  // the loss node holds the only reference: backward reuses the buffer
+    mark("backward_start");
     backward(loss);
+    mark("step_start");
     opt->step();
+    mark("step_end");
     const double loss_value = loss.item();
     const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
     step_ms.push_back(ms);
@@ -187,6 +236,32 @@ int run(const Options& o) {
     const AllocatorStats sim = allocator_for(o.device).stats();
     std::printf("%s: peak %.0f MiB of %.0f MiB capacity\n", o.device.str().c_str(),
                 mib(sim.peak_bytes), mib(sim.capacity_bytes));
+  }
+  if (hybrid && hybrid->nvme()) {
+    const optim::NvmeStats st = hybrid->nvme()->stats();
+    const double gb = 1e9;
+    std::printf("NVMe: read %.3f GB, written %.3f GB | %.2f GB/s read, %.2f GB/s written over the "
+                "run | exposed waits: reads %.0f ms, last writes %.0f ms | staging %.0f MiB, "
+                "file %.0f MiB, borrowed gradient slots %.0f MiB, %lld spare-slot slices\n",
+                st.bytes_read / gb, st.bytes_written / gb, st.bytes_read / gb / total_s,
+                st.bytes_written / gb / total_s, st.consumer_wait_ms, st.flush_wait_ms,
+                mib(st.staging_bytes), mib(st.file_bytes), mib(st.borrowed_bytes_max),
+                static_cast<long long>(st.spare_slices));
+    if (!o.nvme_timeline.empty()) {
+      std::ofstream csv(o.nvme_timeline);
+      MW_CHECK_T(IoError, csv.good(), "--nvme-timeline '", o.nvme_timeline, "' cannot be written");
+      csv << "param,offset,numel,read_issue_ms,read_done_ms,compute_start_ms,compute_end_ms,"
+             "write_issue_ms,write_done_ms,spare\n";
+      for (const auto& t : hybrid->nvme()->last_timeline())
+        csv << t.param << ',' << t.offset << ',' << t.numel << ',' << t.read_issue_ms << ','
+            << t.read_done_ms << ',' << t.compute_start_ms << ',' << t.compute_end_ms << ','
+            << t.write_issue_ms << ',' << t.write_done_ms << ',' << t.spare << '\n';
+      for (const auto& [name, ms] : phase_ms) csv << "# " << name << ' ' << ms << '\n';
+    }
+  }
+  if (!o.save_optimizer.empty()) {
+    hybrid->save_state(o.save_optimizer);
+    std::printf("Saved optimizer state to %s\n", o.save_optimizer.c_str());
   }
   if (!o.save.empty()) {
     gpt2::save_hf(model, o.save);

@@ -135,10 +135,11 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
     // Take the incoming buffer when nobody else holds it; else copy (never alias a live tensor).
     bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 &&
                      g.is_contiguous() && g.offset() == 0 && !g.autograd_meta();
-    meta.grad = exclusive ? g : g.detach().clone();
+    meta.grad = exclusive ? std::move(g) : g.detach().clone();
   } else {
     ops::axpy_(meta.grad, g);
   }
+  g = Tensor();  // hooks may release the gradient and reuse its buffer (optim/nvme_states.h)
   for (auto& hook : meta.grad_ready_hooks) hook(leaf_);
   return {};
 }

@@ -1,5 +1,23 @@
-// HybridAdam without offload (hybrid_adam.h).
+// HybridAdam (hybrid_adam.h): placement-driven kernels, the NVMe-offloaded parameters, checkpoints.
+//
+// Note [Optimizer checkpoint format]: one file, little-endian, written front to back:
+//   "MWADAMv1"                                  8 bytes
+//   int64 step, int64 nparams
+//   per parameter: int64 numel, int64 nsegments, then nsegments x (int64 offset, int64 numel,
+//                  int64 step)                  a segment is a range of elements with one step
+//                  count
+//   data: per parameter, per segment: m (numel f32) then v (numel f32)
+// In-memory parameters save one segment; offloaded ones one per slice (Note [NVMe slices]), so the
+// per-slice step counters of a partially applied step survive (Note [NVMe failure guarantee]).
+// Loading maps segments onto whatever placement the loading optimizer has.
 #include "optim/hybrid_adam.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 
 #include "autograd/autograd.h"
 #include "optim/adam_cuda.h"
@@ -7,18 +25,71 @@
 namespace mw::optim {
 
 HybridAdam::HybridAdam(std::vector<Tensor> params, HybridAdamOptions options)
-    : Optimizer(std::move(params)), options_(options), isa_(best_isa()) {
+    : Optimizer(std::move(params)), options_(std::move(options)), isa_(best_isa()) {
   for (auto& p : params_)
     MW_CHECK_T(InvalidArgument, p.dtype() == DType::F32 && p.is_contiguous(),
-               "HybridAdam: parameters must be contiguous f32 (fp32 master weights), got ", p.desc());
+               "HybridAdam: parameters must be contiguous f32 (fp32 master weights), got ",
+               p.desc());
   exp_avg_.resize(params_.size());
   exp_avg_sq_.resize(params_.size());
+  nvme_index_.assign(params_.size(), -1);
+  if (options_.nvme.fraction <= 0.0) {
+    select_nvme_offloaded({}, options_.nvme.fraction);  // validates the fraction
+    return;
+  }
+  // Only host parameters can be offloaded (ColossalAI: CPU parameters only).
+  std::vector<int64_t> numels;
+  for (auto& p : params_) numels.push_back(p.device().is_host_addressable() ? p.numel() : 0);
+  std::vector<bool> chosen = select_nvme_offloaded(numels, options_.nvme.fraction);
+  std::vector<int64_t> offloaded_numels;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!chosen[i] || numels[i] == 0) continue;
+    nvme_index_[i] = static_cast<int>(nvme_params_.size());
+    nvme_params_.push_back(i);
+    offloaded_numels.push_back(numels[i]);
+  }
+  if (nvme_params_.empty()) return;
+  nvme_ = std::make_shared<NvmeAdamStates>(offloaded_numels, options_.nvme, isa_);
+  if (options_.nvme.overlap_backward) {
+    std::weak_ptr<NvmeAdamStates> weak = nvme_;
+    for (size_t i : nvme_params_) {
+      add_grad_ready_hook(params_[i], [this, weak, i](const Tensor&) {
+        if (auto alive = weak.lock()) update_offloaded(i, true);
+      });
+    }
+  }
+}
+
+HybridAdam::~HybridAdam() { nvme_.reset(); }  // hooks see the states gone and do nothing
+
+void HybridAdam::update_offloaded(size_t i, bool in_backward) {
+  Tensor& p = params_[i];
+  Tensor g = grad(p);
+  if (!g.defined()) return;
+  Tensor gc = g.contiguous();
+  const AdamStepScalars s = make_adam_step_scalars(options_.hyper, step_ + 1, options_.div_scale);
+  p.bump_version();
+  nvme_->update(nvme_index_[i], s, p.data<float>(), gc.raw_data(), gc.dtype());
+  if (!in_backward) return;
+  // Note [Borrowed gradient slots]: the gradient is spent; release it, and lend its buffer to the
+  // pipeline when nobody else holds it.
+  set_grad(p, Tensor());
+  g = Tensor();
+  if (gc.dtype() == DType::F32 && gc.device().is_host_addressable() && gc.offset() == 0 &&
+      gc.impl_ptr().use_count() == 1 && gc.storage().use_count() == 1)
+    nvme_->donate(std::move(gc));
 }
 
 void HybridAdam::step() {
-  ++step_;
-  const AdamStepScalars s = make_adam_step_scalars(options_.hyper, step_, options_.div_scale);
+  MW_CHECK_T(Error, !(nvme_ && nvme_->failed() && nvme_failure_reported_),
+             "HybridAdam cannot step after the NVMe I/O error reported by an earlier step(); "
+             "save_state() to a healthy disk, fix the offload directory, and resume from it");
+  const AdamStepScalars s = make_adam_step_scalars(options_.hyper, step_ + 1, options_.div_scale);
   for (size_t i = 0; i < params_.size(); ++i) {
+    if (nvme_index_[i] >= 0) {
+      if (!nvme_->updated_this_step(nvme_index_[i])) update_offloaded(i, false);
+      continue;
+    }
     Tensor& p = params_[i];
     Tensor g = grad(p);
     if (!g.defined()) continue;
@@ -35,13 +106,281 @@ void HybridAdam::step() {
       adam_update_parallel(isa_, s, p.data<float>(), gc.raw_data(), gc.dtype(),
                            exp_avg_[i].data<float>(), exp_avg_sq_[i].data<float>(), p.numel());
   }
+  ++step_;  // counted even when a failure below makes the step partial (per-slice steps tell)
+  if (nvme_) {
+    try {
+      nvme_->finish_step();
+    } catch (...) {
+      nvme_failure_reported_ = true;
+      throw;
+    }
+  }
 }
 
 int64_t HybridAdam::state_bytes_in_memory() const {
   int64_t n = 0;
   for (size_t i = 0; i < exp_avg_.size(); ++i)
     if (exp_avg_[i].defined()) n += exp_avg_[i].nbytes() + exp_avg_sq_[i].nbytes();
+  if (nvme_) n += nvme_->stats().staging_bytes;
   return n;
+}
+
+int64_t HybridAdam::offloaded_numel() const {
+  int64_t n = 0;
+  for (size_t i : nvme_params_) n += params_[i].numel();
+  return n;
+}
+
+std::pair<Tensor, Tensor> HybridAdam::state_copy(size_t i) {
+  const Tensor& p = params_[i];
+  if (nvme_index_[i] < 0) {
+    if (!exp_avg_[i].defined())
+      return {Tensor::zeros(p.shape(), DType::F32, p.device()),
+              Tensor::zeros(p.shape(), DType::F32, p.device())};
+    return {exp_avg_[i].clone(), exp_avg_sq_[i].clone()};
+  }
+  Tensor m = Tensor::zeros(p.shape(), DType::F32, Device::cpu());
+  Tensor v = Tensor::zeros(p.shape(), DType::F32, Device::cpu());
+  const int k = nvme_index_[i];
+  for (int64_t j = 0; j < nvme_->slice_count(k); ++j) {
+    const int64_t off = j * nvme_->slice_numel();
+    nvme_->read_slice(k, j, m.data<float>() + off, v.data<float>() + off);
+  }
+  nvme_->resume_prefetch();
+  return {m, v};
+}
+
+// ---- checkpoints (Note [Optimizer checkpoint format]) -----------------------------------------
+
+namespace {
+
+constexpr char kMagic[8] = {'M', 'W', 'A', 'D', 'A', 'M', 'v', '1'};
+
+struct Segment {
+  int64_t offset = 0, numel = 0, step = 0;
+  int64_t data_pos = 0;  // file offset of its m (v follows)
+};
+
+class CheckpointWriter {
+ public:
+  explicit CheckpointWriter(std::string path) : path_(std::move(path)) {
+    file_ = std::fopen(path_.c_str(), "wb");
+    if (!file_) {
+      int err = errno;
+      throw IoError(str("cannot create optimizer checkpoint '", path_, "': ", errno_text(err),
+                        "; pass a path in a writable directory"),
+                    path_, 0, 0, err);
+    }
+  }
+  ~CheckpointWriter() {
+    if (file_) std::fclose(file_);
+  }
+  void put(const void* data, int64_t nbytes) {
+    if (nbytes == 0) return;
+    if (std::fwrite(data, 1, static_cast<size_t>(nbytes), file_) != static_cast<size_t>(nbytes))
+      fail(nbytes);
+    pos_ += nbytes;
+  }
+  void put_i64(int64_t x) { put(&x, 8); }
+  void close() {
+    if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0) fail(0);
+    std::FILE* f = file_;
+    file_ = nullptr;
+    if (std::fclose(f) != 0) fail(0);
+  }
+
+ private:
+  [[noreturn]] void fail(int64_t nbytes) {
+    int err = errno;
+    throw IoError(str("writing optimizer checkpoint '", path_, "' failed at offset ", pos_, ": ",
+                      errno_text(err), err == ENOSPC ? "; free space or save elsewhere" : ""),
+                  path_, pos_, nbytes, err);
+  }
+  std::string path_;
+  std::FILE* file_ = nullptr;
+  int64_t pos_ = 0;
+};
+
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(std::string path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) {
+      int err = errno;
+      throw IoError(str("cannot open optimizer checkpoint '", path_, "': ", errno_text(err)), path_,
+                    0, 0, err);
+    }
+  }
+  ~CheckpointReader() { ::close(fd_); }
+  void get_at(int64_t pos, void* data, int64_t nbytes) {
+    char* p = static_cast<char*>(data);
+    while (nbytes > 0) {
+      ssize_t n = ::pread(fd_, p, static_cast<size_t>(nbytes), pos);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        int err = errno;
+        throw IoError(str("reading optimizer checkpoint '", path_, "' at offset ", pos, ": ",
+                          errno_text(err)),
+                      path_, pos, nbytes, err);
+      }
+      MW_CHECK_T(FormatError, n > 0, "optimizer checkpoint '", path_, "' is truncated at offset ",
+                 pos, "; it was not completely written. Use another checkpoint");
+      p += n;
+      pos += n;
+      nbytes -= n;
+    }
+  }
+  int64_t get_i64() {
+    int64_t x = 0;
+    get_at(pos_, &x, 8);
+    pos_ += 8;
+    return x;
+  }
+  int64_t pos() const { return pos_; }
+  void skip(int64_t n) { pos_ += n; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  int64_t pos_ = 0;
+};
+
+}  // namespace
+
+void HybridAdam::save_state(const std::string& path) {
+  CheckpointWriter w(path);
+  w.put(kMagic, 8);
+  w.put_i64(step_);
+  w.put_i64(static_cast<int64_t>(params_.size()));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    w.put_i64(params_[i].numel());
+    const int k = nvme_index_[i];
+    if (k >= 0) {
+      w.put_i64(nvme_->slice_count(k));
+      for (int64_t j = 0; j < nvme_->slice_count(k); ++j) {
+        const int64_t off = j * nvme_->slice_numel();
+        w.put_i64(off);
+        w.put_i64(std::min(nvme_->slice_numel(), params_[i].numel() - off));
+        w.put_i64(nvme_->slice_step(k, j));
+      }
+    } else if (exp_avg_[i].defined()) {
+      w.put_i64(1);
+      w.put_i64(0);
+      w.put_i64(params_[i].numel());
+      w.put_i64(step_);
+    } else {
+      w.put_i64(0);
+    }
+  }
+  std::vector<float> m, v;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int k = nvme_index_[i];
+    if (k >= 0) {  // streamed from disk one slice at a time
+      m.resize(static_cast<size_t>(nvme_->slice_numel()));
+      v.resize(m.size());
+      for (int64_t j = 0; j < nvme_->slice_count(k); ++j) {
+        const int64_t n =
+            std::min(nvme_->slice_numel(), params_[i].numel() - j * nvme_->slice_numel());
+        nvme_->read_slice(k, j, m.data(), v.data());
+        w.put(m.data(), 4 * n);
+        w.put(v.data(), 4 * n);
+      }
+    } else if (exp_avg_[i].defined()) {
+      Tensor mc = exp_avg_[i].to(Device::cpu()), vc = exp_avg_sq_[i].to(Device::cpu());
+      w.put(mc.raw_data(), mc.nbytes());
+      w.put(vc.raw_data(), vc.nbytes());
+    }
+  }
+  if (nvme_) nvme_->resume_prefetch();
+  w.close();
+}
+
+void HybridAdam::load_state(const std::string& path) {
+  CheckpointReader r(path);
+  char magic[8];
+  r.get_at(0, magic, 8);
+  r.skip(8);
+  MW_CHECK_T(FormatError, std::memcmp(magic, kMagic, 8) == 0, "'", path,
+             "' is not a memwall optimizer checkpoint (bad magic); pass a file written by "
+             "HybridAdam::save_state / --save-optimizer");
+  const int64_t step = r.get_i64();
+  const int64_t nparams = r.get_i64();
+  MW_CHECK_T(FormatError, nparams == static_cast<int64_t>(params_.size()), "optimizer checkpoint '",
+             path, "' has ", nparams, " parameters, this model has ", params_.size(),
+             "; load a checkpoint of the same model");
+  std::vector<std::vector<Segment>> segs(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int64_t numel = r.get_i64();
+    MW_CHECK_T(FormatError, numel == params_[i].numel(), "optimizer checkpoint '", path,
+               "': parameter ", i, " has ", numel, " elements, the model's has ",
+               params_[i].numel(), "; load a checkpoint of the same model");
+    const int64_t nseg = r.get_i64();
+    MW_CHECK_T(FormatError, nseg >= 0 && nseg <= numel, "optimizer checkpoint '", path,
+               "': bad segment count ", nseg, " for parameter ", i);
+    int64_t expect = 0;
+    for (int64_t j = 0; j < nseg; ++j) {
+      Segment s;
+      s.offset = r.get_i64();
+      s.numel = r.get_i64();
+      s.step = r.get_i64();
+      MW_CHECK_T(FormatError, s.offset == expect && s.numel > 0 && s.offset + s.numel <= numel,
+                 "optimizer checkpoint '", path, "': segments of parameter ", i,
+                 " do not tile it (segment at ", s.offset, " of ", s.numel, ")");
+      expect += s.numel;
+      segs[i].push_back(s);
+    }
+  }
+  int64_t pos = r.pos();
+  for (auto& ps : segs)
+    for (Segment& s : ps) {
+      s.data_pos = pos;
+      pos += 8 * s.numel;
+    }
+  // Reads elements [off, off + n) of parameter i's m and v; returns their step (0: no state).
+  auto read_range = [&](size_t i, int64_t off, int64_t n, float* m, float* v) -> int64_t {
+    int64_t range_step = -1;
+    std::fill(m, m + n, 0.f);
+    std::fill(v, v + n, 0.f);
+    for (const Segment& s : segs[i]) {
+      const int64_t lo = std::max(off, s.offset), hi = std::min(off + n, s.offset + s.numel);
+      if (lo >= hi) continue;
+      MW_CHECK_T(FormatError, range_step < 0 || range_step == s.step, "optimizer checkpoint '",
+                 path,
+                 "' holds a partially applied step (Note [NVMe failure guarantee]) whose "
+                 "slices do not match this optimizer's; load it with the same nvme slice size");
+      range_step = s.step;
+      r.get_at(s.data_pos + 4 * (lo - s.offset), m + (lo - off), 4 * (hi - lo));
+      r.get_at(s.data_pos + 4 * (s.numel + lo - s.offset), v + (lo - off), 4 * (hi - lo));
+    }
+    return range_step < 0 ? 0 : range_step;
+  };
+  std::vector<float> m, v;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int k = nvme_index_[i];
+    if (k >= 0) {
+      m.resize(static_cast<size_t>(nvme_->slice_numel()));
+      v.resize(m.size());
+      for (int64_t j = 0; j < nvme_->slice_count(k); ++j) {
+        const int64_t off = j * nvme_->slice_numel();
+        const int64_t n = std::min(nvme_->slice_numel(), params_[i].numel() - off);
+        const int64_t st = read_range(i, off, n, m.data(), v.data());
+        nvme_->write_slice(k, j, m.data(), v.data(), st);
+      }
+    } else if (segs[i].empty()) {
+      exp_avg_[i] = Tensor();
+      exp_avg_sq_[i] = Tensor();
+    } else {
+      const Tensor& p = params_[i];
+      Tensor mc = Tensor::zeros(p.shape(), DType::F32, Device::cpu());
+      Tensor vc = Tensor::zeros(p.shape(), DType::F32, Device::cpu());
+      read_range(i, 0, p.numel(), mc.data<float>(), vc.data<float>());
+      exp_avg_[i] = mc.to(p.device());
+      exp_avg_sq_[i] = vc.to(p.device());
+    }
+  }
+  step_ = step;
+  if (nvme_) nvme_->resume_prefetch();
 }
 
 }  // namespace mw::optim

@@ -2,32 +2,77 @@
 // host-addressable parameters (cpu, sim) by CPUAdam with the best ISA found at run time by CPUID,
 // CUDA parameters by the fused CUDA kernel. The result equals the reference AdamW bit for bit
 // (Note [Adam math]).
+//
+// With nvme.fraction > 0, the m and v of a deterministic choice of host parameters
+// (select_nvme_offloaded) live on disk between steps (NvmeAdamStates, Note [NVMe pipeline]). With
+// nvme.overlap_backward (the default) those parameters are updated during backward, from
+// grad-ready hooks, as soon as their gradient is final and their states have arrived; step() then
+// updates the rest and waits for the write-backs. Any fraction gives the same bits.
+//
+// Note [Overlapped step contract]: with overlap_backward, each backward must be followed by step()
+// before the next backward (no gradient accumulation), and the gradients must not be changed
+// between backward and step() (clip by passing div_scale, as ColossalAI does). A second hook for
+// the same parameter in one step is reported as an error by step(). As in PyTorch's
+// optimizer-in-backward, the gradient of a parameter updated inside backward is released right
+// after its update (grad() is undefined from then on) and its buffer is lent to the pipeline
+// (Note [Borrowed gradient slots]).
+//
+// Checkpoints (save_state/load_state) stream the states through a slot-sized buffer, from disk for
+// offloaded parameters (Note [Optimizer checkpoint format] in hybrid_adam.cpp).
 #pragma once
 
+#include <memory>
+#include <utility>
+
 #include "optim/adam_cpu.h"
+#include "optim/nvme_states.h"
 #include "optim/optimizer.h"
 
 namespace mw::optim {
 
 struct HybridAdamOptions {
+  HybridAdamOptions() = default;
+  HybridAdamOptions(AdamHyper hyper_, float div_scale_ = -1.f, NvmeOffloadOptions nvme_ = {})
+      : hyper(hyper_), div_scale(div_scale_), nvme(std::move(nvme_)) {}
   AdamHyper hyper;
-  float div_scale = -1.f;  // > 0: gradients are divided by it (loss scale, clipping)
+  float div_scale = -1.f;   // > 0: gradients are divided by it (loss scale, clipping)
+  NvmeOffloadOptions nvme;  // fraction 0: no offload
 };
 
 class HybridAdam : public Optimizer {
  public:
   HybridAdam(std::vector<Tensor> params, HybridAdamOptions options = {});
+  ~HybridAdam() override;
   void step() override;
   std::string name() const override { return "hybridadam"; }
   int64_t state_bytes_in_memory() const override;
   Isa isa() const { return isa_; }
+  // In-memory states (undefined for offloaded parameters and before the first step).
   const Tensor& exp_avg(size_t i) const { return exp_avg_[i]; }
   const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_[i]; }
+  // Copies of parameter i's m and v wherever they live (zeros before the first step).
+  std::pair<Tensor, Tensor> state_copy(size_t i);
+  bool offloaded(size_t i) const { return nvme_index_[i] >= 0; }
+  int64_t offloaded_numel() const;
+  // Null without offload.
+  NvmeAdamStates* nvme() { return nvme_.get(); }
+
+  // Writes step count and every state to `path` (IoError on failure). Works while offloaded and
+  // after an I/O failure (Note [NVMe failure guarantee]).
+  void save_state(const std::string& path);
+  // Restores what save_state wrote, for the same parameter shapes (FormatError otherwise); the
+  // offload placement may differ from the one that saved.
+  void load_state(const std::string& path);
 
  protected:
+  void update_offloaded(size_t i, bool in_backward);
   HybridAdamOptions options_;
   Isa isa_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
+  std::vector<int> nvme_index_;  // parameter -> index in nvme_, or -1
+  std::vector<size_t> nvme_params_;
+  std::shared_ptr<NvmeAdamStates> nvme_;
+  bool nvme_failure_reported_ = false;
 };
 
 }  // namespace mw::optim

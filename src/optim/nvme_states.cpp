@@ -1,0 +1,507 @@
+// NvmeAdamStates (nvme_states.h): slices, slots, the pump thread, failure handling.
+#include "optim/nvme_states.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace mw::optim {
+
+std::vector<bool> select_nvme_offloaded(const std::vector<int64_t>& numels, double fraction) {
+  MW_CHECK_T(InvalidArgument, fraction >= 0.0 && fraction <= 1.0,
+             "nvme_offload_fraction must lie in [0, 1]; got ", fraction);
+  int64_t total = 0;
+  for (int64_t n : numels) total += n;
+  const auto limit = static_cast<int64_t>(std::floor(static_cast<double>(total) * fraction));
+  std::vector<bool> chosen(numels.size(), false);
+  int64_t taken = 0;
+  for (size_t i = 0; i < numels.size(); ++i) {
+    if (taken + numels[i] <= limit) {
+      chosen[i] = true;
+      taken += numels[i];
+    }
+  }
+  return chosen;
+}
+
+namespace {
+
+// A private directory "<TMPDIR or /tmp>/memwall-nvme-XXXXXX".
+std::string make_private_dir() {
+  const char* base = ::getenv("TMPDIR");
+  std::string pattern = str(base && *base ? base : "/tmp", "/memwall-nvme-XXXXXX");
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    int err = errno;
+    throw IoError(
+        str("cannot create a private NVMe offload directory '", pattern, "': ", errno_text(err),
+            "; pass nvme_offload_dir (--nvme-dir) to a writable "
+            "directory on a disk"),
+        pattern, 0, 0, err);
+  }
+  return pattern;
+}
+
+}  // namespace
+
+NvmeAdamStates::NvmeAdamStates(std::vector<int64_t> numels, NvmeOffloadOptions options, Isa isa)
+    : options_(std::move(options)),
+      isa_(isa),
+      numels_(std::move(numels)),
+      t0_(std::chrono::steady_clock::now()) {
+  MW_CHECK_T(InvalidArgument, options_.slice_numel > 0 && options_.slice_numel % 1024 == 0,
+             "NVMe slice_numel must be a positive multiple of 1024 (so slots stay 4096-aligned); "
+             "got ",
+             options_.slice_numel);
+  for (size_t k = 0; k < numels_.size(); ++k) {
+    first_slice_.push_back(static_cast<int64_t>(slices_.size()));
+    for (int64_t off = 0; off < numels_[k]; off += options_.slice_numel) {
+      Slice s;
+      s.param = static_cast<int>(k);
+      s.offset = off;
+      s.numel = std::min(options_.slice_numel, numels_[k] - off);
+      s.key = str("adam.", k, ".", off / options_.slice_numel);
+      slices_.push_back(std::move(s));
+    }
+  }
+  first_slice_.push_back(static_cast<int64_t>(slices_.size()));
+  // Expected order before any step: parameters last to first (the backward pass's order), each
+  // parameter's slices front to back.
+  for (int64_t k = static_cast<int64_t>(numels_.size()) - 1; k >= 0; --k)
+    for (int64_t id = first_slice_[k]; id < first_slice_[k + 1]; ++id) order_.push_back(id);
+
+  const bool private_dir = options_.dir.empty();
+  dir_ = private_dir ? make_private_dir() : options_.dir;
+  try {
+    engine_ = io::IoEngine::create(options_.io);
+    io::SwapOptions swap_options;
+    swap_options.file_stem = "memwall-adam";
+    swap_ = std::make_unique<io::SwapSpace>(std::vector<std::string>{dir_}, *engine_, swap_options);
+  } catch (...) {
+    if (private_dir) ::rmdir(dir_.c_str());
+    throw;
+  }
+  // Note [NVMe files]: nothing stays behind, whatever way the process ends.
+  for (const std::string& path : swap_->file_paths()) ::unlink(path.c_str());
+  if (private_dir) ::rmdir(dir_.c_str());
+
+  const int64_t slot_bytes = 8 * options_.slice_numel;
+  const int64_t nslots = std::max<int64_t>(2, options_.window_bytes / slot_bytes);
+  slots_.resize(static_cast<size_t>(nslots));
+  owned_slots_ = slots_.size();
+  for (Slot& s : slots_) s.buf = AlignedBuffer(slot_bytes);
+  stats_.staging_bytes = nslots * slot_bytes;
+  stats_.direct = swap_->direct();
+  pump_thread_ = std::thread([this] { pump(); });
+}
+
+NvmeAdamStates::~NvmeAdamStates() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  pump_thread_.join();
+  for (Slot& s : slots_) s.handle.join();
+  swap_.reset();  // joins its handles, closes the (already unlinked) file
+  engine_.reset();
+}
+
+double NvmeAdamStates::now_ms() const {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+}
+
+SliceTiming& NvmeAdamStates::timing_locked(int64_t id) {
+  Slice& s = slices_[id];
+  if (s.timing < 0) {
+    s.timing = static_cast<int64_t>(timeline_.size());
+    timeline_.push_back({s.param, s.offset, s.numel});
+  }
+  return timeline_[s.timing];
+}
+
+int NvmeAdamStates::free_slot_locked() const {
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].state == SlotState::kFree) return static_cast<int>(i);
+  return -1;
+}
+
+void NvmeAdamStates::record_error_locked(std::exception_ptr e) {
+  if (!error_) error_ = e;
+  failed_ = true;
+}
+
+void NvmeAdamStates::start_read_locked(int64_t id, int slot_index) {
+  Slice& s = slices_[id];
+  Slot& slot = slots_[slot_index];
+  slot.slice = id;
+  slot.read_error = nullptr;
+  s.slot = slot_index;
+  if (!s.on_disk) {  // never written: Adam's initial state is zeros
+    std::memset(slot.data(), 0, static_cast<size_t>(8 * s.numel));
+    slot.state = SlotState::kReady;
+    return;
+  }
+  if (options_.record_timeline) timing_locked(id).read_issue_ms = now_ms();
+  slot.state = SlotState::kReading;
+  try {
+    slot.handle = swap_->read(s.key, slot.data());
+    io_fifo_.push_back(slot_index);
+  } catch (...) {
+    slot.read_error = std::current_exception();
+    slot.state = SlotState::kReady;
+  }
+}
+
+void NvmeAdamStates::finish_write_locked(int slot_index, std::exception_ptr error) {
+  Slot& slot = slots_[slot_index];
+  Slice& s = slices_[slot.slice];
+  if (options_.record_timeline && s.timing >= 0) timeline_[s.timing].write_done_ms = now_ms();
+  if (error) {
+    // Note [NVMe failure guarantee]: the new m, v stay in RAM; the slot gets a fresh buffer.
+    record_error_locked(error);
+    AlignedBuffer copy(8 * options_.slice_numel);
+    std::memcpy(copy.data(), slot.data(), static_cast<size_t>(8 * s.numel));
+    dirty_.emplace_back(slot.slice, std::move(copy));
+  }
+  s.slot = -1;
+  slot.slice = -1;
+  slot.state = SlotState::kFree;
+}
+
+void NvmeAdamStates::pump() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    if (stop_) return;
+    // Read ahead into every free slot, in the expected order.
+    bool issued = false;
+    while (prefetch_enabled_ && !failed_ && cursor_ < order_.size()) {
+      const int64_t id = order_[cursor_];
+      Slice& s = slices_[id];
+      if (s.consumed || (s.slot >= 0 && slots_[s.slot].state != SlotState::kWriting)) {
+        ++cursor_;  // taken by the spare path, or still held from an earlier prefetch
+        continue;
+      }
+      if (s.slot >= 0) break;  // its last write is in flight: wait for it below
+      const int f = free_slot_locked();
+      if (f < 0) break;
+      start_read_locked(id, f);
+      ++cursor_;
+      issued = true;
+    }
+    if (issued) cv_.notify_all();
+    if (io_fifo_.empty()) {
+      cv_.wait(lock);
+      continue;
+    }
+    // Reap the oldest transfer.
+    const int slot_index = io_fifo_.front();
+    io_fifo_.pop_front();
+    io::IoHandle handle = slots_[slot_index].handle;
+    reaping_slot_ = slot_index;
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      handle.wait();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    reaping_slot_ = -1;
+    Slot& slot = slots_[slot_index];
+    if (slot.state == SlotState::kReading) {
+      if (options_.record_timeline) timing_locked(slot.slice).read_done_ms = now_ms();
+      slot.read_error = error;
+      slot.state = SlotState::kReady;
+    } else {
+      finish_write_locked(slot_index, error);
+    }
+    cv_.notify_all();
+  }
+}
+
+void NvmeAdamStates::update(int k, const AdamStepScalars& scalars, float* param, const void* grad,
+                            DType grad_dtype) noexcept {
+  try {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (failed_) return;
+      MW_CHECK_T(InvalidArgument, k >= 0 && k < param_count(), "NvmeAdamStates::update: parameter ",
+                 k, " out of range [0, ", param_count(), ")");
+      MW_CHECK_T(InvalidArgument, !slices_[first_slice_[k]].consumed, "NVMe-offloaded parameter ",
+                 k,
+                 " was updated twice in one step. "
+                 "overlap_backward assumes one backward per optimizer step; turn it off for "
+                 "gradient accumulation");
+    }
+    for (int64_t id = first_slice_[k]; id < first_slice_[k + 1]; ++id) {
+      update_slice(id, scalars, param, static_cast<const char*>(grad), grad_dtype);
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (failed_) return;
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    record_error_locked(std::current_exception());
+  }
+}
+
+void NvmeAdamStates::update_slice(int64_t id, const AdamStepScalars& sc, float* param,
+                                  const char* grad, DType grad_dtype) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  Slice& s = slices_[id];
+  consumed_order_.push_back(id);
+  auto present = [&] {
+    return s.slot >= 0 && (slots_[s.slot].state == SlotState::kReady ||
+                           slots_[s.slot].state == SlotState::kReading);
+  };
+  auto stalled = [&] {  // every slot holds another slice's read: only the spare path can go on
+    for (const Slot& slot : slots_)
+      if (slot.state == SlotState::kFree || slot.state == SlotState::kWriting) return false;
+    return true;
+  };
+  const double wait_start = now_ms();
+  cv_.wait(lock, [&] { return present() || stalled() || stop_ || failed_; });
+  if (failed_ && !present()) return;  // read-ahead stopped at the failure: leave the slice as is
+  const size_t esize = dtype_size(grad_dtype);
+  float* p = param + s.offset;
+  const char* g = grad + s.offset * static_cast<int64_t>(esize);
+
+  if (!present()) {  // the spare path: read, update and write back synchronously
+    s.consumed = true;
+    ++stats_.spare_slices;
+    if (spare_.size() == 0) {
+      spare_ = AlignedBuffer(8 * options_.slice_numel);
+      stats_.staging_bytes += spare_.size();
+    }
+    const bool on_disk = s.on_disk;
+    if (options_.record_timeline) timing_locked(id).spare = true;
+    lock.unlock();
+    float* m = static_cast<float*>(spare_.data());
+    if (on_disk)
+      swap_->read(s.key, m).wait();
+    else
+      std::memset(m, 0, static_cast<size_t>(8 * s.numel));
+    adam_update_parallel(isa_, sc, p, g, grad_dtype, m, m + s.numel, s.numel);
+    std::exception_ptr error;
+    try {
+      swap_->write(s.key, m, 8 * s.numel).wait();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    s.step = sc.step;
+    s.on_disk = true;
+    if (error) {
+      record_error_locked(error);
+      AlignedBuffer copy(8 * options_.slice_numel);
+      std::memcpy(copy.data(), m, static_cast<size_t>(8 * s.numel));
+      dirty_.emplace_back(id, std::move(copy));
+    }
+    return;
+  }
+
+  Slot& slot = slots_[s.slot];
+  cv_.wait(lock, [&] { return slot.state == SlotState::kReady || stop_; });
+  stats_.consumer_wait_ms += now_ms() - wait_start;
+  s.consumed = true;
+  if (slot.read_error) {  // the slice keeps its old p, m, v (Note [NVMe failure guarantee])
+    record_error_locked(slot.read_error);
+    slot.read_error = nullptr;
+    slot.state = SlotState::kFree;
+    slot.slice = -1;
+    s.slot = -1;
+    cv_.notify_all();
+    return;
+  }
+  slot.state = SlotState::kBusy;
+  if (options_.record_timeline) timing_locked(id).compute_start_ms = now_ms();
+  lock.unlock();
+  float* m = slot.data();
+  adam_update_parallel(isa_, sc, p, g, grad_dtype, m, m + s.numel, s.numel);
+  lock.lock();
+  s.step = sc.step;
+  s.on_disk = true;
+  if (options_.record_timeline) {
+    SliceTiming& t = timing_locked(id);
+    t.compute_end_ms = t.write_issue_ms = now_ms();
+  }
+  slot.state = SlotState::kWriting;
+  try {
+    slot.handle = swap_->write(s.key, m, 8 * s.numel);
+    io_fifo_.push_back(s.slot);
+  } catch (...) {  // e.g. ENOSPC while allocating file space
+    finish_write_locked(s.slot, std::current_exception());
+  }
+  cv_.notify_all();
+}
+
+void NvmeAdamStates::donate(Tensor buffer) {
+  const int64_t slot_bytes = 8 * options_.slice_numel;
+  if (!buffer.defined() || buffer.nbytes() < slot_bytes) return;
+  auto* base = static_cast<char*>(buffer.raw_data());
+  if (reinterpret_cast<uintptr_t>(base) % kHostAlignment != 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failed_) return;
+    // Enough to hold the largest parameter's states (the tied embedding, consumed last) is all
+    // that helps; beyond that, spent gradients are better freed for reuse.
+    int64_t limit = 0;
+    for (int64_t n : numels_) limit = std::max(limit, round_up(8 * n, slot_bytes));
+    for (int64_t off = 0;
+         off + slot_bytes <= buffer.nbytes() && borrowed_bytes_ + slot_bytes <= limit;
+         off += slot_bytes) {
+      Slot& slot = slots_.emplace_back();
+      slot.borrowed = reinterpret_cast<float*>(base + off);
+      borrowed_bytes_ += slot_bytes;
+    }
+    stats_.borrowed_bytes_max = std::max(stats_.borrowed_bytes_max, borrowed_bytes_);
+    donors_.push_back(std::move(buffer));
+  }
+  cv_.notify_all();
+}
+
+bool NvmeAdamStates::updated_this_step(int k) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return slices_[first_slice_[k]].consumed;
+}
+
+bool NvmeAdamStates::failed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failed_;
+}
+
+void NvmeAdamStates::finish_step() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const double t = now_ms();
+  cv_.wait(lock, [&] {
+    if (reaping_slot_ >= static_cast<int>(owned_slots_)) return false;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const SlotState st = slots_[i].state;
+      if (st == SlotState::kWriting || st == SlotState::kBusy) return false;
+      if (i >= owned_slots_ && st == SlotState::kReading) return false;  // reaped by the pump
+    }
+    return true;
+  });
+  stats_.flush_wait_ms += now_ms() - t;
+  // Return the borrowed slots (Note [Borrowed gradient slots]). Unconsumed prefetches in them hold
+  // unchanged data: drop them.
+  while (slots_.size() > owned_slots_) {
+    Slot& slot = slots_.back();
+    if (slot.slice >= 0) slices_[slot.slice].slot = -1;
+    slots_.pop_back();
+  }
+  donors_.clear();
+  borrowed_bytes_ = 0;
+  // The next step reads in the order this one consumed, then whatever it did not touch.
+  std::vector<int64_t> next = consumed_order_;
+  for (int64_t id : order_)
+    if (!slices_[id].consumed) next.push_back(id);
+  if (next.size() == order_.size()) order_ = std::move(next);
+  consumed_order_.clear();
+  for (Slice& s : slices_) {
+    s.consumed = false;
+    s.timing = -1;
+  }
+  last_timeline_ = std::move(timeline_);
+  timeline_.clear();
+  cursor_ = 0;
+  cv_.notify_all();
+  if (error_) std::rethrow_exception(error_);
+}
+
+void NvmeAdamStates::quiesce_locked(std::unique_lock<std::mutex>& lock) {
+  prefetch_enabled_ = false;
+  cv_.wait(lock, [&] {
+    if (!io_fifo_.empty()) return false;
+    for (const Slot& s : slots_)
+      if (s.state == SlotState::kBusy) return false;
+    return true;
+  });
+  for (Slot& slot : slots_) {  // prefetched data equals what is on disk: drop it
+    if (slot.state == SlotState::kReady) {
+      slices_[slot.slice].slot = -1;
+      slot.slice = -1;
+      slot.read_error = nullptr;
+      slot.state = SlotState::kFree;
+    }
+  }
+}
+
+int64_t NvmeAdamStates::read_slice(int k, int64_t i, float* m_out, float* v_out) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  quiesce_locked(lock);
+  const int64_t id = first_slice_[k] + i;
+  MW_CHECK_T(InvalidArgument, id < first_slice_[k + 1], "slice ", i, " of parameter ", k,
+             " out of range");
+  Slice& s = slices_[id];
+  for (auto& [dirty_id, buf] : dirty_) {
+    if (dirty_id == id) {
+      const float* m = static_cast<const float*>(buf.data());
+      std::memcpy(m_out, m, static_cast<size_t>(4 * s.numel));
+      std::memcpy(v_out, m + s.numel, static_cast<size_t>(4 * s.numel));
+      return s.step;
+    }
+  }
+  if (!s.on_disk) {
+    std::fill(m_out, m_out + s.numel, 0.f);
+    std::fill(v_out, v_out + s.numel, 0.f);
+    return s.step;
+  }
+  float* m = slots_[0].data();
+  swap_->read(s.key, m).wait();
+  std::memcpy(m_out, m, static_cast<size_t>(4 * s.numel));
+  std::memcpy(v_out, m + s.numel, static_cast<size_t>(4 * s.numel));
+  return s.step;
+}
+
+void NvmeAdamStates::write_slice(int k, int64_t i, const float* m_in, const float* v_in,
+                                 int64_t step) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  quiesce_locked(lock);
+  const int64_t id = first_slice_[k] + i;
+  MW_CHECK_T(InvalidArgument, id < first_slice_[k + 1], "slice ", i, " of parameter ", k,
+             " out of range");
+  Slice& s = slices_[id];
+  float* m = slots_[0].data();
+  std::memcpy(m, m_in, static_cast<size_t>(4 * s.numel));
+  std::memcpy(m + s.numel, v_in, static_cast<size_t>(4 * s.numel));
+  swap_->write(s.key, m, 8 * s.numel).wait();
+  s.on_disk = true;
+  s.step = step;
+  std::erase_if(dirty_, [&](const auto& d) { return d.first == id; });
+}
+
+void NvmeAdamStates::resume_prefetch() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  prefetch_enabled_ = true;
+  cursor_ = 0;
+  cv_.notify_all();
+}
+
+int64_t NvmeAdamStates::slice_count(int k) const { return first_slice_[k + 1] - first_slice_[k]; }
+
+int64_t NvmeAdamStates::slice_step(int k, int64_t i) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return slices_[first_slice_[k] + i].step;
+}
+
+NvmeStats NvmeAdamStates::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  NvmeStats s = stats_;
+  const io::IoStats io = engine_->stats();
+  s.bytes_read = io.bytes_read;
+  s.bytes_written = io.bytes_written;
+  s.file_bytes = swap_->file_bytes();
+  return s;
+}
+
+std::vector<SliceTiming> NvmeAdamStates::last_timeline() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return last_timeline_;
+}
+
+}  // namespace mw::optim

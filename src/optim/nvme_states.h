@@ -1,0 +1,211 @@
+// NvmeAdamStates: the Adam m and v of some parameters kept on disk between steps, and the pipeline
+// that reads them ahead, updates them and writes them back (docs/nvme_offload.md).
+//
+// Note [NVMe slices]: the unit of the pipeline is a *slice*: up to slice_numel consecutive
+// elements of one parameter. Its m and v are one blob on disk (m then v, 8 bytes per element,
+// padded to 4096) and one staging *slot* in RAM while in flight. Adam is elementwise, so slicing
+// changes nothing in the result: a slice is updated by the same kernel as the whole parameter
+// (Note [Adam math]), bit for bit.
+//
+// Note [NVMe pipeline]: a fixed pool of slots (window_bytes of RAM; the only state memory) is
+// cycled by one pump thread and the consumer (the thread calling update(), i.e. the backward pass
+// through grad-ready hooks, or step()):
+//  - the pump reads slices ahead into free slots in the *expected order* (the order in which the
+//    previous step consumed them; parameters last-to-first before any step ran), and reaps
+//    completions in issue order: a finished read makes its slot Ready, a finished write makes it
+//    Free again, and a free slot takes the next read. Reads of step s+1 start as soon as step s
+//    finished, so they overlap the forward pass; a slice is only read after its own last write
+//    completed.
+//  - update() waits for its slice to be Ready, runs the Adam kernel on it in the slot, and submits
+//    the write-back. A slice never written is zero-filled instead of read (the first step reads
+//    nothing).
+//  - Note [Borrowed gradient slots]: with updates inside backward, a parameter's gradient is dead
+//    once its update ran. HybridAdam then releases it and *lends* its buffer here (donate()); it is
+//    carved into extra slots for the rest of the step, so read-ahead runs deeper exactly when the
+//    memory is there and the process's footprint does not grow: the gradients of all parameters
+//    would have been alive at the end of a plain backward anyway. This is what hides the tied
+//    embedding's states (the largest, and final only at the very end of backward): by then the
+//    dead gradients of the transformer blocks hold most of them, already read. At most the largest
+//    parameter's m+v is borrowed; borrowed slots are returned (dropped) by finish_step().
+//  - A slice consumed out of the expected order while every slot holds another slice's prefetch
+//    goes through one spare slot synchronously, so the pipeline never deadlocks.
+//
+// Note [NVMe failure guarantee]: per-slice atomicity. A slice's p, m and v change together or not
+// at all in memory: a failed read skips the slice (p, m, v keep their old values); a failed
+// write-back keeps the new m and v in RAM (moved out of the slot into a "dirty" buffer) alongside
+// the new p, so nothing is half-updated or lost. Each slice records the last step applied to it
+// (slice_step), so a failed step is "partially applied, per-slice counters say where". After any
+// I/O failure, finish_step() throws it (mw::IoError with file, offset, errno), further updates are
+// refused, and the states can still be saved (read_slice serves dirty slices from RAM).
+//
+// Note [NVMe files]: the swap file is unlinked right after it is created, and a private temporary
+// directory is removed right after that, so no file outlives the process on any exit path
+// (SIGKILL included): the space is freed when the descriptor closes. A directory that the user
+// gives is never removed; only our own (already unlinked) file was in it.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "offload/io/io_engine.h"
+#include "offload/io/swap_space.h"
+#include "optim/adam_cpu.h"
+
+namespace mw::optim {
+
+struct NvmeOffloadOptions {
+  double fraction = 0.0;  // of all parameter elements, greedy in parameter order
+  std::string dir;        // "" = a private temporary directory under $TMPDIR or /tmp
+  int64_t slice_numel = int64_t{1} << 19;    // 512 Ki elements: 2 MiB of m + 2 MiB of v per slot
+  int64_t window_bytes = int64_t{32} << 20;  // staging RAM: window_bytes / (8 * slice_numel) slots
+  bool overlap_backward = true;  // HybridAdam: update offloaded parameters in grad-ready hooks
+  bool record_timeline = false;  // keep per-slice timestamps of the last step
+  io::IoOptions io;              // backend and queue depth of the engine
+};
+
+// ColossalAI's choice: walk the parameters in order and offload one while the offloaded total plus
+// its numel stays <= floor(total_numel * fraction). Throws InvalidArgument for a fraction outside
+// [0, 1].
+std::vector<bool> select_nvme_offloaded(const std::vector<int64_t>& numels, double fraction);
+
+// Timestamps (ms since the store was made) of one slice in one step; -1 when it did not happen.
+struct SliceTiming {
+  int param = 0;  // index into the store's parameters
+  int64_t offset = 0, numel = 0;
+  double read_issue_ms = -1, read_done_ms = -1;  // -1 too when zero-filled (never written)
+  double compute_start_ms = -1, compute_end_ms = -1;
+  double write_issue_ms = -1, write_done_ms = -1;
+  bool spare = false;  // went through the spare slot
+};
+
+struct NvmeStats {
+  int64_t bytes_read = 0, bytes_written = 0;  // what the engine moved
+  double consumer_wait_ms = 0;     // time update() spent waiting for reads (exposed read latency)
+  double flush_wait_ms = 0;        // time finish_step() spent waiting for the last writes
+  int64_t spare_slices = 0;        // slices that took the spare slot (out of the expected order)
+  int64_t staging_bytes = 0;       // RAM of the slots (and the spare, once made)
+  int64_t borrowed_bytes_max = 0;  // most dead-gradient memory lent as slots in one step
+  int64_t file_bytes = 0;          // disk space in use
+  bool direct = true;              // O_DIRECT everywhere
+};
+
+class NvmeAdamStates {
+ public:
+  // numels: the offloaded parameters, in the order update() refers to them. Creates the swap file
+  // (IoError if the directory is unusable) and starts the pump.
+  NvmeAdamStates(std::vector<int64_t> numels, NvmeOffloadOptions options, Isa isa);
+  ~NvmeAdamStates();
+  NvmeAdamStates(const NvmeAdamStates&) = delete;
+  NvmeAdamStates& operator=(const NvmeAdamStates&) = delete;
+
+  // One Adam step of parameter k with the given scalars: param[numel] f32 in place, grad[numel] of
+  // grad_dtype. Never throws: a failure is recorded and thrown by finish_step().
+  void update(int k, const AdamStepScalars& scalars, float* param, const void* grad,
+              DType grad_dtype) noexcept;
+  bool updated_this_step(int k) const;
+  // Lends a dead gradient's buffer (f32, host, its storage held by nobody else) as extra slots
+  // until finish_step() (Note [Borrowed gradient slots]). Buffers smaller than a slot are ignored.
+  void donate(Tensor buffer);
+  // Ends a step: waits for this step's write-backs, restarts read-ahead for the next step in the
+  // order just observed, and throws the first failure of the step (Note [NVMe failure guarantee]).
+  void finish_step();
+  // True after an I/O failure: update() does nothing and finish_step() throws.
+  bool failed() const;
+
+  // Checkpointing. Both stop read-ahead, wait for all I/O and release the slots first.
+  // Copies slice (k, i)'s current m and v (its numel floats each) out and returns the slice's
+  // step; never-written slices give zeros, slices whose write failed come from RAM.
+  int64_t read_slice(int k, int64_t i, float* m_out, float* v_out);
+  // Replaces slice (k, i)'s m and v (written through to disk before returning) and its step.
+  void write_slice(int k, int64_t i, const float* m, const float* v, int64_t step);
+  // Re-enables read-ahead after read_slice/write_slice (call between steps).
+  void resume_prefetch();
+  int64_t slice_count(int k) const;
+  int64_t slice_numel() const { return options_.slice_numel; }
+  int64_t slice_step(int k, int64_t i) const;
+
+  int param_count() const { return static_cast<int>(numels_.size()); }
+  int64_t numel(int k) const { return numels_[k]; }
+  NvmeStats stats() const;
+  double now_ms() const;
+  // Per-slice timings of the last finished step (record_timeline).
+  std::vector<SliceTiming> last_timeline() const;
+  // The engine, for tests (fault injection).
+  io::IoEngine& engine() { return *engine_; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  enum class SlotState { kFree, kReading, kReady, kBusy, kWriting };
+  struct Slot {
+    float* data() { return borrowed ? borrowed : static_cast<float*>(buf.data()); }
+    AlignedBuffer buf;
+    float* borrowed = nullptr;  // a slice of a donated gradient (Note [Borrowed gradient slots])
+    SlotState state = SlotState::kFree;
+    int64_t slice = -1;
+    io::IoHandle handle;
+    std::exception_ptr read_error;
+  };
+  struct Slice {
+    int param = 0;
+    int64_t offset = 0, numel = 0;
+    std::string key;
+    bool on_disk = false;   // written at least once
+    int64_t step = 0;       // last step applied (Note [NVMe failure guarantee])
+    int slot = -1;          // slot holding it, or -1
+    bool consumed = false;  // updated (or taken by the spare path) this step
+    int64_t timing = -1;    // index into timeline_ this step
+  };
+
+  void pump();
+  void start_read_locked(int64_t slice, int slot);
+  int free_slot_locked() const;
+  void record_error_locked(std::exception_ptr e);
+  void finish_write_locked(int slot, std::exception_ptr error);
+  void update_slice(int64_t id, const AdamStepScalars& s, float* param, const char* grad,
+                    DType grad_dtype);
+  void quiesce_locked(std::unique_lock<std::mutex>& lock);
+  SliceTiming& timing_locked(int64_t slice);
+
+  NvmeOffloadOptions options_;
+  Isa isa_;
+  std::vector<int64_t> numels_;
+  std::vector<int64_t> first_slice_;  // per parameter, index of its first slice
+  std::vector<Slice> slices_;
+  std::string dir_;
+  std::unique_ptr<io::IoEngine> engine_;
+  std::unique_ptr<io::SwapSpace> swap_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Slot> slots_;  // owned slots first, then borrowed ones; a deque keeps references valid
+  size_t owned_slots_ = 0;
+  int reaping_slot_ = -1;  // slot whose transfer the pump is waiting on, unlocked
+  std::vector<Tensor> donors_;
+  int64_t borrowed_bytes_ = 0;
+  AlignedBuffer spare_;
+  std::vector<std::pair<int64_t, AlignedBuffer>> dirty_;  // slice -> new m, v after a failed write
+  std::deque<int> io_fifo_;                               // slots with I/O in flight, issue order
+  std::vector<int64_t> order_, consumed_order_;
+  size_t cursor_ = 0;
+  bool prefetch_enabled_ = true;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  bool failed_ = false;
+  NvmeStats stats_;
+  std::vector<SliceTiming> timeline_, last_timeline_;
+  std::chrono::steady_clock::time_point t0_;
+  std::thread pump_thread_;
+};
+
+}  // namespace mw::optim

@@ -1,0 +1,390 @@
+// NVMe offload of Adam states (optim/nvme_states.h, HybridAdam with nvme.fraction > 0) against the
+// in-memory optimizers: every comparison is bitwise, because slicing an elementwise update and
+// moving its states through disk changes no arithmetic (Note [NVMe slices]).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "autograd/autograd.h"
+#include "autograd/functions.h"
+#include "data/random_tokens.h"
+#include "models/gpt2/model.h"
+#include "optim/hybrid_adam.h"
+#include "optim/optimizer.h"
+
+namespace mw::optim {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Number of elements whose bits differ; prints the first few.
+int64_t bit_mismatches(const char* what, const Tensor& got, const Tensor& want) {
+  std::vector<float> a = got.to_vector<float>(), b = want.to_vector<float>();
+  EXPECT_EQ(a.size(), b.size()) << what;
+  int64_t bad = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    if (std::memcmp(&a[i], &b[i], 4) != 0) {
+      if (bad < 5) std::printf("  %s[%zu]: got %.9g want %.9g\n", what, i, a[i], b[i]);
+      ++bad;
+    }
+  }
+  return bad;
+}
+
+// Small slices and a two-slot window, so that parameters span many slices, the pump stalls on
+// in-flight writes, and (with consumption out of the expected order) the spare slot is used.
+NvmeOffloadOptions small_nvme(double fraction, std::string dir = "") {
+  NvmeOffloadOptions o;
+  o.fraction = fraction;
+  o.dir = std::move(dir);
+  o.slice_numel = 1024;
+  o.window_bytes = 2 * 8 * 1024;
+  o.record_timeline = true;
+  return o;
+}
+
+TEST(NvmeSelect, GreedyInParameterOrderUpToTheFlooredFraction) {
+  // total 100; fraction 0.5 -> limit 50: 30 taken, 40 skipped (70 > 50), 20 taken (50), 10 skipped.
+  EXPECT_EQ(select_nvme_offloaded({30, 40, 20, 10}, 0.5), (std::vector<bool>{1, 0, 1, 0}));
+  EXPECT_EQ(select_nvme_offloaded({30, 40, 20, 10}, 1.0), (std::vector<bool>{1, 1, 1, 1}));
+  EXPECT_EQ(select_nvme_offloaded({30, 40, 20, 10}, 0.0), (std::vector<bool>{0, 0, 0, 0}));
+  EXPECT_EQ(select_nvme_offloaded({3, 3}, 0.49), (std::vector<bool>{0, 0}));  // floor(2.94) = 2
+  EXPECT_THROW(select_nvme_offloaded({1}, 1.5), InvalidArgument);
+  EXPECT_THROW(select_nvme_offloaded({1}, -0.1), InvalidArgument);
+}
+
+// Parameters of awkward sizes (a slice boundary inside, a tail slice, one shorter than a slice).
+std::vector<Tensor> make_params(uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<Tensor> ps;
+  for (int64_t n : {3000, 1024, 100, 5000, 7}) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = u(rng);
+    Tensor p = Tensor::from_vector(v, {n});
+    set_requires_grad(p);
+    ps.push_back(p);
+  }
+  return ps;
+}
+
+void set_grads(const std::vector<Tensor>& ps, int step, bool skip_one) {
+  std::mt19937 rng(1000 + step);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (skip_one && i == 2) {  // a parameter without gradient this step is not stepped
+      zero_grad(ps[i]);
+      continue;
+    }
+    std::vector<float> g(static_cast<size_t>(ps[i].numel()));
+    for (auto& x : g) x = u(rng);
+    set_grad(ps[i], Tensor::from_vector(g, ps[i].shape()));
+  }
+}
+
+TEST(NvmeOffload, StepPathMatchesAdamWBitwiseAtEveryFraction) {
+  AdamHyper hyper;
+  hyper.weight_decay = 0.01f;
+  std::vector<Tensor> ref_params = make_params(7);
+  AdamW ref(ref_params, hyper);
+  for (int s = 0; s < 5; ++s) {
+    set_grads(ref_params, s, s == 3);
+    ref.step();
+  }
+  for (double fraction : {0.0, 0.5, 1.0}) {
+    SCOPED_TRACE(fraction);
+    std::vector<Tensor> ps = make_params(7);
+    HybridAdam opt(ps, HybridAdamOptions(hyper, -1.f, small_nvme(fraction)));
+    for (int s = 0; s < 5; ++s) {
+      set_grads(ps, s, s == 3);
+      opt.step();
+    }
+    if (fraction == 1.0) {
+      ASSERT_NE(opt.nvme(), nullptr);
+      const NvmeStats st = opt.nvme()->stats();
+      // Per step, m+v of every slice padded to 4096: 3000 -> 3 slices (24576 B), 1024 -> 8192,
+      // 100 -> 4096, 5000 -> 5 slices (40960), 7 -> 4096: 81920 B. Five steps, one of which skips
+      // the 100-element parameter. Reads: steps 2..5 read what the previous one wrote (a prefetched
+      // slice of a skipped parameter may be kept for the next step instead of read again), and
+      // after the last step the pump may already read ahead for a next one (at most the two slots).
+      EXPECT_EQ(st.bytes_written, 5 * 81920 - 4096);
+      EXPECT_GE(st.bytes_read, 4 * 81920 - 4096);
+      EXPECT_LE(st.bytes_read, 4 * 81920 + 2 * 8192);
+      EXPECT_LE(st.staging_bytes, 3 * 8 * 1024);  // two slots and at most one spare
+      EXPECT_EQ(opt.state_bytes_in_memory(), st.staging_bytes);
+    }
+    for (size_t i = 0; i < ps.size(); ++i) {
+      EXPECT_EQ(bit_mismatches("param", ps[i], ref_params[i]), 0) << "param " << i;
+      auto [m, v] = opt.state_copy(i);
+      EXPECT_EQ(bit_mismatches("m", m, ref.exp_avg(i)), 0) << "param " << i;
+      EXPECT_EQ(bit_mismatches("v", v, ref.exp_avg_sq(i)), 0) << "param " << i;
+    }
+  }
+}
+
+// ---- tiny GPT-2: updates run inside backward, from grad-ready hooks --------------------------
+
+struct RunResult {
+  std::vector<float> losses;
+  std::vector<Tensor> params;
+};
+
+gpt2::Config tiny_config() {
+  gpt2::Config c = gpt2::Config::preset("tiny");
+  c.set_dropout(0.0);  // resumed runs must not depend on the generator's position
+  return c;
+}
+
+float train_step(gpt2::GPT2& model, Optimizer& opt, int64_t step) {
+  const int64_t B = 2, T = 16;
+  std::vector<int32_t> tokens(static_cast<size_t>(B * T));
+  data::random_tokens(3, step, B, T, model.config().vocab_size, tokens.data());
+  Tensor ids = Tensor::from_vector(tokens, {B, T});
+  opt.zero_grad();
+  Tensor loss = shifted_cross_entropy(model(ids), ids);
+  backward(loss);
+  opt.step();
+  return static_cast<float>(loss.item());
+}
+
+RunResult train_tiny(const std::string& optimizer, double fraction, int steps) {
+  gpt2::GPT2 model(tiny_config(), 0, DType::F32);
+  std::unique_ptr<Optimizer> opt;
+  if (optimizer == "adamw")
+    opt = std::make_unique<AdamW>(model.parameters());
+  else
+    opt = std::make_unique<HybridAdam>(model.parameters(),
+                                       HybridAdamOptions({}, -1.f, small_nvme(fraction)));
+  RunResult r;
+  for (int s = 0; s < steps; ++s) r.losses.push_back(train_step(model, *opt, s));
+  for (const Tensor& p : model.parameters()) r.params.push_back(p.clone());
+  return r;
+}
+
+void expect_same_run(const RunResult& got, const RunResult& want) {
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t s = 0; s < got.losses.size(); ++s)
+    EXPECT_EQ(std::memcmp(&got.losses[s], &want.losses[s], 4), 0)
+        << "step " << s << ": loss " << got.losses[s] << " vs " << want.losses[s];
+  for (size_t i = 0; i < got.params.size(); ++i)
+    EXPECT_EQ(bit_mismatches("param", got.params[i], want.params[i]), 0) << "param " << i;
+}
+
+TEST(NvmeOffload, TinyGpt2FractionsAreBitwiseIdenticalToAdamW) {
+  const RunResult ref = train_tiny("adamw", 0.0, 4);
+  for (double fraction : {0.0, 0.5, 1.0}) {
+    SCOPED_TRACE(fraction);
+    expect_same_run(train_tiny("hybridadam", fraction, 4), ref);
+  }
+}
+
+TEST(NvmeOffload, OffloadedUpdatesRunDuringBackward) {
+  gpt2::GPT2 model(tiny_config(), 0, DType::F32);
+  HybridAdam opt(model.parameters(), HybridAdamOptions({}, -1.f, small_nvme(1.0)));
+  train_step(model, opt, 0);
+  const int64_t B = 2, T = 16;
+  std::vector<int32_t> tokens(static_cast<size_t>(B * T));
+  data::random_tokens(3, 1, B, T, model.config().vocab_size, tokens.data());
+  Tensor ids = Tensor::from_vector(tokens, {B, T});
+  opt.zero_grad();
+  backward(shifted_cross_entropy(model(ids), ids));
+  // Every parameter got its gradient, so every one was updated by its hook before step().
+  for (int k = 0; k < opt.nvme()->param_count(); ++k) EXPECT_TRUE(opt.nvme()->updated_this_step(k));
+  opt.step();
+  // The second step read states written by the first, ahead of their use, in the recorded order.
+  std::vector<SliceTiming> tl = opt.nvme()->last_timeline();
+  ASSERT_FALSE(tl.empty());
+  int64_t read_ahead = 0;
+  for (const SliceTiming& t : tl) {
+    EXPECT_GE(t.compute_start_ms, 0);
+    EXPECT_GE(t.write_done_ms, t.write_issue_ms);
+    if (t.read_issue_ms >= 0 && t.read_done_ms <= t.compute_start_ms) ++read_ahead;
+  }
+  EXPECT_GT(read_ahead, 0);
+}
+
+TEST(NvmeOffload, SaveLoadContinueGivesBitwiseEqualLosses) {
+  const RunResult full = train_tiny("hybridadam", 1.0, 5);
+  fs::path ckpt = fs::temp_directory_path() / ("mw_nvme_ckpt_" + std::to_string(::getpid()));
+  std::vector<Tensor> saved_params;
+  std::vector<float> losses;
+  {
+    gpt2::GPT2 model(tiny_config(), 0, DType::F32);
+    HybridAdam opt(model.parameters(), HybridAdamOptions({}, -1.f, small_nvme(1.0)));
+    for (int s = 0; s < 2; ++s) losses.push_back(train_step(model, opt, s));
+    opt.save_state(ckpt.string());
+    for (const Tensor& p : model.parameters()) saved_params.push_back(p.clone());
+  }
+  // Resume with another placement too: segments map onto any slicing.
+  for (double fraction : {1.0, 0.5}) {
+    SCOPED_TRACE(fraction);
+    gpt2::GPT2 model(tiny_config(), 99, DType::F32);  // other init, overwritten below
+    std::vector<Tensor> ps = model.parameters();
+    for (size_t i = 0; i < ps.size(); ++i) ps[i].copy_(saved_params[i]);
+    NvmeOffloadOptions nv = small_nvme(fraction);
+    nv.slice_numel = 2048;
+    HybridAdam opt(ps, HybridAdamOptions({}, -1.f, nv));
+    opt.load_state(ckpt.string());
+    EXPECT_EQ(opt.step_count(), 2);
+    RunResult resumed{losses, {}};
+    for (int s = 2; s < 5; ++s) resumed.losses.push_back(train_step(model, opt, s));
+    for (const Tensor& p : ps) resumed.params.push_back(p.clone());
+    expect_same_run(resumed, full);
+  }
+  fs::remove(ckpt);
+}
+
+// ---- failures ------------------------------------------------------------------------------
+
+// Checks Note [NVMe failure guarantee] after a failed step `step`: every slice's p, m and v are
+// all at the state before the step (slice_step == step - 1) or all after it (== step), never mixed.
+// Returns {old slices, new slices}.
+std::pair<int64_t, int64_t> check_per_slice_atomic(
+    HybridAdam& opt, const std::vector<Tensor>& ps, int64_t step,
+    const std::vector<std::array<Tensor, 3>>& before,
+    const std::vector<std::array<Tensor, 3>>& after) {
+  int64_t old_slices = 0, new_slices = 0;
+  NvmeAdamStates& st = *opt.nvme();
+  for (int k = 0; k < st.param_count(); ++k) {
+    auto [m, v] = opt.state_copy(static_cast<size_t>(k));
+    const Tensor got[3] = {ps[k], m, v};
+    for (int64_t j = 0; j < st.slice_count(k); ++j) {
+      const int64_t off = j * st.slice_numel(), n = std::min(st.slice_numel(), st.numel(k) - off);
+      bool is_old[3], is_new[3];
+      for (int t = 0; t < 3; ++t) {
+        is_old[t] =
+            std::memcmp(got[t].data<float>() + off, before[k][t].data<float>() + off, 4 * n) == 0;
+        is_new[t] =
+            std::memcmp(got[t].data<float>() + off, after[k][t].data<float>() + off, 4 * n) == 0;
+      }
+      const bool all_old = is_old[0] && is_old[1] && is_old[2];
+      const bool all_new = is_new[0] && is_new[1] && is_new[2];
+      EXPECT_TRUE(all_old || all_new) << "param " << k << " slice " << j << " is half-updated";
+      EXPECT_EQ(st.slice_step(k, j), all_new ? step : step - 1) << "param " << k << " slice " << j;
+      (all_new ? new_slices : old_slices)++;
+    }
+  }
+  return {old_slices, new_slices};
+}
+
+std::vector<std::array<Tensor, 3>> snapshot(const std::vector<Tensor>& ps, const AdamW& ref) {
+  std::vector<std::array<Tensor, 3>> out;
+  for (size_t i = 0; i < ps.size(); ++i)
+    out.push_back({ps[i].clone(), ref.exp_avg(i).clone(), ref.exp_avg_sq(i).clone()});
+  return out;
+}
+
+// Runs two good steps, then a third with the given fault; returns the per-slice split.
+std::pair<int64_t, int64_t> fail_third_step(io::IoOp op, int nth, int error) {
+  AdamHyper hyper;
+  std::vector<Tensor> ref_params = make_params(5), ps = make_params(5);
+  AdamW ref(ref_params, hyper);
+  HybridAdam opt(ps, HybridAdamOptions(hyper, -1.f, small_nvme(1.0)));
+  for (int s = 0; s < 2; ++s) {
+    set_grads(ref_params, s, false);
+    ref.step();
+    set_grads(ps, s, false);
+    opt.step();
+  }
+  auto before = snapshot(ref_params, ref);
+  set_grads(ref_params, 2, false);
+  ref.step();
+  auto after = snapshot(ref_params, ref);
+  std::atomic<int> count{0};
+  opt.nvme()->engine().set_fault_injector([&](const io::IoRequest& r, int64_t) {
+    if (r.op == op && count.fetch_add(1) == nth) return io::Fault{error, -1};
+    return io::Fault{};
+  });
+  set_grads(ps, 2, false);
+  try {
+    opt.step();
+    ADD_FAILURE() << "step() should have thrown the injected " << errno_text(error);
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.err, error);
+    EXPECT_FALSE(e.path.empty());
+    EXPECT_NE(std::string(e.what()).find(std::strerror(error)), std::string::npos) << e.what();
+    std::printf("  the error reads: %s\n", e.what());
+  }
+  opt.nvme()->engine().set_fault_injector({});
+  auto split = check_per_slice_atomic(opt, ps, 3, before, after);
+  EXPECT_THROW(opt.step(), Error);  // refuses to go on until restarted from a checkpoint
+  // ... but the state can be saved, and it is the consistent per-slice state checked above.
+  fs::path ckpt = fs::temp_directory_path() / ("mw_nvme_fail_" + std::to_string(::getpid()));
+  opt.save_state(ckpt.string());
+  std::vector<Tensor> ps2 = make_params(5);
+  for (size_t i = 0; i < ps.size(); ++i) ps2[i].copy_(ps[i]);
+  HybridAdam opt2(ps2, HybridAdamOptions(hyper, -1.f, small_nvme(1.0)));
+  opt2.load_state(ckpt.string());
+  EXPECT_EQ(check_per_slice_atomic(opt2, ps2, 3, before, after), split);
+  fs::remove(ckpt);
+  return split;
+}
+
+TEST(NvmeOffload, EnospcMidStepIsReportedAndNothingIsHalfUpdated) {
+  // The 6th write-back of step 3 fails as a full disk would. Its slice keeps the new m, v in RAM;
+  // slices after it are not stepped.
+  auto [old_slices, new_slices] = fail_third_step(io::IoOp::kWrite, 5, ENOSPC);
+  EXPECT_GE(new_slices, 6);
+  EXPECT_GT(old_slices, 0);
+}
+
+TEST(NvmeOffload, FailedReadLeavesThatSliceAtTheOldStep) {
+  auto [old_slices, new_slices] = fail_third_step(io::IoOp::kRead, 3, EIO);
+  EXPECT_GE(old_slices, 1);
+  EXPECT_GE(new_slices, 1);
+}
+
+TEST(NvmeOffload, UnusableDirectoryIsAClearIoError) {
+  fs::path file = fs::temp_directory_path() / ("mw_nvme_notadir_" + std::to_string(::getpid()));
+  { std::ofstream(file.string()) << "x"; }
+  std::vector<Tensor> ps = make_params(1);
+  try {
+    HybridAdam opt(ps, HybridAdamOptions({}, -1.f, small_nvme(1.0, (file / "sub").string())));
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.err, 0);
+    EXPECT_NE(std::string(e.what()).find(file.string()), std::string::npos) << e.what();
+  }
+  fs::remove(file);
+}
+
+TEST(NvmeOffload, NoFileOutlivesTheOptimizerAndAGivenDirectoryIsKept) {
+  auto count_private = [] {
+    int n = 0;
+    for (auto& e : fs::directory_iterator(fs::temp_directory_path()))
+      if (e.path().filename().string().rfind("memwall-nvme-", 0) == 0) ++n;
+    return n;
+  };
+  const int private_before = count_private();
+  fs::path given = fs::temp_directory_path() / ("mw_nvme_given_" + std::to_string(::getpid()));
+  fs::create_directories(given);
+  { std::ofstream((given / "user_file").string()) << "keep me"; }
+  {
+    std::vector<Tensor> a = make_params(1), b = make_params(2);
+    HybridAdam private_opt(a, HybridAdamOptions({}, -1.f, small_nvme(1.0)));
+    HybridAdam given_opt(b, HybridAdamOptions({}, -1.f, small_nvme(1.0, given.string())));
+    set_grads(a, 0, false);
+    set_grads(b, 0, false);
+    private_opt.step();
+    given_opt.step();
+    // Already gone while in use (Note [NVMe files]): the files are unlinked, the private dir
+    // removed.
+    EXPECT_EQ(count_private(), private_before);
+    int entries = 0;
+    for (auto& e : fs::directory_iterator(given)) entries += e.path().filename() != "user_file";
+    EXPECT_EQ(entries, 0);
+    EXPECT_GT(given_opt.nvme()->stats().file_bytes, 0);
+  }
+  EXPECT_TRUE(fs::exists(given / "user_file"));
+  fs::remove_all(given);
+}
+
+}  // namespace
+}  // namespace mw::optim
