@@ -34,6 +34,7 @@ struct Options {
   // NVMe offload of the optimizer states (HybridAdam only).
   optim::NvmeOffloadOptions nvme;
   std::string save_optimizer, load_optimizer, nvme_timeline;
+  bool update_in_backward = true;
 };
 
 cli::Parser make_parser() {
@@ -65,6 +66,8 @@ cli::Parser make_parser() {
   p.option("nvme-window", "32MiB", "RAM for states in flight (read ahead / update / write back)");
   p.option("save-optimizer", "", "after training, save the optimizer state to this file");
   p.option("load-optimizer", "", "before training, load the optimizer state from this file");
+  p.option("update-in-backward", "on", "on|off: step each parameter as soon as its gradient is "
+                                         "final, freeing it (Note [Update in backward])");
   p.option("nvme-timeline", "", "write per-slice read/compute/write times of the last step (CSV)");
   return p;
 }
@@ -85,6 +88,7 @@ Options parse_options(const cli::Parser& p) {
   o.hyper.weight_decay = static_cast<float>(p.real("weight-decay", 0, 10));
   if (p.given("dropout")) o.dropout = p.real("dropout", 0, 0.99);
   o.optimizer = p.choice("optimizer", {"hybridadam", "adamw"});
+  o.update_in_backward = p.choice("update-in-backward", {"on", "off"}) == "on";
   std::string dev = p.str("device");
   std::string kind = dev.substr(0, dev.find(':'));
   if (kind == "sim") {
@@ -152,9 +156,13 @@ int run(const Options& o) {
   }
 
   std::unique_ptr<optim::Optimizer> opt;
-  if (o.optimizer == "adamw") opt = std::make_unique<optim::AdamW>(model.parameters(), o.hyper);
-  else opt = std::make_unique<optim::HybridAdam>(model.parameters(),
-                                                 optim::HybridAdamOptions(o.hyper, -1.f, o.nvme));
+  if (o.optimizer == "adamw") {
+    opt = std::make_unique<optim::AdamW>(model.parameters(), o.hyper);
+  } else {
+    optim::HybridAdamOptions hopts(o.hyper, -1.f, o.nvme);
+    hopts.update_in_backward = o.update_in_backward;
+    opt = std::make_unique<optim::HybridAdam>(model.parameters(), hopts);
+  }
   auto* hybrid = dynamic_cast<optim::HybridAdam*>(opt.get());
   if (hybrid && hybrid->nvme())
     std::printf("NVMe offload: %.3f B of %.3f B parameters' Adam states in '%s' (%s), window %.0f MiB\n",

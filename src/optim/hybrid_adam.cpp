@@ -33,10 +33,22 @@ HybridAdam::HybridAdam(std::vector<Tensor> params, HybridAdamOptions options)
   exp_avg_.resize(params_.size());
   exp_avg_sq_.resize(params_.size());
   nvme_index_.assign(params_.size(), -1);
-  if (options_.nvme.fraction <= 0.0) {
-    select_nvme_offloaded({}, options_.nvme.fraction);  // validates the fraction
-    return;
+  updated_in_backward_.assign(params_.size(), 0);
+  if (options_.nvme.fraction <= 0.0) select_nvme_offloaded({}, options_.nvme.fraction);  // validates
+  if (options_.update_in_backward) {
+    // Hooks of in-memory parameters (offloaded ones get theirs below). A hook is dropped with
+    // nothing else than its parameter's metadata; `alive_` guards an optimizer that died first.
+    std::weak_ptr<char> alive = alive_;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      add_grad_ready_hook(params_[i], [this, alive, i](const Tensor&) {
+        if (alive.expired() || nvme_index_[i] >= 0) return;
+        update_in_memory(i, make_adam_step_scalars(options_.hyper, step_ + 1, options_.div_scale));
+        updated_in_backward_[i] = 1;
+        set_grad(params_[i], Tensor());  // spent: free it now (Note [Update in backward])
+      });
+    }
   }
+  if (options_.nvme.fraction <= 0.0) return;
   // Only host parameters can be offloaded (ColossalAI: CPU parameters only).
   std::vector<int64_t> numels;
   for (auto& p : params_) numels.push_back(p.device().is_host_addressable() ? p.numel() : 0);
@@ -60,7 +72,10 @@ HybridAdam::HybridAdam(std::vector<Tensor> params, HybridAdamOptions options)
   }
 }
 
-HybridAdam::~HybridAdam() { nvme_.reset(); }  // hooks see the states gone and do nothing
+HybridAdam::~HybridAdam() {
+  alive_.reset();  // in-memory hooks see the optimizer gone and do nothing
+  nvme_.reset();   // hooks see the states gone and do nothing
+}
 
 void HybridAdam::update_offloaded(size_t i, bool in_backward) {
   Tensor& p = params_[i];
@@ -80,6 +95,24 @@ void HybridAdam::update_offloaded(size_t i, bool in_backward) {
     nvme_->donate(std::move(gc));
 }
 
+void HybridAdam::update_in_memory(size_t i, const AdamStepScalars& s) {
+  Tensor& p = params_[i];
+  Tensor g = grad(p);
+  if (!g.defined()) return;
+  if (!exp_avg_[i].defined()) {
+    exp_avg_[i] = Tensor::zeros(p.shape(), DType::F32, p.device());
+    exp_avg_sq_[i] = Tensor::zeros(p.shape(), DType::F32, p.device());
+  }
+  Tensor gc = g.contiguous();
+  p.bump_version();
+  if (p.device().is_cuda())
+    adam_update_cuda(s, p.data<float>(), gc.raw_data(), gc.dtype(), exp_avg_[i].data<float>(),
+                     exp_avg_sq_[i].data<float>(), p.numel(), nullptr);
+  else
+    adam_update_parallel(isa_, s, p.data<float>(), gc.raw_data(), gc.dtype(),
+                         exp_avg_[i].data<float>(), exp_avg_sq_[i].data<float>(), p.numel());
+}
+
 void HybridAdam::step() {
   MW_CHECK_T(Error, !(nvme_ && nvme_->failed() && nvme_failure_reported_),
              "HybridAdam cannot step after the NVMe I/O error reported by an earlier step(); "
@@ -90,22 +123,10 @@ void HybridAdam::step() {
       if (!nvme_->updated_this_step(nvme_index_[i])) update_offloaded(i, false);
       continue;
     }
-    Tensor& p = params_[i];
-    Tensor g = grad(p);
-    if (!g.defined()) continue;
-    if (!exp_avg_[i].defined()) {
-      exp_avg_[i] = Tensor::zeros(p.shape(), DType::F32, p.device());
-      exp_avg_sq_[i] = Tensor::zeros(p.shape(), DType::F32, p.device());
-    }
-    Tensor gc = g.contiguous();
-    p.bump_version();
-    if (p.device().is_cuda())
-      adam_update_cuda(s, p.data<float>(), gc.raw_data(), gc.dtype(), exp_avg_[i].data<float>(),
-                       exp_avg_sq_[i].data<float>(), p.numel(), nullptr);
-    else
-      adam_update_parallel(isa_, s, p.data<float>(), gc.raw_data(), gc.dtype(),
-                           exp_avg_[i].data<float>(), exp_avg_sq_[i].data<float>(), p.numel());
+    if (updated_in_backward_[i]) continue;
+    update_in_memory(i, s);
   }
+  std::fill(updated_in_backward_.begin(), updated_in_backward_.end(), 0);
   ++step_;  // counted even when a failure below makes the step partial (per-slice steps tell)
   if (nvme_) {
     try {

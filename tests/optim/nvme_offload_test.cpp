@@ -388,3 +388,35 @@ TEST(NvmeOffload, NoFileOutlivesTheOptimizerAndAGivenDirectoryIsKept) {
 
 }  // namespace
 }  // namespace mw::optim
+
+namespace mw::optim {
+namespace {
+
+// Note [Update in backward] for in-memory states: the same bits as AdamW's step(), with every
+// gradient freed by the time backward returns.
+TEST(HybridAdamUpdateInBackward, BitwiseEqualToAdamWAndGradientsAreFreed) {
+  const RunResult ref = train_tiny("adamw", 0.0, 4);
+  gpt2::GPT2 model(tiny_config(), 0, DType::F32);
+  HybridAdamOptions options;
+  options.update_in_backward = true;
+  HybridAdam opt(model.parameters(), options);
+  RunResult got;
+  for (int s = 0; s < 4; ++s) {
+    const int64_t B = 2, T = 16;
+    std::vector<int32_t> tokens(static_cast<size_t>(B * T));
+    data::random_tokens(3, s, B, T, model.config().vocab_size, tokens.data());
+    Tensor ids = Tensor::from_vector(tokens, {B, T});
+    opt.zero_grad();
+    Tensor loss = shifted_cross_entropy(model(ids), ids);
+    backward(loss);
+    for (const Tensor& p : model.parameters())
+      EXPECT_FALSE(grad(p).defined()) << "a spent gradient was kept";
+    opt.step();
+    got.losses.push_back(static_cast<float>(loss.item()));
+  }
+  for (const Tensor& p : model.parameters()) got.params.push_back(p.clone());
+  expect_same_run(got, ref);
+}
+
+}  // namespace
+}  // namespace mw::optim
