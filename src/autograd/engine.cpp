@@ -185,6 +185,13 @@ Tensor record(const char* name, const Tensor& out, std::initializer_list<Tensor>
 
 namespace {
 
+// The node being applied and the engine's input buffers, for take_pending_gradient().
+struct ApplyContext {
+  Node* node = nullptr;
+  std::unordered_map<Node*, std::vector<Tensor>>* buffers = nullptr;
+};
+thread_local ApplyContext t_apply;
+
 struct ReadyOrder {
   bool operator()(const Node* a, const Node* b) const { return a->sequence_nr < b->sequence_nr; }
 };
@@ -205,6 +212,19 @@ void accumulate_into(Tensor& slot, Tensor g) {
 }
 
 }  // namespace
+
+Tensor take_pending_gradient(size_t edge_index) {
+  if (!t_apply.node || edge_index >= t_apply.node->next_edges.size()) return Tensor();
+  const Edge& e = t_apply.node->next_edges[edge_index];
+  if (!e.fn) return Tensor();
+  auto it = t_apply.buffers->find(e.fn.get());
+  if (it == t_apply.buffers->end() || it->second.size() <= e.input_nr) return Tensor();
+  Tensor& slot = it->second[e.input_nr];
+  if (!slot.defined() || slot.impl_ptr().use_count() != 1 || slot.storage().use_count() != 1 ||
+      !slot.is_contiguous() || slot.autograd_meta())
+    return Tensor();
+  return std::move(slot);
+}
 
 void backward(const Tensor& root, const Tensor& grad_output, bool retain_graph) {
   backward(std::vector<Tensor>{root}, std::vector<Tensor>{grad_output}, retain_graph);
@@ -281,7 +301,16 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
     bool any = false;
     for (auto& t : inputs) any = any || t.defined();
     std::vector<Tensor> outs;
-    if (any) outs = n->apply(std::move(inputs));
+    if (any) {
+      t_apply = {n, &buffers};
+      try {
+        outs = n->apply(std::move(inputs));
+      } catch (...) {
+        t_apply = {};
+        throw;
+      }
+      t_apply = {};
+    }
     if (!retain_graph) n->release_saved();
     for (size_t i = 0; i < n->next_edges.size(); ++i) {
       const Edge& e = n->next_edges[i];

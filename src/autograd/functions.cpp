@@ -240,6 +240,13 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
     Tensor ids_copy = ids.detach();  // token ids: integers, never modified by training
     int64_t rows = table.size(0);
     return [ids_copy, rows](const Grads& g) -> Grads {
+      // A tied table (GPT-2's wte) already has the LM head's dense gradient pending: add the rows
+      // into it rather than building a second [V, C] buffer (take_pending_gradient, node.h).
+      Tensor pending = take_pending_gradient(0);
+      if (pending.defined()) {
+        ops::embedding_backward_into(pending, g[0], ids_copy);
+        return {pending};
+      }
       return {ops::embedding_backward(g[0], ids_copy, rows)};
     };
   });

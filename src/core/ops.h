@@ -58,6 +58,8 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, 
 Tensor embedding(const Tensor& table, const Tensor& ids);
 // dtable [V, C] = scatter-add of dout rows (deterministic: fixed order per row).
 Tensor embedding_backward(const Tensor& dout, const Tensor& ids, int64_t num_rows);
+// dtable [V, C] += scatter-add of dout rows, in place (same order as embedding_backward).
+void embedding_backward_into(Tensor& dtable, const Tensor& dout, const Tensor& ids);
 
 // ---- layernorm over the last dim ----
 struct LayerNormOut {

@@ -88,6 +88,12 @@ TEST(Gradcheck, Embedding) {
   gradcheck([&](const Ts& x) { return embedding(x[0], ids); }, {random_tensor({5, 3}, 1)});
 }
 
+TEST(Gradcheck, TiedEmbeddingAndHead) {  // the embedding adds into the head's pending gradient
+  Tensor ids = Tensor::from_vector<int32_t>({1, 4, 1, 0, 3, 2}, {2, 3});
+  gradcheck([&](const Ts& x) { return lm_head(embedding(x[0], ids), x[0]); },
+            {random_tensor({5, 3}, 1)});
+}
+
 TEST(Gradcheck, LayerNorm) {
   gradcheck([](const Ts& x) { return layernorm(x[0], x[1], x[2], 1e-5); },
             {random_tensor({2, 3, 8}, 1), random_tensor({8}, 2), random_tensor({8}, 3)});

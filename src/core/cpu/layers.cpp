@@ -54,12 +54,21 @@ Tensor embedding(const Tensor& table_in, const Tensor& ids) {
   return out;
 }
 
-Tensor embedding_backward(const Tensor& dout_in, const Tensor& ids, int64_t num_rows) {
+Tensor embedding_backward(const Tensor& dout, const Tensor& ids, int64_t num_rows) {
+  Tensor dtable = Tensor::zeros({num_rows, dout.size(-1)}, dout.dtype(), dout.device());
+  embedding_backward_into(dtable, dout, ids);
+  return dtable;
+}
+
+void embedding_backward_into(Tensor& dtable, const Tensor& dout_in, const Tensor& ids) {
   Tensor dout = dout_in.contiguous();
   const int64_t C = dout.size(-1);
-  Tensor dtable = Tensor::zeros({num_rows, C}, dout.dtype(), dout.device());
+  MW_CHECK_T(ShapeError, dtable.dim() == 2 && dtable.size(1) == C && dtable.is_contiguous() &&
+                             dtable.dtype() == dout.dtype(),
+             "embedding_backward_into: table gradient ", dtable.desc(), " does not fit ", dout.desc());
   std::vector<int64_t> rows(static_cast<size_t>(ids.numel()));
   for_ids(ids, [&](int64_t i, int64_t id) { rows[i] = id; });
+  dtable.bump_version();
   dispatch_float(dout.dtype(), "embedding_backward", [&]<typename T>() {
     const T* d = dout.template data<T>();
     T* g = dtable.template data<T>();
@@ -72,7 +81,6 @@ Tensor embedding_backward(const Tensor& dout_in, const Tensor& ids, int64_t num_
       }
     });
   });
-  return dtable;
 }
 
 // ---------------- layernorm ----------------
