@@ -18,6 +18,8 @@
 #include "data/token_shard.h"
 #include "models/gpt2/hf_io.h"
 #include "models/gpt2/model.h"
+#include "nn/checkpoint.h"
+#include "offload/activation/activation_offload.h"
 #include "optim/hybrid_adam.h"
 
 namespace mw {
@@ -31,6 +33,10 @@ struct Options {
   optim::AdamHyper hyper;
   Device device = Device::cpu();
   int64_t sim_capacity_bytes = 0;
+  // Recomputation and activation offload (docs/recompute.md).
+  bool checkpoint_every_block = false;
+  int64_t checkpoint_segments = -1;  // -1: not segmented; 0: round(sqrt(n_layer))
+  bool offload_activations = false;
 };
 
 cli::Parser make_parser() {
@@ -53,6 +59,11 @@ cli::Parser make_parser() {
                           "the config's, 0.1)");
   p.option("optimizer", "hybridadam", "hybridadam|adamw (adamw is the plain scalar reference)");
   p.option("device", "cpu", "cpu | sim[:CAPACITY] (simulated accelerator, e.g. sim:4GiB)");
+  p.flag("checkpoint-activations", "recompute every block's activations in backward");
+  p.option("checkpoint-segments", "", "checkpoint_sequential over the blocks with K segments (the "
+                                      "last not checkpointed); 0 = round(sqrt(n_layer))");
+  p.flag("offload-activations", "copy saved activations to host memory in forward and prefetch them "
+                                "back in backward (with checkpointing: the checkpoint inputs)");
   p.option("data", "", "llm.c token shard (.bin); default: seeded random tokens");
   p.option("log", "", "write one JSON object per step to this file");
   p.option("save", "", "save the trained model as a HuggingFace folder");
@@ -89,6 +100,9 @@ Options parse_options(const cli::Parser& p) {
   } else if (dev != "cpu") {
     throw cli::UsageError(str("--device '", dev, "': expected cpu or sim[:CAPACITY] such as sim:4GiB"));
   }
+  o.checkpoint_every_block = p.has("checkpoint-activations");
+  if (p.given("checkpoint-segments")) o.checkpoint_segments = p.integer("checkpoint-segments", 0, 1 << 20);
+  o.offload_activations = p.has("offload-activations");
   o.data = p.str("data");
   o.log = p.str("log");
   o.save = p.str("save");
@@ -136,6 +150,35 @@ int run(const Options& o) {
   if (o.optimizer == "adamw") opt = std::make_unique<optim::AdamW>(model.parameters(), o.hyper);
   else opt = std::make_unique<optim::HybridAdam>(model.parameters(), optim::HybridAdamOptions{o.hyper});
 
+  // Activation offload and recomputation: run_block maps block i through its segment.
+  std::unique_ptr<offload::ActivationOffloader> offloader;
+  if (o.offload_activations) offloader = std::make_unique<offload::ActivationOffloader>();
+  if (o.checkpoint_every_block || o.checkpoint_segments >= 0) {
+    const int64_t n = static_cast<int64_t>(model.blocks().size());
+    std::vector<nn::Segment> plan;
+    if (o.checkpoint_segments >= 0) {
+      const int64_t k = o.checkpoint_segments == 0 ? nn::sqrt_segments(n) : o.checkpoint_segments;
+      MW_CHECK_T(InvalidArgument, k <= n, "--checkpoint-segments ", k, " exceeds the ", n,
+                 " blocks; use at most ", n, " (or 0 for sqrt)");
+      plan = nn::plan_segments(n, k);
+    } else {
+      for (int64_t i = 0; i < n; ++i) plan.push_back({i, i + 1, true});
+    }
+    nn::CheckpointOptions copts;
+    if (offloader) {
+      copts.pack_input = offloader->pack_hook();
+      copts.unpack_input = offloader->unpack_hook();
+    }
+    std::string desc;
+    for (const auto& seg : plan)
+      desc += str(" [", seg.begin, ",", seg.end, ")", seg.checkpointed ? "" : "*");
+    std::printf("Checkpointing %zu segments:%s (* = not checkpointed)\n", plan.size(), desc.c_str());
+    auto runner = std::make_shared<nn::SegmentedRunner>(
+        std::vector<std::shared_ptr<nn::Module>>(model.blocks().begin(), model.blocks().end()),
+        plan, copts);
+    model.run_block = [runner](nn::Block&, int64_t i, const Tensor& x) { return (*runner)(i, x); };
+  }
+
   std::unique_ptr<std::ofstream> log;
   if (!o.log.empty()) {
     log = std::make_unique<std::ofstream>(o.log);
@@ -155,8 +198,13 @@ int run(const Options& o) {
     Tensor ids = Tensor::from_vector(tokens, {o.batch, o.seq}, o.device);
 
     opt->zero_grad();
-    Tensor logits = model(ids);
-    Tensor loss = shifted_cross_entropy(logits, ids);
+    Tensor logits, loss;
+    {
+      std::unique_ptr<offload::OffloadScope> offload_scope;
+      if (offloader) offload_scope = std::make_unique<offload::OffloadScope>(*offloader);
+      logits = model(ids);
+      loss = shifted_cross_entropy(logits, ids);
+    }
     logits = Tensor();  // the loss node holds the only reference: backward reuses the buffer
     backward(loss);
     opt->step();
@@ -187,6 +235,17 @@ int run(const Options& o) {
   std::printf("Device peaks: %s | optimizer state in memory: %.0f MiB (%s)\n",
               device_peaks(o).dump().c_str(), mib(opt->state_bytes_in_memory()),
               opt->name().c_str());
+  if (offloader) {
+    offloader->wait_idle();
+    auto st = offloader->stats();
+    std::printf("Activation offload: %.0f MiB to host, %.0f MiB back | %lld offloaded, %lld kept, "
+                "%lld prefetch hits, %lld waits, %lld sync fetches, %lld cancelled | unpack wait "
+                "%.0f ms\n",
+                mib(st.to_host_bytes), mib(st.to_device_bytes), static_cast<long long>(st.offloaded),
+                static_cast<long long>(st.kept), static_cast<long long>(st.prefetch_hits),
+                static_cast<long long>(st.prefetch_waits), static_cast<long long>(st.sync_fetches),
+                static_cast<long long>(st.cancelled), st.unpack_wait_ms);
+  }
   if (!o.save.empty()) {
     gpt2::save_hf(model, o.save);
     std::printf("Saved to %s\n", o.save.c_str());
