@@ -95,6 +95,7 @@ struct ActivationOffloader::Impl {
   std::unordered_map<const Storage*, std::weak_ptr<StorageCopy>> by_storage;
   // Device bytes in ToDevice/OnDevice copies (changed under the mutex, read by ~StorageCopy).
   std::shared_ptr<std::atomic<int64_t>> prefetched_bytes = std::make_shared<std::atomic<int64_t>>(0);
+  int64_t pending_to_host_bytes = 0;  // bytes in ToHost copies
   ActivationOffloadStats stats;
 };
 
@@ -119,6 +120,7 @@ void ActivationOffloader::Impl::copy_to_host(StorageCopy& c, std::unique_lock<st
   }
   lock.lock();
   c.job_started = false;
+  pending_to_host_bytes -= c.nbytes;
   if (error) {
     c.state = CopyState::Failed;
     c.error = error;
@@ -227,10 +229,20 @@ std::shared_ptr<void> ActivationOffloader::Impl::pack(const Tensor& t) {
   by_storage[storage.get()] = c;
   ++stats.offloaded;
   p->copy = c;
+  pending_to_host_bytes += c->nbytes;
   if (options.background) {
     jobs.push_back({JobKind::ToHost, c});
-    lock.unlock();
     work_cv.notify_one();
+    if (pending_to_host_bytes > options.max_pending_bytes) {
+      const auto t0 = std::chrono::steady_clock::now();
+      state_cv.wait(lock, [&] {
+        // Go on once under the budget, or when this tensor alone is over it (it is then the only
+        // one in flight: the budget bounds what forward holds *besides* the tensor it just saved).
+        return pending_to_host_bytes <= options.max_pending_bytes ||
+               c->state != CopyState::ToHost || pending_to_host_bytes == c->nbytes;
+      });
+      stats.pack_wait_ms += ms_since(t0);
+    }
   } else {
     c->job_started = true;
     copy_to_host(*c, lock);
@@ -276,6 +288,7 @@ Tensor ActivationOffloader::Impl::unpack(const Packed& p) {
       case CopyState::ToHost:
         if (!c.job_started) {  // cancel: the device bytes are still here, keep them
           c.state = CopyState::Resident;
+          pending_to_host_bytes -= c.nbytes;
           ++stats.cancelled;
         } else {
           waited = true;

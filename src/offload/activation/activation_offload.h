@@ -16,8 +16,9 @@
 //    min_bytes are kept as they are, never copied.
 //  - Two saved views of one storage share one host copy.
 //  - A handle unpacked before its copy started cancels the copy and keeps the device tensor.
-//  - The device memory the offloader itself holds is bounded by prefetch_bytes (plus the one
-//    tensor being unpacked), so a capped sim device is never pushed over its capacity by it.
+//  - The device memory the offloader itself holds is bounded: max_pending_bytes in forward (pack
+//    waits for the worker beyond it), prefetch_bytes in backward (plus the tensor being
+//    unpacked). A prefetch that does not fit on the device is dropped, not an error.
 //  - Errors on the worker (e.g. OutOfMemory on the host) are rethrown by the unpack that needs the
 //    copy.
 //
@@ -43,6 +44,9 @@ struct ActivationOffloadOptions {
   Device host = Device::cpu();
   // Device bytes that backward may hold in prefetched activations ahead of their use.
   int64_t prefetch_bytes = int64_t{128} << 20;
+  // Device bytes that forward may hold in copies not yet finished; pack waits beyond it. This is
+  // what bounds device memory when the copies are slower than forward.
+  int64_t max_pending_bytes = int64_t{256} << 20;
   // Saved tensors smaller than this stay on the device.
   int64_t min_bytes = 0;
   // false: copies run on the calling thread in pack and unpack (the synchronous reference).
@@ -61,6 +65,7 @@ struct ActivationOffloadStats {
   int64_t to_host_bytes = 0;
   int64_t to_device_bytes = 0;
   double unpack_wait_ms = 0;   // time unpack spent waiting for the worker
+  double pack_wait_ms = 0;     // time pack spent waiting for max_pending_bytes
 };
 
 class ActivationOffloader {
