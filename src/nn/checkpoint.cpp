@@ -198,8 +198,8 @@ SegmentedRunner::SegmentedRunner(std::vector<std::shared_ptr<Module>> modules,
                "SegmentedRunner: segment [", plan_[s].begin, ", ", plan_[s].end,
                ") is empty or outside ", modules_.size(), " modules");
     for (int64_t i = plan_[s].begin; i < plan_[s].end; ++i) {
-      MW_CHECK_T(InvalidArgument, segment_of_[static_cast<size_t>(i)] < 0, "SegmentedRunner: module ",
-                 i, " is in two segments");
+      MW_CHECK_T(InvalidArgument, segment_of_[static_cast<size_t>(i)] < 0,
+                 "SegmentedRunner: module ", i, " is in two segments");
       segment_of_[static_cast<size_t>(i)] = static_cast<int64_t>(s);
     }
   }

@@ -1,4 +1,5 @@
-// Activation recomputation (Chen et al. 2016): checkpoint, checkpoint_sequential, CheckpointWrapper.
+// Activation recomputation (Chen et al. 2016): checkpoint, checkpoint_sequential,
+// CheckpointWrapper.
 //
 // Note [Non-reentrant checkpoint]: checkpoint(fn, inputs) runs fn once, with grad, recording the
 // ordinary graph, but under a saved-tensor hook whose pack stores nothing but the tensor's index.
@@ -10,16 +11,16 @@
 //
 // Invariants:
 //  - The RNG state of default_generator() at the checkpoint's forward is restored for the
-//    recomputation (and the caller's state put back afterwards), so dropout masks repeat exactly and
-//    gradients are bitwise equal to a run without checkpointing.
+//    recomputation (and the caller's state put back afterwards), so dropout masks repeat exactly
+//    and gradients are bitwise equal to a run without checkpointing.
 //  - The recomputation must save the same number of tensors with the same shapes; otherwise an
 //    AutogradError names the first difference (fn is not deterministic in its graph).
 //  - An input modified in place between forward and backward is reported, not silently used.
 //  - Under no-grad, checkpoint just calls fn.
 //
 // Inputs can be kept on the device (default), copied to the host (FairScale's offload_to_cpu), or
-// handed to caller-supplied pack/unpack functions, e.g. an activation offloader's, which copies them
-// in the background and prefetches them in reverse order (Note [Offload with checkpointing] in
+// handed to caller-supplied pack/unpack functions, e.g. an activation offloader's, which copies
+// them in the background and prefetches them in reverse order (Note [Offload with checkpointing] in
 // offload/activation/activation_offload.h).
 #pragma once
 

@@ -1,9 +1,10 @@
 // nn::checkpoint, checkpoint_sequential and CheckpointWrapper: gradients bitwise equal to a run
 // without recomputation (dropout on), the RNG restore, the segment plan, and the error paths.
+#include "nn/checkpoint.h"
+
 #include <gtest/gtest.h>
 
 #include "autograd/saved_tensor.h"
-#include "nn/checkpoint.h"
 #include "recompute_test_util.h"
 
 namespace mw {
@@ -117,10 +118,12 @@ TEST(Checkpoint, ForwardSavesNothingButTheInputsAndRestoresTheCallersRng) {
   default_generator().manual_seed(1);
   Tensor y;
   {
-    SavedTensorHooksGuard outer([&](const Tensor& t) -> std::shared_ptr<void> {
-      ++outer_packs;
-      return std::make_shared<Tensor>(t);
-    }, [](const std::shared_ptr<void>& p) { return *static_cast<Tensor*>(p.get()); });
+    SavedTensorHooksGuard outer(
+        [&](const Tensor& t) -> std::shared_ptr<void> {
+          ++outer_packs;
+          return std::make_shared<Tensor>(t);
+        },
+        [](const std::shared_ptr<void>& p) { return *static_cast<Tensor*>(p.get()); });
     y = nn::checkpoint(fn, x);
   }
   EXPECT_EQ(outer_packs, 0) << "the checkpoint's own hook must be the one that applies inside it";

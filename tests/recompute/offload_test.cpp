@@ -68,8 +68,8 @@ TEST(ActivationOffload, ViewsRoundTripAndShareOneHostCopy) {
   std::vector<float> values(6 * 1024);
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f;
   Tensor base = Tensor::from_vector(values, {6, 1024}, Device::sim(5));
-  Tensor t = base.transpose(0, 1);   // non-contiguous view
-  Tensor n = base.narrow(0, 2, 3);   // offset view
+  Tensor t = base.transpose(0, 1);  // non-contiguous view
+  Tensor n = base.narrow(0, 2, 3);  // offset view
   auto pt = off.pack(t), pn = off.pack(n);
   EXPECT_EQ(off.stats().offloaded, 1);
   EXPECT_EQ(off.stats().shared, 1);
@@ -81,8 +81,10 @@ TEST(ActivationOffload, ViewsRoundTripAndShareOneHostCopy) {
       << "the device bytes must be freed once copied and forward's references are gone";
   Tensor t2 = off.unpack(pt), n2 = off.unpack(pn);
   EXPECT_EQ(t2.shape(), (Shape{1024, 6}));
-  EXPECT_EQ(t2.to_vector<float>(), Tensor::from_vector(values, {6, 1024}).transpose(0, 1).to_vector<float>());
-  EXPECT_EQ(n2.to_vector<float>(), Tensor::from_vector(values, {6, 1024}).narrow(0, 2, 3).to_vector<float>());
+  EXPECT_EQ(t2.to_vector<float>(),
+            Tensor::from_vector(values, {6, 1024}).transpose(0, 1).to_vector<float>());
+  EXPECT_EQ(n2.to_vector<float>(),
+            Tensor::from_vector(values, {6, 1024}).narrow(0, 2, 3).to_vector<float>());
 }
 
 // Sizes of the distinct device storages saved during fn, excluding parameters, in 4096-byte
@@ -212,13 +214,14 @@ TEST(ActivationOffload, DeviceMemoryFallsAsTheSavedTensorSizesPredict) {
   for (auto& p : model.parameters()) G += round_up(p.nbytes(), kHostAlignment);
   const int64_t W = 4 * largest;
   const int64_t per_block = (saved_all - saved_outside) / n;
-  std::printf("saved %lld B (outside checkpoints %lld, per block %lld, largest %lld), block input "
-              "%lld, gradients %lld; peaks above base: plain %lld, offload %lld, checkpoint %lld, "
-              "both %lld\n",
-              (long long)saved_all, (long long)saved_outside, (long long)per_block,
-              (long long)largest, (long long)block_input, (long long)G,
-              (long long)plain.peak_above_base, (long long)offl.peak_above_base,
-              (long long)ckpt.peak_above_base, (long long)both.peak_above_base);
+  std::printf(
+      "saved %lld B (outside checkpoints %lld, per block %lld, largest %lld), block input "
+      "%lld, gradients %lld; peaks above base: plain %lld, offload %lld, checkpoint %lld, "
+      "both %lld\n",
+      (long long)saved_all, (long long)saved_outside, (long long)per_block, (long long)largest,
+      (long long)block_input, (long long)G, (long long)plain.peak_above_base,
+      (long long)offl.peak_above_base, (long long)ckpt.peak_above_base,
+      (long long)both.peak_above_base);
   // Without offload every saved activation is alive at the end of forward.
   EXPECT_GE(plain.peak_above_base, saved_all);
   // Offload (synchronous): no activations are held; only gradients and the working set.

@@ -34,16 +34,16 @@ inline Tensor token_batch(const gpt2::Config& c, int64_t B, int64_t T, Device de
 }
 
 struct StepResult {
-  std::vector<float> loss;                      // one value
-  std::vector<std::vector<float>> grads;        // per parameter, in named_parameters order
+  std::vector<float> loss;                // one value
+  std::vector<std::vector<float>> grads;  // per parameter, in named_parameters order
   std::vector<std::string> names;
   RngState rng_after;
 };
 
 // forward (inside `around_forward`, which calls the given forward) + loss + backward.
-inline StepResult run_step(gpt2::GPT2& model, const Tensor& ids,
-                           const std::function<void(const std::function<void()>&)>& around_forward =
-                               nullptr) {
+inline StepResult run_step(
+    gpt2::GPT2& model, const Tensor& ids,
+    const std::function<void(const std::function<void()>&)>& around_forward = nullptr) {
   nn::zero_grad(model);
   default_generator().manual_seed(11);
   Tensor loss;
@@ -51,8 +51,10 @@ inline StepResult run_step(gpt2::GPT2& model, const Tensor& ids,
     Tensor logits = model(ids);
     loss = shifted_cross_entropy(logits, ids);
   };
-  if (around_forward) around_forward(fwd);
-  else fwd();
+  if (around_forward)
+    around_forward(fwd);
+  else
+    fwd();
   backward(loss);
   StepResult r;
   r.loss = loss.to(Device::cpu()).to_vector<float>();

@@ -49,8 +49,10 @@ std::vector<std::vector<float>> train(Device device, bool hybrid, std::vector<fl
   optim::AdamHyper hyper;
   hyper.lr = 1e-2f;
   std::unique_ptr<optim::Optimizer> opt;
-  if (hybrid) opt = std::make_unique<optim::HybridAdam>(model.parameters(), optim::HybridAdamOptions{hyper});
-  else opt = std::make_unique<optim::AdamW>(model.parameters(), hyper);
+  if (hybrid)
+    opt = std::make_unique<optim::HybridAdam>(model.parameters(), optim::HybridAdamOptions{hyper});
+  else
+    opt = std::make_unique<optim::AdamW>(model.parameters(), hyper);
   default_generator().manual_seed(5);
   for (int64_t step = 0; step < 3; ++step) {
     Tensor ids = test::token_batch(config, 2, 16, device, step);

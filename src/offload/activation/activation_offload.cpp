@@ -94,7 +94,8 @@ struct ActivationOffloader::Impl {
   int64_t next_sequence = 0;
   std::unordered_map<const Storage*, std::weak_ptr<StorageCopy>> by_storage;
   // Device bytes in ToDevice/OnDevice copies (changed under the mutex, read by ~StorageCopy).
-  std::shared_ptr<std::atomic<int64_t>> prefetched_bytes = std::make_shared<std::atomic<int64_t>>(0);
+  std::shared_ptr<std::atomic<int64_t>> prefetched_bytes =
+      std::make_shared<std::atomic<int64_t>>(0);
   int64_t pending_to_host_bytes = 0;  // bytes in ToHost copies
   ActivationOffloadStats stats;
 };
@@ -136,8 +137,8 @@ void ActivationOffloader::Impl::copy_to_host(StorageCopy& c, std::unique_lock<st
 }
 
 // Copies c.host to a fresh device storage with the mutex released. Returns it (or throws).
-std::shared_ptr<Storage> ActivationOffloader::Impl::copy_to_device(StorageCopy& c,
-                                                                    std::unique_lock<std::mutex>& lock) {
+std::shared_ptr<Storage> ActivationOffloader::Impl::copy_to_device(
+    StorageCopy& c, std::unique_lock<std::mutex>& lock) {
   std::shared_ptr<Storage> host = c.host;
   lock.unlock();
   std::shared_ptr<Storage> dev;
@@ -326,11 +327,8 @@ Tensor ActivationOffloader::Impl::unpack(const Packed& p) {
         storage = copy_to_device(c, lock);
         ++stats.sync_fetches;
         break;
-      case CopyState::Resident:
-        storage = c.device_storage;
-        break;
-      case CopyState::Failed:
-        std::rethrow_exception(c.error);
+      case CopyState::Resident: storage = c.device_storage; break;
+      case CopyState::Failed: std::rethrow_exception(c.error);
     }
   }
   if (waited) stats.unpack_wait_ms += ms_since(t0);
@@ -341,8 +339,10 @@ Tensor ActivationOffloader::Impl::unpack(const Packed& p) {
 
 ActivationOffloader::ActivationOffloader(ActivationOffloadOptions options)
     : impl_(std::make_shared<Impl>(options)) {
-  MW_CHECK_T(InvalidArgument, options.host.is_cpu(), "ActivationOffloader: the host device must be "
-             "cpu, got ", options.host.str());
+  MW_CHECK_T(InvalidArgument, options.host.is_cpu(),
+             "ActivationOffloader: the host device must be "
+             "cpu, got ",
+             options.host.str());
 }
 
 ActivationOffloader::~ActivationOffloader() = default;

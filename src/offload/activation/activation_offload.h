@@ -64,8 +64,8 @@ struct ActivationOffloadStats {
   int64_t sync_fetches = 0;    // unpacks that copied on the calling thread
   int64_t to_host_bytes = 0;
   int64_t to_device_bytes = 0;
-  double unpack_wait_ms = 0;   // time unpack spent waiting for the worker
-  double pack_wait_ms = 0;     // time pack spent waiting for max_pending_bytes
+  double unpack_wait_ms = 0;  // time unpack spent waiting for the worker
+  double pack_wait_ms = 0;    // time pack spent waiting for max_pending_bytes
 };
 
 class ActivationOffloader {
