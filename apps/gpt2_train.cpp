@@ -187,7 +187,7 @@ int run(const Options& o) {
   }
 
   std::vector<int32_t> tokens(static_cast<size_t>(o.batch * o.seq));
-  std::vector<double> step_ms;
+  std::vector<double> step_ms, forward_ms, backward_ms;  // forward includes the loss
   model.train();
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
@@ -198,6 +198,7 @@ int run(const Options& o) {
     Tensor ids = Tensor::from_vector(tokens, {o.batch, o.seq}, o.device);
 
     opt->zero_grad();
+    const auto t_fwd = clock::now();
     Tensor logits, loss;
     {
       std::unique_ptr<offload::OffloadScope> offload_scope;
@@ -206,8 +207,12 @@ int run(const Options& o) {
       loss = shifted_cross_entropy(logits, ids);
     }
     logits = Tensor();  // the loss node holds the only reference: backward reuses the buffer
+    const auto t_bwd = clock::now();
     backward(loss);
+    const auto t_opt = clock::now();
     opt->step();
+    forward_ms.push_back(std::chrono::duration<double, std::milli>(t_bwd - t_fwd).count());
+    backward_ms.push_back(std::chrono::duration<double, std::milli>(t_opt - t_bwd).count());
     const double loss_value = loss.item();
     const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
     step_ms.push_back(ms);
@@ -218,6 +223,8 @@ int run(const Options& o) {
       rec.set("step", step);
       rec.set("loss", loss_value);
       rec.set("step_ms", ms);
+      rec.set("forward_ms", forward_ms.back());
+      rec.set("backward_ms", backward_ms.back());
       rec.set("rss_mb", mib(current_rss_bytes()));
       rec.set("peak_rss_mb", mib(peak_rss_bytes()));
       rec.set("device_peak_bytes", device_peaks(o));
@@ -232,6 +239,8 @@ int run(const Options& o) {
   std::printf("Peak RSS: %.0f MiB | median step: %.1f ms | %.0f tokens/s | threads: %d\n",
               mib(peak_rss_bytes()), med, med > 0 ? 1000.0 * o.batch * o.seq / med : 0.0,
               num_threads());
+  std::printf("Median forward (with loss): %.1f ms | backward: %.1f ms\n", median(forward_ms),
+              median(backward_ms));
   std::printf("Device peaks: %s | optimizer state in memory: %.0f MiB (%s)\n",
               device_peaks(o).dump().c_str(), mib(opt->state_bytes_in_memory()),
               opt->name().c_str());
