@@ -8,6 +8,8 @@
 #include <iostream>
 #include <memory>
 
+#include <sys/resource.h>
+
 #include "autograd/autograd.h"
 #include "autograd/functions.h"
 #include "cli.h"
@@ -116,6 +118,15 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// CPU time of the whole process (all threads), in ms. On a shared machine the wall time of a step
+// depends on other jobs; its CPU time much less so (docs/recompute.md compares modes by both).
+double process_cpu_ms() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto ms = [](const timeval& t) { return t.tv_sec * 1e3 + t.tv_usec * 1e-3; };
+  return ms(u.ru_utime) + ms(u.ru_stime);
+}
+
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
 json::Value device_peaks(const Options& o) {
@@ -187,12 +198,13 @@ int run(const Options& o) {
   }
 
   std::vector<int32_t> tokens(static_cast<size_t>(o.batch * o.seq));
-  std::vector<double> step_ms, forward_ms, backward_ms;  // forward includes the loss
+  std::vector<double> step_ms, forward_ms, backward_ms, step_cpu_ms;  // forward includes the loss
   model.train();
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
   for (int64_t step = 0; step < o.steps; ++step) {
     const auto t0 = clock::now();
+    const double cpu0 = process_cpu_ms();
     if (shard) shard->batch(step, o.batch, o.seq, tokens.data());
     else data::random_tokens(o.seed, step, o.batch, o.seq, config.vocab_size, tokens.data());
     Tensor ids = Tensor::from_vector(tokens, {o.batch, o.seq}, o.device);
@@ -216,6 +228,7 @@ int run(const Options& o) {
     const double loss_value = loss.item();
     const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
     step_ms.push_back(ms);
+    step_cpu_ms.push_back(process_cpu_ms() - cpu0);
     std::printf("[%lld] loss: %.3f\n", static_cast<long long>(step), loss_value);
     std::fflush(stdout);
     if (log) {
@@ -225,6 +238,7 @@ int run(const Options& o) {
       rec.set("step_ms", ms);
       rec.set("forward_ms", forward_ms.back());
       rec.set("backward_ms", backward_ms.back());
+      rec.set("step_cpu_ms", step_cpu_ms.back());
       rec.set("rss_mb", mib(current_rss_bytes()));
       rec.set("peak_rss_mb", mib(peak_rss_bytes()));
       rec.set("device_peak_bytes", device_peaks(o));
@@ -239,8 +253,8 @@ int run(const Options& o) {
   std::printf("Peak RSS: %.0f MiB | median step: %.1f ms | %.0f tokens/s | threads: %d\n",
               mib(peak_rss_bytes()), med, med > 0 ? 1000.0 * o.batch * o.seq / med : 0.0,
               num_threads());
-  std::printf("Median forward (with loss): %.1f ms | backward: %.1f ms\n", median(forward_ms),
-              median(backward_ms));
+  std::printf("Median forward (with loss): %.1f ms | backward: %.1f ms | step CPU time: %.1f ms\n",
+              median(forward_ms), median(backward_ms), median(step_cpu_ms));
   std::printf("Device peaks: %s | optimizer state in memory: %.0f MiB (%s)\n",
               device_peaks(o).dump().c_str(), mib(opt->state_bytes_in_memory()),
               opt->name().c_str());

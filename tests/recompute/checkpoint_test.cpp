@@ -17,6 +17,41 @@ std::vector<std::shared_ptr<nn::Module>> as_modules(gpt2::GPT2& model) {
   return {model.blocks().begin(), model.blocks().end()};
 }
 
+TEST(SavedTensorHooks, AGuardCreatedInsideAnUnpackApplies) {
+  // Recomputation runs a forward inside an unpack, where hooks are otherwise disabled
+  // (autograd/saved_tensor.h); its recording guard must see the tensors that forward saves.
+  Tensor x = Tensor::from_vector<double>({0.5, 1.5}, {2});
+  set_requires_grad(x);
+  int inner_packs = 0, outer_packs = 0;
+  Tensor y;
+  {
+    SavedTensorHooksGuard outer(
+        [&](const Tensor& t) -> std::shared_ptr<void> {
+          ++outer_packs;
+          return std::make_shared<Tensor>(t);
+        },
+        [&](const std::shared_ptr<void>& p) {
+          SavedTensorHooksGuard inner(
+              [&](const Tensor& t) -> std::shared_ptr<void> {
+                ++inner_packs;
+                return std::make_shared<Tensor>(t);
+              },
+              [](const std::shared_ptr<void>& q) { return *static_cast<Tensor*>(q.get()); });
+          EnableGradGuard grad;
+          Tensor z = gelu(x);  // saves x: goes through `inner`
+          return *static_cast<Tensor*>(p.get());
+        });
+    y = gelu(x);
+  }
+  EXPECT_EQ(outer_packs, 1);
+  backward(sum(y));
+  EXPECT_EQ(inner_packs, 1);
+  // Outside any guard, nothing is packed and the disabled state is back to normal.
+  Tensor w = gelu(x);
+  EXPECT_EQ(inner_packs, 1);
+  EXPECT_EQ(outer_packs, 1);
+}
+
 TEST(Checkpoint, EveryBlockGivesBitwiseEqualGradientsWithDropout) {
   auto config = test::small_config(4);
   gpt2::GPT2 model(config, 3);
