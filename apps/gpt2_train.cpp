@@ -8,6 +8,8 @@
 #include <iostream>
 #include <memory>
 
+#include <sys/resource.h>
+
 #include "autograd/autograd.h"
 #include "autograd/functions.h"
 #include "cli.h"
@@ -18,6 +20,8 @@
 #include "data/token_shard.h"
 #include "models/gpt2/hf_io.h"
 #include "models/gpt2/model.h"
+#include "nn/checkpoint.h"
+#include "offload/activation/activation_offload.h"
 #include "optim/hybrid_adam.h"
 
 namespace mw {
@@ -35,6 +39,10 @@ struct Options {
   optim::NvmeOffloadOptions nvme;
   std::string save_optimizer, load_optimizer, nvme_timeline;
   bool update_in_backward = true;
+  // Recomputation and activation offload (docs/recompute.md).
+  bool checkpoint_every_block = false;
+  int64_t checkpoint_segments = -1;  // -1: not segmented; 0: round(sqrt(n_layer))
+  bool offload_activations = false;
 };
 
 cli::Parser make_parser() {
@@ -57,6 +65,11 @@ cli::Parser make_parser() {
                           "the config's, 0.1)");
   p.option("optimizer", "hybridadam", "hybridadam|adamw (adamw is the plain scalar reference)");
   p.option("device", "cpu", "cpu | sim[:CAPACITY] (simulated accelerator, e.g. sim:4GiB)");
+  p.flag("checkpoint-activations", "recompute every block's activations in backward");
+  p.option("checkpoint-segments", "", "checkpoint_sequential over the blocks with K segments (the "
+                                      "last not checkpointed); 0 = round(sqrt(n_layer))");
+  p.flag("offload-activations", "copy saved activations to host memory in forward and prefetch them "
+                                "back in backward (with checkpointing: the checkpoint inputs)");
   p.option("data", "", "llm.c token shard (.bin); default: seeded random tokens");
   p.option("log", "", "write one JSON object per step to this file");
   p.option("save", "", "save the trained model as a HuggingFace folder");
@@ -103,6 +116,9 @@ Options parse_options(const cli::Parser& p) {
   } else if (dev != "cpu") {
     throw cli::UsageError(str("--device '", dev, "': expected cpu or sim[:CAPACITY] such as sim:4GiB"));
   }
+  o.checkpoint_every_block = p.has("checkpoint-activations");
+  if (p.given("checkpoint-segments")) o.checkpoint_segments = p.integer("checkpoint-segments", 0, 1 << 20);
+  o.offload_activations = p.has("offload-activations");
   o.data = p.str("data");
   o.log = p.str("log");
   o.save = p.str("save");
@@ -124,6 +140,15 @@ Options parse_options(const cli::Parser& p) {
   return o;
 }
 
+
+// CPU time of the whole process (all threads), in ms. On a shared machine the wall time of a step
+// depends on other jobs; its CPU time much less so (docs/recompute.md compares modes by both).
+double process_cpu_ms() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto ms = [](const timeval& t) { return t.tv_sec * 1e3 + t.tv_usec * 1e-3; };
+  return ms(u.ru_utime) + ms(u.ru_stime);
+}
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
@@ -176,6 +201,35 @@ int run(const Options& o) {
                 static_cast<long long>(hybrid->step_count()), o.load_optimizer.c_str());
   }
 
+  // Activation offload and recomputation: run_block maps block i through its segment.
+  std::unique_ptr<offload::ActivationOffloader> offloader;
+  if (o.offload_activations) offloader = std::make_unique<offload::ActivationOffloader>();
+  if (o.checkpoint_every_block || o.checkpoint_segments >= 0) {
+    const int64_t n = static_cast<int64_t>(model.blocks().size());
+    std::vector<nn::Segment> plan;
+    if (o.checkpoint_segments >= 0) {
+      const int64_t k = o.checkpoint_segments == 0 ? nn::sqrt_segments(n) : o.checkpoint_segments;
+      MW_CHECK_T(InvalidArgument, k <= n, "--checkpoint-segments ", k, " exceeds the ", n,
+                 " blocks; use at most ", n, " (or 0 for sqrt)");
+      plan = nn::plan_segments(n, k);
+    } else {
+      for (int64_t i = 0; i < n; ++i) plan.push_back({i, i + 1, true});
+    }
+    nn::CheckpointOptions copts;
+    if (offloader) {
+      copts.pack_input = offloader->pack_hook();
+      copts.unpack_input = offloader->unpack_hook();
+    }
+    std::string desc;
+    for (const auto& seg : plan)
+      desc += str(" [", seg.begin, ",", seg.end, ")", seg.checkpointed ? "" : "*");
+    std::printf("Checkpointing %zu segments:%s (* = not checkpointed)\n", plan.size(), desc.c_str());
+    auto runner = std::make_shared<nn::SegmentedRunner>(
+        std::vector<std::shared_ptr<nn::Module>>(model.blocks().begin(), model.blocks().end()),
+        plan, copts);
+    model.run_block = [runner](nn::Block&, int64_t i, const Tensor& x) { return (*runner)(i, x); };
+  }
+
   std::unique_ptr<std::ofstream> log;
   if (!o.log.empty()) {
     log = std::make_unique<std::ofstream>(o.log);
@@ -184,7 +238,7 @@ int run(const Options& o) {
   }
 
   std::vector<int32_t> tokens(static_cast<size_t>(o.batch * o.seq));
-  std::vector<double> step_ms;
+  std::vector<double> step_ms, forward_ms, backward_ms, step_cpu_ms;  // forward includes the loss
   std::vector<std::pair<std::string, double>> phase_ms;
   const int64_t first_step = opt->step_count();  // > 0 after --load-optimizer
   model.train();
@@ -192,6 +246,7 @@ int run(const Options& o) {
   const auto t_start = clock::now();
   for (int64_t step = 0; step < o.steps; ++step) {
     const auto t0 = clock::now();
+    const double cpu0 = process_cpu_ms();
     const int64_t data_step = step + first_step;  // a resumed run continues the data stream
     if (shard) shard->batch(data_step, o.batch, o.seq, tokens.data());
     else data::random_tokens(o.seed, data_step, o.batch, o.seq, config.vocab_size, tokens.data());
@@ -203,17 +258,28 @@ int run(const Options& o) {
     phase_ms.clear();
     opt->zero_grad();
     mark("forward_start");
-    Tensor logits = model(ids);
-    Tensor loss = shifted_cross_entropy(logits, ids);
+    const auto t_fwd = clock::now();
+    Tensor logits, loss;
+    {
+      std::unique_ptr<offload::OffloadScope> offload_scope;
+      if (offloader) offload_scope = std::make_unique<offload::OffloadScope>(*offloader);
+      logits = model(ids);
+      loss = shifted_cross_entropy(logits, ids);
+    }
     logits = Tensor();  // the loss node holds the only reference: backward reuses the buffer
     mark("backward_start");
+    const auto t_bwd = clock::now();
     backward(loss);
     mark("step_start");
+    const auto t_opt = clock::now();
     opt->step();
     mark("step_end");
+    forward_ms.push_back(std::chrono::duration<double, std::milli>(t_bwd - t_fwd).count());
+    backward_ms.push_back(std::chrono::duration<double, std::milli>(t_opt - t_bwd).count());
     const double loss_value = loss.item();
     const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
     step_ms.push_back(ms);
+    step_cpu_ms.push_back(process_cpu_ms() - cpu0);
     std::printf("[%lld] loss: %.3f\n", static_cast<long long>(step), loss_value);
     std::fflush(stdout);
     if (log) {
@@ -221,6 +287,9 @@ int run(const Options& o) {
       rec.set("step", step);
       rec.set("loss", loss_value);
       rec.set("step_ms", ms);
+      rec.set("forward_ms", forward_ms.back());
+      rec.set("backward_ms", backward_ms.back());
+      rec.set("step_cpu_ms", step_cpu_ms.back());
       rec.set("rss_mb", mib(current_rss_bytes()));
       rec.set("peak_rss_mb", mib(peak_rss_bytes()));
       rec.set("device_peak_bytes", device_peaks(o));
@@ -270,6 +339,19 @@ int run(const Options& o) {
   if (!o.save_optimizer.empty()) {
     hybrid->save_state(o.save_optimizer);
     std::printf("Saved optimizer state to %s\n", o.save_optimizer.c_str());
+  }
+  std::printf("Median forward (with loss): %.1f ms | backward: %.1f ms | step CPU time: %.1f ms\n",
+              cli::median(forward_ms), cli::median(backward_ms), cli::median(step_cpu_ms));
+  if (offloader) {
+    offloader->wait_idle();
+    auto st = offloader->stats();
+    std::printf("Activation offload: %.0f MiB to host, %.0f MiB back | %lld offloaded, %lld kept, "
+                "%lld prefetch hits, %lld waits, %lld sync fetches, %lld cancelled | unpack wait "
+                "%.0f ms\n",
+                mib(st.to_host_bytes), mib(st.to_device_bytes), static_cast<long long>(st.offloaded),
+                static_cast<long long>(st.kept), static_cast<long long>(st.prefetch_hits),
+                static_cast<long long>(st.prefetch_waits), static_cast<long long>(st.sync_fetches),
+                static_cast<long long>(st.cancelled), st.unpack_wait_ms);
   }
   if (!o.save.empty()) {
     gpt2::save_hf(model, o.save);

@@ -16,10 +16,15 @@ thread_local std::vector<HookPair> t_hooks;
 thread_local bool t_disabled = false;
 }  // namespace
 
-SavedTensorHooksGuard::SavedTensorHooksGuard(PackHook pack, UnpackHook unpack) {
+SavedTensorHooksGuard::SavedTensorHooksGuard(PackHook pack, UnpackHook unpack)
+    : was_disabled_(t_disabled) {
   t_hooks.push_back({std::move(pack), std::move(unpack)});
+  t_disabled = false;  // a guard installed inside a pack/unpack applies (recomputation)
 }
-SavedTensorHooksGuard::~SavedTensorHooksGuard() { t_hooks.pop_back(); }
+SavedTensorHooksGuard::~SavedTensorHooksGuard() {
+  t_hooks.pop_back();
+  t_disabled = was_disabled_;
+}
 
 DisableSavedTensorHooksGuard::DisableSavedTensorHooksGuard() : saved_depth_(t_disabled ? 1 : 0) {
   t_disabled = true;

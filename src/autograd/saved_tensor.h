@@ -4,6 +4,9 @@
 // node saves goes through its pack function, and unpack turns the packed value back into a tensor
 // when backward needs it. Guards nest; only the innermost applies (PyTorch's saved_tensors_hooks).
 // Recomputation (nn/checkpoint) and activation offload (offload/activation) are built on this.
+// Hooks are disabled while a pack or unpack function runs (its own ops are not packed), but a guard
+// created inside one applies again for its lifetime: recomputation runs its forward inside an
+// unpack, under its own recording hook.
 //
 // A saved tensor never keeps the saving op's output's grad_fn alive (it is stored detached), so the
 // graph has no reference cycles. Its storage version is recorded at save time and checked at unpack
@@ -26,6 +29,9 @@ class SavedTensorHooksGuard {
   ~SavedTensorHooksGuard();
   SavedTensorHooksGuard(const SavedTensorHooksGuard&) = delete;
   SavedTensorHooksGuard& operator=(const SavedTensorHooksGuard&) = delete;
+
+ private:
+  bool was_disabled_;
 };
 
 // Temporarily disables any saved-tensor hooks (for code that runs inside a hook).

@@ -38,12 +38,12 @@ void* CachingHostAllocator::allocate(int64_t nbytes) {
   int64_t block = rounded;
   auto it = cache_.lower_bound(rounded);  // best fit: the smallest cached block that is big enough
   while (it != cache_.end() && it->second.empty()) ++it;
-  // A capped (sim) device reuses only exact sizes, so its accounting is exactly what was asked for.
+  // A sim device reuses only exact sizes, so its accounting is exactly what was asked for.
   // Large blocks (32 MiB and up: logits, the embedding gradient) take at most 1/8 more, so a
   // 98 MiB logits buffer never takes the 147 MiB block that the embedding gradient needs next, which
   // would make every step fault in a fresh 147 MiB (measured: 19% of step time in page clearing).
   const int64_t slack = rounded >= (int64_t{32} << 20) ? rounded / 8 : rounded;
-  const int64_t max_block = stats_.capacity_bytes > 0 ? rounded : rounded + slack;
+  const int64_t max_block = device_.is_sim() ? rounded : rounded + slack;
   if (it != cache_.end() && it->first <= max_block) {
     block = it->first;
     ptr = it->second.back();

@@ -1,0 +1,105 @@
+// Activation offload: saved-tensor hooks that move saved activations from the device (sim, cuda)
+// to host memory during forward, and prefetch them back in reverse order during backward.
+//
+// Note [Activation offload]: pack(t) starts a device->host copy of t's *storage* on a background
+// worker thread and returns a handle at once, so forward continues while the copy runs. When the
+// copy is done the worker drops the handle's reference to the device storage; the device bytes are
+// freed as soon as forward's own references are gone. unpack(handle) in backward returns the
+// tensor on its device: from a prefetched copy when one is ready (a hit), else by copying on the
+// calling thread. Each unpack then queues host->device prefetches of the tensors packed *before*
+// it (backward runs in reverse order), up to prefetch_bytes of device memory held ahead.
+//
+// Invariants:
+//  - Values are bit-exact: copies are memcpy of whole storages, and a handle rebuilds the same
+//    view (offset, shape, strides, dtype).
+//  - Parameters (leaves requiring grad), tensors already on the host device, and tensors under
+//    min_bytes are kept as they are, never copied.
+//  - Two saved views of one storage share one host copy.
+//  - A handle unpacked before its copy started cancels the copy and keeps the device tensor.
+//  - The device memory the offloader itself holds is bounded: max_pending_bytes in forward (pack
+//    waits for the worker beyond it), prefetch_bytes in backward (plus the tensor being
+//    unpacked). A prefetch that does not fit on the device is dropped, not an error.
+//  - Errors on the worker (e.g. OutOfMemory on the host) are rethrown by the unpack that needs the
+//    copy.
+//
+// Note [Offload with checkpointing]: saved-tensor hooks nest and only the innermost applies, so
+// wrapping offload around checkpointed code offloads nothing from inside the checkpoints (their
+// pack stores only an index; PyTorch's save_on_cpu has this problem, pytorch#84907). What must be
+// offloaded then is each checkpoint's *inputs*: pass pack()/unpack() as the checkpoint's input
+// hooks (nn::CheckpointOptions, nn::CheckpointWrapper::set_input_hooks).
+//
+// CUDA: copies go through copy_bytes on the worker thread. TODO(cuda): pinned host buffers and a
+// side stream with events, so the copies overlap kernels without a host thread blocking on them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "autograd/saved_tensor.h"
+#include "core/device.h"
+
+namespace mw::offload {
+
+struct ActivationOffloadOptions {
+  Device host = Device::cpu();
+  // Device bytes that backward may hold in prefetched activations ahead of their use.
+  int64_t prefetch_bytes = int64_t{128} << 20;
+  // Device bytes that forward may hold in copies not yet finished; pack waits beyond it. This is
+  // what bounds device memory when the copies are slower than forward.
+  int64_t max_pending_bytes = int64_t{256} << 20;
+  // Saved tensors smaller than this stay on the device.
+  int64_t min_bytes = 0;
+  // false: copies run on the calling thread in pack and unpack (the synchronous reference).
+  bool background = true;
+};
+
+struct ActivationOffloadStats {
+  int64_t packed = 0;          // pack() calls
+  int64_t kept = 0;            // parameters, host tensors, small tensors: not copied
+  int64_t offloaded = 0;       // device storages copied to the host
+  int64_t shared = 0;          // packs that reused another view's host copy
+  int64_t cancelled = 0;       // unpacked before their copy started: kept on the device
+  int64_t prefetch_hits = 0;   // unpacks served by a finished prefetch
+  int64_t prefetch_waits = 0;  // unpacks that waited for a prefetch in flight
+  int64_t sync_fetches = 0;    // unpacks that copied on the calling thread
+  int64_t to_host_bytes = 0;
+  int64_t to_device_bytes = 0;
+  double unpack_wait_ms = 0;  // time unpack spent waiting for the worker
+  double pack_wait_ms = 0;    // time pack spent waiting for max_pending_bytes
+};
+
+class ActivationOffloader {
+ public:
+  explicit ActivationOffloader(ActivationOffloadOptions options = {});
+  ~ActivationOffloader();
+  ActivationOffloader(const ActivationOffloader&) = delete;
+  ActivationOffloader& operator=(const ActivationOffloader&) = delete;
+
+  // The hooks. They keep the offloader's state (and worker) alive as long as a graph holds them.
+  PackHook pack_hook() const;
+  UnpackHook unpack_hook() const;
+  std::shared_ptr<void> pack(const Tensor& t) const;
+  Tensor unpack(const std::shared_ptr<void>& packed) const;
+
+  // Blocks until every queued copy has finished (tests, statistics).
+  void wait_idle() const;
+  ActivationOffloadStats stats() const;
+  const ActivationOffloadOptions& options() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+// Installs an offloader's hooks for a scope, typically the forward pass.
+class OffloadScope {
+ public:
+  explicit OffloadScope(const ActivationOffloader& offloader)
+      : guard_(offloader.pack_hook(), offloader.unpack_hook()) {}
+
+ private:
+  SavedTensorHooksGuard guard_;
+};
+
+}  // namespace mw::offload
