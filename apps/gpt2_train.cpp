@@ -39,6 +39,7 @@ struct Options {
   optim::NvmeOffloadOptions nvme;
   std::string save_optimizer, load_optimizer, nvme_timeline;
   bool update_in_backward = true;
+  bool states_on_host = true;
   // Recomputation and activation offload (docs/recompute.md).
   bool checkpoint_every_block = false;
   int64_t checkpoint_segments = -1;  // -1: not segmented; 0: round(sqrt(n_layer))
@@ -81,6 +82,8 @@ cli::Parser make_parser() {
   p.option("load-optimizer", "", "before training, load the optimizer state from this file");
   p.option("update-in-backward", "on", "on|off: step each parameter as soon as its gradient is "
                                          "final, freeing it (Note [Update in backward])");
+  p.option("optimizer-states", "host", "host|device: where HybridAdam keeps m and v of parameters "
+                                       "on the sim device");
   p.option("nvme-timeline", "", "write per-slice read/compute/write times of the last step (CSV)");
   return p;
 }
@@ -102,6 +105,7 @@ Options parse_options(const cli::Parser& p) {
   if (p.given("dropout")) o.dropout = p.real("dropout", 0, 0.99);
   o.optimizer = p.choice("optimizer", {"hybridadam", "adamw"});
   o.update_in_backward = p.choice("update-in-backward", {"on", "off"}) == "on";
+  o.states_on_host = p.choice("optimizer-states", {"host", "device"}) == "host";
   std::string dev = p.str("device");
   std::string kind = dev.substr(0, dev.find(':'));
   if (kind == "sim") {
@@ -186,6 +190,7 @@ int run(const Options& o) {
   } else {
     optim::HybridAdamOptions hopts(o.hyper, -1.f, o.nvme);
     hopts.update_in_backward = o.update_in_backward;
+    hopts.states_on_host = o.states_on_host;
     opt = std::make_unique<optim::HybridAdam>(model.parameters(), hopts);
   }
   auto* hybrid = dynamic_cast<optim::HybridAdam*>(opt.get());

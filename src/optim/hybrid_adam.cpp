@@ -100,8 +100,10 @@ void HybridAdam::update_in_memory(size_t i, const AdamStepScalars& s) {
   Tensor g = grad(p);
   if (!g.defined()) return;
   if (!exp_avg_[i].defined()) {
-    exp_avg_[i] = Tensor::zeros(p.shape(), DType::F32, p.device());
-    exp_avg_sq_[i] = Tensor::zeros(p.shape(), DType::F32, p.device());
+    const Device states =
+        options_.states_on_host && p.device().is_sim() ? Device::cpu() : p.device();
+    exp_avg_[i] = Tensor::zeros(p.shape(), DType::F32, states);
+    exp_avg_sq_[i] = Tensor::zeros(p.shape(), DType::F32, states);
   }
   Tensor gc = g.contiguous();
   p.bump_version();

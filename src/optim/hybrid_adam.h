@@ -43,6 +43,12 @@ struct HybridAdamOptions {
   // cache. The contract is NVMe offload's: one backward per step() and no changes to gradients in
   // between (clip through div_scale). Gradient accumulation needs it off.
   bool update_in_backward = false;
+  // Where m and v live for a parameter on the simulated accelerator: in host RAM (true), as
+  // ColossalAI's HybridAdam keeps optimizer states of CPU-placed chunks and ZeRO-Offload keeps them
+  // beside the CPU optimizer, or on the device itself (false). The CPU kernel updates a sim
+  // parameter in place either way (sim memory is host-addressable). CUDA parameters keep theirs on
+  // the GPU (the fused CUDA kernel needs them there).
+  bool states_on_host = true;
 };
 
 class HybridAdam : public Optimizer {

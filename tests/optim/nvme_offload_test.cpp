@@ -420,3 +420,25 @@ TEST(HybridAdamUpdateInBackward, BitwiseEqualToAdamWAndGradientsAreFreed) {
 
 }  // namespace
 }  // namespace mw::optim
+
+namespace mw::optim {
+namespace {
+
+TEST(HybridAdamPlacement, SimParametersKeepStatesInHostMemoryUnlessAskedOtherwise) {
+  for (bool on_host : {true, false}) {
+    Tensor p = Tensor::full({1000}, 0.5, DType::F32, Device::sim(5));
+    set_requires_grad(p);
+    set_grad(p, Tensor::full({1000}, 0.25, DType::F32, Device::sim(5)));
+    HybridAdamOptions options;
+    options.states_on_host = on_host;
+    HybridAdam opt({p}, options);
+    opt.step();
+    EXPECT_EQ(opt.exp_avg(0).device(), on_host ? Device::cpu() : Device::sim(5));
+    EXPECT_EQ(opt.exp_avg_sq(0).device(), on_host ? Device::cpu() : Device::sim(5));
+    // One step of Adam moves every weight by lr (the normalised first step): 0.5 - 1e-3.
+    EXPECT_FLOAT_EQ(p.to_vector<float>()[7], 0.5f - 1e-3f);
+  }
+}
+
+}  // namespace
+}  // namespace mw::optim
