@@ -82,7 +82,8 @@ class Parser {
     char* end = nullptr;
     long long x = std::strtoll(v.c_str(), &end, 10);
     if (v.empty() || *end != '\0' || x < min || x > max)
-      throw UsageError(mw::str("--", name, " '", v, "': expected an integer in [", min, ", ", max, "]"));
+      throw UsageError(
+          mw::str("--", name, " '", v, "': expected an integer in [", min, ", ", max, "]"));
     return x;
   }
   double real(const std::string& name, double min, double max) const {
@@ -90,7 +91,8 @@ class Parser {
     char* end = nullptr;
     double x = std::strtod(v.c_str(), &end);
     if (v.empty() || *end != '\0' || !(x >= min && x <= max))
-      throw UsageError(mw::str("--", name, " '", v, "': expected a number in [", min, ", ", max, "]"));
+      throw UsageError(
+          mw::str("--", name, " '", v, "': expected a number in [", min, ", ", max, "]"));
     return x;
   }
   std::string choice(const std::string& name, const std::vector<std::string>& allowed) const {

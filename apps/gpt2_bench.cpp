@@ -26,7 +26,6 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-
 struct OursResult {
   double median_ms = 0, gemm_ms_per_step = 0, gemm_gflops = 0;
   int64_t peak_rss_bytes = 0, gemm_flops_per_step = 0;
@@ -60,7 +59,9 @@ OursResult run_ours(const gpt2::Config& config, int64_t B, int64_t T, int64_t st
     const int64_t gemm_bwd_ns = ops::gemm_stats().nanoseconds - gemm_fwd_ns;
     opt.step();
     const auto t3 = clock_type::now();
-    auto ms_between = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    auto ms_between = [](auto a, auto b) {
+      return std::chrono::duration<double, std::milli>(b - a).count();
+    };
     if (step > 0) {
       r.forward_ms.push_back(ms_between(t0, t1));
       r.backward_ms.push_back(ms_between(t1, t2));
@@ -132,9 +133,9 @@ struct TorchResult {
 
 TorchResult run_torch(const std::string& model, int64_t B, int64_t T, int64_t steps, int threads) {
   TorchResult r;
-  std::string cmd = str("bash ", MW_SOURCE_DIR, "/tools/torch_gpt2_bench.sh tuned --model ", model,
-                        " --batch ", B, " --seq ", T, " --steps ", steps, " --threads ", threads,
-                        " --json 2>&1");
+  std::string cmd =
+      str("bash ", MW_SOURCE_DIR, "/tools/torch_gpt2_bench.sh tuned --model ", model, " --batch ",
+          B, " --seq ", T, " --steps ", steps, " --threads ", threads, " --json 2>&1");
   std::printf("peer: %s\n", cmd.c_str());
   std::fflush(stdout);
   FILE* pipe = popen(cmd.c_str(), "r");
@@ -146,13 +147,16 @@ TorchResult run_torch(const std::string& model, int64_t B, int64_t T, int64_t st
   char buf[8192];
   while (fgets(buf, sizeof buf, pipe)) {
     line = buf;
-    if (!line.empty() && line[0] == '{') last_json = line;
-    else std::printf("  torch %s", line.c_str());
+    if (!line.empty() && line[0] == '{')
+      last_json = line;
+    else
+      std::printf("  torch %s", line.c_str());
   }
   int status = pclose(pipe);
   if (status != 0 || last_json.empty()) {
-    r.note = "the PyTorch peer failed (is python3-torch installed? apt-get install python3-torch "
-             "libjemalloc2)";
+    r.note =
+        "the PyTorch peer failed (is python3-torch installed? apt-get install python3-torch "
+        "libjemalloc2)";
     return r;
   }
   json::Value v = json::parse(last_json, "torch_gpt2_bench.py output");
@@ -173,8 +177,7 @@ int run(const cli::Parser& p) {
 
   std::printf("memwall: GPT-2 %s fp32, B%lld T%lld, %lld steps, %d threads, HybridAdam (%s)\n",
               model_name.c_str(), static_cast<long long>(B), static_cast<long long>(T),
-              static_cast<long long>(steps), num_threads(),
-              optim::isa_name(optim::best_isa()));
+              static_cast<long long>(steps), num_threads(), optim::isa_name(optim::best_isa()));
   OursResult ours = run_ours(config, B, T, steps);
   double iso_gflops = 0;
   const double iso_ms = isolated_gemm_ms_per_step(config, B, T, &iso_gflops);
@@ -188,22 +191,26 @@ int run(const cli::Parser& p) {
     std::printf("%-28s %12.0f %12.0f %8.2f\n", "median step (ms)", ours.median_ms, torch.median_ms,
                 ours.median_ms / torch.median_ms);
     std::printf("%-28s %12.0f %12.0f %8.2f\n", "peak RSS (MiB)", ours.peak_rss_bytes / mib,
-                torch.peak_rss_mb * 1e6 / mib, (ours.peak_rss_bytes / mib) / (torch.peak_rss_mb * 1e6 / mib));
+                torch.peak_rss_mb * 1e6 / mib,
+                (ours.peak_rss_bytes / mib) / (torch.peak_rss_mb * 1e6 / mib));
   } else {
     std::printf("%-28s %12.0f %12s\n", "median step (ms)", ours.median_ms, "-");
     std::printf("%-28s %12.0f %12s\n", "peak RSS (MiB)", ours.peak_rss_bytes / mib, "-");
-    std::printf("(no PyTorch comparison: %s)\n", torch.note.empty() ? "--torch off" : torch.note.c_str());
+    std::printf("(no PyTorch comparison: %s)\n",
+                torch.note.empty() ? "--torch off" : torch.note.c_str());
   }
   std::printf("GEMM in a step: %.0f ms = %.0f%% of the step, at %.1f GFLOP/s (%.1f GFLOP/step)\n",
               ours.gemm_ms_per_step, 100.0 * ours.gemm_ms_per_step / ours.median_ms,
               ours.gemm_gflops, ours.gemm_flops_per_step / 1e9);
-  std::printf("phases (median ms): forward %.0f (non-GEMM %.0f), backward %.0f (non-GEMM %.0f), "
-              "optimizer step() %.0f (the updates run inside backward)\n",
-              cli::median(ours.forward_ms), cli::median(ours.forward_other_ms),
-              cli::median(ours.backward_ms), cli::median(ours.backward_other_ms),
-              cli::median(ours.optimizer_ms));
-  std::printf("same GEMM shapes run alone: %.0f ms at %.1f GFLOP/s (the floor for this step's GEMMs)\n",
-              iso_ms, iso_gflops);
+  std::printf(
+      "phases (median ms): forward %.0f (non-GEMM %.0f), backward %.0f (non-GEMM %.0f), "
+      "optimizer step() %.0f (the updates run inside backward)\n",
+      cli::median(ours.forward_ms), cli::median(ours.forward_other_ms),
+      cli::median(ours.backward_ms), cli::median(ours.backward_other_ms),
+      cli::median(ours.optimizer_ms));
+  std::printf(
+      "same GEMM shapes run alone: %.0f ms at %.1f GFLOP/s (the floor for this step's GEMMs)\n",
+      iso_ms, iso_gflops);
   if (p.has("json")) {
     json::Value v = json::Value::object();
     v.set("model", model_name);
@@ -228,7 +235,8 @@ int run(const cli::Parser& p) {
 }  // namespace mw
 
 int main(int argc, char** argv) {
-  mw::cli::Parser p("gpt2_bench", "GPT-2 training step time and peak RSS against PyTorch, same run.");
+  mw::cli::Parser p("gpt2_bench",
+                    "GPT-2 training step time and peak RSS against PyTorch, same run.");
   p.option("model", "small", "tiny|small|medium|large|xl");
   p.option("batch", "4", "B");
   p.option("seq", "128", "T");

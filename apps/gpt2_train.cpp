@@ -1,14 +1,15 @@
-// gpt2_train: trains GPT-2 with the shifted cross-entropy loss, reproducing the ColossalAI documents'
-// examples (REFERENCES.md) and printing their lines: "Model numel", "[i] loss", "Time", "Mem usage".
-// Then peak RSS, median step time and throughput; optionally a JSON-lines log of every step.
+// gpt2_train: trains GPT-2 with the shifted cross-entropy loss, reproducing the ColossalAI
+// documents' examples (REFERENCES.md) and printing their lines: "Model numel", "[i] loss", "Time",
+// "Mem usage". Then peak RSS, median step time and throughput; optionally a JSON-lines log of every
+// step.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <memory>
-
-#include <sys/resource.h>
 
 #include "autograd/autograd.h"
 #include "autograd/functions.h"
@@ -47,9 +48,10 @@ struct Options {
 };
 
 cli::Parser make_parser() {
-  cli::Parser p("gpt2_train",
-                "Trains GPT-2 on the CPU (or the simulated accelerator) with HybridAdam; prints the\n"
-                "ColossalAI documents' lines (Model numel, [i] loss, Time, Mem usage).");
+  cli::Parser p(
+      "gpt2_train",
+      "Trains GPT-2 on the CPU (or the simulated accelerator) with HybridAdam; prints the\n"
+      "ColossalAI documents' lines (Model numel, [i] loss, Time, Mem usage).");
   p.option("model", "small", "tiny|small|medium|large|xl");
   p.option("init-from", "", "HuggingFace folder (config.json + model.safetensors) to start from");
   p.option("batch", "4", "sequences per step (B)");
@@ -62,15 +64,18 @@ cli::Parser make_parser() {
   p.option("beta2", "0.999", "Adam beta2");
   p.option("eps", "1e-8", "Adam epsilon");
   p.option("weight-decay", "0", "decoupled weight decay");
-  p.option("dropout", "", "dropout probability for embeddings, attention and residuals (default: "
-                          "the config's, 0.1)");
+  p.option("dropout", "",
+           "dropout probability for embeddings, attention and residuals (default: "
+           "the config's, 0.1)");
   p.option("optimizer", "hybridadam", "hybridadam|adamw (adamw is the plain scalar reference)");
   p.option("device", "cpu", "cpu | sim[:CAPACITY] (simulated accelerator, e.g. sim:4GiB)");
   p.flag("checkpoint-activations", "recompute every block's activations in backward");
-  p.option("checkpoint-segments", "", "checkpoint_sequential over the blocks with K segments (the "
-                                      "last not checkpointed); 0 = round(sqrt(n_layer))");
-  p.flag("offload-activations", "copy saved activations to host memory in forward and prefetch them "
-                                "back in backward (with checkpointing: the checkpoint inputs)");
+  p.option("checkpoint-segments", "",
+           "checkpoint_sequential over the blocks with K segments (the "
+           "last not checkpointed); 0 = round(sqrt(n_layer))");
+  p.flag("offload-activations",
+         "copy saved activations to host memory in forward and prefetch them "
+         "back in backward (with checkpointing: the checkpoint inputs)");
   p.option("data", "", "llm.c token shard (.bin); default: seeded random tokens");
   p.option("log", "", "write one JSON object per step to this file");
   p.option("save", "", "save the trained model as a HuggingFace folder");
@@ -80,10 +85,12 @@ cli::Parser make_parser() {
   p.option("nvme-window", "32MiB", "RAM for states in flight (read ahead / update / write back)");
   p.option("save-optimizer", "", "after training, save the optimizer state to this file");
   p.option("load-optimizer", "", "before training, load the optimizer state from this file");
-  p.option("update-in-backward", "on", "on|off: step each parameter as soon as its gradient is "
-                                         "final, freeing it (Note [Update in backward])");
-  p.option("optimizer-states", "host", "host|device: where HybridAdam keeps m and v of parameters "
-                                       "on the sim device");
+  p.option("update-in-backward", "on",
+           "on|off: step each parameter as soon as its gradient is "
+           "final, freeing it (Note [Update in backward])");
+  p.option("optimizer-states", "host",
+           "host|device: where HybridAdam keeps m and v of parameters "
+           "on the sim device");
   p.option("nvme-timeline", "", "write per-slice read/compute/write times of the last step (CSV)");
   return p;
 }
@@ -118,10 +125,12 @@ Options parse_options(const cli::Parser& p) {
       }
     }
   } else if (dev != "cpu") {
-    throw cli::UsageError(str("--device '", dev, "': expected cpu or sim[:CAPACITY] such as sim:4GiB"));
+    throw cli::UsageError(
+        str("--device '", dev, "': expected cpu or sim[:CAPACITY] such as sim:4GiB"));
   }
   o.checkpoint_every_block = p.has("checkpoint-activations");
-  if (p.given("checkpoint-segments")) o.checkpoint_segments = p.integer("checkpoint-segments", 0, 1 << 20);
+  if (p.given("checkpoint-segments"))
+    o.checkpoint_segments = p.integer("checkpoint-segments", 0, 1 << 20);
   o.offload_activations = p.has("offload-activations");
   o.data = p.str("data");
   o.log = p.str("log");
@@ -143,7 +152,6 @@ Options parse_options(const cli::Parser& p) {
              "--save-optimizer/--load-optimizer need --optimizer hybridadam");
   return o;
 }
-
 
 // CPU time of the whole process (all threads), in ms. On a shared machine the wall time of a step
 // depends on other jobs; its CPU time much less so (docs/recompute.md compares modes by both).
@@ -167,8 +175,8 @@ int run(const Options& o) {
   set_num_threads(static_cast<int>(o.threads));
   if (o.device.is_sim()) set_sim_capacity(o.device.index, o.sim_capacity_bytes);
 
-  gpt2::Config config = o.init_from.empty() ? gpt2::Config::preset(o.model)
-                                            : gpt2::load_hf_config(o.init_from);
+  gpt2::Config config =
+      o.init_from.empty() ? gpt2::Config::preset(o.model) : gpt2::load_hf_config(o.init_from);
   if (o.dropout >= 0) config.set_dropout(o.dropout);
   MW_CHECK_T(InvalidArgument, o.seq <= config.n_positions, "--seq ", o.seq, " exceeds the model's ",
              config.n_positions, " positions; lower --seq");
@@ -195,11 +203,12 @@ int run(const Options& o) {
   }
   auto* hybrid = dynamic_cast<optim::HybridAdam*>(opt.get());
   if (hybrid && hybrid->nvme())
-    std::printf("NVMe offload: %.3f B of %.3f B parameters' Adam states in '%s' (%s), window %.0f MiB\n",
-                static_cast<double>(hybrid->offloaded_numel()) / (1 << 30),
-                static_cast<double>(model.num_parameters()) / (1 << 30),
-                o.nvme.dir.empty() ? "private temporary directory" : o.nvme.dir.c_str(),
-                hybrid->nvme()->stats().direct ? "O_DIRECT" : "buffered", mib(o.nvme.window_bytes));
+    std::printf(
+        "NVMe offload: %.3f B of %.3f B parameters' Adam states in '%s' (%s), window %.0f MiB\n",
+        static_cast<double>(hybrid->offloaded_numel()) / (1 << 30),
+        static_cast<double>(model.num_parameters()) / (1 << 30),
+        o.nvme.dir.empty() ? "private temporary directory" : o.nvme.dir.c_str(),
+        hybrid->nvme()->stats().direct ? "O_DIRECT" : "buffered", mib(o.nvme.window_bytes));
   if (!o.load_optimizer.empty()) {
     hybrid->load_state(o.load_optimizer);
     std::printf("Loaded optimizer state (step %lld) from %s\n",
@@ -228,7 +237,8 @@ int run(const Options& o) {
     std::string desc;
     for (const auto& seg : plan)
       desc += str(" [", seg.begin, ",", seg.end, ")", seg.checkpointed ? "" : "*");
-    std::printf("Checkpointing %zu segments:%s (* = not checkpointed)\n", plan.size(), desc.c_str());
+    std::printf("Checkpointing %zu segments:%s (* = not checkpointed)\n", plan.size(),
+                desc.c_str());
     auto runner = std::make_shared<nn::SegmentedRunner>(
         std::vector<std::shared_ptr<nn::Module>>(model.blocks().begin(), model.blocks().end()),
         plan, copts);
@@ -253,8 +263,10 @@ int run(const Options& o) {
     const auto t0 = clock::now();
     const double cpu0 = process_cpu_ms();
     const int64_t data_step = step + first_step;  // a resumed run continues the data stream
-    if (shard) shard->batch(data_step, o.batch, o.seq, tokens.data());
-    else data::random_tokens(o.seed, data_step, o.batch, o.seq, config.vocab_size, tokens.data());
+    if (shard)
+      shard->batch(data_step, o.batch, o.seq, tokens.data());
+    else
+      data::random_tokens(o.seed, data_step, o.batch, o.seq, config.vocab_size, tokens.data());
     Tensor ids = Tensor::from_vector(tokens, {o.batch, o.seq}, o.device);
 
     auto mark = [&](const char* phase) {  // on the offload clock, for --nvme-timeline
@@ -310,10 +322,11 @@ int run(const Options& o) {
               mib(peak_rss_bytes()), med, med > 0 ? 1000.0 * o.batch * o.seq / med : 0.0,
               num_threads());
   const AllocatorStats host = allocator_for(Device::cpu()).stats();
-  std::printf("Host allocator: peak %.0f MiB in use, %.0f MiB in use now, %.0f MiB cached | "
-              "optimizer state in memory: %.0f MiB (%s)\n",
-              mib(host.peak_bytes), mib(host.current_bytes), mib(host.cached_bytes),
-              mib(opt->state_bytes_in_memory()), opt->name().c_str());
+  std::printf(
+      "Host allocator: peak %.0f MiB in use, %.0f MiB in use now, %.0f MiB cached | "
+      "optimizer state in memory: %.0f MiB (%s)\n",
+      mib(host.peak_bytes), mib(host.current_bytes), mib(host.cached_bytes),
+      mib(opt->state_bytes_in_memory()), opt->name().c_str());
   if (o.device.is_sim()) {
     const AllocatorStats sim = allocator_for(o.device).stats();
     std::printf("%s: peak %.0f MiB of %.0f MiB capacity\n", o.device.str().c_str(),
@@ -322,13 +335,14 @@ int run(const Options& o) {
   if (hybrid && hybrid->nvme()) {
     const optim::NvmeStats st = hybrid->nvme()->stats();
     const double gb = 1e9;
-    std::printf("NVMe: read %.3f GB, written %.3f GB | %.2f GB/s read, %.2f GB/s written over the "
-                "run | exposed waits: reads %.0f ms, last writes %.0f ms | staging %.0f MiB, "
-                "file %.0f MiB, borrowed gradient slots %.0f MiB, %lld spare-slot slices\n",
-                st.bytes_read / gb, st.bytes_written / gb, st.bytes_read / gb / total_s,
-                st.bytes_written / gb / total_s, st.consumer_wait_ms, st.flush_wait_ms,
-                mib(st.staging_bytes), mib(st.file_bytes), mib(st.borrowed_bytes_max),
-                static_cast<long long>(st.spare_slices));
+    std::printf(
+        "NVMe: read %.3f GB, written %.3f GB | %.2f GB/s read, %.2f GB/s written over the "
+        "run | exposed waits: reads %.0f ms, last writes %.0f ms | staging %.0f MiB, "
+        "file %.0f MiB, borrowed gradient slots %.0f MiB, %lld spare-slot slices\n",
+        st.bytes_read / gb, st.bytes_written / gb, st.bytes_read / gb / total_s,
+        st.bytes_written / gb / total_s, st.consumer_wait_ms, st.flush_wait_ms,
+        mib(st.staging_bytes), mib(st.file_bytes), mib(st.borrowed_bytes_max),
+        static_cast<long long>(st.spare_slices));
     if (!o.nvme_timeline.empty()) {
       std::ofstream csv(o.nvme_timeline);
       MW_CHECK_T(IoError, csv.good(), "--nvme-timeline '", o.nvme_timeline, "' cannot be written");
@@ -350,13 +364,14 @@ int run(const Options& o) {
   if (offloader) {
     offloader->wait_idle();
     auto st = offloader->stats();
-    std::printf("Activation offload: %.0f MiB to host, %.0f MiB back | %lld offloaded, %lld kept, "
-                "%lld prefetch hits, %lld waits, %lld sync fetches, %lld cancelled | unpack wait "
-                "%.0f ms\n",
-                mib(st.to_host_bytes), mib(st.to_device_bytes), static_cast<long long>(st.offloaded),
-                static_cast<long long>(st.kept), static_cast<long long>(st.prefetch_hits),
-                static_cast<long long>(st.prefetch_waits), static_cast<long long>(st.sync_fetches),
-                static_cast<long long>(st.cancelled), st.unpack_wait_ms);
+    std::printf(
+        "Activation offload: %.0f MiB to host, %.0f MiB back | %lld offloaded, %lld kept, "
+        "%lld prefetch hits, %lld waits, %lld sync fetches, %lld cancelled | unpack wait "
+        "%.0f ms\n",
+        mib(st.to_host_bytes), mib(st.to_device_bytes), static_cast<long long>(st.offloaded),
+        static_cast<long long>(st.kept), static_cast<long long>(st.prefetch_hits),
+        static_cast<long long>(st.prefetch_waits), static_cast<long long>(st.sync_fetches),
+        static_cast<long long>(st.cancelled), st.unpack_wait_ms);
   }
   if (!o.save.empty()) {
     gpt2::save_hf(model, o.save);

@@ -22,9 +22,9 @@ using GradReadyHook = std::function<void(const Tensor& leaf)>;
 struct AutogradMeta : AutogradMetaBase {
   bool requires_grad = false;
   Tensor grad;
-  std::shared_ptr<Node> grad_fn;          // set on op results; null on leaves
-  uint32_t output_nr = 0;                 // which output of grad_fn this is
-  std::weak_ptr<Node> grad_accumulator;   // leaves: the AccumulateGrad node, made on demand
+  std::shared_ptr<Node> grad_fn;         // set on op results; null on leaves
+  uint32_t output_nr = 0;                // which output of grad_fn this is
+  std::weak_ptr<Node> grad_accumulator;  // leaves: the AccumulateGrad node, made on demand
   std::vector<GradReadyHook> grad_ready_hooks;
 };
 

@@ -247,8 +247,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
                " does not require grad and has no grad_fn; nothing to differentiate");
     Tensor g = grad_outputs[i];
     if (!g.defined()) {
-      MW_CHECK_T(AutogradError, r.numel() == 1, "backward: a gradient must be given for non-scalar ",
-                 r.desc());
+      MW_CHECK_T(AutogradError, r.numel() == 1,
+                 "backward: a gradient must be given for non-scalar ", r.desc());
       g = Tensor::ones(r.shape(), r.dtype(), r.device());
     }
     check_same_shape("backward", r, g);

@@ -45,12 +45,15 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out = ops::binary(BinaryOp::Mul, a, b);
   return record("MulBackward", out, {a, b}, [&](const std::vector<bool>& needs) -> BackwardFn {
-    SavedTensor sa(needs[1] ? a : Tensor(), "mul input a"), sb(needs[0] ? b : Tensor(), "mul input b");
+    SavedTensor sa(needs[1] ? a : Tensor(), "mul input a"),
+        sb(needs[0] ? b : Tensor(), "mul input b");
     Shape shape_a = a.shape(), shape_b = b.shape();
     return [=](const Grads& g) -> Grads {
       Grads r(2);
-      if (needs[0]) r[0] = ops::sum_to_shape(ops::binary(BinaryOp::Mul, g[0], sb.unpack()), shape_a);
-      if (needs[1]) r[1] = ops::sum_to_shape(ops::binary(BinaryOp::Mul, g[0], sa.unpack()), shape_b);
+      if (needs[0])
+        r[0] = ops::sum_to_shape(ops::binary(BinaryOp::Mul, g[0], sb.unpack()), shape_a);
+      if (needs[1])
+        r[1] = ops::sum_to_shape(ops::binary(BinaryOp::Mul, g[0], sa.unpack()), shape_b);
       return r;
     };
   });
@@ -67,7 +70,8 @@ Tensor div(const Tensor& a, const Tensor& b) {
       Tensor g_over_b = ops::binary(BinaryOp::Div, g[0], bv);
       if (needs[0]) r[0] = ops::sum_to_shape(g_over_b, shape_a);
       if (needs[1]) {  // d(a/b)/db = -a/b^2
-        Tensor t = ops::binary(BinaryOp::Div, ops::binary(BinaryOp::Mul, g_over_b, sa.unpack()), bv);
+        Tensor t =
+            ops::binary(BinaryOp::Div, ops::binary(BinaryOp::Mul, g_over_b, sa.unpack()), bv);
         r[1] = ops::sum_to_shape(ops::affine_scalar(t, -1.0, 0.0), shape_b);
       }
       return r;
@@ -90,7 +94,8 @@ Tensor sum(const Tensor& x) {
     Shape shape = x.shape();
     DType dtype = x.dtype();
     Device device = x.device();
-    return [=](const Grads& g) -> Grads { return {Tensor::full(shape, g[0].item(), dtype, device)}; };
+    return
+        [=](const Grads& g) -> Grads { return {Tensor::full(shape, g[0].item(), dtype, device)}; };
   });
 }
 
@@ -186,20 +191,21 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   Tensor out = ops::linear(x, w, bias);
-  return record("LinearBackward", out, {x, w, bias}, [&](const std::vector<bool>& needs) -> BackwardFn {
-    SavedTensor sx(needs[1] ? x : Tensor(), "linear input");
-    SavedTensor sw(needs[0] ? w : Tensor(), "linear weight");
-    Shape shape_w = w.shape();
-    DType dtype = w.dtype();
-    Device device = w.device();
-    return [=](const Grads& g) -> Grads {
-      // Weight shape/dtype are enough to describe w when only dx is not needed.
-      Tensor wv = needs[0] ? sw.unpack() : Tensor::empty(shape_w, dtype, device);
-      Tensor xv = needs[1] ? sx.unpack() : Tensor::empty({1, shape_w[0]}, dtype, device);
-      auto lg = ops::linear_backward(g[0], xv, wv, needs[0], needs[1], needs[2]);
-      return {lg.dx, lg.dw, lg.dbias};
-    };
-  });
+  return record(
+      "LinearBackward", out, {x, w, bias}, [&](const std::vector<bool>& needs) -> BackwardFn {
+        SavedTensor sx(needs[1] ? x : Tensor(), "linear input");
+        SavedTensor sw(needs[0] ? w : Tensor(), "linear weight");
+        Shape shape_w = w.shape();
+        DType dtype = w.dtype();
+        Device device = w.device();
+        return [=](const Grads& g) -> Grads {
+          // Weight shape/dtype are enough to describe w when only dx is not needed.
+          Tensor wv = needs[0] ? sw.unpack() : Tensor::empty(shape_w, dtype, device);
+          Tensor xv = needs[1] ? sx.unpack() : Tensor::empty({1, shape_w[0]}, dtype, device);
+          auto lg = ops::linear_backward(g[0], xv, wv, needs[0], needs[1], needs[2]);
+          return {lg.dx, lg.dw, lg.dbias};
+        };
+      });
 }
 
 Tensor lm_head(const Tensor& x, const Tensor& table) {
@@ -212,26 +218,27 @@ Tensor lm_head(const Tensor& x, const Tensor& table) {
   Shape shape = x.shape();
   shape.back() = V;
   out = out.view(shape);
-  return record("LmHeadBackward", out, {x, table}, [&](const std::vector<bool>& needs) -> BackwardFn {
-    SavedTensor sx(needs[1] ? x : Tensor(), "lm_head input");
-    SavedTensor st(needs[0] ? table : Tensor(), "lm_head table");
-    Shape shape_x = x.shape();
-    return [=](const Grads& g) -> Grads {
-      Grads r(2);
-      Tensor dy = g[0].reshape({-1, V});
-      if (needs[0]) {
-        Tensor dx = Tensor::empty({dy.size(0), C}, dy.dtype(), dy.device());
-        ops::gemm(dy, false, st.unpack(), false, dx, false);
-        r[0] = dx.view(shape_x);
-      }
-      if (needs[1]) {
-        Tensor dt = Tensor::empty({V, C}, dy.dtype(), dy.device());
-        ops::gemm(dy, true, sx.unpack().reshape({-1, C}), false, dt, false);
-        r[1] = dt;
-      }
-      return r;
-    };
-  });
+  return record("LmHeadBackward", out, {x, table},
+                [&](const std::vector<bool>& needs) -> BackwardFn {
+                  SavedTensor sx(needs[1] ? x : Tensor(), "lm_head input");
+                  SavedTensor st(needs[0] ? table : Tensor(), "lm_head table");
+                  Shape shape_x = x.shape();
+                  return [=](const Grads& g) -> Grads {
+                    Grads r(2);
+                    Tensor dy = g[0].reshape({-1, V});
+                    if (needs[0]) {
+                      Tensor dx = Tensor::empty({dy.size(0), C}, dy.dtype(), dy.device());
+                      ops::gemm(dy, false, st.unpack(), false, dx, false);
+                      r[0] = dx.view(shape_x);
+                    }
+                    if (needs[1]) {
+                      Tensor dt = Tensor::empty({V, C}, dy.dtype(), dy.device());
+                      ops::gemm(dy, true, sx.unpack().reshape({-1, C}), false, dt, false);
+                      r[1] = dt;
+                    }
+                    return r;
+                  };
+                });
 }
 
 Tensor embedding(const Tensor& table, const Tensor& ids) {
@@ -254,16 +261,16 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
 
 Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   auto r = ops::layernorm(x, weight, bias, eps);
-  return record("LayerNormBackward", r.out, {x, weight, bias},
-                [&](const std::vector<bool>&) -> BackwardFn {
-                  SavedTensor sx(x, "layernorm input"), sw(weight, "layernorm weight");
-                  SavedTensor sm(r.mean, "layernorm mean"), sr(r.rstd, "layernorm rstd");
-                  return [=](const Grads& g) -> Grads {
-                    auto lg = ops::layernorm_backward(g[0], sx.unpack(), sw.unpack(), sm.unpack(),
-                                                      sr.unpack());
-                    return {lg.dx, lg.dweight, lg.dbias};
-                  };
-                });
+  return record(
+      "LayerNormBackward", r.out, {x, weight, bias}, [&](const std::vector<bool>&) -> BackwardFn {
+        SavedTensor sx(x, "layernorm input"), sw(weight, "layernorm weight");
+        SavedTensor sm(r.mean, "layernorm mean"), sr(r.rstd, "layernorm rstd");
+        return [=](const Grads& g) -> Grads {
+          auto lg =
+              ops::layernorm_backward(g[0], sx.unpack(), sw.unpack(), sm.unpack(), sr.unpack());
+          return {lg.dx, lg.dweight, lg.dbias};
+        };
+      });
 }
 
 Tensor gelu(const Tensor& x) {
@@ -309,21 +316,20 @@ Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, double attn_drop
 
 Tensor shifted_cross_entropy(const Tensor& logits, const Tensor& ids) {
   auto [loss, lse] = ops::shifted_cross_entropy(logits, ids);
-  return record("ShiftedCrossEntropyBackward", loss, {logits},
-                [&](const std::vector<bool>&) -> BackwardFn {
-                  auto sl = std::make_shared<SavedTensor>(logits, "logits");
-                  SavedTensor slse(lse, "log-sum-exp");
-                  Tensor ids_copy = ids.detach();
-                  return [sl, slse, ids_copy](const Grads& g) mutable -> Grads {
-                    Tensor l = sl->unpack();
-                    *sl = SavedTensor();  // drop our reference: the buffer may be reused below
-                    // Reuse the logits buffer for dlogits when nothing else holds it (saves one
-                    // B*T*V buffer: 103 MB for GPT-2 small at B4 T128).
-                    bool reuse = l.storage().use_count() == 1 && l.is_contiguous();
-                    return {ops::shifted_cross_entropy_backward(g[0], l, slse.unpack(), ids_copy,
-                                                                reuse)};
-                  };
-                });
+  return record(
+      "ShiftedCrossEntropyBackward", loss, {logits}, [&](const std::vector<bool>&) -> BackwardFn {
+        auto sl = std::make_shared<SavedTensor>(logits, "logits");
+        SavedTensor slse(lse, "log-sum-exp");
+        Tensor ids_copy = ids.detach();
+        return [sl, slse, ids_copy](const Grads& g) mutable -> Grads {
+          Tensor l = sl->unpack();
+          *sl = SavedTensor();  // drop our reference: the buffer may be reused below
+          // Reuse the logits buffer for dlogits when nothing else holds it (saves one
+          // B*T*V buffer: 103 MB for GPT-2 small at B4 T128).
+          bool reuse = l.storage().use_count() == 1 && l.is_contiguous();
+          return {ops::shifted_cross_entropy_backward(g[0], l, slse.unpack(), ids_copy, reuse)};
+        };
+      });
 }
 
 Tensor identity_with_backward_hook(const Tensor& x, std::function<void()> on_backward) {

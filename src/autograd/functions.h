@@ -54,7 +54,8 @@ Tensor softmax(const Tensor& x);  // last dim
 // Draws its mask from `gen` (Note [Counter-based dropout]). Identity when p == 0.
 Tensor dropout(const Tensor& x, double p, Generator& gen);
 // qkv [B, T, 3C] -> [B, T, C], causal, with dropout on the attention probabilities.
-Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, double attn_dropout, Generator& gen);
+Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, double attn_dropout,
+                             Generator& gen);
 // Mean CE of logits[:, :-1] against ids[:, 1:] (ColossalAI GPTLMLoss), fused; returns shape [].
 Tensor shifted_cross_entropy(const Tensor& logits, const Tensor& ids);
 

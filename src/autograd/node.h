@@ -1,9 +1,9 @@
 // Node: one recorded op in the backward graph, with edges to the nodes of its inputs.
 //
 // Nodes are created by the differentiable functions (functions.cpp) through make_function_node,
-// whose backward closure owns the op's SavedTensors; release_saved() drops the closure, freeing them
-// as soon as backward has used them. Graph teardown is iterative (delete_node), so deep graphs cannot
-// overflow the stack.
+// whose backward closure owns the op's SavedTensors; release_saved() drops the closure, freeing
+// them as soon as backward has used them. Graph teardown is iterative (delete_node), so deep graphs
+// cannot overflow the stack.
 #pragma once
 
 #include <cstdint>
@@ -38,7 +38,8 @@ class Node {
 
 using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outputs)>;
 
-// A node whose backward is a closure. needs_input_grad(i) tells the closure which inputs want grads.
+// A node whose backward is a closure. needs_input_grad(i) tells the closure which inputs want
+// grads.
 class FunctionNode final : public Node {
  public:
   FunctionNode(std::string name, BackwardFn backward)
@@ -64,10 +65,11 @@ class AccumulateGrad final : public Node {
 };
 
 // Inside a node's backward: takes the gradient already accumulated by the engine for the node's
-// next edge `edge_index` (the sum of what other consumers of that input sent), when the engine holds
-// the only reference, so the node can add its own contribution in place and return the sum. Returns
-// an undefined tensor otherwise. The tied embedding uses it: its gradient rows are added into the
-// LM head's [V, C] gradient instead of into a second dense [V, C] buffer (147 MiB on GPT-2 small).
+// next edge `edge_index` (the sum of what other consumers of that input sent), when the engine
+// holds the only reference, so the node can add its own contribution in place and return the sum.
+// Returns an undefined tensor otherwise. The tied embedding uses it: its gradient rows are added
+// into the LM head's [V, C] gradient instead of into a second dense [V, C] buffer (147 MiB on GPT-2
+// small).
 Tensor take_pending_gradient(size_t edge_index);
 
 // Wraps a new node in a shared_ptr whose deleter tears graphs down iteratively.

@@ -1,7 +1,7 @@
 // SavedTensor: what a Node keeps for its backward, with the version check and pack/unpack hooks.
 //
-// Note [Saved-tensor hooks]: while a SavedTensorHooksGuard is alive on a thread, every tensor that a
-// node saves goes through its pack function, and unpack turns the packed value back into a tensor
+// Note [Saved-tensor hooks]: while a SavedTensorHooksGuard is alive on a thread, every tensor that
+// a node saves goes through its pack function, and unpack turns the packed value back into a tensor
 // when backward needs it. Guards nest; only the innermost applies (PyTorch's saved_tensors_hooks).
 // Recomputation (nn/checkpoint) and activation offload (offload/activation) are built on this.
 // Hooks are disabled while a pack or unpack function runs (its own ops are not packed), but a guard
@@ -57,10 +57,10 @@ class SavedTensor {
  private:
   bool defined_ = false;
   const char* name_ = "";
-  Tensor data_;                       // set when no hook packed it
-  std::shared_ptr<void> packed_;      // set when a hook packed it
+  Tensor data_;                   // set when no hook packed it
+  std::shared_ptr<void> packed_;  // set when a hook packed it
   UnpackHook unpack_;
-  std::weak_ptr<Storage> origin_;     // for the version check
+  std::weak_ptr<Storage> origin_;  // for the version check
   uint64_t version_ = 0;
 };
 

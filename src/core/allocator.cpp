@@ -40,8 +40,9 @@ void* CachingHostAllocator::allocate(int64_t nbytes) {
   while (it != cache_.end() && it->second.empty()) ++it;
   // A sim device reuses only exact sizes, so its accounting is exactly what was asked for.
   // Large blocks (32 MiB and up: logits, the embedding gradient) take at most 1/8 more, so a
-  // 98 MiB logits buffer never takes the 147 MiB block that the embedding gradient needs next, which
-  // would make every step fault in a fresh 147 MiB (measured: 19% of step time in page clearing).
+  // 98 MiB logits buffer never takes the 147 MiB block that the embedding gradient needs next,
+  // which would make every step fault in a fresh 147 MiB (measured: 19% of step time in page
+  // clearing).
   const int64_t slack = rounded >= (int64_t{32} << 20) ? rounded / 8 : rounded;
   const int64_t max_block = device_.is_sim() ? rounded : rounded + slack;
   if (it != cache_.end() && it->first <= max_block) {
@@ -71,7 +72,8 @@ void CachingHostAllocator::deallocate(void* ptr, int64_t /*nbytes*/) {
   if (!ptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
   auto found = live_.find(ptr);
-  MW_CHECK(found != live_.end(), device_.str(), ": deallocate of a pointer this allocator did not give");
+  MW_CHECK(found != live_.end(), device_.str(),
+           ": deallocate of a pointer this allocator did not give");
   const int64_t block = found->second;
   live_.erase(found);
   stats_.current_bytes -= block;
@@ -113,7 +115,8 @@ void CachingHostAllocator::set_capacity(int64_t capacity_bytes) {
 }
 
 namespace {
-// Cache bound for host memory: enough for one GPT-2-small step's activations at the documents' sizes.
+// Cache bound for host memory: enough for one GPT-2-small step's activations at the documents'
+// sizes.
 constexpr int64_t kMaxCachedHostBytes = int64_t{4} << 30;
 constexpr int kMaxSimDevices = 8;
 
@@ -148,7 +151,8 @@ Allocator& allocator_for(Device device) {
 }
 
 void set_sim_capacity(int index, int64_t capacity_bytes) {
-  static_cast<CachingHostAllocator&>(allocator_for(Device::sim(index))).set_capacity(capacity_bytes);
+  static_cast<CachingHostAllocator&>(allocator_for(Device::sim(index)))
+      .set_capacity(capacity_bytes);
 }
 
 int64_t peak_rss_bytes() {
@@ -167,7 +171,8 @@ int64_t current_rss_bytes() {
 }
 
 AlignedBuffer::AlignedBuffer(int64_t nbytes) : nbytes_(nbytes) {
-  data_ = std::aligned_alloc(kHostAlignment, round_up(std::max<int64_t>(nbytes, 1), kHostAlignment));
+  data_ =
+      std::aligned_alloc(kHostAlignment, round_up(std::max<int64_t>(nbytes, 1), kHostAlignment));
   if (!data_)
     throw OutOfMemory(str("AlignedBuffer: the system refused ", nbytes, " bytes"), nbytes, 0, 0);
 }

@@ -10,12 +10,12 @@
 // this machine (REFERENCES.md), so freed blocks are cached and reused. A request takes the smallest
 // cached block of at least its size and at most twice it (best fit), so activation-sized and
 // gradient-sized blocks serve each other instead of forming two resident pools: without this, peak
-// RSS was the live peak plus every block ever freed (measured +500 MiB on GPT-2 small). The cache is
-// bounded (max_cached_bytes) and empty_cache() returns everything.
+// RSS was the live peak plus every block ever freed (measured +500 MiB on GPT-2 small). The cache
+// is bounded (max_cached_bytes) and empty_cache() returns everything.
 //
 // Note [The sim device]: a sim allocator is the same host allocator with its own hard capacity and
-// its own statistics. Exceeding the capacity raises OutOfMemory with the requested, free and capacity
-// bytes, exactly where a GPU would fail.
+// its own statistics. Exceeding the capacity raises OutOfMemory with the requested, free and
+// capacity bytes, exactly where a GPU would fail.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +31,9 @@ namespace mw {
 
 inline constexpr int64_t kHostAlignment = 4096;  // O_DIRECT needs 4096-byte aligned buffers
 
-inline int64_t round_up(int64_t n, int64_t granule) { return (n + granule - 1) / granule * granule; }
+inline int64_t round_up(int64_t n, int64_t granule) {
+  return (n + granule - 1) / granule * granule;
+}
 
 struct AllocatorStats {
   int64_t current_bytes = 0;   // in use now
@@ -76,7 +78,7 @@ class CachingHostAllocator final : public Allocator {
   mutable std::mutex mutex_;
   AllocatorStats stats_;
   std::map<int64_t, std::vector<void*>> cache_;  // block size -> free blocks
-  std::unordered_map<void*, int64_t> live_;       // block in use -> its size
+  std::unordered_map<void*, int64_t> live_;      // block in use -> its size
 };
 
 // The allocator of a device. cpu and sim are always available; cuda only when built with CUDA.

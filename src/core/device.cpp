@@ -36,22 +36,32 @@ Device parse_device(const std::string& text) {
 
 int64_t parse_bytes(const std::string& text) {
   size_t pos = 0;
-  while (pos < text.size() && (std::isdigit(static_cast<unsigned char>(text[pos])) || text[pos] == '.'))
+  while (pos < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[pos])) || text[pos] == '.'))
     ++pos;
   MW_CHECK_T(InvalidArgument, pos > 0, "byte count '", text,
              "': expected a number with an optional unit such as 4GiB, 512MiB or 1.5GB");
   double value = std::stod(text.substr(0, pos));
   std::string unit = text.substr(pos);
   double scale = 0;
-  if (unit.empty() || unit == "B") scale = 1;
-  else if (unit == "KiB" || unit == "K") scale = 1024.0;
-  else if (unit == "MiB" || unit == "M") scale = 1024.0 * 1024;
-  else if (unit == "GiB" || unit == "G") scale = 1024.0 * 1024 * 1024;
-  else if (unit == "TiB" || unit == "T") scale = 1024.0 * 1024 * 1024 * 1024;
-  else if (unit == "KB") scale = 1e3;
-  else if (unit == "MB") scale = 1e6;
-  else if (unit == "GB") scale = 1e9;
-  else if (unit == "TB") scale = 1e12;
+  if (unit.empty() || unit == "B")
+    scale = 1;
+  else if (unit == "KiB" || unit == "K")
+    scale = 1024.0;
+  else if (unit == "MiB" || unit == "M")
+    scale = 1024.0 * 1024;
+  else if (unit == "GiB" || unit == "G")
+    scale = 1024.0 * 1024 * 1024;
+  else if (unit == "TiB" || unit == "T")
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "KB")
+    scale = 1e3;
+  else if (unit == "MB")
+    scale = 1e6;
+  else if (unit == "GB")
+    scale = 1e9;
+  else if (unit == "TB")
+    scale = 1e12;
   MW_CHECK_T(InvalidArgument, scale > 0, "byte count '", text, "': unknown unit '", unit,
              "'; use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB");
   return static_cast<int64_t>(std::llround(value * scale));

@@ -36,7 +36,8 @@ uint16_t float_to_half(float f) {
   uint32_t sign = (bits >> 16) & 0x8000u;
   int32_t exp = static_cast<int32_t>((bits >> 23) & 0xff) - 127 + 15;
   uint32_t mant = bits & 0x7fffffu;
-  if (((bits >> 23) & 0xff) == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0));
+  if (((bits >> 23) & 0xff) == 0xff)
+    return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0));
   if (exp >= 31) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
   if (exp <= 0) {
     if (exp < -10) return static_cast<uint16_t>(sign);

@@ -12,9 +12,13 @@ enum class DType : uint8_t { F32, F64, F16, BF16, I32, I64, U16 };
 
 inline int64_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: case DType::I32: return 4;
-    case DType::F64: case DType::I64: return 8;
-    case DType::F16: case DType::BF16: case DType::U16: return 2;
+    case DType::F32:
+    case DType::I32: return 4;
+    case DType::F64:
+    case DType::I64: return 8;
+    case DType::F16:
+    case DType::BF16:
+    case DType::U16: return 2;
   }
   return 0;
 }
@@ -36,12 +40,28 @@ inline bool is_floating(DType t) {
   return t == DType::F32 || t == DType::F64 || t == DType::F16 || t == DType::BF16;
 }
 
-template <typename T> struct dtype_of;
-template <> struct dtype_of<float> { static constexpr DType value = DType::F32; };
-template <> struct dtype_of<double> { static constexpr DType value = DType::F64; };
-template <> struct dtype_of<int32_t> { static constexpr DType value = DType::I32; };
-template <> struct dtype_of<int64_t> { static constexpr DType value = DType::I64; };
-template <> struct dtype_of<uint16_t> { static constexpr DType value = DType::U16; };
+template <typename T>
+struct dtype_of;
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::F32;
+};
+template <>
+struct dtype_of<double> {
+  static constexpr DType value = DType::F64;
+};
+template <>
+struct dtype_of<int32_t> {
+  static constexpr DType value = DType::I32;
+};
+template <>
+struct dtype_of<int64_t> {
+  static constexpr DType value = DType::I64;
+};
+template <>
+struct dtype_of<uint16_t> {
+  static constexpr DType value = DType::U16;
+};
 
 // bf16 and fp16 conversions (round-to-nearest-even), scalar; SIMD paths live with their kernels.
 inline float bf16_to_float(uint16_t h) {

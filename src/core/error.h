@@ -96,10 +96,10 @@ std::string errno_text(int err);
 
 // MW_CHECK(cond, msg...) throws mw::Error; MW_CHECK_T(Type, cond, msg...) throws mw::Type.
 // The message pieces are only formatted when the check fails.
-#define MW_CHECK_T(Type, cond, ...)                                       \
-  do {                                                                    \
-    if (!(cond)) [[unlikely]] {                                           \
-      throw ::mw::Type(::mw::detail::concat(__VA_ARGS__));                \
-    }                                                                     \
+#define MW_CHECK_T(Type, cond, ...)                        \
+  do {                                                     \
+    if (!(cond)) [[unlikely]] {                            \
+      throw ::mw::Type(::mw::detail::concat(__VA_ARGS__)); \
+    }                                                      \
   } while (0)
 #define MW_CHECK(cond, ...) MW_CHECK_T(Error, cond, __VA_ARGS__)

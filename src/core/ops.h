@@ -35,7 +35,8 @@ Tensor expand_dim(const Tensor& g, const Shape& shape, int64_t dim, bool keepdim
 // a [..., M, K] @ b [K, N] or [..., K, N] (same batch dims); a and b may be transposed views.
 Tensor matmul(const Tensor& a, const Tensor& b);
 // out [M, N] (+)= op(a) @ op(b) for 2-D operands; trans flags read a or b as transposed.
-void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& out, bool accumulate);
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& out,
+          bool accumulate);
 // Counters of every gemm() call (time and floating-point operations), for the benchmarks' "share
 // of step time in GEMM". Cheap: two clock reads and three atomic adds per call.
 struct GemmStats {
@@ -91,8 +92,8 @@ struct AttentionOut {
 };
 AttentionOut attention(const Tensor& qkv, int64_t n_head, double attn_dropout, RngState rng);
 // Returns dqkv [B, T, 3C].
-Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                          int64_t n_head, double attn_dropout, RngState rng);
+Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att, int64_t n_head,
+                          double attn_dropout, RngState rng);
 
 // ---- fused shifted cross-entropy ----
 // loss = mean over b, t < T-1 of -log softmax(logits[b, t])[ids[b, t+1]]   (ColossalAI GPTLMLoss)

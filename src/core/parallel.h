@@ -1,9 +1,9 @@
 // Parallel loops over index ranges, on oneTBB.
 //
-// Note [Deterministic parallelism]: parallel_for only splits work whose result does not depend on the
-// split (elementwise maps, disjoint rows). Reductions use parallel_reduce_blocks, which cuts the range
-// into fixed blocks of `block` elements, reduces each block serially, and combines the partials in
-// block order, so the result is bitwise identical for any number of threads.
+// Note [Deterministic parallelism]: parallel_for only splits work whose result does not depend on
+// the split (elementwise maps, disjoint rows). Reductions use parallel_reduce_blocks, which cuts
+// the range into fixed blocks of `block` elements, reduces each block serially, and combines the
+// partials in block order, so the result is bitwise identical for any number of threads.
 #pragma once
 
 #include <tbb/blocked_range.h>
@@ -26,8 +26,8 @@ void parallel_for(int64_t n, int64_t grain, F&& f) {
                     [&](const tbb::blocked_range<int64_t>& r) { f(r.begin(), r.end()); });
 }
 
-// Reduces [0, n) in fixed blocks: partial[k] = f(k*block, min(n, (k+1)*block)); returns the partials
-// in order (Note [Deterministic parallelism]). The caller combines them serially.
+// Reduces [0, n) in fixed blocks: partial[k] = f(k*block, min(n, (k+1)*block)); returns the
+// partials in order (Note [Deterministic parallelism]). The caller combines them serially.
 template <typename R, typename F>
 std::vector<R> parallel_reduce_blocks(int64_t n, int64_t block, F&& f) {
   int64_t nblocks = n <= 0 ? 0 : (n + block - 1) / block;

@@ -1,9 +1,10 @@
 // Counter-based random numbers.
 //
 // Note [Counter-based dropout]: every random draw is a pure function of (seed, offset + index),
-// hashed with splitmix64. An op that needs n numbers takes an RngState and the generator advances its
-// offset by n. So a mask can be regenerated in backward instead of stored, recomputation replays the
-// same masks by restoring (seed, offset), and results do not depend on the number of threads.
+// hashed with splitmix64. An op that needs n numbers takes an RngState and the generator advances
+// its offset by n. So a mask can be regenerated in backward instead of stored, recomputation
+// replays the same masks by restoring (seed, offset), and results do not depend on the number of
+// threads.
 #pragma once
 
 #include <cmath>

@@ -8,7 +8,8 @@
 
 namespace mw {
 
-void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, int64_t nbytes);
+void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,
+                     int64_t nbytes);
 
 Storage::Storage(int64_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
   MW_CHECK_T(InvalidArgument, nbytes >= 0, "Storage: negative size ", nbytes);

@@ -1,13 +1,13 @@
 // Storage: a block of bytes on one device, shared by every tensor view onto it.
 //
-// Note [Storage lifecycle]: the *object* outlives its *bytes*. release() frees the bytes while every
-// view survives (reading a released storage throws); materialize() re-allocates them; move_to()
-// re-homes them on another device, and every view sees the new place. Gemini's chunks, NVMe offload
-// and recomputation are built on these three operations.
+// Note [Storage lifecycle]: the *object* outlives its *bytes*. release() frees the bytes while
+// every view survives (reading a released storage throws); materialize() re-allocates them;
+// move_to() re-homes them on another device, and every view sees the new place. Gemini's chunks,
+// NVMe offload and recomputation are built on these three operations.
 //
 // Note [Version counter]: every in-place write to a storage bumps version(). Autograd records the
-// version of each saved tensor and checks it in backward, so an in-place change is reported instead of
-// silently producing wrong gradients.
+// version of each saved tensor and checks it in backward, so an in-place change is reported instead
+// of silently producing wrong gradients.
 #pragma once
 
 #include <atomic>
@@ -39,9 +39,9 @@ class Storage {
   Device device() const { return device_; }
   bool is_released() const { return data_ == nullptr && nbytes_ > 0; }
 
-  void release();                    // free the bytes; views survive
-  void materialize();                // re-allocate released bytes (uninitialised) on device()
-  void move_to(Device device);       // copy bytes to device, free the old ones
+  void release();               // free the bytes; views survive
+  void materialize();           // re-allocate released bytes (uninitialised) on device()
+  void move_to(Device device);  // copy bytes to device, free the old ones
   void resize_uninitialized(int64_t nbytes);  // only for released or empty storages
 
   uint64_t version() const { return version_.load(std::memory_order_relaxed); }

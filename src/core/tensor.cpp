@@ -66,8 +66,8 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device
 
 template <typename T>
 Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, Device device) {
-  MW_CHECK_T(ShapeError, static_cast<int64_t>(values.size()) == shape_numel(shape), "from_vector: ",
-             values.size(), " values do not fill shape ", shape_str(shape));
+  MW_CHECK_T(ShapeError, static_cast<int64_t>(values.size()) == shape_numel(shape),
+             "from_vector: ", values.size(), " values do not fill shape ", shape_str(shape));
   Tensor t = empty(shape, dtype_of<T>::value, device);
   copy_bytes(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
   return t;
@@ -195,8 +195,10 @@ namespace {
 
 template <typename D, typename S>
 inline D convert(S v) {
-  if constexpr (std::is_same_v<D, S>) return v;
-  else return static_cast<D>(v);
+  if constexpr (std::is_same_v<D, S>)
+    return v;
+  else
+    return static_cast<D>(v);
 }
 
 double load_as_double(const void* base, int64_t index, DType t) {
@@ -216,8 +218,12 @@ void store_from_double(void* base, int64_t index, DType t, double v) {
   switch (t) {
     case DType::F32: static_cast<float*>(base)[index] = static_cast<float>(v); break;
     case DType::F64: static_cast<double*>(base)[index] = v; break;
-    case DType::F16: static_cast<uint16_t*>(base)[index] = float_to_half(static_cast<float>(v)); break;
-    case DType::BF16: static_cast<uint16_t*>(base)[index] = float_to_bf16(static_cast<float>(v)); break;
+    case DType::F16:
+      static_cast<uint16_t*>(base)[index] = float_to_half(static_cast<float>(v));
+      break;
+    case DType::BF16:
+      static_cast<uint16_t*>(base)[index] = float_to_bf16(static_cast<float>(v));
+      break;
     case DType::I32: static_cast<int32_t*>(base)[index] = static_cast<int32_t>(v); break;
     case DType::I64: static_cast<int64_t*>(base)[index] = static_cast<int64_t>(v); break;
     case DType::U16: static_cast<uint16_t*>(base)[index] = static_cast<uint16_t>(v); break;
@@ -266,11 +272,14 @@ void Tensor::copy_(const Tensor& src) {
     }
   };
   if (st == dt && (dt == DType::F32 || dt == DType::I32)) {
-    parallel_for(n, 1 << 14, [&](int64_t b, int64_t e) { copy_range.template operator()<uint32_t>(b, e); });
+    parallel_for(n, 1 << 14,
+                 [&](int64_t b, int64_t e) { copy_range.template operator()<uint32_t>(b, e); });
   } else if (st == dt && (dt == DType::F64 || dt == DType::I64)) {
-    parallel_for(n, 1 << 14, [&](int64_t b, int64_t e) { copy_range.template operator()<uint64_t>(b, e); });
+    parallel_for(n, 1 << 14,
+                 [&](int64_t b, int64_t e) { copy_range.template operator()<uint64_t>(b, e); });
   } else if (st == dt) {
-    parallel_for(n, 1 << 14, [&](int64_t b, int64_t e) { copy_range.template operator()<uint16_t>(b, e); });
+    parallel_for(n, 1 << 14,
+                 [&](int64_t b, int64_t e) { copy_range.template operator()<uint16_t>(b, e); });
   } else {
     parallel_for(n, 1 << 14, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i)

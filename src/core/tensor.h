@@ -77,8 +77,8 @@ class Tensor {
   // --- data access (cpu/sim only; checks dtype) ---
   template <typename T>
   T* data() const {
-    MW_CHECK_T(ShapeError, dtype_of<T>::value == impl_->dtype, "tensor ", desc(),
-               " accessed as ", dtype_name(dtype_of<T>::value));
+    MW_CHECK_T(ShapeError, dtype_of<T>::value == impl_->dtype, "tensor ", desc(), " accessed as ",
+               dtype_name(dtype_of<T>::value));
     return static_cast<T*>(raw_data());
   }
   void* raw_data() const;
@@ -88,7 +88,7 @@ class Tensor {
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
 
   // --- views: no copy, same storage ---
-  Tensor view(const Shape& shape) const;  // contiguous only; one -1 allowed
+  Tensor view(const Shape& shape) const;     // contiguous only; one -1 allowed
   Tensor reshape(const Shape& shape) const;  // a view when possible, else a copy
   Tensor transpose(int64_t d0, int64_t d1) const;
   Tensor permute(const std::vector<int64_t>& dims) const;
@@ -128,8 +128,7 @@ decltype(auto) dispatch_float(DType dtype, const char* op, F&& f) {
   switch (dtype) {
     case DType::F32: return f.template operator()<float>();
     case DType::F64: return f.template operator()<double>();
-    default:
-      throw ShapeError(str(op, ": expected an f32 or f64 tensor, got ", dtype_name(dtype)));
+    default: throw ShapeError(str(op, ": expected an f32 or f64 tensor, got ", dtype_name(dtype)));
   }
 }
 

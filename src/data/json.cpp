@@ -12,18 +12,12 @@ namespace mw::json {
 
 const char* kind_name(Kind kind) {
   switch (kind) {
-    case Kind::Null:
-      return "null";
-    case Kind::Bool:
-      return "bool";
-    case Kind::Number:
-      return "number";
-    case Kind::String:
-      return "string";
-    case Kind::Array:
-      return "array";
-    case Kind::Object:
-      return "object";
+    case Kind::Null: return "null";
+    case Kind::Bool: return "bool";
+    case Kind::Number: return "number";
+    case Kind::String: return "string";
+    case Kind::Array: return "array";
+    case Kind::Object: return "object";
   }
   return "?";
 }
@@ -45,22 +39,17 @@ Value Value::object() {
 
 std::string Value::describe() const {
   switch (kind_) {
-    case Kind::Null:
-      return "null";
-    case Kind::Bool:
-      return bool_ ? "true" : "false";
-    case Kind::Number:
-      return "number " + dump();
+    case Kind::Null: return "null";
+    case Kind::Bool: return bool_ ? "true" : "false";
+    case Kind::Number: return "number " + dump();
     case Kind::String: {
       std::string shown = string_.size() > 40 ? string_.substr(0, 40) + "..." : string_;
       std::string out = "string ";
       append_quoted(out, shown);
       return out;
     }
-    case Kind::Array:
-      return str("array of ", elements_.size());
-    case Kind::Object:
-      return str("object of ", elements_.size(), " members");
+    case Kind::Array: return str("array of ", elements_.size());
+    case Kind::Object: return str("object of ", elements_.size(), " members");
   }
   return "?";
 }
@@ -183,19 +172,14 @@ Value& Value::push_back(Value value) {
 bool operator==(const Value& a, const Value& b) {
   if (a.kind_ != b.kind_) return false;
   switch (a.kind_) {
-    case Kind::Null:
-      return true;
-    case Kind::Bool:
-      return a.bool_ == b.bool_;
+    case Kind::Null: return true;
+    case Kind::Bool: return a.bool_ == b.bool_;
     case Kind::Number:
       if (a.is_integer_ && b.is_integer_) return a.int_ == b.int_;
       return a.double_ == b.double_;
-    case Kind::String:
-      return a.string_ == b.string_;
-    case Kind::Array:
-      return a.elements_ == b.elements_;
-    case Kind::Object:
-      return a.keys_ == b.keys_ && a.elements_ == b.elements_;
+    case Kind::String: return a.string_ == b.string_;
+    case Kind::Array: return a.elements_ == b.elements_;
+    case Kind::Object: return a.keys_ == b.keys_ && a.elements_ == b.elements_;
   }
   return false;
 }
@@ -209,27 +193,13 @@ void append_quoted(std::string& out, std::string_view s) {
   for (char ch : s) {
     unsigned char c = static_cast<unsigned char>(ch);
     switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
       default:
         if (c < 0x20) {
           out += "\\u00";
@@ -245,12 +215,8 @@ void append_quoted(std::string& out, std::string_view s) {
 
 void Value::dump_to(std::string& out) const {
   switch (kind_) {
-    case Kind::Null:
-      out += "null";
-      return;
-    case Kind::Bool:
-      out += bool_ ? "true" : "false";
-      return;
+    case Kind::Null: out += "null"; return;
+    case Kind::Bool: out += bool_ ? "true" : "false"; return;
     case Kind::Number: {
       char buf[64];
       std::to_chars_result r;
@@ -269,9 +235,7 @@ void Value::dump_to(std::string& out) const {
       }
       return;
     }
-    case Kind::String:
-      append_quoted(out, string_);
-      return;
+    case Kind::String: append_quoted(out, string_); return;
     case Kind::Array:
       out.push_back('[');
       for (size_t i = 0; i < elements_.size(); ++i) {
@@ -360,12 +324,9 @@ class Parser {
     if (pos_ >= text_.size()) fail("a value");
     char c = text_[pos_];
     switch (c) {
-      case '{':
-        return parse_object(depth + 1);
-      case '[':
-        return parse_array(depth + 1);
-      case '"':
-        return Value(parse_string());
+      case '{': return parse_object(depth + 1);
+      case '[': return parse_array(depth + 1);
+      case '"': return Value(parse_string());
       case 't':
         if (consume_literal("true")) return Value(true);
         break;
@@ -585,30 +546,14 @@ class Parser {
       if (pos_ >= text_.size()) fail("an escape character after '\\'");
       char e = text_[pos_++];
       switch (e) {
-        case '"':
-          out.push_back('"');
-          break;
-        case '\\':
-          out.push_back('\\');
-          break;
-        case '/':
-          out.push_back('/');
-          break;
-        case 'b':
-          out.push_back('\b');
-          break;
-        case 'f':
-          out.push_back('\f');
-          break;
-        case 'n':
-          out.push_back('\n');
-          break;
-        case 'r':
-          out.push_back('\r');
-          break;
-        case 't':
-          out.push_back('\t');
-          break;
+        case '"': out.push_back('"'); break;
+        case '\\': out.push_back('\\'); break;
+        case '/': out.push_back('/'); break;
+        case 'b': out.push_back('\b'); break;
+        case 'f': out.push_back('\f'); break;
+        case 'n': out.push_back('\n'); break;
+        case 'r': out.push_back('\r'); break;
+        case 't': out.push_back('\t'); break;
         case 'u': {
           size_t escape_pos = pos_ - 2;
           uint32_t cp = parse_hex4();
@@ -626,8 +571,7 @@ class Parser {
           append_utf8(out, cp);
           break;
         }
-        default:
-          fail_at(pos_ - 1, "one of \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX");
+        default: fail_at(pos_ - 1, "one of \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX");
       }
     }
   }

@@ -34,8 +34,8 @@ CausalSelfAttention::CausalSelfAttention(std::shared_ptr<Linear> c_attn_in,
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   Tensor qkv = (*c_attn)(x);
-  Tensor y = causal_self_attention(qkv, n_head, is_training() ? attn_dropout : 0.0,
-                                   default_generator());
+  Tensor y =
+      causal_self_attention(qkv, n_head, is_training() ? attn_dropout : 0.0, default_generator());
   return (*resid_drop)((*c_proj)(y));
 }
 

@@ -67,8 +67,8 @@ class Dropout : public Module {
 // c_attn -> causal attention (with attention-probability dropout) -> c_proj -> residual dropout.
 class CausalSelfAttention : public Module {
  public:
-  CausalSelfAttention(std::shared_ptr<Linear> c_attn, std::shared_ptr<Linear> c_proj, int64_t n_head,
-                      double attn_dropout, double resid_dropout);
+  CausalSelfAttention(std::shared_ptr<Linear> c_attn, std::shared_ptr<Linear> c_proj,
+                      int64_t n_head, double attn_dropout, double resid_dropout);
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "CausalSelfAttention"; }
   std::shared_ptr<Linear> c_attn, c_proj;

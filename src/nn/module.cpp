@@ -26,7 +26,8 @@ Tensor Module::register_parameter(const std::string& name, Tensor t) {
   return t;
 }
 
-std::vector<std::pair<std::string, Tensor>> Module::named_parameters(const std::string& prefix) const {
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters(
+    const std::string& prefix) const {
   std::vector<std::pair<std::string, Tensor>> out;
   // Iterative depth-first walk with an explicit stack (STYLE: no recursion over structures).
   std::vector<std::pair<std::string, const Module*>> stack{{prefix, this}};

@@ -1,7 +1,7 @@
 // Module: named parameters, children, train/eval, and forward/backward hooks.
 //
-// Parameters are Tensor handles shared with the layer that uses them, so a mechanism that re-homes a
-// parameter's storage (Gemini's chunks) is seen by the layer without rebinding anything.
+// Parameters are Tensor handles shared with the layer that uses them, so a mechanism that re-homes
+// a parameter's storage (Gemini's chunks) is seen by the layer without rebinding anything.
 //
 // Note [Module backward hooks]: a backward pre-hook fires when the gradient of the module's output
 // arrives (its backward is about to run); a backward hook fires when the gradient of its input has
@@ -42,7 +42,8 @@ class Module {
   }
 
   // Depth-first, in registration order, names joined with '.'.
-  std::vector<std::pair<std::string, Tensor>> named_parameters(const std::string& prefix = "") const;
+  std::vector<std::pair<std::string, Tensor>> named_parameters(
+      const std::string& prefix = "") const;
   std::vector<Tensor> parameters() const;
   std::vector<std::pair<std::string, Module*>> named_modules(const std::string& prefix = "");
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const {

@@ -16,12 +16,9 @@ namespace mw::optim {
 
 const char* isa_name(Isa isa) {
   switch (isa) {
-    case Isa::Scalar:
-      return "scalar";
-    case Isa::AVX2:
-      return "avx2";
-    case Isa::AVX512:
-      return "avx512";
+    case Isa::Scalar: return "scalar";
+    case Isa::AVX2: return "avx2";
+    case Isa::AVX512: return "avx512";
   }
   return "?";
 }
@@ -35,8 +32,7 @@ Isa parse_isa(std::string_view name) {
 
 bool isa_supported(Isa isa) {
   switch (isa) {
-    case Isa::Scalar:
-      return true;
+    case Isa::Scalar: return true;
     case Isa::AVX2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
              __builtin_cpu_supports("f16c");
@@ -98,8 +94,7 @@ void adam_kernel_scalar(const AdamStepScalars& s, float* param, const void* grad
       return adam_scalar_impl<DType::F16>(s, param, grad, exp_avg, exp_avg_sq, numel);
     case DType::BF16:
       return adam_scalar_impl<DType::BF16>(s, param, grad, exp_avg, exp_avg_sq, numel);
-    default:
-      return adam_scalar_impl<DType::F32>(s, param, grad, exp_avg, exp_avg_sq, numel);
+    default: return adam_scalar_impl<DType::F32>(s, param, grad, exp_avg, exp_avg_sq, numel);
   }
 }
 
@@ -126,12 +121,9 @@ KernelFn checked_kernel(Isa isa, const float* param, const void* grad, DType gra
              "Adam got a null param/grad/exp_avg/exp_avg_sq pointer for ", numel,
              " elements; allocate the optimizer states before the step");
   switch (isa) {
-    case Isa::AVX2:
-      return &detail::adam_kernel_avx2;
-    case Isa::AVX512:
-      return &detail::adam_kernel_avx512;
-    case Isa::Scalar:
-      break;
+    case Isa::AVX2: return &detail::adam_kernel_avx2;
+    case Isa::AVX512: return &detail::adam_kernel_avx512;
+    case Isa::Scalar: break;
   }
   return &detail::adam_kernel_scalar;
 }

@@ -34,7 +34,8 @@ HybridAdam::HybridAdam(std::vector<Tensor> params, HybridAdamOptions options)
   exp_avg_sq_.resize(params_.size());
   nvme_index_.assign(params_.size(), -1);
   updated_in_backward_.assign(params_.size(), 0);
-  if (options_.nvme.fraction <= 0.0) select_nvme_offloaded({}, options_.nvme.fraction);  // validates
+  if (options_.nvme.fraction <= 0.0)
+    select_nvme_offloaded({}, options_.nvme.fraction);  // validates
   if (options_.update_in_backward) {
     // Hooks of in-memory parameters (offloaded ones get theirs below). A hook is dropped with
     // nothing else than its parameter's metadata; `alive_` guards an optimizer that died first.

@@ -79,7 +79,7 @@ class HybridAdam : public Optimizer {
  protected:
   void update_offloaded(size_t i, bool in_backward);
   void update_in_memory(size_t i, const AdamStepScalars& s);
-  std::vector<char> updated_in_backward_;  // per parameter, this step
+  std::vector<char> updated_in_backward_;                    // per parameter, this step
   std::shared_ptr<char> alive_ = std::make_shared<char>(0);  // expires with the optimizer
   HybridAdamOptions options_;
   Isa isa_;

@@ -28,7 +28,8 @@ void AdamW::step() {
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     Tensor g = grad(p);
-    if (!g.defined()) continue;  // a parameter that got no gradient is not stepped (torch semantics)
+    if (!g.defined())
+      continue;  // a parameter that got no gradient is not stepped (torch semantics)
     if (!exp_avg_[i].defined()) {
       exp_avg_[i] = Tensor::zeros(p.shape(), DType::F32, p.device());
       exp_avg_sq_[i] = Tensor::zeros(p.shape(), DType::F32, p.device());

@@ -43,8 +43,8 @@ std::vector<std::string> loss_lines(const std::string& out) {
 const char* kTiny = "--model tiny --seq 16 --batch 2 --threads 2 ";
 
 TEST(Gpt2Train, BadFlagsPrintUsageWithTheReasonAndExit2) {
-  for (const char* args : {"--no-such-flag", "--batch abc", "--model huge", "--steps", "--device gpu",
-                           "--dropout 1.5", "--lr -1"}) {
+  for (const char* args : {"--no-such-flag", "--batch abc", "--model huge", "--steps",
+                           "--device gpu", "--dropout 1.5", "--lr -1"}) {
     SCOPED_TRACE(args);
     Result r = run(args);
     EXPECT_EQ(r.exit_code, 2) << r.output;
@@ -56,8 +56,8 @@ TEST(Gpt2Train, PrintsTheDocumentsLinesAndIsDeterministic) {
   TempDir tmp;
   Result a = run(std::string(kTiny) + "--steps 3 --log " + tmp.file("log.jsonl"));
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  for (const char* line : {"Model numel: 0.000 B", "[0] loss: ", "[2] loss: ", "Time: ", "Mem usage: ",
-                           "Peak RSS: "})
+  for (const char* line :
+       {"Model numel: 0.000 B", "[0] loss: ", "[2] loss: ", "Time: ", "Mem usage: ", "Peak RSS: "})
     EXPECT_NE(a.output.find(line), std::string::npos) << line << "\n" << a.output;
   Result b = run(std::string(kTiny) + "--steps 3");
   EXPECT_EQ(loss_lines(a.output), loss_lines(b.output));
@@ -81,12 +81,14 @@ TEST(Gpt2Train, SaveThenInitFromContinuesFromTheSavedWeights) {
   ASSERT_EQ(a.exit_code, 0) << a.output;
   // Training from the saved weights on step-0 data must give a loss below the fresh model's.
   Result fresh = run(std::string(kTiny) + "--steps 1 --dropout 0");
-  Result resumed = run(std::string(kTiny) + "--steps 1 --dropout 0 --init-from " + tmp.file("ckpt"));
+  Result resumed =
+      run(std::string(kTiny) + "--steps 1 --dropout 0 --init-from " + tmp.file("ckpt"));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   auto f = loss_lines(fresh.output), r = loss_lines(resumed.output);
   ASSERT_EQ(f.size(), 1u);
   ASSERT_EQ(r.size(), 1u);
-  EXPECT_LT(std::stod(r[0].substr(r[0].find(": ") + 2)), std::stod(f[0].substr(f[0].find(": ") + 2)));
+  EXPECT_LT(std::stod(r[0].substr(r[0].find(": ") + 2)),
+            std::stod(f[0].substr(f[0].find(": ") + 2)));
 }
 
 TEST(Gpt2Train, ReadsAnLlmcTokenShard) {

@@ -1,8 +1,9 @@
 // Every differentiable op against central finite differences, in double precision (gradcheck.h).
+#include "gradcheck.h"
+
 #include <gtest/gtest-spi.h>
 
 #include "autograd/node.h"
-#include "gradcheck.h"
 
 namespace mw {
 namespace {
@@ -55,13 +56,15 @@ TEST(Gradcheck, BinaryOpsWithBroadcasting) {
     // Divisor kept away from zero: 2 + N(0, 0.3).
     Tensor b = ops::affine_scalar(random_tensor({3, 1}, 2, 0.3), 1.0, 2.0);
     gradcheck(f, {random_tensor({2, 3, 4}, 1), b});
-    gradcheck(f, {random_tensor({4}, 3), ops::affine_scalar(random_tensor({2, 3, 4}, 4, 0.3), 1.0, 2.0)});
+    gradcheck(
+        f, {random_tensor({4}, 3), ops::affine_scalar(random_tensor({2, 3, 4}, 4, 0.3), 1.0, 2.0)});
   }
 }
 
 TEST(Gradcheck, ScalarOps) {
   gradcheck([](const Ts& x) { return affine(x[0], -1.5, 0.25); }, {random_tensor({2, 5}, 1)});
-  gradcheck([](const Ts& x) { return add_scalar(mul_scalar(x[0], 3.0), 1.0); }, {random_tensor({7}, 2)});
+  gradcheck([](const Ts& x) { return add_scalar(mul_scalar(x[0], 3.0), 1.0); },
+            {random_tensor({7}, 2)});
 }
 
 TEST(Gradcheck, SumAndMean) {
@@ -73,14 +76,23 @@ TEST(Gradcheck, SumAndMean) {
 }
 
 TEST(Gradcheck, Views) {
-  gradcheck([](const Ts& x) { return mul(view(x[0], {4, 6}), x[1]); },
-            {random_tensor({2, 3, 4}, 1), random_tensor({4, 6}, 2)});
+  gradcheck(
+      [](const Ts& x) {
+        return mul(view(x[0], {4, 6}), x[1]);
+      },
+      {random_tensor({2, 3, 4}, 1), random_tensor({4, 6}, 2)});
   gradcheck([](const Ts& x) { return mul(reshape(transpose(x[0], 0, 2), {-1}), x[1]); },
             {random_tensor({2, 3, 4}, 1), random_tensor({24}, 2)});
-  gradcheck([](const Ts& x) { return contiguous(permute(x[0], {2, 0, 1})); },
-            {random_tensor({2, 3, 4}, 1)});
-  gradcheck([](const Ts& x) { return matmul(permute(x[0], {0, 2, 1}), x[1]); },
-            {random_tensor({2, 3, 4}, 1), random_tensor({2, 3, 5}, 2)});
+  gradcheck(
+      [](const Ts& x) {
+        return contiguous(permute(x[0], {2, 0, 1}));
+      },
+      {random_tensor({2, 3, 4}, 1)});
+  gradcheck(
+      [](const Ts& x) {
+        return matmul(permute(x[0], {0, 2, 1}), x[1]);
+      },
+      {random_tensor({2, 3, 4}, 1), random_tensor({2, 3, 5}, 2)});
 }
 
 TEST(Gradcheck, Embedding) {

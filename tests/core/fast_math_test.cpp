@@ -1,9 +1,9 @@
 // fast::exp and fast::tanh against libm over their whole useful range.
+#include "core/cpu/fast_math.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
-
-#include "core/cpu/fast_math.h"
 
 namespace mw {
 namespace {

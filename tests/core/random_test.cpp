@@ -1,10 +1,10 @@
 // Counter-based random numbers: reproducible by index, independent of how a range is split.
+#include "core/random.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
-
-#include "core/random.h"
 
 namespace mw {
 namespace {

@@ -1,5 +1,7 @@
 // HF folder load/save: round trips, and every bad input gives an error that names the file and the
 // problem while leaving the model untouched.
+#include "models/gpt2/hf_io.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -7,7 +9,6 @@
 #include "../data/temp_dir.h"
 #include "autograd/functions.h"
 #include "data/safetensors.h"
-#include "models/gpt2/hf_io.h"
 
 namespace mw {
 namespace {
@@ -60,8 +61,10 @@ TEST(HfIo, InitialisationFollowsHfStatistics) {
   EXPECT_NEAR(stddev(m.parameter("transformer.wte.weight")), 0.02, 0.0002);
   // c_proj weights: 0.02 / sqrt(2 * n_layer) = 0.01 for two layers; 4096 draws, 5 sigma = 5.5%.
   EXPECT_NEAR(stddev(m.parameter("transformer.h.0.attn.c_proj.weight")), 0.01, 0.00055);
-  EXPECT_EQ(m.parameter("transformer.h.1.ln_2.weight").to_vector<float>(), std::vector<float>(64, 1.f));
-  EXPECT_EQ(m.parameter("transformer.h.1.mlp.c_fc.bias").to_vector<float>(), std::vector<float>(256, 0.f));
+  EXPECT_EQ(m.parameter("transformer.h.1.ln_2.weight").to_vector<float>(),
+            std::vector<float>(64, 1.f));
+  EXPECT_EQ(m.parameter("transformer.h.1.mlp.c_fc.bias").to_vector<float>(),
+            std::vector<float>(256, 0.f));
 }
 
 TEST(HfIo, TruncatedWeightsNameTheFileAndLeaveTheModelUnchanged) {
@@ -114,8 +117,9 @@ TEST(HfIo, BadConfigJsonAndMissingFolder) {
   fs::create_directory(tmp.file("bad"));
   write_bytes(tmp.file("bad/config.json"), "{\"n_layer\": 2, \"n_head\": 4");
   expect_throw_with<FormatError>([&] { gpt2::load_hf_config(tmp.file("bad")); }, {"config.json"});
-  write_bytes(tmp.file("bad/config.json"),
-              "{\"n_layer\": 2, \"n_head\": 3, \"n_embd\": 32, \"vocab_size\": 97, \"n_positions\": 8}");
+  write_bytes(
+      tmp.file("bad/config.json"),
+      "{\"n_layer\": 2, \"n_head\": 3, \"n_embd\": 32, \"vocab_size\": 97, \"n_positions\": 8}");
   expect_throw_with<FormatError>([&] { gpt2::load_hf_config(tmp.file("bad")); },
                                  {"not divisible by n_head"});
 }

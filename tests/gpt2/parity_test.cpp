@@ -96,7 +96,8 @@ TEST(Gpt2Parity, Float64MatchesPyTorchToTenDigits) {
   Tensor logits = (*model)(ids);
   EXPECT_LE(compare("f64 logits", logits, ref.get("f64.logits"), 1e-12, 1e-10), 1.0);
   Tensor loss = shifted_cross_entropy(logits, ids);
-  EXPECT_LE(compare("f64 loss", loss.reshape({1}), ref.get("f64.loss").reshape({1}), 1e-12, 1e-10), 1.0);
+  EXPECT_LE(compare("f64 loss", loss.reshape({1}), ref.get("f64.loss").reshape({1}), 1e-12, 1e-10),
+            1.0);
   backward(loss);
   for (const auto& spec : model->specs())
     EXPECT_LE(compare(spec.name, grad(model->parameter(spec.name)),
@@ -114,8 +115,10 @@ void check_adamw_steps() {
   hyper.lr = 1e-3f;
   hyper.weight_decay = 0.1f;
   std::unique_ptr<optim::Optimizer> opt;
-  if constexpr (std::is_same_v<Opt, optim::AdamW>) opt = std::make_unique<Opt>(model->parameters(), hyper);
-  else opt = std::make_unique<Opt>(model->parameters(), optim::HybridAdamOptions{hyper});
+  if constexpr (std::is_same_v<Opt, optim::AdamW>)
+    opt = std::make_unique<Opt>(model->parameters(), hyper);
+  else
+    opt = std::make_unique<Opt>(model->parameters(), optim::HybridAdamOptions{hyper});
   std::vector<double> losses;
   for (int step = 0; step < 10; ++step) {
     opt->zero_grad();
@@ -126,11 +129,12 @@ void check_adamw_steps() {
   }
   // Losses drift from PyTorch's only by the f32 rounding of the forward (above) amplified over ten
   // updates of lr 1e-3: 1e-5 relative.
-  EXPECT_LE(compare("adamw losses", Tensor::from_vector(losses, {10}), ref.get("adamw_losses"), 1e-6,
-                    1e-5),
+  EXPECT_LE(compare("adamw losses", Tensor::from_vector(losses, {10}), ref.get("adamw_losses"),
+                    1e-6, 1e-5),
             1.0);
   // Adam normalises each update to ~lr per step, so f32 gradient noise can move a weight by at most
-  // a few lr-sized steps' worth of relative error in m/v: 2e-5 absolute on weights of size ~0.02..1.
+  // a few lr-sized steps' worth of relative error in m/v: 2e-5 absolute on weights of size
+  // ~0.02..1.
   for (const auto& spec : model->specs())
     EXPECT_LE(compare(spec.name, model->parameter(spec.name), ref.get("adamw_final." + spec.name),
                       2e-5, 1e-4),

@@ -2,8 +2,8 @@
 //
 // qkv [B, T, 3C] holds q, k, v side by side; head h of q is channels [h*hs, (h+1)*hs). Each
 // (batch, head) pair is one task: scores = q k^T / sqrt(hs) through BLAS with leading dimension 3C,
-// causal mask, softmax, optional dropout on the probabilities, out = p v. att [B, NH, T, T] keeps the
-// pre-dropout probabilities for backward; the dropout mask is regenerated from its RngState
+// causal mask, softmax, optional dropout on the probabilities, out = p v. att [B, NH, T, T] keeps
+// the pre-dropout probabilities for backward; the dropout mask is regenerated from its RngState
 // (Note [Counter-based dropout]).
 
 #include <cmath>
@@ -17,14 +17,13 @@ namespace mw::ops {
 
 namespace {
 
-
 struct Dims {
   int64_t B, T, C, NH, hs;
 };
 
 Dims attention_dims(const Tensor& qkv, int64_t n_head) {
-  MW_CHECK_T(ShapeError, qkv.dim() == 3 && qkv.size(2) % 3 == 0, "attention: expected qkv [B, T, 3C], got ",
-             qkv.desc());
+  MW_CHECK_T(ShapeError, qkv.dim() == 3 && qkv.size(2) % 3 == 0,
+             "attention: expected qkv [B, T, 3C], got ", qkv.desc());
   const int64_t C = qkv.size(2) / 3;
   MW_CHECK_T(ShapeError, n_head > 0 && C % n_head == 0, "attention: ", C,
              " channels do not split into ", n_head, " heads");
@@ -80,7 +79,7 @@ AttentionOut attention(const Tensor& qkv_in, int64_t n_head, double attn_dropout
           probs = dropped.data();
         }
         blas_gemm<T>(false, false, d.T, d.hs, d.T, T(1), probs, d.T, v, 3 * d.C, T(0),
-                 po + b * d.T * d.C + h * d.hs, d.C);
+                     po + b * d.T * d.C + h * d.hs, d.C);
       }
     });
   });
@@ -138,8 +137,10 @@ Tensor attention_backward(const Tensor& dout_in, const Tensor& qkv_in, const Ten
           for (int64_t j = t + 1; j < d.T; ++j) row[j] = T(0);
         }
         // dq = ds @ k ; dk = ds^T @ q
-        blas_gemm<T>(false, false, d.T, d.hs, d.T, T(1), dp.data(), d.T, k, 3 * d.C, T(0), dq, 3 * d.C);
-        blas_gemm<T>(true, false, d.T, d.hs, d.T, T(1), dp.data(), d.T, q, 3 * d.C, T(0), dk, 3 * d.C);
+        blas_gemm<T>(false, false, d.T, d.hs, d.T, T(1), dp.data(), d.T, k, 3 * d.C, T(0), dq,
+                     3 * d.C);
+        blas_gemm<T>(true, false, d.T, d.hs, d.T, T(1), dp.data(), d.T, q, 3 * d.C, T(0), dk,
+                     3 * d.C);
       }
     });
   });

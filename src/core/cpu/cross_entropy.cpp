@@ -49,7 +49,8 @@ std::pair<Tensor, Tensor> shifted_cross_entropy(const Tensor& logits_in, const T
         for (int64_t k = 0; k < kLanes; ++k) lane[k] = row[0];
         const int64_t Vmain = V / kLanes * kLanes;
         for (int64_t j = 0; j < Vmain; j += kLanes)
-          for (int64_t k = 0; k < kLanes; ++k) lane[k] = row[j + k] > lane[k] ? row[j + k] : lane[k];
+          for (int64_t k = 0; k < kLanes; ++k)
+            lane[k] = row[j + k] > lane[k] ? row[j + k] : lane[k];
         Tp mx = lane[0];
         for (int64_t k = 1; k < kLanes; ++k) mx = std::max(mx, lane[k]);
         for (int64_t j = Vmain; j < V; ++j) mx = std::max(mx, row[j]);

@@ -182,8 +182,10 @@ Tensor sum_dim(const Tensor& x_in, int64_t dim, bool keepdim) {
   for (int64_t d = 0; d < dim; ++d) outer *= x.size(d);
   for (int64_t d = dim + 1; d < x.dim(); ++d) inner *= x.size(d);
   Shape shape = x.shape();
-  if (keepdim) shape[dim] = 1;
-  else shape.erase(shape.begin() + dim);
+  if (keepdim)
+    shape[dim] = 1;
+  else
+    shape.erase(shape.begin() + dim);
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
   dispatch_float(x.dtype(), "sum", [&]<typename T>() {
     const T* p = x.template data<T>();

@@ -1,9 +1,10 @@
 // Branch-free exp and tanh for f32 kernels, written so the compiler vectorises the loops that call
-// them (glibc's expf/tanhf are scalar calls; GELU and cross-entropy spend most of their time there).
+// them (glibc's expf/tanhf are scalar calls; GELU and cross-entropy spend most of their time
+// there).
 //
 // fast_exp: exp(x) = 2^k * e^r with k = round(x / ln 2), r = x - k ln 2 split in two parts
-// (Cody-Waite), e^r by a degree-6 polynomial on |r| <= ln2/2. Relative error below 2e-7 (about 2 f32
-// ulp) for x in [-87, 88]; inputs are clamped to that range (exp underflows to ~1e-38 there).
+// (Cody-Waite), e^r by a degree-6 polynomial on |r| <= ln2/2. Relative error below 2e-7 (about 2
+// f32 ulp) for x in [-87, 88]; inputs are clamped to that range (exp underflows to ~1e-38 there).
 // fast_tanh: 1 - 2 / (e^{2|x|} + 1) with the sign restored; absolute error below 2e-7, which is
 // what GELU needs (its output is 0.5 x (1 + tanh)).
 //
@@ -42,13 +43,17 @@ inline float tanh(float x) {
 // Dispatch: fast in f32, exact in f64.
 template <typename T>
 inline T exp_t(T x) {
-  if constexpr (std::is_same_v<T, float>) return exp(x);
-  else return std::exp(x);
+  if constexpr (std::is_same_v<T, float>)
+    return exp(x);
+  else
+    return std::exp(x);
 }
 template <typename T>
 inline T tanh_t(T x) {
-  if constexpr (std::is_same_v<T, float>) return tanh(x);
-  else return std::tanh(x);
+  if constexpr (std::is_same_v<T, float>)
+    return tanh(x);
+  else
+    return std::tanh(x);
 }
 
 }  // namespace mw::ops::fast

@@ -8,7 +8,6 @@
 #include <chrono>
 
 #include "core/allocator.h"
-
 #include "core/cpu/blas.h"
 #include "core/ops.h"
 #include "core/parallel.h"
@@ -36,7 +35,6 @@ BlasOperand as_blas(const Tensor& t, bool trans, Tensor& keepalive) {
   keepalive = t.contiguous();
   return {keepalive.raw_data(), std::max<int64_t>(1, keepalive.size(1)), trans};
 }
-
 
 // C[M,N] = alpha * op(A) @ op(B) + beta * C, tiled over the larger of M and N.
 template <typename T>
@@ -80,9 +78,10 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   const int64_t K = trans_a ? a.size(0) : a.size(1);
   const int64_t Kb = trans_b ? b.size(1) : b.size(0);
   const int64_t N = trans_b ? b.size(0) : b.size(1);
-  MW_CHECK_T(ShapeError, K == Kb, "gemm: inner dimensions differ: ", a.desc(),
-             trans_a ? "^T" : "", " @ ", b.desc(), trans_b ? "^T" : "");
-  MW_CHECK_T(ShapeError, out.dim() == 2 && out.size(0) == M && out.size(1) == N && out.is_contiguous(),
+  MW_CHECK_T(ShapeError, K == Kb, "gemm: inner dimensions differ: ", a.desc(), trans_a ? "^T" : "",
+             " @ ", b.desc(), trans_b ? "^T" : "");
+  MW_CHECK_T(ShapeError,
+             out.dim() == 2 && out.size(0) == M && out.size(1) == N && out.is_contiguous(),
              "gemm: output ", out.desc(), " is not a contiguous [", M, ", ", N, "]");
   Tensor ka, kb;
   BlasOperand A = as_blas(a, trans_a, ka), B = as_blas(b, trans_b, kb);
@@ -93,16 +92,15 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
                   static_cast<const T*>(B.data), B.ld, accumulate ? T(1) : T(0),
                   out.template data<T>(), std::max<int64_t>(1, N));
   });
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::steady_clock::now() - t0).count();
+  const auto ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   g_gemm_calls.fetch_add(1, std::memory_order_relaxed);
   g_gemm_flops.fetch_add(2 * M * N * K, std::memory_order_relaxed);
   g_gemm_ns.fetch_add(ns, std::memory_order_relaxed);
 }
 
-GemmStats gemm_stats() {
-  return {g_gemm_calls.load(), g_gemm_flops.load(), g_gemm_ns.load()};
-}
+GemmStats gemm_stats() { return {g_gemm_calls.load(), g_gemm_flops.load(), g_gemm_ns.load()}; }
 
 void reset_gemm_stats() {
   g_gemm_calls = 0;
@@ -111,8 +109,8 @@ void reset_gemm_stats() {
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
-  MW_CHECK_T(ShapeError, a.dim() >= 2 && b.dim() >= 2, "matmul: operands must be at least 2-D, got ",
-             a.desc(), " @ ", b.desc());
+  MW_CHECK_T(ShapeError, a.dim() >= 2 && b.dim() >= 2,
+             "matmul: operands must be at least 2-D, got ", a.desc(), " @ ", b.desc());
   MW_CHECK_T(ShapeError, a.size(-1) == b.size(-2), "matmul: inner dimensions differ: ", a.desc(),
              " @ ", b.desc());
   const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
@@ -124,9 +122,10 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     gemm(a2, false, b, false, out, false);
     return out.view(out_shape);
   }
-  MW_CHECK_T(ShapeError,
-             a.dim() == b.dim() && std::equal(a.shape().begin(), a.shape().end() - 2, b.shape().begin()),
-             "matmul: batch dimensions differ: ", a.desc(), " @ ", b.desc());
+  MW_CHECK_T(
+      ShapeError,
+      a.dim() == b.dim() && std::equal(a.shape().begin(), a.shape().end() - 2, b.shape().begin()),
+      "matmul: batch dimensions differ: ", a.desc(), " @ ", b.desc());
   Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
   Tensor a3 = a.reshape({-1, M, K}), b3 = b.reshape({-1, K, N});
   Tensor o3 = out.view({-1, M, N});

@@ -1,6 +1,6 @@
 // Forward and backward kernels of the per-row layers: embedding, layernorm, GELU, softmax, dropout.
-// Each forward sits next to its backward (llm.c's layout). Reductions across rows (weight gradients)
-// are combined in fixed block order (Note [Deterministic parallelism]).
+// Each forward sits next to its backward (llm.c's layout). Reductions across rows (weight
+// gradients) are combined in fixed block order (Note [Deterministic parallelism]).
 #include <cmath>
 
 #include "core/cpu/fast_math.h"
@@ -63,9 +63,11 @@ Tensor embedding_backward(const Tensor& dout, const Tensor& ids, int64_t num_row
 void embedding_backward_into(Tensor& dtable, const Tensor& dout_in, const Tensor& ids) {
   Tensor dout = dout_in.contiguous();
   const int64_t C = dout.size(-1);
-  MW_CHECK_T(ShapeError, dtable.dim() == 2 && dtable.size(1) == C && dtable.is_contiguous() &&
-                             dtable.dtype() == dout.dtype(),
-             "embedding_backward_into: table gradient ", dtable.desc(), " does not fit ", dout.desc());
+  MW_CHECK_T(ShapeError,
+             dtable.dim() == 2 && dtable.size(1) == C && dtable.is_contiguous() &&
+                 dtable.dtype() == dout.dtype(),
+             "embedding_backward_into: table gradient ", dtable.desc(), " does not fit ",
+             dout.desc());
   std::vector<int64_t> rows(static_cast<size_t>(ids.numel()));
   for_ids(ids, [&](int64_t i, int64_t id) { rows[i] = id; });
   dtable.bump_version();
@@ -90,9 +92,11 @@ LayerNormOut layernorm(const Tensor& x_in, const Tensor& weight, const Tensor& b
   Tensor x = x_in.contiguous();
   const int64_t C = x.size(-1), N = x.numel() / C;
   MW_CHECK_T(ShapeError, weight.numel() == C && bias.numel() == C, "layernorm: weight ",
-             weight.desc(), " and bias ", bias.desc(), " must have ", C, " elements for ", x.desc());
+             weight.desc(), " and bias ", bias.desc(), " must have ", C, " elements for ",
+             x.desc());
   LayerNormOut r{Tensor::empty(x.shape(), x.dtype(), x.device()),
-                 Tensor::empty({N}, x.dtype(), x.device()), Tensor::empty({N}, x.dtype(), x.device())};
+                 Tensor::empty({N}, x.dtype(), x.device()),
+                 Tensor::empty({N}, x.dtype(), x.device())};
   dispatch_float(x.dtype(), "layernorm", [&]<typename T>() {
     const T* px = x.template data<T>();
     const T* w = weight.contiguous().template data<T>();
@@ -125,7 +129,8 @@ LayerNormGrads layernorm_backward(const Tensor& dout_in, const Tensor& x_in, con
   Tensor dout = dout_in.contiguous(), x = x_in.contiguous();
   const int64_t C = x.size(-1), N = x.numel() / C;
   LayerNormGrads g{Tensor::empty(x.shape(), x.dtype(), x.device()),
-                   Tensor::empty({C}, x.dtype(), x.device()), Tensor::empty({C}, x.dtype(), x.device())};
+                   Tensor::empty({C}, x.dtype(), x.device()),
+                   Tensor::empty({C}, x.dtype(), x.device())};
   dispatch_float(x.dtype(), "layernorm_backward", [&]<typename T>() {
     const T* pd = dout.template data<T>();
     const T* px = x.template data<T>();
@@ -135,31 +140,32 @@ LayerNormGrads layernorm_backward(const Tensor& dout_in, const Tensor& x_in, con
     T* pdx = g.dx.template data<T>();
     constexpr int64_t kRowsPerBlock = 32;
     // Each block of rows writes dx for its rows and returns partial dweight/dbias sums.
-    auto partials = parallel_reduce_blocks<std::vector<T>>(N, kRowsPerBlock, [&](int64_t s, int64_t e) {
-      std::vector<T> acc(static_cast<size_t>(2 * C), T(0));
-      for (int64_t i = s; i < e; ++i) {
-        const T* d = pd + i * C;
-        const T* row = px + i * C;
-        const T m = pm[i], rs = pr[i];
-        T dnorm_mean = 0, dnorm_norm_mean = 0;
-        for (int64_t c = 0; c < C; ++c) {
-          T norm = (row[c] - m) * rs;
-          T dnorm = w[c] * d[c];
-          dnorm_mean += dnorm;
-          dnorm_norm_mean += dnorm * norm;
-          acc[c] += d[c] * norm;
-          acc[C + c] += d[c];
-        }
-        dnorm_mean /= static_cast<T>(C);
-        dnorm_norm_mean /= static_cast<T>(C);
-        T* dx = pdx + i * C;
-        for (int64_t c = 0; c < C; ++c) {
-          T norm = (row[c] - m) * rs;
-          dx[c] = (w[c] * d[c] - dnorm_mean - norm * dnorm_norm_mean) * rs;
-        }
-      }
-      return acc;
-    });
+    auto partials =
+        parallel_reduce_blocks<std::vector<T>>(N, kRowsPerBlock, [&](int64_t s, int64_t e) {
+          std::vector<T> acc(static_cast<size_t>(2 * C), T(0));
+          for (int64_t i = s; i < e; ++i) {
+            const T* d = pd + i * C;
+            const T* row = px + i * C;
+            const T m = pm[i], rs = pr[i];
+            T dnorm_mean = 0, dnorm_norm_mean = 0;
+            for (int64_t c = 0; c < C; ++c) {
+              T norm = (row[c] - m) * rs;
+              T dnorm = w[c] * d[c];
+              dnorm_mean += dnorm;
+              dnorm_norm_mean += dnorm * norm;
+              acc[c] += d[c] * norm;
+              acc[C + c] += d[c];
+            }
+            dnorm_mean /= static_cast<T>(C);
+            dnorm_norm_mean /= static_cast<T>(C);
+            T* dx = pdx + i * C;
+            for (int64_t c = 0; c < C; ++c) {
+              T norm = (row[c] - m) * rs;
+              dx[c] = (w[c] * d[c] - dnorm_mean - norm * dnorm_norm_mean) * rs;
+            }
+          }
+          return acc;
+        });
     T* dw = g.dweight.template data<T>();
     T* db = g.dbias.template data<T>();
     std::fill(dw, dw + C, T(0));
@@ -271,8 +277,7 @@ Tensor softmax_backward(const Tensor& dout_in, const Tensor& y_in) {
 
 Tensor dropout(const Tensor& x_in, double p, RngState rng) {
   check_float("dropout", x_in);
-  MW_CHECK_T(InvalidArgument, p >= 0 && p < 1, "dropout: probability ", p,
-             " must be in [0, 1)");
+  MW_CHECK_T(InvalidArgument, p >= 0 && p < 1, "dropout: probability ", p, " must be in [0, 1)");
   Tensor x = x_in.contiguous();
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   dispatch_float(x.dtype(), "dropout", [&]<typename T>() {

@@ -4,8 +4,8 @@
 // microseconds, so freed blocks are kept in a best-fit free list (sizes rounded to 512 bytes) and
 // reused when a request fits in a block at most twice its size. When cudaMalloc fails, every cached
 // block is returned to the driver and the allocation is retried once; if it still fails the error
-// says how much was asked for, how much is free and how much the device has. (Splitting large cached
-// blocks, as PyTorch's allocator does, is not done yet.)
+// says how much was asked for, how much is free and how much the device has. (Splitting large
+// cached blocks, as PyTorch's allocator does, is not done yet.)
 //
 // Compiled only when the CUDA toolkit is found; plain C++ against the runtime API.
 #include <cuda_runtime.h>
@@ -24,7 +24,8 @@ namespace {
 
 void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess)
-    throw DeviceError(str(what, " failed: ", cudaGetErrorString(err), " (", static_cast<int>(err), ")"));
+    throw DeviceError(
+        str(what, " failed: ", cudaGetErrorString(err), " (", static_cast<int>(err), ")"));
 }
 
 class CudaCachingAllocator final : public Allocator {
@@ -64,7 +65,8 @@ class CudaCachingAllocator final : public Allocator {
         throw OutOfMemory(str("cuda:", index_, " out of memory: requested ", rounded, " bytes, ",
                               free_bytes, " bytes free of ", total_bytes,
                               "; lower the batch, or enable checkpointing/offload"),
-                          rounded, static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes));
+                          rounded, static_cast<int64_t>(free_bytes),
+                          static_cast<int64_t>(total_bytes));
       }
     }
     sizes_[p] = rounded;

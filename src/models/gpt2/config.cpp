@@ -12,24 +12,45 @@ namespace mw::gpt2 {
 Config Config::preset(const std::string& name) {
   Config c;
   if (name == "small") return c;
-  if (name == "medium") { c.n_layer = 24; c.n_head = 16; c.n_embd = 1024; return c; }
-  if (name == "large") { c.n_layer = 36; c.n_head = 20; c.n_embd = 1280; return c; }
-  if (name == "xl") { c.n_layer = 48; c.n_head = 25; c.n_embd = 1600; return c; }
-  if (name == "tiny") {
-    c.n_layer = 2; c.n_head = 4; c.n_embd = 32; c.vocab_size = 97; c.n_positions = 32;
+  if (name == "medium") {
+    c.n_layer = 24;
+    c.n_head = 16;
+    c.n_embd = 1024;
     return c;
   }
-  throw InvalidArgument(str("unknown GPT-2 preset '", name,
-                            "': expected tiny, small, medium, large or xl"));
+  if (name == "large") {
+    c.n_layer = 36;
+    c.n_head = 20;
+    c.n_embd = 1280;
+    return c;
+  }
+  if (name == "xl") {
+    c.n_layer = 48;
+    c.n_head = 25;
+    c.n_embd = 1600;
+    return c;
+  }
+  if (name == "tiny") {
+    c.n_layer = 2;
+    c.n_head = 4;
+    c.n_embd = 32;
+    c.vocab_size = 97;
+    c.n_positions = 32;
+    return c;
+  }
+  throw InvalidArgument(
+      str("unknown GPT-2 preset '", name, "': expected tiny, small, medium, large or xl"));
 }
 
 void Config::validate() const {
-  MW_CHECK_T(InvalidArgument, n_layer > 0 && n_head > 0 && n_embd > 0 && vocab_size > 0 && n_positions > 0,
-             "GPT-2 config: n_layer, n_head, n_embd, vocab_size and n_positions must be positive (got ",
-             n_layer, ", ", n_head, ", ", n_embd, ", ", vocab_size, ", ", n_positions, ")");
+  MW_CHECK_T(
+      InvalidArgument, n_layer > 0 && n_head > 0 && n_embd > 0 && vocab_size > 0 && n_positions > 0,
+      "GPT-2 config: n_layer, n_head, n_embd, vocab_size and n_positions must be positive (got ",
+      n_layer, ", ", n_head, ", ", n_embd, ", ", vocab_size, ", ", n_positions, ")");
   MW_CHECK_T(InvalidArgument, n_embd % n_head == 0, "GPT-2 config: n_embd ", n_embd,
              " is not divisible by n_head ", n_head);
-  MW_CHECK_T(InvalidArgument, layer_norm_epsilon > 0, "GPT-2 config: layer_norm_epsilon must be > 0");
+  MW_CHECK_T(InvalidArgument, layer_norm_epsilon > 0,
+             "GPT-2 config: layer_norm_epsilon must be > 0");
   for (double p : {embd_pdrop, attn_pdrop, resid_pdrop})
     MW_CHECK_T(InvalidArgument, p >= 0 && p < 1, "GPT-2 config: dropout ", p, " must be in [0, 1)");
 }
@@ -44,8 +65,10 @@ Config Config::from_json_file(const std::string& path) {
   MW_CHECK_T(FormatError, v.is_object(), path, ": expected a JSON object");
   Config c;
   auto get_int = [&](const char* key, int64_t& field, bool required) {
-    if (const json::Value* f = v.find(key)) field = f->as_int();
-    else MW_CHECK_T(FormatError, !required, path, ": missing \"", key, "\"");
+    if (const json::Value* f = v.find(key))
+      field = f->as_int();
+    else
+      MW_CHECK_T(FormatError, !required, path, ": missing \"", key, "\"");
   };
   auto get_double = [&](const char* key, double& field) {
     if (const json::Value* f = v.find(key); f && f->is_number()) field = f->as_double();

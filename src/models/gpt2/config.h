@@ -17,7 +17,8 @@ struct Config {
   double attn_pdrop = 0.1;   // dropout on attention probabilities
   double resid_pdrop = 0.1;  // dropout on each residual branch
 
-  // "small" (124,439,808 params), "medium", "large", "xl", and "tiny" (2 layers, C 32, V 97, for tests).
+  // "small" (124,439,808 params), "medium", "large", "xl", and "tiny" (2 layers, C 32, V 97, for
+  // tests).
   static Config preset(const std::string& name);
   void set_dropout(double p) { embd_pdrop = attn_pdrop = resid_pdrop = p; }
   void validate() const;  // throws InvalidArgument naming the bad field

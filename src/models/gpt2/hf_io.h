@@ -1,6 +1,6 @@
 // Loading and saving GPT-2 weights in the HuggingFace folder layout: config.json plus
-// model.safetensors with HF's names and Conv1D [in, out] weights. A missing lm_head.weight means the
-// head is tied to transformer.wte.weight (the only layout GPT-2 uses).
+// model.safetensors with HF's names and Conv1D [in, out] weights. A missing lm_head.weight means
+// the head is tied to transformer.wte.weight (the only layout GPT-2 uses).
 #pragma once
 
 #include <string>

@@ -12,8 +12,8 @@ namespace {
 // Fills t per its Init with draws (seed, offset..offset+numel) of the counter-based generator, so
 // initialisation is deterministic and independent of the thread count.
 void initialise(Tensor& t, Init init, RngState rng, int64_t n_layer) {
-  double stddev = init == Init::NormalResidProj ? 0.02 / std::sqrt(2.0 * static_cast<double>(n_layer))
-                                                : 0.02;
+  double stddev =
+      init == Init::NormalResidProj ? 0.02 / std::sqrt(2.0 * static_cast<double>(n_layer)) : 0.02;
   if (init == Init::Zeros) return t.fill_(0.0);
   if (init == Init::Ones) return t.fill_(1.0);
   dispatch_float(t.dtype(), "init", [&]<typename T>() {
@@ -37,8 +37,10 @@ GPT2::GPT2(const Config& config, uint64_t seed, DType dtype, Device device)
   }
   auto p = [&](const std::string& name) { return by_name_.at(name); };
   auto transformer = register_module("transformer", std::make_shared<nn::Container>("GPT2Model"));
-  auto wte = transformer->register_module("wte", std::make_shared<nn::Embedding>(p("transformer.wte.weight")));
-  auto wpe = transformer->register_module("wpe", std::make_shared<nn::Embedding>(p("transformer.wpe.weight")));
+  auto wte = transformer->register_module(
+      "wte", std::make_shared<nn::Embedding>(p("transformer.wte.weight")));
+  auto wpe = transformer->register_module(
+      "wpe", std::make_shared<nn::Embedding>(p("transformer.wpe.weight")));
   wte_ = wte->weight;
   wpe_ = wpe->weight;
   drop_ = transformer->register_module("drop", std::make_shared<nn::Dropout>(config_.embd_pdrop));
@@ -57,12 +59,13 @@ GPT2::GPT2(const Config& config, uint64_t seed, DType dtype, Device device)
         std::make_shared<nn::Linear>(p(b + "mlp.c_fc.weight"), p(b + "mlp.c_fc.bias")),
         std::make_shared<nn::Linear>(p(b + "mlp.c_proj.weight"), p(b + "mlp.c_proj.bias")),
         config_.resid_pdrop);
-    blocks_.push_back(h->register_module(std::to_string(i),
-                                         std::make_shared<nn::Block>(ln_1, attn, ln_2, mlp)));
+    blocks_.push_back(
+        h->register_module(std::to_string(i), std::make_shared<nn::Block>(ln_1, attn, ln_2, mlp)));
   }
   ln_f_ = transformer->register_module(
-      "ln_f", std::make_shared<nn::LayerNorm>(p("transformer.ln_f.weight"),
-                                              p("transformer.ln_f.bias"), config_.layer_norm_epsilon));
+      "ln_f",
+      std::make_shared<nn::LayerNorm>(p("transformer.ln_f.weight"), p("transformer.ln_f.bias"),
+                                      config_.layer_norm_epsilon));
 }
 
 const Tensor& GPT2::parameter(const std::string& hf_name) const {

@@ -11,8 +11,8 @@
 namespace mw::gpt2 {
 
 enum class Init {
-  Normal,            // N(0, 0.02)
-  NormalResidProj,   // N(0, 0.02 / sqrt(2 * n_layer)): every c_proj.weight (GPT-2 paper, HF)
+  Normal,           // N(0, 0.02)
+  NormalResidProj,  // N(0, 0.02 / sqrt(2 * n_layer)): every c_proj.weight (GPT-2 paper, HF)
   Zeros,
   Ones,
 };

@@ -20,12 +20,9 @@ using detail::RequestState;
 
 const char* backend_kind_name(BackendKind kind) {
   switch (kind) {
-    case BackendKind::kAuto:
-      return "auto";
-    case BackendKind::kUring:
-      return "uring";
-    case BackendKind::kThreads:
-      return "threads";
+    case BackendKind::kAuto: return "auto";
+    case BackendKind::kUring: return "uring";
+    case BackendKind::kThreads: return "threads";
   }
   return "?";
 }

@@ -70,12 +70,10 @@ MW_TARGET_AVX2 void adam_avx2_impl(const AdamStepScalars& s, float* param, const
 void adam_kernel_avx2(const AdamStepScalars& s, float* param, const void* grad, DType grad_dtype,
                       float* exp_avg, float* exp_avg_sq, int64_t numel) {
   switch (grad_dtype) {
-    case DType::F16:
-      return adam_avx2_impl<DType::F16>(s, param, grad, exp_avg, exp_avg_sq, numel);
+    case DType::F16: return adam_avx2_impl<DType::F16>(s, param, grad, exp_avg, exp_avg_sq, numel);
     case DType::BF16:
       return adam_avx2_impl<DType::BF16>(s, param, grad, exp_avg, exp_avg_sq, numel);
-    default:
-      return adam_avx2_impl<DType::F32>(s, param, grad, exp_avg, exp_avg_sq, numel);
+    default: return adam_avx2_impl<DType::F32>(s, param, grad, exp_avg, exp_avg_sq, numel);
   }
 }
 

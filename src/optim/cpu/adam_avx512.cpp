@@ -95,8 +95,7 @@ void adam_kernel_avx512(const AdamStepScalars& s, float* param, const void* grad
       return adam_avx512_impl<DType::F16>(s, param, grad, exp_avg, exp_avg_sq, numel);
     case DType::BF16:
       return adam_avx512_impl<DType::BF16>(s, param, grad, exp_avg, exp_avg_sq, numel);
-    default:
-      return adam_avx512_impl<DType::F32>(s, param, grad, exp_avg, exp_avg_sq, numel);
+    default: return adam_avx512_impl<DType::F32>(s, param, grad, exp_avg, exp_avg_sq, numel);
   }
 }
 

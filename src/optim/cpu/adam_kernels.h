@@ -13,12 +13,9 @@ namespace mw::optim::detail {
 // Reads gradient element i of an f32/f16/bf16 array as f32 (all three widen exactly).
 inline float load_grad_element(const void* grad, DType grad_dtype, int64_t i) {
   switch (grad_dtype) {
-    case DType::F16:
-      return half_to_float(static_cast<const uint16_t*>(grad)[i]);
-    case DType::BF16:
-      return bf16_to_float(static_cast<const uint16_t*>(grad)[i]);
-    default:
-      return static_cast<const float*>(grad)[i];
+    case DType::F16: return half_to_float(static_cast<const uint16_t*>(grad)[i]);
+    case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(grad)[i]);
+    default: return static_cast<const float*>(grad)[i];
   }
 }
 

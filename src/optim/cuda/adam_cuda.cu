@@ -66,12 +66,8 @@ void adam_update_cuda(const AdamStepScalars& scalars, float* param, const void* 
              "adam_update_cuda: null device pointer for ", numel, " elements");
   auto s = static_cast<cudaStream_t>(stream);
   switch (grad_dtype) {
-    case DType::F32:
-      launch<float>(scalars, param, grad, exp_avg, exp_avg_sq, numel, s);
-      break;
-    case DType::F16:
-      launch<__half>(scalars, param, grad, exp_avg, exp_avg_sq, numel, s);
-      break;
+    case DType::F32: launch<float>(scalars, param, grad, exp_avg, exp_avg_sq, numel, s); break;
+    case DType::F16: launch<__half>(scalars, param, grad, exp_avg, exp_avg_sq, numel, s); break;
     case DType::BF16:
       launch<__nv_bfloat16>(scalars, param, grad, exp_avg, exp_avg_sq, numel, s);
       break;
