@@ -88,6 +88,9 @@ cli::Parser make_parser() {
   p.option("update-in-backward", "on",
            "on|off: step each parameter as soon as its gradient is "
            "final, freeing it (Note [Update in backward])");
+  p.option("nvme-borrow", "on",
+           "on|off: lend spent gradient buffers as read-ahead slots (faster; off saves up to the "
+           "embedding's m+v of RAM)");
   p.option("optimizer-states", "host",
            "host|device: where HybridAdam keeps m and v of parameters "
            "on the sim device");
@@ -143,6 +146,7 @@ Options parse_options(const cli::Parser& p) {
     o.nvme.dir = p.str("nvme-dir");
     o.nvme.window_bytes = parse_bytes(p.str("nvme-window"));
     o.nvme.record_timeline = !p.str("nvme-timeline").empty();
+    o.nvme.borrow_gradient_slots = p.choice("nvme-borrow", {"on", "off"}) == "on";
   }
   o.save_optimizer = p.str("save-optimizer");
   o.load_optimizer = p.str("load-optimizer");

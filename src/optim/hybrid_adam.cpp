@@ -91,8 +91,9 @@ void HybridAdam::update_offloaded(size_t i, bool in_backward) {
   // pipeline when nobody else holds it.
   set_grad(p, Tensor());
   g = Tensor();
-  if (gc.dtype() == DType::F32 && gc.device().is_host_addressable() && gc.offset() == 0 &&
-      gc.impl_ptr().use_count() == 1 && gc.storage().use_count() == 1)
+  if (options_.nvme.borrow_gradient_slots && gc.dtype() == DType::F32 &&
+      gc.device().is_host_addressable() && gc.offset() == 0 && gc.impl_ptr().use_count() == 1 &&
+      gc.storage().use_count() == 1)
     nvme_->donate(std::move(gc));
 }
 

@@ -71,6 +71,11 @@ struct NvmeOffloadOptions {
   int64_t window_bytes = int64_t{32} << 20;  // staging RAM: window_bytes / (8 * slice_numel) slots
   bool overlap_backward = true;  // HybridAdam: update offloaded parameters in grad-ready hooks
   bool record_timeline = false;  // keep per-slice timestamps of the last step
+  // Lend spent gradient buffers to the pipeline as extra read-ahead slots (Note [Borrowed gradient
+  // slots]). On: the tied embedding's states are read during backward and its update waits for
+  // nothing, at the cost of holding up to its m+v (296 MiB on GPT-2 small) in those buffers. Off:
+  // that RAM is saved and the embedding's reads are exposed at the end of backward.
+  bool borrow_gradient_slots = true;
   io::IoOptions io;              // backend and queue depth of the engine
 };
 

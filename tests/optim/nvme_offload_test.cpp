@@ -442,3 +442,22 @@ TEST(HybridAdamPlacement, SimParametersKeepStatesInHostMemoryUnlessAskedOtherwis
 
 }  // namespace
 }  // namespace mw::optim
+
+namespace mw::optim {
+namespace {
+
+TEST(NvmeOffload, WithoutBorrowedSlotsTheResultIsTheSame) {
+  const RunResult ref = train_tiny("adamw", 0.0, 3);
+  gpt2::GPT2 model(tiny_config(), 0, DType::F32);
+  NvmeOffloadOptions nvme = small_nvme(1.0);
+  nvme.borrow_gradient_slots = false;
+  HybridAdam opt(model.parameters(), HybridAdamOptions({}, -1.f, nvme));
+  RunResult got;
+  for (int s = 0; s < 3; ++s) got.losses.push_back(train_step(model, opt, s));
+  for (const Tensor& p : model.parameters()) got.params.push_back(p.clone());
+  expect_same_run(got, ref);
+  EXPECT_EQ(opt.nvme()->stats().borrowed_bytes_max, 0);
+}
+
+}  // namespace
+}  // namespace mw::optim
