@@ -76,7 +76,7 @@ struct NvmeOffloadOptions {
   // nothing, at the cost of holding up to its m+v (296 MiB on GPT-2 small) in those buffers. Off:
   // that RAM is saved and the embedding's reads are exposed at the end of backward.
   bool borrow_gradient_slots = true;
-  io::IoOptions io;              // backend and queue depth of the engine
+  io::IoOptions io;  // backend and queue depth of the engine
 };
 
 // ColossalAI's choice: walk the parameters in order and offload one while the offloaded total plus
