@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <vector>
 
 namespace mw::data::testing {
 
@@ -45,7 +46,7 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
 
 // Runs `f`, expecting exception type E whose message contains every one of `needles`.
 template <typename E, typename F>
-void expect_throw_with(F&& f, std::initializer_list<std::string> needles) {
+void expect_throw_with(F&& f, const std::vector<std::string>& needles) {
   try {
     f();
     ADD_FAILURE() << "expected an exception, none was thrown";

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include "autograd/autograd.h"
@@ -142,7 +143,10 @@ gpt2::Config tiny_config() {
   return c;
 }
 
-float train_step(gpt2::GPT2& model, Optimizer& opt, int64_t step) {
+// One training step on seeded random tokens; `after_backward` (if any) runs between backward and
+// step(), where a test can look at the gradients.
+float train_step(gpt2::GPT2& model, Optimizer& opt, int64_t step,
+                 const std::function<void()>& after_backward = {}) {
   const int64_t B = 2, T = 16;
   std::vector<int32_t> tokens(static_cast<size_t>(B * T));
   data::random_tokens(3, step, B, T, model.config().vocab_size, tokens.data());
@@ -150,6 +154,7 @@ float train_step(gpt2::GPT2& model, Optimizer& opt, int64_t step) {
   opt.zero_grad();
   Tensor loss = shifted_cross_entropy(model(ids), ids);
   backward(loss);
+  if (after_backward) after_backward();
   opt.step();
   return static_cast<float>(loss.item());
 }
@@ -386,12 +391,6 @@ TEST(NvmeOffload, NoFileOutlivesTheOptimizerAndAGivenDirectoryIsKept) {
   fs::remove_all(given);
 }
 
-}  // namespace
-}  // namespace mw::optim
-
-namespace mw::optim {
-namespace {
-
 // Note [Update in backward] for in-memory states: the same bits as AdamW's step(), with every
 // gradient freed by the time backward returns.
 TEST(HybridAdamUpdateInBackward, BitwiseEqualToAdamWAndGradientsAreFreed) {
@@ -401,28 +400,14 @@ TEST(HybridAdamUpdateInBackward, BitwiseEqualToAdamWAndGradientsAreFreed) {
   options.update_in_backward = true;
   HybridAdam opt(model.parameters(), options);
   RunResult got;
-  for (int s = 0; s < 4; ++s) {
-    const int64_t B = 2, T = 16;
-    std::vector<int32_t> tokens(static_cast<size_t>(B * T));
-    data::random_tokens(3, s, B, T, model.config().vocab_size, tokens.data());
-    Tensor ids = Tensor::from_vector(tokens, {B, T});
-    opt.zero_grad();
-    Tensor loss = shifted_cross_entropy(model(ids), ids);
-    backward(loss);
-    for (const Tensor& p : model.parameters())
-      EXPECT_FALSE(grad(p).defined()) << "a spent gradient was kept";
-    opt.step();
-    got.losses.push_back(static_cast<float>(loss.item()));
-  }
+  for (int s = 0; s < 4; ++s)
+    got.losses.push_back(train_step(model, opt, s, [&] {
+      for (const Tensor& p : model.parameters())
+        EXPECT_FALSE(grad(p).defined()) << "a spent gradient was kept";
+    }));
   for (const Tensor& p : model.parameters()) got.params.push_back(p.clone());
   expect_same_run(got, ref);
 }
-
-}  // namespace
-}  // namespace mw::optim
-
-namespace mw::optim {
-namespace {
 
 TEST(HybridAdamPlacement, SimParametersKeepStatesInHostMemoryUnlessAskedOtherwise) {
   for (bool on_host : {true, false}) {
@@ -439,12 +424,6 @@ TEST(HybridAdamPlacement, SimParametersKeepStatesInHostMemoryUnlessAskedOtherwis
     EXPECT_FLOAT_EQ(p.to_vector<float>()[7], 0.5f - 1e-3f);
   }
 }
-
-}  // namespace
-}  // namespace mw::optim
-
-namespace mw::optim {
-namespace {
 
 TEST(NvmeOffload, WithoutBorrowedSlotsTheResultIsTheSame) {
   const RunResult ref = train_tiny("adamw", 0.0, 3);
