@@ -6,6 +6,8 @@
 //     ready node created last runs first (highest sequence number), mirroring the forward;
 //  3. gradients arriving at the same node input are summed; saved tensors are released as soon as
 //     a node has run (unless retain_graph).
+#include <algorithm>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 
@@ -68,6 +70,12 @@ void zero_grad(const Tensor& t) {
 void add_grad_ready_hook(const Tensor& leaf, GradReadyHook hook) {
   MW_CHECK_T(AutogradError, is_leaf(leaf), "grad-ready hooks go on leaves, not on ", leaf.desc());
   ensure_autograd_meta(leaf).grad_ready_hooks.push_back(std::move(hook));
+}
+
+void add_grad_rows_ready_hook(const Tensor& leaf, GradRowsReadyHook hook) {
+  MW_CHECK_T(AutogradError, is_leaf(leaf) && leaf.dim() == 2,
+             "rows-ready hooks go on 2-D leaves (embedding tables), not on ", leaf.desc());
+  ensure_autograd_meta(leaf).grad_rows_ready_hooks.push_back(std::move(hook));
 }
 
 // ---------------- grad mode ----------------
@@ -226,6 +234,87 @@ Tensor take_pending_gradient(size_t edge_index) {
   return std::move(slot);
 }
 
+namespace {
+
+// Note [Rows-ready hooks]: the engine's side. For each leaf with rows-ready hooks, the nodes that
+// send it gradients (one entry per edge) and whether each has run.
+struct RowsWatch {
+  struct Producer {
+    Node* node;
+    size_t edge;
+    bool done = false;
+  };
+  std::vector<Producer> producers;
+  bool fired = false;
+  std::vector<std::function<void()>> joins;  // from the hooks, run before the leaf accumulates
+};
+
+bool has_rows_hooks(const Node* n) {
+  const Tensor* leaf = n->leaf();
+  if (!leaf) return false;
+  const AutogradMeta* m = autograd_meta(*leaf);
+  return m && !m->grad_rows_ready_hooks.empty();
+}
+
+// Sorted distinct row ids still to come from the unfinished producers, or nullopt when some
+// unfinished producer is not row-sparse (or its ids are not readable on the host).
+std::optional<std::vector<int64_t>> pending_rows(const RowsWatch& w) {
+  std::vector<int64_t> rows;
+  for (const auto& p : w.producers) {
+    if (p.done) continue;
+    const auto& rs = p.node->row_sparse;
+    if (!rs || rs->edge != p.edge || !rs->ids.defined() || !rs->ids.device().is_host_addressable())
+      return std::nullopt;
+    Tensor ids = rs->ids.contiguous();
+    if (ids.dtype() == DType::I32) {
+      const int32_t* d = ids.data<int32_t>();
+      rows.insert(rows.end(), d, d + ids.numel());
+    } else if (ids.dtype() == DType::I64) {
+      const int64_t* d = ids.data<int64_t>();
+      rows.insert(rows.end(), d, d + ids.numel());
+    } else {
+      return std::nullopt;
+    }
+  }
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
+// Called after producer (n, edge) delivered to a watched AccumulateGrad that still waits for
+// others: fires the leaf's rows-ready hooks once, if every producer left is row-sparse.
+void maybe_fire_rows_ready(RowsWatch& w, Node* n, size_t edge,
+                           std::unordered_map<Node*, std::vector<Tensor>>& buffers) {
+  for (auto& p : w.producers)
+    if (p.node == n && p.edge == edge) p.done = true;
+  if (w.fired || w.producers.empty()) return;
+  Node* acc = w.producers.front().node->next_edges[w.producers.front().edge].fn.get();
+  auto b = buffers.find(acc);
+  if (b == buffers.end() || b->second.empty() || !b->second[0].defined()) return;
+  const Tensor& leaf = *acc->leaf();
+  AutogradMeta* meta = autograd_meta(leaf);
+  if (meta->grad.defined()) return;  // accumulating across backwards: the rows are not final
+  std::optional<std::vector<int64_t>> rows = pending_rows(w);
+  if (!rows) return;
+  w.fired = true;
+  for (auto& hook : meta->grad_rows_ready_hooks) {
+    std::function<void()> join = hook(leaf, b->second[0], *rows);
+    if (join) w.joins.push_back(std::move(join));
+  }
+}
+
+// Runs every outstanding join when backward leaves early (an exception), before the gradient
+// buffers the hooks read from are destroyed.
+struct JoinAllOnExit {
+  std::unordered_map<Node*, RowsWatch>* watches;
+  ~JoinAllOnExit() {
+    for (auto& [n, w] : *watches)
+      for (auto& join : w.joins) join();
+  }
+};
+
+}  // namespace
+
 void backward(const Tensor& root, const Tensor& grad_output, bool retain_graph) {
   backward(std::vector<Tensor>{root}, std::vector<Tensor>{grad_output}, retain_graph);
 }
@@ -265,11 +354,15 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
       stack.push_back(e.fn.get());
     }
   }
+  std::unordered_map<Node*, RowsWatch> watches;  // Note [Rows-ready hooks]
+  JoinAllOnExit join_on_exit{&watches};
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
-    for (auto& e : n->next_edges) {
+    for (size_t i = 0; i < n->next_edges.size(); ++i) {
+      const Edge& e = n->next_edges[i];
       if (!e.fn) continue;
+      if (has_rows_hooks(e.fn.get())) watches[e.fn.get()].producers.push_back({n, i});
       ++dependencies[e.fn.get()];
       if (!seen[e.fn.get()]) {
         seen[e.fn.get()] = true;
@@ -300,6 +393,14 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
     inputs.resize(n->num_outputs);
     bool any = false;
     for (auto& t : inputs) any = any || t.defined();
+    for (auto& [acc, w] : watches) {  // the hooks' reads end before anyone writes the gradient
+      if (w.joins.empty()) continue;
+      bool writes = acc == n;
+      for (const auto& p : w.producers) writes = writes || (p.node == n && !p.done);
+      if (!writes) continue;
+      for (auto& join : w.joins) join();
+      w.joins.clear();
+    }
     std::vector<Tensor> outs;
     if (any) {
       t_apply = {n, &buffers};
@@ -322,7 +423,11 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
         buf.resize(next->num_outputs);
         accumulate_into(buf[e.input_nr], std::move(outs[i]));
       }
-      if (--dependencies[next] == 0) ready.push(next);
+      if (--dependencies[next] == 0) {
+        ready.push(next);
+      } else if (auto w = watches.find(next); w != watches.end()) {
+        maybe_fire_rows_ready(w->second, n, i, buffers);
+      }
     }
   }
 }

@@ -243,7 +243,7 @@ Tensor lm_head(const Tensor& x, const Tensor& table) {
 
 Tensor embedding(const Tensor& table, const Tensor& ids) {
   Tensor out = ops::embedding(table, ids);
-  return record("EmbeddingBackward", out, {table}, [&](const std::vector<bool>&) -> BackwardFn {
+  out = record("EmbeddingBackward", out, {table}, [&](const std::vector<bool>&) -> BackwardFn {
     Tensor ids_copy = ids.detach();  // token ids: integers, never modified by training
     int64_t rows = table.size(0);
     return [ids_copy, rows](const Grads& g) -> Grads {
@@ -257,6 +257,9 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
       return {ops::embedding_backward(g[0], ids_copy, rows)};
     };
   });
+  // Only the looked-up rows of the table get a gradient (Note [Rows-ready hooks]).
+  if (auto fn = grad_fn(out)) fn->row_sparse = Node::RowSparse{0, ids.detach()};
+  return out;
 }
 
 Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,16 @@ class Node {
   // Returns one gradient per next_edges entry (undefined where not needed).
   virtual std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) = 0;
   virtual void release_saved() {}
+  // The leaf this node accumulates into (AccumulateGrad), else null.
+  virtual const Tensor* leaf() const { return nullptr; }
+
+  // Set by ops whose gradient for input `edge` is zero outside the rows `ids` (i32/i64) of a 2-D
+  // input: the embedding lookup. Note [Rows-ready hooks].
+  struct RowSparse {
+    size_t edge = 0;
+    Tensor ids;
+  };
+  std::optional<RowSparse> row_sparse;
 
   std::vector<Edge> next_edges;
   uint64_t sequence_nr = 0;
@@ -59,6 +70,7 @@ class AccumulateGrad final : public Node {
   explicit AccumulateGrad(Tensor leaf) : leaf_(std::move(leaf)) {}
   std::string name() const override { return "AccumulateGrad"; }
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) override;
+  const Tensor* leaf() const override { return &leaf_; }
 
  private:
   Tensor leaf_;

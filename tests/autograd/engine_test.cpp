@@ -1,6 +1,9 @@
 // The backward engine: accumulation, hooks, version checks, graph release, iterative teardown.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
+
 #include "autograd/node.h"
 #include "autograd/saved_tensor.h"
 #include "gradcheck.h"
@@ -109,6 +112,108 @@ TEST(Engine, BackwardHookRunsWhenGradientPasses) {
   backward(sum(y));
   EXPECT_TRUE(fired);
   EXPECT_EQ(grad(x).to_vector<double>(), (std::vector<double>{2, 2}));
+}
+
+// ---- Note [Rows-ready hooks] ------------------------------------------------------------------
+
+using testing::random_tensor;
+
+// A tied table as in GPT-2: looked up by `ids`, then used by the LM head. Loss = sum(head * r).
+Tensor tied_loss(const Tensor& table, const Tensor& ids, const Tensor& r,
+                 const std::function<void()>& between = {}) {
+  Tensor h = embedding(table, ids);
+  if (between) h = identity_with_backward_hook(h, between);
+  return sum(mul(lm_head(gelu(h), table), r));
+}
+
+TEST(RowsReadyHook, FiresOnceAfterTheHeadWithTheRowsTheEmbeddingWillAdd) {
+  const int64_t V = 7, C = 3;
+  Tensor ids = Tensor::from_vector<int32_t>({5, 1, 5, 3}, {2, 2});
+  Tensor table = random_tensor({V, C}, 1);
+  set_requires_grad(table);
+  Tensor r = random_tensor({2, 2, V}, 2);
+  // The head's share alone: the same loss with the lookup reading a detached copy.
+  backward(sum(mul(lm_head(gelu(embedding(table.detach(), ids)), table), r)));
+  const std::vector<double> head_only = grad(table).to_vector<double>();
+  zero_grad(table);
+  backward(tied_loss(table, ids, r));
+  const std::vector<double> full = grad(table).to_vector<double>();
+  zero_grad(table);
+
+  int calls = 0;
+  bool joined = false, joined_before_final = false;
+  add_grad_rows_ready_hook(
+      table, [&](const Tensor& leaf, const Tensor& partial, const std::vector<int64_t>& rows) {
+        ++calls;
+        EXPECT_TRUE(leaf.is_same(table));
+        EXPECT_EQ(rows, (std::vector<int64_t>{1, 3, 5}));   // sorted, distinct
+        EXPECT_EQ(partial.to_vector<double>(), head_only);  // nothing of the embedding's yet
+        // Outside the pending rows, the partial gradient already is the final one.
+        std::vector<double> p = partial.to_vector<double>();
+        for (int64_t v = 0; v < V; ++v)
+          if (v != 1 && v != 3 && v != 5)
+            for (int64_t c = 0; c < C; ++c) EXPECT_EQ(p[v * C + c], full[v * C + c]);
+        // At the join, the embedding has not yet added its rows into the buffer the hook reads.
+        const double* data = partial.data<double>();
+        return std::function<void()>([&, data] {
+          joined = true;
+          EXPECT_TRUE(std::equal(head_only.begin(), head_only.end(), data));
+        });
+      });
+  add_grad_ready_hook(table, [&](const Tensor&) { joined_before_final = joined; });
+  // The join runs before the embedding's backward adds its rows.
+  bool joined_before_embedding = true;
+  backward(tied_loss(table, ids, r, [&] { joined_before_embedding = joined; }));
+  EXPECT_EQ(calls, 1);
+  EXPECT_FALSE(joined_before_embedding);  // the hook passed between head and lookup: not yet
+  EXPECT_TRUE(joined_before_final);
+  EXPECT_EQ(grad(table).to_vector<double>(), full);
+}
+
+TEST(RowsReadyHook, WaitsForEveryDenseUseAndNeverFiresWhenAccumulating) {
+  Tensor ids = Tensor::from_vector<int32_t>({0, 2}, {1, 2});
+  Tensor table = random_tensor({4, 3}, 3);
+  set_requires_grad(table);
+  Tensor x = random_tensor({1, 2, 3}, 4);
+  // Two dense uses (an LM head, and a matmul through a transposed view) and the lookup.
+  auto loss = [&] {
+    Tensor h = embedding(table, ids);
+    return add(sum(gelu(lm_head(h, table))),
+               sum(mul_scalar(matmul(x, table.transpose(0, 1)), 2.0)));
+  };
+  backward(loss());
+  const std::vector<double> full = grad(table).to_vector<double>();
+  zero_grad(table);
+  int calls = 0;
+  add_grad_rows_ready_hook(
+      table, [&](const Tensor&, const Tensor& partial, const std::vector<int64_t>& rows) {
+        ++calls;
+        EXPECT_EQ(rows, (std::vector<int64_t>{0, 2}));
+        // Fired only after both dense uses: rows 1 and 3 are final.
+        std::vector<double> p = partial.to_vector<double>();
+        for (int64_t v : {1, 3})
+          for (int64_t c = 0; c < 3; ++c) EXPECT_EQ(p[v * 3 + c], full[v * 3 + c]) << v;
+        return std::function<void()>();
+      });
+  backward(loss());
+  EXPECT_EQ(calls, 1);
+  // Accumulating onto an existing .grad: not fired (no row is final before the lookup ran).
+  backward(loss());
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(RowsReadyHook, JoinRunsWhenBackwardFailsHalfway) {
+  Tensor ids = Tensor::from_vector<int32_t>({2, 0}, {1, 2});
+  Tensor table = random_tensor({4, 3}, 6);
+  set_requires_grad(table);
+  bool joined = false;
+  add_grad_rows_ready_hook(table, [&](const Tensor&, const Tensor&, const std::vector<int64_t>&) {
+    return std::function<void()>([&] { joined = true; });
+  });
+  Tensor loss = tied_loss(table, ids, random_tensor({1, 2, 4}, 7),
+                          [] { throw Error("failure between the head and the lookup"); });
+  EXPECT_THROW(backward(loss), Error);
+  EXPECT_TRUE(joined);  // the hook's reader was joined before the gradient buffers went away
 }
 
 }  // namespace
