@@ -88,9 +88,9 @@ cli::Parser make_parser() {
   p.option("update-in-backward", "on",
            "on|off: step each parameter as soon as its gradient is "
            "final, freeing it (Note [Update in backward])");
-  p.option("nvme-borrow", "on",
-           "on|off: lend spent gradient buffers as read-ahead slots (faster; off saves up to the "
-           "embedding's m+v of RAM)");
+  p.option("nvme-borrow", "off",
+           "on|off: lend spent gradient buffers as extra read-ahead slots (up to the largest "
+           "parameter's m+v of RAM)");
   p.option("optimizer-states", "host",
            "host|device: where HybridAdam keeps m and v of parameters "
            "on the sim device");
@@ -318,6 +318,7 @@ int run(const Options& o) {
       log->flush();
     }
   }
+  if (hybrid) hybrid->flush();  // the last write-backs, and any failure among them
   const double total_s = std::chrono::duration<double>(clock::now() - t_start).count();
   std::printf("Time: %.3f s\n", total_s);
   std::printf("Mem usage: %.0f MB\n", mib(current_rss_bytes()));
@@ -341,12 +342,14 @@ int run(const Options& o) {
     const double gb = 1e9;
     std::printf(
         "NVMe: read %.3f GB, written %.3f GB | %.2f GB/s read, %.2f GB/s written over the "
-        "run | exposed waits: reads %.0f ms, last writes %.0f ms | staging %.0f MiB, "
-        "file %.0f MiB, borrowed gradient slots %.0f MiB, %lld spare-slot slices\n",
+        "run | updater waited for reads %.0f ms (hidden behind backward), step() waited for the "
+        "updater %.0f ms (exposed) | staging %.0f MiB, file %.0f MiB, borrowed gradient slots "
+        "%.0f MiB, %lld spare-slot slices | row split: %lld rows, held pages %.1f MiB max\n",
         st.bytes_read / gb, st.bytes_written / gb, st.bytes_read / gb / total_s,
         st.bytes_written / gb / total_s, st.consumer_wait_ms, st.flush_wait_ms,
         mib(st.staging_bytes), mib(st.file_bytes), mib(st.borrowed_bytes_max),
-        static_cast<long long>(st.spare_slices));
+        static_cast<long long>(st.spare_slices), static_cast<long long>(st.split_rows),
+        mib(st.held_bytes_max));
     if (!o.nvme_timeline.empty()) {
       std::ofstream csv(o.nvme_timeline);
       MW_CHECK_T(IoError, csv.good(), "--nvme-timeline '", o.nvme_timeline, "' cannot be written");

@@ -69,8 +69,32 @@ HybridAdam::HybridAdam(std::vector<Tensor> params, HybridAdamOptions options)
       add_grad_ready_hook(params_[i], [this, weak, i](const Tensor&) {
         if (auto alive = weak.lock()) update_offloaded(i, true);
       });
+      // Note [Row-split update]: an embedding table (GPT-2's tied wte) is stepped, all but the
+      // rows this batch looks up, as soon as the LM head's backward made the rest final.
+      if (params_[i].dim() == 2)
+        add_grad_rows_ready_hook(params_[i], [this, weak, i](const Tensor&, const Tensor& partial,
+                                                             const std::vector<int64_t>& rows) {
+          if (weak.expired()) return std::function<void()>();
+          return update_offloaded_except_rows(i, partial, rows);
+        });
     }
   }
+}
+
+std::function<void()> HybridAdam::update_offloaded_except_rows(size_t i, const Tensor& partial,
+                                                               const std::vector<int64_t>& rows) {
+  std::weak_ptr<NvmeAdamStates> weak = nvme_;
+  if (!nvme_ || !partial.is_contiguous() || partial.offset() != 0 ||
+      !partial.device().is_host_addressable() || partial.dtype() == DType::F64)
+    return {};  // the whole parameter is then stepped by its grad-ready hook
+  Tensor& p = params_[i];
+  p.bump_version();
+  const uint64_t ticket = nvme_->update_except_rows_async(
+      nvme_index_[i], make_adam_step_scalars(options_.hyper, step_ + 1, options_.div_scale),
+      p.data<float>(), partial.raw_data(), partial.dtype(), p.size(1), rows);
+  return [weak, ticket] {
+    if (auto alive = weak.lock()) alive->wait(ticket);
+  };
 }
 
 HybridAdam::~HybridAdam() {
@@ -85,16 +109,15 @@ void HybridAdam::update_offloaded(size_t i, bool in_backward) {
   Tensor gc = g.contiguous();
   const AdamStepScalars s = make_adam_step_scalars(options_.hyper, step_ + 1, options_.div_scale);
   p.bump_version();
-  nvme_->update(nvme_index_[i], s, p.data<float>(), gc.raw_data(), gc.dtype());
-  if (!in_backward) return;
-  // Note [Borrowed gradient slots]: the gradient is spent; release it, and lend its buffer to the
-  // pipeline when nobody else holds it.
-  set_grad(p, Tensor());
+  // Note [Borrowed gradient slots]: inside backward the gradient is spent once submitted: release
+  // it here, so that the job holds the only reference and can lend the buffer when done.
+  if (in_backward) set_grad(p, Tensor());
   g = Tensor();
-  if (options_.nvme.borrow_gradient_slots && gc.dtype() == DType::F32 &&
-      gc.device().is_host_addressable() && gc.offset() == 0 && gc.impl_ptr().use_count() == 1 &&
-      gc.storage().use_count() == 1)
-    nvme_->donate(std::move(gc));
+  const int k = nvme_index_[i];
+  if (nvme_->rows_pending(k))
+    nvme_->update_rows_async(k, s, p.data<float>(), std::move(gc));
+  else
+    nvme_->update_async(k, s, p.data<float>(), std::move(gc));
 }
 
 void HybridAdam::update_in_memory(size_t i, const AdamStepScalars& s) {
@@ -124,7 +147,8 @@ void HybridAdam::step() {
   const AdamStepScalars s = make_adam_step_scalars(options_.hyper, step_ + 1, options_.div_scale);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (nvme_index_[i] >= 0) {
-      if (!nvme_->updated_this_step(nvme_index_[i])) update_offloaded(i, false);
+      const int k = nvme_index_[i];
+      if (!nvme_->updated_this_step(k) || nvme_->rows_pending(k)) update_offloaded(i, false);
       continue;
     }
     if (updated_in_backward_[i]) continue;
@@ -272,6 +296,10 @@ class CheckpointReader {
 };
 
 }  // namespace
+
+void HybridAdam::flush() {
+  if (nvme_) nvme_->flush();
+}
 
 void HybridAdam::save_state(const std::string& path) {
   CheckpointWriter w(path);

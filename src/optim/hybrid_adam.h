@@ -5,22 +5,26 @@
 //
 // With nvme.fraction > 0, the m and v of a deterministic choice of host parameters
 // (select_nvme_offloaded) live on disk between steps (NvmeAdamStates, Note [NVMe pipeline]). With
-// nvme.overlap_backward (the default) those parameters are updated during backward, from
-// grad-ready hooks, as soon as their gradient is final and their states have arrived; step() then
-// updates the rest and waits for the write-backs. Any fraction gives the same bits.
+// nvme.overlap_backward (the default) those parameters are handed to the pipeline's updater
+// thread from grad-ready hooks as soon as their gradient is final, and updated while backward goes
+// on; an embedding table is stepped in two parts, all but the batch's rows right after the LM
+// head's backward (Note [Row-split update]). step() then updates the rest and waits for the
+// updater. Any fraction gives the same bits.
 //
 // Note [Overlapped step contract]: with overlap_backward, each backward must be followed by step()
 // before the next backward (no gradient accumulation), and the gradients must not be changed
 // between backward and step() (clip by passing div_scale, as ColossalAI does). A second hook for
 // the same parameter in one step is reported as an error by step(). As in PyTorch's
 // optimizer-in-backward, the gradient of a parameter updated inside backward is released right
-// after its update (grad() is undefined from then on) and its buffer is lent to the pipeline
-// (Note [Borrowed gradient slots]).
+// when its update is submitted (grad() is undefined from then on); the update job holds it until
+// done, then frees it or, with borrowing on, lends it to the pipeline (Note [Borrowed gradient
+// slots]).
 //
 // Checkpoints (save_state/load_state) stream the states through a slot-sized buffer, from disk for
 // offloaded parameters (Note [Optimizer checkpoint format] in hybrid_adam.cpp).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <utility>
 
@@ -69,6 +73,9 @@ class HybridAdam : public Optimizer {
   // Null without offload.
   NvmeAdamStates* nvme() { return nvme_.get(); }
 
+  // Waits for the offloaded states' last write-backs (they overlap the next forward) and throws a
+  // failure among them; call after the last step. No-op without offload.
+  void flush();
   // Writes step count and every state to `path` (IoError on failure). Works while offloaded and
   // after an I/O failure (Note [NVMe failure guarantee]).
   void save_state(const std::string& path);
@@ -78,6 +85,8 @@ class HybridAdam : public Optimizer {
 
  protected:
   void update_offloaded(size_t i, bool in_backward);
+  std::function<void()> update_offloaded_except_rows(size_t i, const Tensor& partial,
+                                                     const std::vector<int64_t>& rows);
   void update_in_memory(size_t i, const AdamStepScalars& s);
   std::vector<char> updated_in_backward_;                    // per parameter, this step
   std::shared_ptr<char> alive_ = std::make_shared<char>(0);  // expires with the optimizer

@@ -96,16 +96,21 @@ NvmeAdamStates::NvmeAdamStates(std::vector<int64_t> numels, NvmeOffloadOptions o
   for (Slot& s : slots_) s.buf = AlignedBuffer(slot_bytes);
   stats_.staging_bytes = nslots * slot_bytes;
   stats_.direct = swap_->direct();
+  submitted_.assign(numels_.size(), 0);
+  splits_.resize(numels_.size());
   pump_thread_ = std::thread([this] { pump(); });
+  updater_thread_ = std::thread([this] { updater(); });
 }
 
 NvmeAdamStates::~NvmeAdamStates() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    drain_locked(lock);  // jobs point at parameters and gradients that their owners free next
     stop_ = true;
   }
   cv_.notify_all();
   pump_thread_.join();
+  updater_thread_.join();
   for (Slot& s : slots_) s.handle.join();
   swap_.reset();  // joins its handles, closes the (already unlinked) file
   engine_.reset();
@@ -160,7 +165,15 @@ void NvmeAdamStates::start_read_locked(int64_t id, int slot_index) {
 void NvmeAdamStates::finish_write_locked(int slot_index, std::exception_ptr error) {
   Slot& slot = slots_[slot_index];
   Slice& s = slices_[slot.slice];
-  if (options_.record_timeline && s.timing >= 0) timeline_[s.timing].write_done_ms = now_ms();
+  if (options_.record_timeline) {
+    if (s.timing >= 0) {
+      timeline_[s.timing].write_done_ms = now_ms();
+    } else {  // a write-back that finished after its step ended (Note [NVMe pipeline])
+      for (SliceTiming& t : last_timeline_)
+        if (t.param == s.param && t.offset == s.offset && t.write_done_ms < 0)
+          t.write_done_ms = now_ms();
+    }
+  }
   if (error) {
     // Note [NVMe failure guarantee]: the new m, v stay in RAM; the slot gets a fresh buffer.
     record_error_locked(error);
@@ -215,6 +228,7 @@ void NvmeAdamStates::pump() {
     Slot& slot = slots_[slot_index];
     if (slot.state == SlotState::kReading) {
       if (options_.record_timeline) timing_locked(slot.slice).read_done_ms = now_ms();
+      if (!error) overlay_held_locked(slot.slice, slot.data());
       slot.read_error = error;
       slot.state = SlotState::kReady;
     } else {
@@ -224,33 +238,258 @@ void NvmeAdamStates::pump() {
   }
 }
 
-void NvmeAdamStates::update(int k, const AdamStepScalars& scalars, float* param, const void* grad,
-                            DType grad_dtype) noexcept {
-  try {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (failed_) return;
-      MW_CHECK_T(InvalidArgument, k >= 0 && k < param_count(), "NvmeAdamStates::update: parameter ",
-                 k, " out of range [0, ", param_count(), ")");
-      MW_CHECK_T(InvalidArgument, !slices_[first_slice_[k]].consumed, "NVMe-offloaded parameter ",
-                 k,
-                 " was updated twice in one step. "
-                 "overlap_backward assumes one backward per optimizer step; turn it off for "
-                 "gradient accumulation");
+// ---- submitting (any thread) and the updater thread (Note [NVMe pipeline]) ----------------------
+
+uint64_t NvmeAdamStates::submit_locked(Job job) {
+  job.ticket = next_ticket_++;
+  jobs_.push_back(std::move(job));
+  cv_.notify_all();
+  return next_ticket_ - 1;
+}
+
+void NvmeAdamStates::drain_locked(std::unique_lock<std::mutex>& lock) {
+  cv_.wait(lock, [&] { return done_ticket_ + 1 == next_ticket_; });
+}
+
+void NvmeAdamStates::wait(uint64_t ticket) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [&] { return done_ticket_ >= ticket; });
+}
+
+namespace {
+// Records the first misuse as the step's error (thrown by finish_step) rather than throwing into
+// a hook, as an I/O failure is.
+bool admit(bool ok, std::exception_ptr& error, bool& failed, const std::string& why) {
+  if (ok) return true;
+  if (!error) error = std::make_exception_ptr(InvalidArgument(why));
+  failed = true;
+  return false;
+}
+}  // namespace
+
+void NvmeAdamStates::update_async(int k, const AdamStepScalars& scalars, float* param,
+                                  Tensor grad) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (failed_ ||
+      !admit(k >= 0 && k < param_count() && !submitted_[k] && grad.is_contiguous(), error_, failed_,
+             str("NVMe-offloaded parameter ", k,
+                 " was updated twice in one step (or is out of range, or its gradient "
+                 "is not contiguous). overlap_backward assumes one backward per "
+                 "optimizer step; turn it off for gradient accumulation")))
+    return;
+  submitted_[k] = 1;
+  Job job;
+  job.k = k;
+  job.scalars = scalars;
+  job.param = param;
+  job.grad = static_cast<const char*>(grad.raw_data());
+  job.grad_dtype = grad.dtype();
+  job.keep = std::move(grad);
+  submit_locked(std::move(job));
+}
+
+uint64_t NvmeAdamStates::update_except_rows_async(int k, const AdamStepScalars& scalars,
+                                                  float* param, const void* grad, DType grad_dtype,
+                                                  int64_t row_numel,
+                                                  std::vector<int64_t> pending_rows) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const bool shape_ok = k >= 0 && k < param_count() && row_numel > 0 && numels_[k] % row_numel == 0;
+  if (failed_ || !admit(shape_ok && !submitted_[k], error_, failed_,
+                        str("row split of NVMe-offloaded parameter ", k, " (rows of ", row_numel,
+                            " elements): out of range, not whole rows, or updated twice")))
+    return 0;
+  const int64_t nrows = numels_[k] / row_numel;
+  RowSplit& rs = splits_[k];
+  rs = RowSplit();
+  for (size_t i = 0; i < pending_rows.size(); ++i) {
+    const int64_t r = pending_rows[i];
+    if (!admit(
+            r >= 0 && r < nrows && (i == 0 || r > pending_rows[i - 1]), error_, failed_,
+            str("row split of NVMe-offloaded parameter ", k, ": pending row ids must be sorted, ",
+                "distinct and in [0, ", nrows, "); got ", r, " at position ", i)))
+      return 0;
+    if (!rs.ranges.empty() && rs.ranges.back().second == r * row_numel)
+      rs.ranges.back().second += row_numel;  // consecutive rows: one range
+    else
+      rs.ranges.emplace_back(r * row_numel, (r + 1) * row_numel);
+  }
+  rs.active = true;
+  stats_.split_rows = static_cast<int64_t>(pending_rows.size());
+  submitted_[k] = 1;
+  Job job;
+  job.kind = Job::Kind::kExceptRows;
+  job.k = k;
+  job.scalars = scalars;
+  job.param = param;
+  job.grad = static_cast<const char*>(grad);
+  job.grad_dtype = grad_dtype;
+  return submit_locked(std::move(job));
+}
+
+void NvmeAdamStates::update_rows_async(int k, const AdamStepScalars& scalars, float* param,
+                                       Tensor grad) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (failed_ || !admit(k >= 0 && k < param_count() && splits_[k].active && grad.is_contiguous(),
+                        error_, failed_,
+                        str("update_rows_async: parameter ", k,
+                            " has no row split waiting for its rows this step")))
+    return;
+  Job job;
+  job.kind = Job::Kind::kRows;
+  job.k = k;
+  job.scalars = scalars;
+  job.param = param;
+  job.grad = static_cast<const char*>(grad.raw_data());
+  job.grad_dtype = grad.dtype();
+  job.keep = std::move(grad);
+  submit_locked(std::move(job));
+}
+
+bool NvmeAdamStates::rows_pending(int k) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return splits_[k].active;
+}
+
+void NvmeAdamStates::updater() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+    if (jobs_.empty()) return;
+    Job job = std::move(jobs_.front());
+    jobs_.pop_front();
+    lock.unlock();
+    try {
+      run_job(job);
+    } catch (...) {
+      std::lock_guard<std::mutex> relock(mutex_);
+      record_error_locked(std::current_exception());
     }
-    for (int64_t id = first_slice_[k]; id < first_slice_[k + 1]; ++id) {
-      update_slice(id, scalars, param, static_cast<const char*>(grad), grad_dtype);
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (failed_) return;
-    }
-  } catch (...) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    record_error_locked(std::current_exception());
+    if (job.keep.defined()) donate(std::move(job.keep));  // spent: lend it, or free it
+    lock.lock();
+    done_ticket_ = job.ticket;
+    cv_.notify_all();
   }
 }
 
-void NvmeAdamStates::update_slice(int64_t id, const AdamStepScalars& sc, float* param,
-                                  const char* grad, DType grad_dtype) {
+void NvmeAdamStates::run_job(Job& job) {
+  if (job.kind == Job::Kind::kRows) {
+    finish_rows(job);
+    return;
+  }
+  for (int64_t id = first_slice_[job.k]; id < first_slice_[job.k + 1]; ++id) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (failed_) return;
+    }
+    update_slice(id, job);
+  }
+}
+
+// ---- Note [Row-split update] ------------------------------------------------------------------
+
+std::vector<NvmeAdamStates::Pages> NvmeAdamStates::step_slice(int64_t id, const Job& job,
+                                                              float* m) {
+  const Slice& s = slices_[id];  // offset and numel never change
+  const int64_t esize = dtype_size(job.grad_dtype);
+  float* v = m + s.numel;
+  auto step_range = [&](int64_t lo, int64_t hi) {  // element indices of the parameter
+    adam_update_parallel(isa_, job.scalars, job.param + lo, job.grad + lo * esize, job.grad_dtype,
+                         m + (lo - s.offset), v + (lo - s.offset), hi - lo);
+  };
+  const int64_t end = s.offset + s.numel;
+  if (job.kind != Job::Kind::kExceptRows) {
+    step_range(s.offset, end);
+    return {};
+  }
+  // The ranges were fixed before the job was queued and change only after it ran.
+  const auto& ranges = splits_[job.k].ranges;
+  auto it = std::partition_point(ranges.begin(), ranges.end(),
+                                 [&](const auto& r) { return r.second <= s.offset; });
+  std::vector<std::pair<int64_t, int64_t>> spans;  // bytes of the blob holding pending m and v
+  int64_t pos = s.offset;
+  for (; it != ranges.end() && it->first < end; ++it) {
+    const int64_t lo = std::max(it->first, s.offset), hi = std::min(it->second, end);
+    if (pos < lo) step_range(pos, lo);
+    spans.emplace_back(4 * (lo - s.offset) / 4096 * 4096, round_up(4 * (hi - s.offset), 4096));
+    spans.emplace_back(4 * (s.numel + lo - s.offset) / 4096 * 4096,
+                       round_up(4 * (s.numel + hi - s.offset), 4096));
+    pos = hi;
+  }
+  if (pos < end) step_range(pos, end);
+  std::sort(spans.begin(), spans.end());
+  std::vector<std::pair<int64_t, int64_t>> merged;
+  for (auto [a, b] : spans) {
+    if (!merged.empty() && a <= merged.back().second)
+      merged.back().second = std::max(merged.back().second, b);
+    else
+      merged.emplace_back(a, b);
+  }
+  // Copied after the other rows were stepped: the pages then equal what the write-back puts on
+  // disk, except in the pending rows.
+  std::vector<Pages> pages;
+  for (auto [a, b] : merged) {
+    Pages pg;
+    pg.offset = a;
+    pg.bytes = AlignedBuffer(b - a);
+    std::memcpy(pg.bytes.data(), reinterpret_cast<const char*>(m) + a, static_cast<size_t>(b - a));
+    pages.push_back(std::move(pg));
+  }
+  return pages;
+}
+
+void NvmeAdamStates::finish_rows(const Job& job) {
+  RowSplit& rs = splits_[job.k];  // only the updater touches it while the split is active
+  std::vector<std::pair<int64_t, std::vector<Pages>>> set_aside;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failed_) return;  // the pending rows stay one step behind (Note [NVMe failure guarantee])
+    set_aside = std::move(rs.set_aside);
+  }
+  const int64_t esize = dtype_size(job.grad_dtype);
+  for (auto& [id, pages] : set_aside) {
+    const Slice& s = slices_[id];
+    auto at = [&](int64_t byte) {
+      for (Pages& pg : pages)
+        if (byte >= pg.offset && byte < pg.offset + pg.bytes.size())
+          return reinterpret_cast<float*>(static_cast<char*>(pg.bytes.data()) + byte - pg.offset);
+      throw Error(str("NVMe row split: byte ", byte, " of slice ", s.key, " was not set aside"));
+    };
+    const int64_t end = s.offset + s.numel;
+    auto it = std::partition_point(rs.ranges.begin(), rs.ranges.end(),
+                                   [&](const auto& r) { return r.second <= s.offset; });
+    for (; it != rs.ranges.end() && it->first < end; ++it) {
+      const int64_t lo = std::max(it->first, s.offset), hi = std::min(it->second, end);
+      adam_update_parallel(isa_, job.scalars, job.param + lo, job.grad + lo * esize, job.grad_dtype,
+                           at(4 * (lo - s.offset)), at(4 * (s.numel + lo - s.offset)), hi - lo);
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    slices_[id].step = job.scalars.step;
+    for (const Pages& pg : pages) stats_.held_bytes += pg.bytes.size();
+    stats_.held_bytes_max = std::max(stats_.held_bytes_max, stats_.held_bytes);
+    held_[id] = std::move(pages);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  rs = RowSplit();
+}
+
+void NvmeAdamStates::overlay_held_locked(int64_t id, float* m) {
+  auto it = held_.find(id);
+  if (it == held_.end()) return;
+  for (const Pages& pg : it->second)
+    std::memcpy(reinterpret_cast<char*>(m) + pg.offset, pg.bytes.data(), pg.bytes.size());
+}
+
+void NvmeAdamStates::drop_held_locked(int64_t id) {
+  auto it = held_.find(id);
+  if (it == held_.end()) return;
+  for (const Pages& pg : it->second) stats_.held_bytes -= pg.bytes.size();
+  held_.erase(it);
+}
+
+// ---- one slice, on the updater thread ---------------------------------------------------------
+
+void NvmeAdamStates::update_slice(int64_t id, const Job& job) {
+  const AdamStepScalars& sc = job.scalars;
   std::unique_lock<std::mutex> lock(mutex_);
   Slice& s = slices_[id];
   consumed_order_.push_back(id);
@@ -266,9 +505,6 @@ void NvmeAdamStates::update_slice(int64_t id, const AdamStepScalars& sc, float* 
   const double wait_start = now_ms();
   cv_.wait(lock, [&] { return present() || stalled() || stop_ || failed_; });
   if (failed_ && !present()) return;  // read-ahead stopped at the failure: leave the slice as is
-  const size_t esize = dtype_size(grad_dtype);
-  float* p = param + s.offset;
-  const char* g = grad + s.offset * static_cast<int64_t>(esize);
 
   if (!present()) {  // the spare path: read, update and write back synchronously
     s.consumed = true;
@@ -285,7 +521,13 @@ void NvmeAdamStates::update_slice(int64_t id, const AdamStepScalars& sc, float* 
       swap_->read(s.key, m).wait();
     else
       std::memset(m, 0, static_cast<size_t>(8 * s.numel));
-    adam_update_parallel(isa_, sc, p, g, grad_dtype, m, m + s.numel, s.numel);
+    lock.lock();
+    overlay_held_locked(id, m);
+    lock.unlock();
+    std::vector<Pages> pages = step_slice(id, job, m);
+    lock.lock();
+    drop_held_locked(id);  // the write below supersedes them
+    lock.unlock();
     std::exception_ptr error;
     try {
       swap_->write(s.key, m, 8 * s.numel).wait();
@@ -293,7 +535,10 @@ void NvmeAdamStates::update_slice(int64_t id, const AdamStepScalars& sc, float* 
       error = std::current_exception();
     }
     lock.lock();
-    s.step = sc.step;
+    if (pages.empty())
+      s.step = sc.step;
+    else
+      splits_[job.k].set_aside.emplace_back(id, std::move(pages));
     s.on_disk = true;
     if (error) {
       record_error_locked(error);
@@ -321,14 +566,18 @@ void NvmeAdamStates::update_slice(int64_t id, const AdamStepScalars& sc, float* 
   if (options_.record_timeline) timing_locked(id).compute_start_ms = now_ms();
   lock.unlock();
   float* m = slot.data();
-  adam_update_parallel(isa_, sc, p, g, grad_dtype, m, m + s.numel, s.numel);
+  std::vector<Pages> pages = step_slice(id, job, m);
   lock.lock();
-  s.step = sc.step;
+  if (pages.empty())
+    s.step = sc.step;
+  else
+    splits_[job.k].set_aside.emplace_back(id, std::move(pages));
   s.on_disk = true;
   if (options_.record_timeline) {
     SliceTiming& t = timing_locked(id);
     t.compute_end_ms = t.write_issue_ms = now_ms();
   }
+  drop_held_locked(id);  // the write-back supersedes them
   slot.state = SlotState::kWriting;
   try {
     slot.handle = swap_->write(s.key, m, 8 * s.numel);
@@ -341,7 +590,11 @@ void NvmeAdamStates::update_slice(int64_t id, const AdamStepScalars& sc, float* 
 
 void NvmeAdamStates::donate(Tensor buffer) {
   const int64_t slot_bytes = 8 * options_.slice_numel;
-  if (!buffer.defined() || buffer.nbytes() < slot_bytes) return;
+  if (!options_.borrow_gradient_slots || !buffer.defined() || buffer.nbytes() < slot_bytes ||
+      buffer.dtype() != DType::F32 || !buffer.device().is_host_addressable() ||
+      buffer.offset() != 0 || buffer.impl_ptr().use_count() != 1 ||
+      buffer.storage().use_count() != 1)
+    return;  // dropped here: freed unless someone else holds it
   auto* base = static_cast<char*>(buffer.raw_data());
   if (reinterpret_cast<uintptr_t>(base) % kHostAlignment != 0) return;
   {
@@ -366,7 +619,7 @@ void NvmeAdamStates::donate(Tensor buffer) {
 
 bool NvmeAdamStates::updated_this_step(int k) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return slices_[first_slice_[k]].consumed;
+  return submitted_[k] != 0;
 }
 
 bool NvmeAdamStates::failed() const {
@@ -377,16 +630,22 @@ bool NvmeAdamStates::failed() const {
 void NvmeAdamStates::finish_step() {
   std::unique_lock<std::mutex> lock(mutex_);
   const double t = now_ms();
+  drain_locked(lock);
+  // Borrowed slots go back to their gradients' owners, so their transfers must end; the owned
+  // slots' last write-backs go on during the next forward.
   cv_.wait(lock, [&] {
     if (reaping_slot_ >= static_cast<int>(owned_slots_)) return false;
-    for (size_t i = 0; i < slots_.size(); ++i) {
+    for (size_t i = owned_slots_; i < slots_.size(); ++i) {
       const SlotState st = slots_[i].state;
-      if (st == SlotState::kWriting || st == SlotState::kBusy) return false;
-      if (i >= owned_slots_ && st == SlotState::kReading) return false;  // reaped by the pump
+      if (st == SlotState::kWriting || st == SlotState::kBusy || st == SlotState::kReading)
+        return false;
     }
     return true;
   });
   stats_.flush_wait_ms += now_ms() - t;
+  // A row split whose rows never came (backward did not reach the embedding): its pages equal
+  // what is on disk, and those rows stay at the old step (Note [NVMe failure guarantee]).
+  for (RowSplit& rs : splits_) rs = RowSplit();
   // Return the borrowed slots (Note [Borrowed gradient slots]). Unconsumed prefetches in them hold
   // unchanged data: drop them.
   while (slots_.size() > owned_slots_) {
@@ -406,6 +665,7 @@ void NvmeAdamStates::finish_step() {
     s.consumed = false;
     s.timing = -1;
   }
+  std::fill(submitted_.begin(), submitted_.end(), 0);
   last_timeline_ = std::move(timeline_);
   timeline_.clear();
   cursor_ = 0;
@@ -413,7 +673,20 @@ void NvmeAdamStates::finish_step() {
   if (error_) std::rethrow_exception(error_);
 }
 
+void NvmeAdamStates::flush() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  drain_locked(lock);
+  cv_.wait(lock, [&] {
+    if (reaping_slot_ >= 0 && slots_[reaping_slot_].state == SlotState::kWriting) return false;
+    for (const Slot& s : slots_)
+      if (s.state == SlotState::kWriting || s.state == SlotState::kBusy) return false;
+    return true;
+  });
+  if (error_) std::rethrow_exception(error_);
+}
+
 void NvmeAdamStates::quiesce_locked(std::unique_lock<std::mutex>& lock) {
+  drain_locked(lock);
   prefetch_enabled_ = false;
   cv_.wait(lock, [&] {
     if (!io_fifo_.empty()) return false;
@@ -438,21 +711,15 @@ int64_t NvmeAdamStates::read_slice(int k, int64_t i, float* m_out, float* v_out)
   MW_CHECK_T(InvalidArgument, id < first_slice_[k + 1], "slice ", i, " of parameter ", k,
              " out of range");
   Slice& s = slices_[id];
-  for (auto& [dirty_id, buf] : dirty_) {
-    if (dirty_id == id) {
-      const float* m = static_cast<const float*>(buf.data());
-      std::memcpy(m_out, m, static_cast<size_t>(4 * s.numel));
-      std::memcpy(v_out, m + s.numel, static_cast<size_t>(4 * s.numel));
-      return s.step;
-    }
-  }
-  if (!s.on_disk) {
-    std::fill(m_out, m_out + s.numel, 0.f);
-    std::fill(v_out, v_out + s.numel, 0.f);
-    return s.step;
-  }
   float* m = slots_[0].data();
-  swap_->read(s.key, m).wait();
+  auto dirty = std::find_if(dirty_.begin(), dirty_.end(), [&](auto& d) { return d.first == id; });
+  if (dirty != dirty_.end())
+    std::memcpy(m, dirty->second.data(), static_cast<size_t>(8 * s.numel));
+  else if (!s.on_disk)
+    std::memset(m, 0, static_cast<size_t>(8 * s.numel));
+  else
+    swap_->read(s.key, m).wait();
+  overlay_held_locked(id, m);  // Note [Row-split update]
   std::memcpy(m_out, m, static_cast<size_t>(4 * s.numel));
   std::memcpy(v_out, m + s.numel, static_cast<size_t>(4 * s.numel));
   return s.step;
@@ -469,6 +736,7 @@ void NvmeAdamStates::write_slice(int k, int64_t i, const float* m_in, const floa
   float* m = slots_[0].data();
   std::memcpy(m, m_in, static_cast<size_t>(4 * s.numel));
   std::memcpy(m + s.numel, v_in, static_cast<size_t>(4 * s.numel));
+  drop_held_locked(id);
   swap_->write(s.key, m, 8 * s.numel).wait();
   s.on_disk = true;
   s.step = step;
@@ -500,7 +768,12 @@ NvmeStats NvmeAdamStates::stats() const {
 }
 
 std::vector<SliceTiming> NvmeAdamStates::last_timeline() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [&] {  // the step's last write-backs may still be in flight
+    for (const Slot& s : slots_)
+      if (s.state == SlotState::kWriting) return false;
+    return true;
+  });
   return last_timeline_;
 }
 

@@ -16,9 +16,27 @@
 //    Free again, and a free slot takes the next read. Reads of step s+1 start as soon as step s
 //    finished, so they overlap the forward pass; a slice is only read after its own last write
 //    completed.
-//  - update() waits for its slice to be Ready, runs the Adam kernel on it in the slot, and submits
-//    the write-back. A slice never written is zero-filled instead of read (the first step reads
-//    nothing).
+//  - the updater thread runs the updates, in submission order: for each slice it waits until the
+//    slice is Ready, runs the Adam kernel on it in the slot, and submits the write-back. A slice
+//    never written is zero-filled instead of read (the first step reads nothing). Grad-ready hooks
+//    only *submit* (update_async), so backward never waits for the disk; the gradient is held by
+//    the job until its update ran.
+//  - finish_step() waits for the updater to finish this step's jobs, not for the last
+//    write-backs: those complete while the next forward runs (their slots are part of the fixed
+//    window, so this costs no memory), and any failure among them is thrown by the next
+//    finish_step() or checkpoint call.
+//  - Note [Row-split update]: the tied embedding's gradient is final for every row that the
+//    batch's tokens do not touch as soon as the LM head's backward is done (Note [Rows-ready
+//    hooks], autograd.h); only the at most B*T touched rows wait for the embedding's backward at
+//    the very end. update_except_rows_async() streams the parameter through the slots then,
+//    stepping all but the pending rows and setting aside, for each slice, the 4096-byte pages of
+//    its blob that hold pending rows' m and v (copied from the slot before its write-back).
+//    update_rows_async() later steps the pending rows in those pages, with no I/O at all, and
+//    keeps the pages in RAM as *held* pages: newer than the disk, they are laid over the slice
+//    every time it is read (read-ahead, the spare path, checkpoints), and dropped when the slice
+//    is next written in full. So the largest parameter's 309 MiB of states stream during the
+//    blocks' backward instead of after it, for at most 2 x B*T x row pages of RAM (8 MiB at B4
+//    T128). Adam is elementwise, so the split changes no bit.
 //  - Note [Borrowed gradient slots]: with updates inside backward, a parameter's gradient is dead
 //    once its update ran. HybridAdam then releases it and *lends* its buffer here (donate()); it is
 //    carved into extra slots for the rest of the step, so read-ahead runs deeper exactly when the
@@ -33,10 +51,13 @@
 // Note [NVMe failure guarantee]: per-slice atomicity. A slice's p, m and v change together or not
 // at all in memory: a failed read skips the slice (p, m, v keep their old values); a failed
 // write-back keeps the new m and v in RAM (moved out of the slot into a "dirty" buffer) alongside
-// the new p, so nothing is half-updated or lost. Each slice records the last step applied to it
-// (slice_step), so a failed step is "partially applied, per-slice counters say where". After any
-// I/O failure, finish_step() throws it (mw::IoError with file, offset, errno), further updates are
-// refused, and the states can still be saved (read_slice serves dirty slices from RAM).
+// the new p, so nothing is half-updated or lost. Each slice records the last step applied to all
+// of its elements (slice_step), so a failed step is "partially applied, per-slice counters say
+// where". With a row split, a slice is two parts, each all-old or all-new: if the step fails
+// between them, the rows the batch did not touch are one step ahead of the slice's counter (their
+// p, m and v together). After any I/O failure, finish_step() throws it (mw::IoError with file,
+// offset, errno), further updates are refused, and the states can still be saved (read_slice
+// serves dirty slices from RAM).
 //
 // Note [NVMe files]: the swap file is unlinked right after it is created, and a private temporary
 // directory is removed right after that, so no file outlives the process on any exit path
@@ -53,6 +74,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "core/allocator.h"
@@ -72,10 +94,10 @@ struct NvmeOffloadOptions {
   bool overlap_backward = true;  // HybridAdam: update offloaded parameters in grad-ready hooks
   bool record_timeline = false;  // keep per-slice timestamps of the last step
   // Lend spent gradient buffers to the pipeline as extra read-ahead slots (Note [Borrowed gradient
-  // slots]). On: the tied embedding's states are read during backward and its update waits for
-  // nothing, at the cost of holding up to its m+v (296 MiB on GPT-2 small) in those buffers. Off:
-  // that RAM is saved and the embedding's reads are exposed at the end of backward.
-  bool borrow_gradient_slots = true;
+  // slots]), up to the largest parameter's m+v (296 MiB on GPT-2 small). Off by default since the
+  // row split (Note [Row-split update]) streams the tied embedding during backward anyway: on
+  // GPT-2 small borrowing then costs ~250 MiB of peak RSS for no measurable speed.
+  bool borrow_gradient_slots = false;
   io::IoOptions io;  // backend and queue depth of the engine
 };
 
@@ -96,8 +118,11 @@ struct SliceTiming {
 
 struct NvmeStats {
   int64_t bytes_read = 0, bytes_written = 0;  // what the engine moved
-  double consumer_wait_ms = 0;     // time update() spent waiting for reads (exposed read latency)
-  double flush_wait_ms = 0;        // time finish_step() spent waiting for the last writes
+  double consumer_wait_ms = 0;  // time the updater waited for reads (hidden while backward runs)
+  double flush_wait_ms = 0;     // time finish_step() waited for the updater: exposed to the step
+  int64_t split_rows = 0;       // rows deferred by row splits in the last step
+  int64_t held_bytes = 0;       // held pages now (Note [Row-split update])
+  int64_t held_bytes_max = 0;
   int64_t spare_slices = 0;        // slices that took the spare slot (out of the expected order)
   int64_t staging_bytes = 0;       // RAM of the slots (and the spare, once made)
   int64_t borrowed_bytes_max = 0;  // most dead-gradient memory lent as slots in one step
@@ -114,17 +139,36 @@ class NvmeAdamStates {
   NvmeAdamStates(const NvmeAdamStates&) = delete;
   NvmeAdamStates& operator=(const NvmeAdamStates&) = delete;
 
-  // One Adam step of parameter k with the given scalars: param[numel] f32 in place, grad[numel] of
-  // grad_dtype. Never throws: a failure is recorded and thrown by finish_step().
-  void update(int k, const AdamStepScalars& scalars, float* param, const void* grad,
-              DType grad_dtype) noexcept;
+  // One Adam step of parameter k with the given scalars, on the updater thread after the jobs
+  // submitted before it; returns at once. param[numel] f32 is updated in place: it must stay alive
+  // and unused by others until finish_step(). `grad` (contiguous, f32/f16/bf16) is held until the
+  // update ran, then released, or lent as slots when nobody else holds it (Note [Borrowed gradient
+  // slots]). Never throws: a failure or misuse is recorded and thrown by finish_step().
+  void update_async(int k, const AdamStepScalars& scalars, float* param, Tensor grad);
+  // Note [Row-split update]: steps parameter k ([numel / row_numel] rows) except the sorted,
+  // distinct `pending_rows`. `grad` must stay alive and unchanged outside those rows until
+  // wait(ticket) returned.
+  uint64_t update_except_rows_async(int k, const AdamStepScalars& scalars, float* param,
+                                    const void* grad, DType grad_dtype, int64_t row_numel,
+                                    std::vector<int64_t> pending_rows);
+  // Steps the rows deferred by update_except_rows_async (grad: the final gradient, held as above).
+  void update_rows_async(int k, const AdamStepScalars& scalars, float* param, Tensor grad);
+  void wait(uint64_t ticket);
+  // An update of k was submitted this step (a row split counts).
   bool updated_this_step(int k) const;
-  // Lends a dead gradient's buffer (f32, host, its storage held by nobody else) as extra slots
-  // until finish_step() (Note [Borrowed gradient slots]). Buffers smaller than a slot are ignored.
+  // A row split of k waits for update_rows_async.
+  bool rows_pending(int k) const;
+  // Lends a dead gradient's buffer as extra slots until finish_step() when borrowing is on and it
+  // is f32, on the host, 4096-aligned, at least a slot, and held by nobody else (Note [Borrowed
+  // gradient slots]); otherwise drops it.
   void donate(Tensor buffer);
-  // Ends a step: waits for this step's write-backs, restarts read-ahead for the next step in the
-  // order just observed, and throws the first failure of the step (Note [NVMe failure guarantee]).
+  // Ends a step: waits for this step's updates (not for the last write-backs, which overlap the
+  // next forward), restarts read-ahead for the next step in the order just observed, and throws
+  // the first failure seen so far (Note [NVMe failure guarantee]).
   void finish_step();
+  // Waits for every update and write-back, and throws the first failure seen so far. Call it after
+  // the last step to learn about a failure of its final write-backs.
+  void flush();
   // True after an I/O failure: update() does nothing and finish_step() throws.
   bool failed() const;
 
@@ -166,19 +210,49 @@ class NvmeAdamStates {
     int64_t offset = 0, numel = 0;
     std::string key;
     bool on_disk = false;   // written at least once
-    int64_t step = 0;       // last step applied (Note [NVMe failure guarantee])
+    int64_t step = 0;       // last step applied to all elements (Note [NVMe failure guarantee])
     int slot = -1;          // slot holding it, or -1
     bool consumed = false;  // updated (or taken by the spare path) this step
     int64_t timing = -1;    // index into timeline_ this step
   };
+  // Bytes [offset, offset + bytes.size()) of a slice's blob, whole 4096-byte pages.
+  struct Pages {
+    int64_t offset = 0;
+    AlignedBuffer bytes;
+  };
+  struct RowSplit {  // Note [Row-split update], per parameter, during one step
+    bool active = false;
+    std::vector<std::pair<int64_t, int64_t>> ranges;  // pending elements [lo, hi), sorted
+    std::vector<std::pair<int64_t, std::vector<Pages>>> set_aside;  // slice -> its pending pages
+  };
+  struct Job {
+    enum class Kind { kWhole, kExceptRows, kRows };
+    Kind kind = Kind::kWhole;
+    int k = 0;
+    AdamStepScalars scalars;
+    float* param = nullptr;
+    const char* grad = nullptr;
+    DType grad_dtype = DType::F32;
+    Tensor keep;  // holds the gradient until the job ran (undefined for kExceptRows)
+    uint64_t ticket = 0;
+  };
 
+  uint64_t submit_locked(Job job);
+  void updater();
+  void run_job(Job& job);
+  void finish_rows(const Job& job);
+  void drain_locked(std::unique_lock<std::mutex>& lock);
+  // Adam on one slice whose m, v sit at m (v at m + numel); with a row split, all but the pending
+  // rows, whose pages are returned.
+  std::vector<Pages> step_slice(int64_t id, const Job& job, float* m);
+  void overlay_held_locked(int64_t id, float* m);
+  void drop_held_locked(int64_t id);
   void pump();
   void start_read_locked(int64_t slice, int slot);
   int free_slot_locked() const;
   void record_error_locked(std::exception_ptr e);
   void finish_write_locked(int slot, std::exception_ptr error);
-  void update_slice(int64_t id, const AdamStepScalars& s, float* param, const char* grad,
-                    DType grad_dtype);
+  void update_slice(int64_t id, const Job& job);
   void quiesce_locked(std::unique_lock<std::mutex>& lock);
   SliceTiming& timing_locked(int64_t slice);
 
@@ -192,7 +266,7 @@ class NvmeAdamStates {
   std::unique_ptr<io::SwapSpace> swap_;
 
   mutable std::mutex mutex_;
-  std::condition_variable cv_;
+  mutable std::condition_variable cv_;
   std::deque<Slot> slots_;  // owned slots first, then borrowed ones; a deque keeps references valid
   size_t owned_slots_ = 0;
   int reaping_slot_ = -1;  // slot whose transfer the pump is waiting on, unlocked
@@ -210,7 +284,13 @@ class NvmeAdamStates {
   NvmeStats stats_;
   std::vector<SliceTiming> timeline_, last_timeline_;
   std::chrono::steady_clock::time_point t0_;
-  std::thread pump_thread_;
+  // The updater (Note [NVMe pipeline]) and the row splits (Note [Row-split update]).
+  std::deque<Job> jobs_;
+  uint64_t next_ticket_ = 1, done_ticket_ = 0;            // jobs finish in submission order
+  std::vector<char> submitted_;                           // per parameter, this step
+  std::vector<RowSplit> splits_;                          // per parameter
+  std::unordered_map<int64_t, std::vector<Pages>> held_;  // slice -> pages newer than the disk
+  std::thread pump_thread_, updater_thread_;
 };
 
 }  // namespace mw::optim
