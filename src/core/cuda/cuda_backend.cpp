@@ -15,18 +15,13 @@
 #include <mutex>
 
 #include "core/allocator.h"
+#include "core/cuda/cuda_check.h"
 #include "core/error.h"
 #include "core/storage.h"
 
 namespace mw {
 
 namespace {
-
-void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess)
-    throw DeviceError(
-        str(what, " failed: ", cudaGetErrorString(err), " (", static_cast<int>(err), ")"));
-}
 
 class CudaCachingAllocator final : public Allocator {
  public:

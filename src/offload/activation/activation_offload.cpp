@@ -1,11 +1,16 @@
 // The activation offloader: background device<->host copies of saved tensors
-// (Note [Activation offload]).
+// (Note [Activation offload], Note [CUDA activation offload]).
 //
 // Each offloaded device storage has one StorageCopy, whose state moves
 //   ToHost -> OnHost -> (ToDevice -> OnDevice -> OnHost)*     (prefetch cycles)
 //   ToHost -> Resident                                          (unpacked before its copy started)
 //   any    -> Failed                                            (a copy threw)
 // All state changes happen under Impl::mutex; the bytes are copied with the mutex released.
+//
+// The device kind changes only *how* a copy is done, never the states: on sim the worker copies
+// with memcpy (copy_bytes); on CUDA pack enqueues the device->host copy on a copy stream, the
+// worker waits for its event, and a host->device copy is enqueued (on the worker for a prefetch)
+// with an event that the compute stream waits on before using the bytes.
 #include "offload/activation/activation_offload.h"
 
 #include <atomic>
@@ -16,8 +21,10 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "autograd/autograd.h"
+#include "core/cuda_stream.h"
 #include "core/tensor.h"
 
 namespace mw::offload {
@@ -39,9 +46,32 @@ struct StorageCopy {
   // The offloader's count of prefetched device bytes; a copy dropped while prefetched (a graph
   // freed without backward) gives its bytes back here.
   std::shared_ptr<std::atomic<int64_t>> prefetched_bytes;
+  // CUDA only: the host copy is pinned (and `host` stays empty); the events mark the end of the
+  // device->host copy and of the latest host->device copy, on the copy stream.
+  std::unique_ptr<PinnedHostBuffer> pinned;
+  std::unique_ptr<CudaEvent> to_host_done, to_device_done;
+
   ~StorageCopy() {
     if (state == CopyState::OnDevice || state == CopyState::ToDevice) *prefetched_bytes -= nbytes;
+    // CUDA: a copy may still read or write the pinned buffer or device_storage (a graph freed
+    // while a copy is in flight); they go back to their caches only after it has finished.
+    wait_quietly(to_host_done.get());
+    wait_quietly(to_device_done.get());
   }
+  // A destructor must not throw; a device that failed here fails the next CUDA call loudly.
+  static void wait_quietly(const CudaEvent* event) noexcept {
+    if (!event) return;
+    try {
+      event->synchronize();
+    } catch (...) {
+    }
+  }
+};
+
+// The streams of one CUDA device (Note [Copy stream and events], core/cuda_stream.h).
+struct CudaLane {
+  CudaStream copy;     // created by the offloader: every D2H and H2D copy runs here
+  CudaStream compute;  // borrowed: ActivationOffloadOptions::cuda_compute_stream
 };
 
 // What pack returns: a kept tensor, or a view description onto a StorageCopy.
@@ -77,9 +107,11 @@ struct ActivationOffloader::Impl {
   std::shared_ptr<void> pack(const Tensor& t);
   Tensor unpack(const Packed& p);
   void run_worker();
+  bool start_to_host_cuda(StorageCopy& c, std::unique_lock<std::mutex>& lock);
   void copy_to_host(StorageCopy& c, std::unique_lock<std::mutex>& lock);
   std::shared_ptr<Storage> copy_to_device(StorageCopy& c, std::unique_lock<std::mutex>& lock);
   void schedule_prefetch_before(int64_t sequence);  // mutex held
+  CudaLane& lane_for(int device_index);             // mutex held
 
   ActivationOffloadOptions options;
   mutable std::mutex mutex;
@@ -98,6 +130,9 @@ struct ActivationOffloader::Impl {
       std::make_shared<std::atomic<int64_t>>(0);
   int64_t pending_to_host_bytes = 0;  // bytes in ToHost copies
   ActivationOffloadStats stats;
+  // One per CUDA device used, made at its first pack and kept (the pointers stay valid) until the
+  // offloader goes.
+  std::map<int, std::unique_ptr<CudaLane>> cuda_lanes;
 };
 
 namespace {
@@ -106,16 +141,71 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-// Copies c.device_storage to a fresh host storage with the mutex released; drops the device
-// reference when done. Called with the lock held and job_started set.
+CudaLane& ActivationOffloader::Impl::lane_for(int device_index) {
+  std::unique_ptr<CudaLane>& lane = cuda_lanes[device_index];
+  if (!lane) {
+    lane = std::make_unique<CudaLane>(
+        CudaLane{CudaStream::create(device_index),
+                 CudaStream::borrow(device_index, options.cuda_compute_stream)});
+  }
+  return *lane;
+}
+
+// CUDA pack: enqueues c's device->host copy into a pinned buffer on the copy stream, behind the
+// compute stream's work so far (the kernels that produced the tensor), and records to_host_done
+// after it. Nothing waits here. Called with the lock held; the CUDA calls run without it. Returns
+// false, with c Failed and its error kept, when the copy could not be enqueued (no pinned memory).
+bool ActivationOffloader::Impl::start_to_host_cuda(StorageCopy& c,
+                                                   std::unique_lock<std::mutex>& lock) {
+  std::exception_ptr error;
+  try {
+    CudaLane& lane = lane_for(c.device.index);
+    const void* src = c.device_storage->data();
+    lock.unlock();
+    try {
+      auto pinned = std::make_unique<PinnedHostBuffer>(c.nbytes);
+      CudaEvent produced(c.device.index);
+      auto done = std::make_unique<CudaEvent>(c.device.index);
+      produced.record(lane.compute);
+      lane.copy.wait(produced);
+      lane.copy.copy_async(pinned->data(), src, c.nbytes);
+      try {
+        done->record(lane.copy);
+      } catch (...) {
+        lane.copy.synchronize();  // the copy may be in flight: pinned must outlive it
+        throw;
+      }
+      lock.lock();
+      c.pinned = std::move(pinned);
+      c.to_host_done = std::move(done);
+    } catch (...) {
+      if (!lock.owns_lock()) lock.lock();
+      throw;
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  if (!error) return true;
+  c.state = CopyState::Failed;
+  c.error = error;
+  return false;
+}
+
+// Makes c's host copy: sim copies c.device_storage to a fresh host storage; CUDA waits for the
+// copy that pack enqueued (to_host_done). Runs with the mutex released; drops the device reference
+// when done. Called with the lock held and job_started set.
 void ActivationOffloader::Impl::copy_to_host(StorageCopy& c, std::unique_lock<std::mutex>& lock) {
   std::shared_ptr<Storage> src = c.device_storage;
   lock.unlock();
   std::shared_ptr<Storage> host;
   std::exception_ptr error;
   try {
-    host = Storage::create(c.nbytes, options.host);
-    copy_bytes(host->data(), options.host, src->data(), src->device(), c.nbytes);
+    if (c.device.is_cuda()) {
+      c.to_host_done->synchronize();  // set by pack before the job was queued; never reassigned
+    } else {
+      host = Storage::create(c.nbytes, options.host);
+      copy_bytes(host->data(), options.host, src->data(), src->device(), c.nbytes);
+    }
   } catch (...) {
     error = std::current_exception();
   }
@@ -136,18 +226,45 @@ void ActivationOffloader::Impl::copy_to_host(StorageCopy& c, std::unique_lock<st
   lock.lock();
 }
 
-// Copies c.host to a fresh device storage with the mutex released. Returns it (or throws).
+// Copies c's host copy to a fresh device storage with the mutex released. Returns it (or throws).
+// On CUDA the copy is only enqueued, on the copy stream behind the compute stream's work so far
+// (a recycled cached block may still be read by a kernel), with to_device_done recorded after it;
+// whoever hands the storage to the compute stream makes it wait on that event first.
 std::shared_ptr<Storage> ActivationOffloader::Impl::copy_to_device(
     StorageCopy& c, std::unique_lock<std::mutex>& lock) {
   std::shared_ptr<Storage> host = c.host;
+  CudaLane* lane = nullptr;
+  std::exception_ptr error;
+  if (c.device.is_cuda()) {
+    try {
+      lane = &lane_for(c.device.index);
+      if (!c.to_device_done) c.to_device_done = std::make_unique<CudaEvent>(c.device.index);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
   lock.unlock();
   std::shared_ptr<Storage> dev;
-  std::exception_ptr error;
-  try {
-    dev = Storage::create(c.nbytes, c.device);
-    copy_bytes(dev->data(), c.device, host->data(), options.host, c.nbytes);
-  } catch (...) {
-    error = std::current_exception();
+  if (!error) {
+    try {
+      dev = Storage::create(c.nbytes, c.device);
+      if (lane) {
+        CudaEvent compute_mark(c.device.index);
+        compute_mark.record(lane->compute);
+        lane->copy.wait(compute_mark);
+        lane->copy.copy_async(dev->data(), c.pinned->data(), c.nbytes);
+        try {
+          c.to_device_done->record(lane->copy);
+        } catch (...) {
+          lane->copy.synchronize();  // the copy may be in flight: dev must outlive it
+          throw;
+        }
+      } else {
+        copy_bytes(dev->data(), c.device, host->data(), options.host, c.nbytes);
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
   }
   lock.lock();
   if (error) std::rethrow_exception(error);
@@ -231,6 +348,11 @@ std::shared_ptr<void> ActivationOffloader::Impl::pack(const Tensor& t) {
   ++stats.offloaded;
   p->copy = c;
   pending_to_host_bytes += c->nbytes;
+  if (c->device.is_cuda() && !start_to_host_cuda(*c, lock)) {
+    pending_to_host_bytes -= c->nbytes;
+    if (!options.background) std::rethrow_exception(c->error);
+    return p;  // the unpack rethrows, as for a copy that fails on the worker
+  }
   if (options.background) {
     jobs.push_back({JobKind::ToHost, c});
     work_cv.notify_one();
@@ -283,11 +405,22 @@ Tensor ActivationOffloader::Impl::unpack(const Packed& p) {
   std::shared_ptr<Storage> storage;
   std::unique_lock<std::mutex> lock(mutex);
   bool waited = false;
+  bool from_host = false;  // storage was filled by a host->device copy
   const auto t0 = std::chrono::steady_clock::now();
   while (!storage) {
     switch (c.state) {
       case CopyState::ToHost:
-        if (!c.job_started) {  // cancel: the device bytes are still here, keep them
+        if (c.device.is_cuda()) {
+          // The copy in flight only reads the device bytes, which c still holds: use them now
+          // rather than wait for the copy and copy back. A worker already waiting for the copy
+          // finishes it (OnHost); otherwise the copy is abandoned and c stays Resident.
+          storage = c.device_storage;
+          if (!c.job_started) {
+            c.state = CopyState::Resident;
+            pending_to_host_bytes -= c.nbytes;
+          }
+          ++stats.cancelled;
+        } else if (!c.job_started) {  // cancel: the device bytes are still here, keep them
           c.state = CopyState::Resident;
           pending_to_host_bytes -= c.nbytes;
           ++stats.cancelled;
@@ -311,6 +444,7 @@ Tensor ActivationOffloader::Impl::unpack(const Packed& p) {
           c.state = CopyState::OnHost;
           *prefetched_bytes -= c.nbytes;
           ++stats.sync_fetches;
+          from_host = true;
         } else {
           if (!waited) ++stats.prefetch_waits;
           waited = true;
@@ -322,16 +456,22 @@ Tensor ActivationOffloader::Impl::unpack(const Packed& p) {
         c.state = CopyState::OnHost;
         *prefetched_bytes -= c.nbytes;
         if (!waited) ++stats.prefetch_hits;
+        from_host = true;
         break;
       case CopyState::OnHost:
         storage = copy_to_device(c, lock);
         ++stats.sync_fetches;
+        from_host = true;
         break;
       case CopyState::Resident: storage = c.device_storage; break;
       case CopyState::Failed: std::rethrow_exception(c.error);
     }
   }
   if (waited) stats.unpack_wait_ms += ms_since(t0);
+  // CUDA: kernels that read the tensor are enqueued after this wait, so they run after its
+  // host->device copy; the host does not block. (Under the lock: no prefetch of c re-records the
+  // event meanwhile.)
+  if (from_host && c.device.is_cuda()) lane_for(c.device.index).compute.wait(*c.to_device_done);
   schedule_prefetch_before(c.sequence);
   lock.unlock();
   return Tensor::from_storage(std::move(storage), p.offset, p.shape, p.strides, p.dtype);
@@ -366,8 +506,14 @@ Tensor ActivationOffloader::unpack(const std::shared_ptr<void>& packed) const {
 }
 
 void ActivationOffloader::wait_idle() const {
-  std::unique_lock<std::mutex> lock(impl_->mutex);
-  impl_->state_cv.wait(lock, [this] { return impl_->jobs.empty() && impl_->jobs_running == 0; });
+  std::vector<CudaLane*> lanes;
+  {
+    std::unique_lock<std::mutex> lock(impl_->mutex);
+    impl_->state_cv.wait(lock, [this] { return impl_->jobs.empty() && impl_->jobs_running == 0; });
+    for (auto& [index, lane] : impl_->cuda_lanes)
+      if (lane) lanes.push_back(lane.get());
+  }
+  for (CudaLane* lane : lanes) lane->copy.synchronize();  // prefetches enqueued, now finished
 }
 
 ActivationOffloadStats ActivationOffloader::stats() const {

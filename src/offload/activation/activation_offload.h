@@ -15,7 +15,8 @@
 //  - Parameters (leaves requiring grad), tensors already on the host device, and tensors under
 //    min_bytes are kept as they are, never copied.
 //  - Two saved views of one storage share one host copy.
-//  - A handle unpacked before its copy started cancels the copy and keeps the device tensor.
+//  - A handle unpacked before its copy started cancels the copy and keeps the device tensor (on
+//    CUDA, before the copy finished: Note [CUDA activation offload]).
 //  - The device memory the offloader itself holds is bounded: max_pending_bytes in forward (pack
 //    waits for the worker beyond it), prefetch_bytes in backward (plus the tensor being
 //    unpacked). A prefetch that does not fit on the device is dropped, not an error.
@@ -28,8 +29,23 @@
 // offloaded then is each checkpoint's *inputs*: pass pack()/unpack() as the checkpoint's input
 // hooks (nn::CheckpointOptions, nn::CheckpointWrapper::set_input_hooks).
 //
-// CUDA: copies go through copy_bytes on the worker thread. TODO(cuda): pinned host buffers and a
-// side stream with events, so the copies overlap kernels without a host thread blocking on them.
+// Note [CUDA activation offload]: on a cuda device the copies run on a copy stream of the
+// offloader's own and are ordered by events (Note [Copy stream and events], core/cuda_stream.h):
+//  - pack records an event on the compute stream, makes the copy stream wait on it, enqueues the
+//    device->host copy into a pinned host buffer and records to_host_done; it does not block. The
+//    worker waits for to_host_done and only then drops the handle's reference to the device
+//    storage, so the caching allocator cannot hand the bytes to a kernel while the copy reads them.
+//  - a host->device copy (a prefetch on the worker, or a fetch in unpack) allocates the device
+//    storage, makes the copy stream wait on an event recorded on the compute stream (the recycled
+//    block's last kernel), enqueues the copy and records to_device_done; unpack makes the compute
+//    stream wait on it (cudaStreamWaitEvent) and returns at once: the host never blocks on a copy
+//    that was issued in time.
+//  - an unpack while the device->host copy is still in flight returns the device bytes it is
+//    reading (they are intact) instead of waiting for the copy and copying back.
+//  - a StorageCopy destroyed with a copy in flight waits for it before its pinned buffer and
+//    device storage go back to their caches.
+// The states, budgets and prefetch order are the sim path's, unchanged. Compiled against CUDA 13;
+// see docs/recompute.md for what has and has not run on a GPU.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +67,10 @@ struct ActivationOffloadOptions {
   int64_t min_bytes = 0;
   // false: copies run on the calling thread in pack and unpack (the synchronous reference).
   bool background = true;
+  // CUDA: the stream on which the kernels that produce and consume saved tensors run (a
+  // cudaStream_t passed as void*); nullptr = the legacy default stream, which memwall's kernels
+  // use. The copies order themselves against it with events (Note [CUDA activation offload]).
+  void* cuda_compute_stream = nullptr;
 };
 
 struct ActivationOffloadStats {
@@ -58,8 +78,10 @@ struct ActivationOffloadStats {
   int64_t kept = 0;            // parameters, host tensors, small tensors: not copied
   int64_t offloaded = 0;       // device storages copied to the host
   int64_t shared = 0;          // packs that reused another view's host copy
-  int64_t cancelled = 0;       // unpacked before their copy started: kept on the device
-  int64_t prefetch_hits = 0;   // unpacks served by a finished prefetch
+  int64_t cancelled = 0;       // unpacked before their copy was done: served from the device
+                               // bytes (sim: before it started; cuda: while it was in flight)
+  int64_t prefetch_hits = 0;   // unpacks served by a finished prefetch (cuda: an enqueued one,
+                               // which the compute stream waits for on the GPU)
   int64_t prefetch_waits = 0;  // unpacks that waited for a prefetch in flight
   int64_t sync_fetches = 0;    // unpacks that copied on the calling thread
   int64_t to_host_bytes = 0;
