@@ -98,6 +98,7 @@ NvmeAdamStates::NvmeAdamStates(std::vector<int64_t> numels, NvmeOffloadOptions o
   stats_.direct = swap_->direct();
   submitted_.assign(numels_.size(), 0);
   splits_.resize(numels_.size());
+  split_param_.assign(numels_.size(), 0);
   pump_thread_ = std::thread([this] { pump(); });
   updater_thread_ = std::thread([this] { updater(); });
 }
@@ -190,20 +191,32 @@ void NvmeAdamStates::pump() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     if (stop_) return;
-    // Read ahead into every free slot, in the expected order.
+    // Read ahead into every free slot, in the expected order: two streams, the row-split
+    // parameters' slices and the others', each holding at most half of the slots while the other
+    // has slices left (Note [Row-split update]: the updater interleaves the two by timing).
     bool issued = false;
-    while (prefetch_enabled_ && !failed_ && cursor_ < order_.size()) {
-      const int64_t id = order_[cursor_];
-      Slice& s = slices_[id];
-      if (s.consumed || (s.slot >= 0 && slots_[s.slot].state != SlotState::kWriting)) {
-        ++cursor_;  // taken by the spare path, or still held from an earlier prefetch
-        continue;
-      }
-      if (s.slot >= 0) break;  // its last write is in flight: wait for it below
+    while (prefetch_enabled_ && !failed_) {
       const int f = free_slot_locked();
       if (f < 0) break;
-      start_read_locked(id, f);
-      ++cursor_;
+      int held[2] = {0, 0};
+      for (const Slot& slot : slots_)
+        if (slot.slice >= 0 &&
+            (slot.state == SlotState::kReading || slot.state == SlotState::kReady))
+          ++held[split_param_[slices_[slot.slice].param] ? 1 : 0];
+      const int64_t next[2] = {next_in_stream_locked(cursor_, false),
+                               next_in_stream_locked(split_cursor_, true)};
+      const int64_t half = static_cast<int64_t>(slots_.size() + 1) / 2;
+      int stream = -1;
+      for (int st : {0, 1}) {
+        if (next[st] < 0) continue;  // exhausted, or waiting for a write-back
+        if (held[st] < half || next[1 - st] < 0) {
+          stream = st;
+          break;
+        }
+      }
+      if (stream < 0) break;
+      start_read_locked(next[stream], f);
+      ++(stream == 0 ? cursor_ : split_cursor_);
       issued = true;
     }
     if (issued) cv_.notify_all();
@@ -242,6 +255,10 @@ void NvmeAdamStates::pump() {
 
 uint64_t NvmeAdamStates::submit_locked(Job job) {
   job.ticket = next_ticket_++;
+  if (job.keep.defined()) {
+    stats_.queued_grad_bytes += job.keep.nbytes();
+    stats_.queued_grad_bytes_max = std::max(stats_.queued_grad_bytes_max, stats_.queued_grad_bytes);
+  }
   jobs_.push_back(std::move(job));
   cv_.notify_all();
   return next_ticket_ - 1;
@@ -253,7 +270,9 @@ void NvmeAdamStates::drain_locked(std::unique_lock<std::mutex>& lock) {
 
 void NvmeAdamStates::wait(uint64_t ticket) {
   std::unique_lock<std::mutex> lock(mutex_);
+  const double t = now_ms();
   cv_.wait(lock, [&] { return done_ticket_ >= ticket; });
+  stats_.join_wait_ms += now_ms() - t;
 }
 
 namespace {
@@ -267,6 +286,18 @@ bool admit(bool ok, std::exception_ptr& error, bool& failed, const std::string& 
 }
 }  // namespace
 
+int64_t NvmeAdamStates::next_in_stream_locked(size_t& cursor, bool split) {
+  for (; cursor < order_.size(); ++cursor) {
+    const Slice& s = slices_[order_[cursor]];
+    if (static_cast<bool>(split_param_[s.param]) != split) continue;
+    if (s.consumed || (s.slot >= 0 && slots_[s.slot].state != SlotState::kWriting))
+      continue;                  // taken by the spare path, or still held from an earlier prefetch
+    if (s.slot >= 0) return -1;  // its last write is in flight: wait for it
+    return order_[cursor];
+  }
+  return -1;
+}
+
 void NvmeAdamStates::update_async(int k, const AdamStepScalars& scalars, float* param,
                                   Tensor grad) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -278,6 +309,7 @@ void NvmeAdamStates::update_async(int k, const AdamStepScalars& scalars, float* 
                  "optimizer step; turn it off for gradient accumulation")))
     return;
   submitted_[k] = 1;
+  promote_locked(k);
   Job job;
   job.k = k;
   job.scalars = scalars;
@@ -314,8 +346,13 @@ uint64_t NvmeAdamStates::update_except_rows_async(int k, const AdamStepScalars& 
       rs.ranges.emplace_back(r * row_numel, (r + 1) * row_numel);
   }
   rs.active = true;
+  if (!split_param_[k]) {  // from now on its slices are a read stream of their own
+    split_param_[k] = 1;
+    cursor_ = split_cursor_ = 0;
+  }
   stats_.split_rows = static_cast<int64_t>(pending_rows.size());
   submitted_[k] = 1;
+  promote_locked(k);
   Job job;
   job.kind = Job::Kind::kExceptRows;
   job.k = k;
@@ -323,7 +360,11 @@ uint64_t NvmeAdamStates::update_except_rows_async(int k, const AdamStepScalars& 
   job.param = param;
   job.grad = static_cast<const char*>(grad);
   job.grad_dtype = grad_dtype;
-  return submit_locked(std::move(job));
+  job.ticket = next_ticket_++;
+  const uint64_t ticket = job.ticket;
+  split_work_.push_back({std::move(job), first_slice_[k]});
+  cv_.notify_all();
+  return ticket;
 }
 
 void NvmeAdamStates::update_rows_async(int k, const AdamStepScalars& scalars, float* param,
@@ -350,38 +391,68 @@ bool NvmeAdamStates::rows_pending(int k) const {
   return splits_[k].active;
 }
 
+void NvmeAdamStates::mark_done_locked(uint64_t ticket) {
+  completed_.insert(ticket);
+  while (!completed_.empty() && *completed_.begin() == done_ticket_ + 1) {
+    completed_.erase(completed_.begin());
+    ++done_ticket_;
+  }
+  cv_.notify_all();
+}
+
+// Jobs whose gradient waits in memory (whole parameters, the split's last rows) go first; a row
+// split's slices fill the gaps between them, one slice at a time (Note [Row-split update]): the
+// blocks' gradients are then freed as fast as their states arrive, while the embedding, whose
+// gradient exists anyway until the end of backward, streams in between.
 void NvmeAdamStates::updater() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-    if (jobs_.empty()) return;
-    Job job = std::move(jobs_.front());
-    jobs_.pop_front();
-    lock.unlock();
-    try {
-      run_job(job);
-    } catch (...) {
-      std::lock_guard<std::mutex> relock(mutex_);
-      record_error_locked(std::current_exception());
+    cv_.wait(lock, [&] { return stop_ || !jobs_.empty() || !split_work_.empty(); });
+    if (!jobs_.empty()) {
+      Job job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      try {
+        if (job.kind == Job::Kind::kRows) {
+          finish_rows(job);
+        } else {
+          for (int64_t id = first_slice_[job.k]; id < first_slice_[job.k + 1]; ++id) {
+            {
+              std::lock_guard<std::mutex> relock(mutex_);
+              if (failed_) break;
+            }
+            update_slice(id, job);
+          }
+        }
+      } catch (...) {
+        std::lock_guard<std::mutex> relock(mutex_);
+        record_error_locked(std::current_exception());
+      }
+      const int64_t held = job.keep.defined() ? job.keep.nbytes() : 0;
+      if (job.keep.defined()) donate(std::move(job.keep));  // spent: lend it, or free it
+      lock.lock();
+      stats_.queued_grad_bytes -= held;
+      mark_done_locked(job.ticket);
+    } else if (!split_work_.empty()) {
+      SplitWork& w = split_work_.front();  // deque: stays valid while others are queued
+      const int64_t id = w.next++;
+      const bool last = w.next == first_slice_[w.job.k + 1];
+      const bool skip = failed_;
+      lock.unlock();
+      try {
+        if (!skip) update_slice(id, w.job);
+      } catch (...) {
+        std::lock_guard<std::mutex> relock(mutex_);
+        record_error_locked(std::current_exception());
+      }
+      lock.lock();
+      if (last || failed_) {
+        mark_done_locked(w.job.ticket);
+        split_work_.pop_front();
+      }
+    } else {
+      return;  // stop_
     }
-    if (job.keep.defined()) donate(std::move(job.keep));  // spent: lend it, or free it
-    lock.lock();
-    done_ticket_ = job.ticket;
-    cv_.notify_all();
-  }
-}
-
-void NvmeAdamStates::run_job(Job& job) {
-  if (job.kind == Job::Kind::kRows) {
-    finish_rows(job);
-    return;
-  }
-  for (int64_t id = first_slice_[job.k]; id < first_slice_[job.k + 1]; ++id) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (failed_) return;
-    }
-    update_slice(id, job);
   }
 }
 
@@ -523,9 +594,14 @@ void NvmeAdamStates::update_slice(int64_t id, const Job& job) {
       std::memset(m, 0, static_cast<size_t>(8 * s.numel));
     lock.lock();
     overlay_held_locked(id, m);
+    if (options_.record_timeline) timing_locked(id).compute_start_ms = now_ms();
     lock.unlock();
     std::vector<Pages> pages = step_slice(id, job, m);
     lock.lock();
+    if (options_.record_timeline) {
+      SliceTiming& t = timing_locked(id);
+      t.compute_end_ms = t.write_issue_ms = now_ms();
+    }
     drop_held_locked(id);  // the write below supersedes them
     lock.unlock();
     std::exception_ptr error;
@@ -535,6 +611,7 @@ void NvmeAdamStates::update_slice(int64_t id, const Job& job) {
       error = std::current_exception();
     }
     lock.lock();
+    if (options_.record_timeline) timing_locked(id).write_done_ms = now_ms();
     if (pages.empty())
       s.step = sc.step;
     else
@@ -584,6 +661,33 @@ void NvmeAdamStates::update_slice(int64_t id, const Job& job) {
     io_fifo_.push_back(s.slot);
   } catch (...) {  // e.g. ENOSPC while allocating file space
     finish_write_locked(s.slot, std::current_exception());
+  }
+  cv_.notify_all();
+}
+
+void NvmeAdamStates::promote_locked(int k) {
+  if (slices_[first_slice_[k]].on_disk) return;  // the learned order holds from the second step
+  if (std::find(promoted_.begin(), promoted_.end(), k) != promoted_.end()) return;
+  promoted_.push_back(k);
+  std::vector<int64_t> order;
+  order.reserve(order_.size());
+  for (int p : promoted_)
+    for (int64_t id = first_slice_[p]; id < first_slice_[p + 1]; ++id) order.push_back(id);
+  auto is_promoted = [&](int p) {
+    return std::find(promoted_.begin(), promoted_.end(), p) != promoted_.end();
+  };
+  for (int64_t id : order_)
+    if (!is_promoted(slices_[id].param)) order.push_back(id);
+  order_ = std::move(order);
+  cursor_ = split_cursor_ = 0;
+  // Zero-filled prefetches of slices not asked for yet cost nothing to redo: free their slots.
+  for (Slot& slot : slots_) {
+    if (slot.state != SlotState::kReady || slot.slice < 0 || slot.read_error) continue;
+    Slice& sl = slices_[slot.slice];
+    if (sl.on_disk || sl.consumed || is_promoted(sl.param)) continue;
+    sl.slot = -1;
+    slot.slice = -1;
+    slot.state = SlotState::kFree;
   }
   cv_.notify_all();
 }
@@ -666,9 +770,10 @@ void NvmeAdamStates::finish_step() {
     s.timing = -1;
   }
   std::fill(submitted_.begin(), submitted_.end(), 0);
+  promoted_.clear();
   last_timeline_ = std::move(timeline_);
   timeline_.clear();
-  cursor_ = 0;
+  cursor_ = split_cursor_ = 0;
   cv_.notify_all();
   if (error_) std::rethrow_exception(error_);
 }
@@ -746,7 +851,7 @@ void NvmeAdamStates::write_slice(int k, int64_t i, const float* m_in, const floa
 void NvmeAdamStates::resume_prefetch() {
   std::lock_guard<std::mutex> lock(mutex_);
   prefetch_enabled_ = true;
-  cursor_ = 0;
+  cursor_ = split_cursor_ = 0;
   cv_.notify_all();
 }
 

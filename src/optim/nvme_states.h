@@ -72,6 +72,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -120,9 +121,12 @@ struct NvmeStats {
   int64_t bytes_read = 0, bytes_written = 0;  // what the engine moved
   double consumer_wait_ms = 0;  // time the updater waited for reads (hidden while backward runs)
   double flush_wait_ms = 0;     // time finish_step() waited for the updater: exposed to the step
+  double join_wait_ms = 0;      // time backward waited for a row split to end: exposed too
   int64_t split_rows = 0;       // rows deferred by row splits in the last step
   int64_t held_bytes = 0;       // held pages now (Note [Row-split update])
   int64_t held_bytes_max = 0;
+  int64_t queued_grad_bytes = 0;  // gradients held by submitted updates that have not run yet
+  int64_t queued_grad_bytes_max = 0;
   int64_t spare_slices = 0;        // slices that took the spare slot (out of the expected order)
   int64_t staging_bytes = 0;       // RAM of the slots (and the spare, once made)
   int64_t borrowed_bytes_max = 0;  // most dead-gradient memory lent as slots in one step
@@ -237,14 +241,25 @@ class NvmeAdamStates {
     uint64_t ticket = 0;
   };
 
+  struct SplitWork {  // a row split's pass over its slices, one at a time between other jobs
+    Job job;
+    int64_t next = 0;  // next slice id
+  };
   uint64_t submit_locked(Job job);
+  void mark_done_locked(uint64_t ticket);
   void updater();
-  void run_job(Job& job);
   void finish_rows(const Job& job);
   void drain_locked(std::unique_lock<std::mutex>& lock);
   // Adam on one slice whose m, v sit at m (v at m + numel); with a row split, all but the pending
   // rows, whose pages are returned.
   std::vector<Pages> step_slice(int64_t id, const Job& job, float* m);
+  // The first step's order is a guess (parameters last to first); a row split proves it wrong
+  // (the tied embedding comes first). Until a parameter has been written once, a submission moves
+  // its slices up to just after those submitted before it.
+  void promote_locked(int k);
+  // The next slice to read in one stream (row-split parameters' or the others'), from `cursor`;
+  // -1 when the stream is done or its next slice still waits for its write-back.
+  int64_t next_in_stream_locked(size_t& cursor, bool split);
   void overlay_held_locked(int64_t id, float* m);
   void drop_held_locked(int64_t id);
   void pump();
@@ -286,8 +301,13 @@ class NvmeAdamStates {
   std::chrono::steady_clock::time_point t0_;
   // The updater (Note [NVMe pipeline]) and the row splits (Note [Row-split update]).
   std::deque<Job> jobs_;
-  uint64_t next_ticket_ = 1, done_ticket_ = 0;            // jobs finish in submission order
-  std::vector<char> submitted_;                           // per parameter, this step
+  std::deque<SplitWork> split_work_;
+  uint64_t next_ticket_ = 1, done_ticket_ = 0;  // every ticket <= done_ticket_ has finished
+  std::set<uint64_t> completed_;                // finished tickets above done_ticket_
+  std::vector<char> submitted_;                 // per parameter, this step
+  std::vector<int> promoted_;                   // promote_locked, this step
+  std::vector<char> split_param_;  // per parameter: row-split in some step (a read stream)
+  size_t split_cursor_ = 0;
   std::vector<RowSplit> splits_;                          // per parameter
   std::unordered_map<int64_t, std::vector<Pages>> held_;  // slice -> pages newer than the disk
   std::thread pump_thread_, updater_thread_;
