@@ -60,7 +60,7 @@ class Parser {
       if (!spec) throw UsageError("unknown option '--" + name + "'");
       if (spec->is_flag) {
         if (inline_value) throw UsageError("--" + name + " takes no value");
-        values_[name] = "1";
+        values_[name] = std::string(1, '1');  // not = "1": GCC 12 -Wrestrict false positive
         continue;
       }
       if (!inline_value) {

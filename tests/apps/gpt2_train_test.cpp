@@ -1,5 +1,5 @@
-// gpt2_train as a user runs it: exit codes, the documents' lines, the JSON log, determinism, and
-// save -> --init-from round trips.
+// gpt2_train (and nvme_step_bench) as a user runs it: exit codes, the documents' lines, the JSON
+// log, determinism, and save -> --init-from round trips.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -21,8 +21,8 @@ struct Result {
   std::string output;  // stdout and stderr
 };
 
-Result run(const std::string& args) {
-  std::string cmd = std::string(MW_BINARY_DIR) + "/apps/gpt2_train " + args + " 2>&1";
+Result run_app(const std::string& app, const std::string& args) {
+  std::string cmd = std::string(MW_BINARY_DIR) + "/apps/" + app + " " + args + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -31,6 +31,8 @@ Result run(const std::string& args) {
   int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
+
+Result run(const std::string& args) { return run_app("gpt2_train", args); }
 
 std::vector<std::string> loss_lines(const std::string& out) {
   std::vector<std::string> lines;
@@ -113,6 +115,17 @@ TEST(Gpt2Train, MissingOrCorruptInputsGiveAClearErrorAndExit1) {
   Result d = run(std::string(kTiny) + "--data " + tmp.file("missing.bin"));
   EXPECT_EQ(d.exit_code, 1);
   EXPECT_NE(d.output.find("missing.bin"), std::string::npos) << d.output;
+}
+
+// The side-by-side offload bench: both models must see the same losses, bit for bit, or it fails.
+TEST(NvmeStepBench, TrainsBothModelsSideBySideWithEqualLosses) {
+  Result r = run_app("nvme_step_bench", "--model tiny --seq 16 --batch 2 --threads 2 --steps 3");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("losses bitwise equal"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("median of per-pair ratios"), std::string::npos) << r.output;
+  Result bad = run_app("nvme_step_bench", "--fraction 2");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--fraction"), std::string::npos) << bad.output;
 }
 
 }  // namespace
