@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
+#include <iostream>
 #include <map>
 #include <string>
 #include <vector>
@@ -137,5 +139,26 @@ class Parser {
   std::map<std::string, bool> given_;
   bool help_ = false;
 };
+
+// main() of a tool: parses argv; --help prints the usage (exit 0); a bad flag or argument
+// (InvalidArgument, from parsing or from run) prints the usage and the reason (exit 2); any other
+// failure prints the error (exit 1). run(parser) returns the exit code.
+template <typename Run>
+int run_main(Parser& p, const char* program, int argc, char** argv, Run run) {
+  try {
+    p.parse(argc, argv);
+    if (p.help_requested()) {
+      std::cout << p.usage();
+      return 0;
+    }
+    return run(p);
+  } catch (const InvalidArgument& e) {
+    std::cerr << p.usage() << "\n" << program << ": " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << program << ": error: " << e.what() << "\n";
+    return 1;
+  }
+}
 
 }  // namespace mw::cli

@@ -244,18 +244,6 @@ int main(int argc, char** argv) {
   p.option("threads", "2", "threads for both memwall and PyTorch");
   p.option("torch", "auto", "auto|off: run the PyTorch peer");
   p.flag("json", "print a JSON summary as the last line");
-  try {
-    p.parse(argc, argv);
-    if (p.help_requested()) {
-      std::cout << p.usage();
-      return 0;
-    }
-    return mw::run(p);
-  } catch (const mw::InvalidArgument& e) {
-    std::cerr << p.usage() << "\ngpt2_bench: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "gpt2_bench: error: " << e.what() << "\n";
-    return 1;
-  }
+  return mw::cli::run_main(p, "gpt2_bench", argc, argv,
+                           [](const mw::cli::Parser& q) { return mw::run(q); });
 }

@@ -137,18 +137,6 @@ int main(int argc, char** argv) {
   p.option("fraction", "1.0", "nvme_offload_fraction");
   p.option("nvme-dir", "", "directory for the states (default: a private temporary one)");
   p.option("nvme-window", "32MiB", "RAM for states in flight");
-  try {
-    p.parse(argc, argv);
-    if (p.help_requested()) {
-      std::cout << p.usage();
-      return 0;
-    }
-    return mw::run(p);
-  } catch (const mw::InvalidArgument& e) {
-    std::cerr << p.usage() << "\nnvme_step_bench: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "nvme_step_bench: error: " << e.what() << "\n";
-    return 1;
-  }
+  return mw::cli::run_main(p, "nvme_step_bench", argc, argv,
+                           [](const mw::cli::Parser& q) { return mw::run(q); });
 }

@@ -310,14 +310,7 @@ void NvmeAdamStates::update_async(int k, const AdamStepScalars& scalars, float* 
     return;
   submitted_[k] = 1;
   promote_locked(k);
-  Job job;
-  job.k = k;
-  job.scalars = scalars;
-  job.param = param;
-  job.grad = static_cast<const char*>(grad.raw_data());
-  job.grad_dtype = grad.dtype();
-  job.keep = std::move(grad);
-  submit_locked(std::move(job));
+  submit_locked(Job::holding(Job::Kind::kWhole, k, scalars, param, std::move(grad)));
 }
 
 uint64_t NvmeAdamStates::update_except_rows_async(int k, const AdamStepScalars& scalars,
@@ -375,15 +368,7 @@ void NvmeAdamStates::update_rows_async(int k, const AdamStepScalars& scalars, fl
                         str("update_rows_async: parameter ", k,
                             " has no row split waiting for its rows this step")))
     return;
-  Job job;
-  job.kind = Job::Kind::kRows;
-  job.k = k;
-  job.scalars = scalars;
-  job.param = param;
-  job.grad = static_cast<const char*>(grad.raw_data());
-  job.grad_dtype = grad.dtype();
-  job.keep = std::move(grad);
-  submit_locked(std::move(job));
+  submit_locked(Job::holding(Job::Kind::kRows, k, scalars, param, std::move(grad)));
 }
 
 bool NvmeAdamStates::rows_pending(int k) const {

@@ -239,6 +239,19 @@ class NvmeAdamStates {
     DType grad_dtype = DType::F32;
     Tensor keep;  // holds the gradient until the job ran (undefined for kExceptRows)
     uint64_t ticket = 0;
+    // A job that holds its gradient (kWhole, kRows).
+    static Job holding(Kind kind, int k, const AdamStepScalars& scalars, float* param,
+                       Tensor grad) {
+      Job job;
+      job.kind = kind;
+      job.k = k;
+      job.scalars = scalars;
+      job.param = param;
+      job.grad = static_cast<const char*>(grad.raw_data());
+      job.grad_dtype = grad.dtype();
+      job.keep = std::move(grad);
+      return job;
+    }
   };
 
   struct SplitWork {  // a row split's pass over its slices, one at a time between other jobs
