@@ -416,12 +416,20 @@ TEST(NvmeOffload, UnusableDirectoryIsAClearIoError) {
   fs::path file = fs::temp_directory_path() / ("mw_nvme_notadir_" + std::to_string(::getpid()));
   { std::ofstream(file.string()) << "x"; }
   std::vector<Tensor> ps = make_params(1);
-  try {
-    HybridAdam opt(ps, HybridAdamOptions({}, -1.f, small_nvme(1.0, (file / "sub").string())));
-    FAIL() << "expected IoError";
-  } catch (const IoError& e) {
-    EXPECT_NE(e.err, 0);
-    EXPECT_NE(std::string(e.what()).find(file.string()), std::string::npos) << e.what();
+  // Under a regular file (ENOTDIR), and in sysfs, which even root cannot write to (EPERM): tests
+  // run as root here, so permission bits alone would not refuse anything.
+  for (const fs::path& dir : {file / "sub", fs::path("/sys/memwall-nvme-test")}) {
+    SCOPED_TRACE(dir.string());
+    if (dir.string().rfind("/sys", 0) == 0 && !fs::is_directory("/sys/kernel")) continue;
+    try {
+      HybridAdam opt(ps, HybridAdamOptions({}, -1.f, small_nvme(1.0, dir.string())));
+      FAIL() << "expected IoError";
+    } catch (const IoError& e) {
+      EXPECT_NE(e.err, 0);
+      EXPECT_NE(std::string(e.what()).find(dir.string()), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("pass a directory you can write to"), std::string::npos)
+          << e.what();
+    }
   }
   fs::remove(file);
 }
