@@ -37,14 +37,13 @@
 //    is next written in full. So the largest parameter's 309 MiB of states stream during the
 //    blocks' backward instead of after it, for at most 2 x B*T x row pages of RAM (8 MiB at B4
 //    T128). Adam is elementwise, so the split changes no bit.
-//  - Note [Borrowed gradient slots]: with updates inside backward, a parameter's gradient is dead
-//    once its update ran. HybridAdam then releases it and *lends* its buffer here (donate()); it is
-//    carved into extra slots for the rest of the step, so read-ahead runs deeper exactly when the
-//    memory is there and the process's footprint does not grow: the gradients of all parameters
-//    would have been alive at the end of a plain backward anyway. This is what hides the tied
-//    embedding's states (the largest, and final only at the very end of backward): by then the
-//    dead gradients of the transformer blocks hold most of them, already read. At most the largest
-//    parameter's m+v is borrowed; borrowed slots are returned (dropped) by finish_step().
+//  - Note [Borrowed gradient slots] (optional, off by default): with updates inside backward, a
+//    parameter's gradient is dead once its update ran. The updater can then *lend* its buffer here
+//    (donate()), carved into extra slots for the rest of the step, so read-ahead runs deeper while
+//    the memory is there anyway (all gradients would be alive at the end of a plain backward).
+//    Before the row split this is what hid the tied embedding's states; with it, borrowing buys no
+//    measurable speed and holds up to the largest parameter's m+v at the peak, so it is off.
+//    Borrowed slots are returned (dropped) by finish_step().
 //  - A slice consumed out of the expected order while every slot holds another slice's prefetch
 //    goes through one spare slot synchronously, so the pipeline never deadlocks.
 //
