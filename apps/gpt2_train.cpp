@@ -345,14 +345,16 @@ int run(const Options& o) {
         "run | updater waited for reads %.0f ms (hidden behind backward), step() waited for the "
         "updater %.0f ms, backward waited for the row split %.0f ms (both exposed) | staging %.0f "
         "MiB, file %.0f MiB, borrowed gradient slots "
-        "%.0f MiB, %lld spare-slot slices | row split: %lld rows, held pages %.1f MiB max | "
+        "%.0f MiB, %lld spare-slot slices, %lld transfers into registered slots | row split: %lld "
+        "rows, held pages %.1f MiB max | "
         "gradients "
         "waiting for the updater %.0f MiB max\n",
         st.bytes_read / gb, st.bytes_written / gb, st.bytes_read / gb / total_s,
         st.bytes_written / gb / total_s, st.consumer_wait_ms, st.flush_wait_ms, st.join_wait_ms,
         mib(st.staging_bytes), mib(st.file_bytes), mib(st.borrowed_bytes_max),
-        static_cast<long long>(st.spare_slices), static_cast<long long>(st.split_rows),
-        mib(st.held_bytes_max), mib(st.queued_grad_bytes_max));
+        static_cast<long long>(st.spare_slices), static_cast<long long>(st.fixed_transfers),
+        static_cast<long long>(st.split_rows), mib(st.held_bytes_max),
+        mib(st.queued_grad_bytes_max));
     if (!o.nvme_timeline.empty()) {
       std::ofstream csv(o.nvme_timeline);
       MW_CHECK_T(IoError, csv.good(), "--nvme-timeline '", o.nvme_timeline, "' cannot be written");

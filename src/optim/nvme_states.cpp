@@ -95,6 +95,10 @@ NvmeAdamStates::NvmeAdamStates(std::vector<int64_t> numels, NvmeOffloadOptions o
   owned_slots_ = slots_.size();
   for (Slot& s : slots_) s.buf = AlignedBuffer(slot_bytes);
   stats_.staging_bytes = nslots * slot_bytes;
+  // Every transfer of a step goes through these slots: pin them once (Note [Registered buffers]).
+  std::vector<std::pair<void*, int64_t>> pinned;
+  for (Slot& s : slots_) pinned.emplace_back(s.buf.data(), s.buf.size());
+  stats_.registered_slots = engine_->register_buffers(pinned);
   stats_.direct = swap_->direct();
   submitted_.assign(numels_.size(), 0);
   splits_.resize(numels_.size());
@@ -853,6 +857,7 @@ NvmeStats NvmeAdamStates::stats() const {
   const io::IoStats io = engine_->stats();
   s.bytes_read = io.bytes_read;
   s.bytes_written = io.bytes_written;
+  s.fixed_transfers = io.fixed_transfers;
   s.file_bytes = swap_->file_bytes();
   return s;
 }

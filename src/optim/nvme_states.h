@@ -131,6 +131,8 @@ struct NvmeStats {
   int64_t borrowed_bytes_max = 0;  // most dead-gradient memory lent as slots in one step
   int64_t file_bytes = 0;          // disk space in use
   bool direct = true;              // O_DIRECT everywhere
+  bool registered_slots = false;   // slots registered with io_uring (Note [Registered buffers])
+  int64_t fixed_transfers = 0;     // transfers that used them
 };
 
 class NvmeAdamStates {

@@ -122,6 +122,11 @@ TEST(NvmeOffload, StepPathMatchesAdamWBitwiseAtEveryFraction) {
       EXPECT_LE(st.bytes_read, 4 * 81920 + 2 * 8192);
       EXPECT_LE(st.staging_bytes, 3 * 8 * 1024);  // two slots and at most one spare
       EXPECT_EQ(opt.state_bytes_in_memory(), st.staging_bytes);
+      // Every transfer went through the registered slots (Note [Registered buffers]).
+      if (opt.nvme()->engine().backend_name() == "uring") {
+        EXPECT_TRUE(st.registered_slots);
+        EXPECT_GT(st.fixed_transfers, 0);
+      }
     }
     for (size_t i = 0; i < ps.size(); ++i) {
       EXPECT_EQ(bit_mismatches("param", ps[i], ref_params[i]), 0) << "param " << i;

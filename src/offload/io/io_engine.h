@@ -32,6 +32,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mw::io {
@@ -64,6 +65,7 @@ struct IoStats {
   int64_t requests_failed = 0;
   int64_t resumed_transfers = 0;  // short transfers continued (Note [Every completion is checked])
   int64_t submit_calls = 0;       // io_uring_submit calls (uring) or batches handed to the pool
+  int64_t fixed_transfers = 0;    // transfers into registered buffers (READ/WRITE_FIXED)
 };
 
 // Test hook (Note [Fault injection]): what to do to request number `seq` (0-based, in submission
@@ -131,6 +133,16 @@ class IoEngine {
   // Why this backend was chosen, e.g. "probe: io_uring works (READ/WRITE opcodes supported)".
   const std::string& choice_reason() const { return choice_reason_; }
   int queue_depth() const { return queue_depth_; }
+
+  // Note [Registered buffers]: long-lived buffers that most transfers use (a pipeline's slots) can
+  // be registered once: io_uring then pins their pages once (IORING_REGISTER_BUFFERS) instead of
+  // on every request, and transfers wholly inside one use READ/WRITE_FIXED. Call before submitting
+  // anything; the buffers must outlive the engine. Returns false, with the reason logged once, when
+  // the backend cannot (the threads backend, or e.g. RLIMIT_MEMLOCK): transfers work as before.
+  virtual bool register_buffers(const std::vector<std::pair<void*, int64_t>>& buffers) {
+    (void)buffers;
+    return false;
+  }
 
   // Note [Fault injection]: a test-only hook consulted once per submitted request. Pass an empty
   // function to remove it. Works identically for both backends.

@@ -15,6 +15,7 @@
 //  - An injected error (Note [Fault injection]) is issued as a NOP, so the failure still travels
 //    the real completion path.
 #include <liburing.h>
+#include <sys/uio.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -22,6 +23,7 @@
 
 #include "core/error.h"
 #include "offload/io/backends.h"
+#include "offload/io/log.h"
 
 namespace mw::io::detail {
 
@@ -46,6 +48,24 @@ class UringEngine final : public IoEngine {
 
   std::string backend_name() const override { return "uring"; }
 
+  // Note [Registered buffers].
+  bool register_buffers(const std::vector<std::pair<void*, int64_t>>& buffers) override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    MW_CHECK_T(InvalidArgument, fixed_.empty(), "io_uring: buffers are already registered");
+    std::vector<iovec> iov;
+    for (auto [base, bytes] : buffers) iov.push_back({base, static_cast<size_t>(bytes)});
+    const int rc = io_uring_register_buffers(&ring_, iov.data(), static_cast<unsigned>(iov.size()));
+    if (rc < 0) {
+      log_warning(str("io_uring: registering ", iov.size(), " buffers failed: ", errno_text(-rc),
+                      "; transfers pin their pages per request instead (raise RLIMIT_MEMLOCK to "
+                      "avoid that)"));
+      return false;
+    }
+    for (size_t i = 0; i < buffers.size(); ++i)
+      fixed_.push_back({static_cast<char*>(buffers[i].first), buffers[i].second});
+    return true;
+  }
+
  protected:
   void enqueue_locked(std::vector<std::shared_ptr<RequestState>>& states) override {
     for (auto& s : states) pending_.push_back(std::move(s));
@@ -69,13 +89,29 @@ class UringEngine final : public IoEngine {
       // A single SQE moves at most 2 GiB - 4 KiB (the kernel's MAX_RW_COUNT); more is a short
       // transfer that account_attempt resumes.
       unsigned n = static_cast<unsigned>(std::min<int64_t>(len, 0x7ffff000));
-      if (s.request.op == IoOp::kRead)
+      const int fixed = fixed_index(buf, n);
+      if (fixed >= 0) {
+        ++stats_.fixed_transfers;
+        if (s.request.op == IoOp::kRead)
+          io_uring_prep_read_fixed(sqe, s.request.fd, buf, n, off, fixed);
+        else
+          io_uring_prep_write_fixed(sqe, s.request.fd, buf, n, off, fixed);
+      } else if (s.request.op == IoOp::kRead) {
         io_uring_prep_read(sqe, s.request.fd, buf, n, off);
-      else
+      } else {
         io_uring_prep_write(sqe, s.request.fd, buf, n, off);
+      }
     }
     io_uring_sqe_set_data64(sqe, static_cast<uint64_t>(slot));
     ++prepared_;
+  }
+
+  // The registered buffer that holds [buf, buf + n) wholly, or -1.
+  int fixed_index(const char* buf, unsigned n) const {
+    for (size_t i = 0; i < fixed_.size(); ++i)
+      if (buf >= fixed_[i].first && buf + n <= fixed_[i].first + fixed_[i].second)
+        return static_cast<int>(i);
+    return -1;
   }
 
   void fill_and_submit_locked() {
@@ -175,8 +211,9 @@ class UringEngine final : public IoEngine {
   std::vector<std::shared_ptr<RequestState>> slots_;
   std::vector<int> free_slots_;
   std::deque<std::shared_ptr<RequestState>> pending_;
-  int prepared_ = 0;      // SQEs prepared and not yet submitted
-  bool reaping_ = false;  // Note [Waiters reap]
+  std::vector<std::pair<char*, int64_t>> fixed_;  // registered buffers, by index
+  int prepared_ = 0;                              // SQEs prepared and not yet submitted
+  bool reaping_ = false;                          // Note [Waiters reap]
 };
 
 }  // namespace
