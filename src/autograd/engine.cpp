@@ -265,16 +265,8 @@ std::optional<std::vector<int64_t>> pending_rows(const RowsWatch& w) {
     const auto& rs = p.node->row_sparse;
     if (!rs || rs->edge != p.edge || !rs->ids.defined() || !rs->ids.device().is_host_addressable())
       return std::nullopt;
-    Tensor ids = rs->ids.contiguous();
-    if (ids.dtype() == DType::I32) {
-      const int32_t* d = ids.data<int32_t>();
-      rows.insert(rows.end(), d, d + ids.numel());
-    } else if (ids.dtype() == DType::I64) {
-      const int64_t* d = ids.data<int64_t>();
-      rows.insert(rows.end(), d, d + ids.numel());
-    } else {
-      return std::nullopt;
-    }
+    const std::vector<int64_t> ids = ops::token_ids(rs->ids);  // embedding() checked the dtype
+    rows.insert(rows.end(), ids.begin(), ids.end());
   }
   std::sort(rows.begin(), rows.end());
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());

@@ -55,6 +55,8 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, 
                             bool need_dw, bool need_dbias);
 
 // ---- embedding ----
+// The ids of an i32 or i64 tensor (any shape, read in order) as int64; ShapeError otherwise.
+std::vector<int64_t> token_ids(const Tensor& ids);
 // out [..., C] = table[ids[...]]; ids i32 or i64.
 Tensor embedding(const Tensor& table, const Tensor& ids);
 // dtable [V, C] = scatter-add of dout rows (deterministic: fixed order per row).

@@ -350,13 +350,7 @@ uint64_t NvmeAdamStates::update_except_rows_async(int k, const AdamStepScalars& 
   stats_.split_rows = static_cast<int64_t>(pending_rows.size());
   submitted_[k] = 1;
   promote_locked(k);
-  Job job;
-  job.kind = Job::Kind::kExceptRows;
-  job.k = k;
-  job.scalars = scalars;
-  job.param = param;
-  job.grad = static_cast<const char*>(grad);
-  job.grad_dtype = grad_dtype;
+  Job job = Job::of(Job::Kind::kExceptRows, k, scalars, param, grad, grad_dtype);
   job.ticket = next_ticket_++;
   const uint64_t ticket = job.ticket;
   split_work_.push_back({std::move(job), first_slice_[k]});
@@ -447,6 +441,18 @@ void NvmeAdamStates::updater() {
 
 // ---- Note [Row-split update] ------------------------------------------------------------------
 
+namespace {
+// Calls f(lo, hi) for each pending element range of a row split, clipped to [offset, end).
+template <typename F>
+void for_each_pending(const std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t offset,
+                      int64_t end, F f) {
+  auto it = std::partition_point(ranges.begin(), ranges.end(),
+                                 [&](const auto& r) { return r.second <= offset; });
+  for (; it != ranges.end() && it->first < end; ++it)
+    f(std::max(it->first, offset), std::min(it->second, end));
+}
+}  // namespace
+
 std::vector<NvmeAdamStates::Pages> NvmeAdamStates::step_slice(int64_t id, const Job& job,
                                                               float* m) {
   const Slice& s = slices_[id];  // offset and numel never change
@@ -462,19 +468,15 @@ std::vector<NvmeAdamStates::Pages> NvmeAdamStates::step_slice(int64_t id, const 
     return {};
   }
   // The ranges were fixed before the job was queued and change only after it ran.
-  const auto& ranges = splits_[job.k].ranges;
-  auto it = std::partition_point(ranges.begin(), ranges.end(),
-                                 [&](const auto& r) { return r.second <= s.offset; });
   std::vector<std::pair<int64_t, int64_t>> spans;  // bytes of the blob holding pending m and v
   int64_t pos = s.offset;
-  for (; it != ranges.end() && it->first < end; ++it) {
-    const int64_t lo = std::max(it->first, s.offset), hi = std::min(it->second, end);
+  for_each_pending(splits_[job.k].ranges, s.offset, end, [&](int64_t lo, int64_t hi) {
     if (pos < lo) step_range(pos, lo);
     spans.emplace_back(4 * (lo - s.offset) / 4096 * 4096, round_up(4 * (hi - s.offset), 4096));
     spans.emplace_back(4 * (s.numel + lo - s.offset) / 4096 * 4096,
                        round_up(4 * (s.numel + hi - s.offset), 4096));
     pos = hi;
-  }
+  });
   if (pos < end) step_range(pos, end);
   std::sort(spans.begin(), spans.end());
   std::vector<std::pair<int64_t, int64_t>> merged;
@@ -514,14 +516,10 @@ void NvmeAdamStates::finish_rows(const Job& job) {
           return reinterpret_cast<float*>(static_cast<char*>(pg.bytes.data()) + byte - pg.offset);
       throw Error(str("NVMe row split: byte ", byte, " of slice ", s.key, " was not set aside"));
     };
-    const int64_t end = s.offset + s.numel;
-    auto it = std::partition_point(rs.ranges.begin(), rs.ranges.end(),
-                                   [&](const auto& r) { return r.second <= s.offset; });
-    for (; it != rs.ranges.end() && it->first < end; ++it) {
-      const int64_t lo = std::max(it->first, s.offset), hi = std::min(it->second, end);
+    for_each_pending(rs.ranges, s.offset, s.offset + s.numel, [&](int64_t lo, int64_t hi) {
       adam_update_parallel(isa_, job.scalars, job.param + lo, job.grad + lo * esize, job.grad_dtype,
                            at(4 * (lo - s.offset)), at(4 * (s.numel + lo - s.offset)), hi - lo);
-    }
+    });
     std::lock_guard<std::mutex> lock(mutex_);
     slices_[id].step = job.scalars.step;
     for (const Pages& pg : pages) stats_.held_bytes += pg.bytes.size();
@@ -548,8 +546,16 @@ void NvmeAdamStates::drop_held_locked(int64_t id) {
 
 // ---- one slice, on the updater thread ---------------------------------------------------------
 
+void NvmeAdamStates::stepped_locked(int64_t id, const Job& job, std::vector<Pages> pages) {
+  Slice& s = slices_[id];
+  s.on_disk = true;  // its write-back follows
+  if (pages.empty())
+    s.step = job.scalars.step;
+  else  // its pending rows come later (finish_rows), which then counts the step
+    splits_[job.k].set_aside.emplace_back(id, std::move(pages));
+}
+
 void NvmeAdamStates::update_slice(int64_t id, const Job& job) {
-  const AdamStepScalars& sc = job.scalars;
   std::unique_lock<std::mutex> lock(mutex_);
   Slice& s = slices_[id];
   consumed_order_.push_back(id);
@@ -601,11 +607,7 @@ void NvmeAdamStates::update_slice(int64_t id, const Job& job) {
     }
     lock.lock();
     if (options_.record_timeline) timing_locked(id).write_done_ms = now_ms();
-    if (pages.empty())
-      s.step = sc.step;
-    else
-      splits_[job.k].set_aside.emplace_back(id, std::move(pages));
-    s.on_disk = true;
+    stepped_locked(id, job, std::move(pages));
     if (error) {
       record_error_locked(error);
       AlignedBuffer copy(8 * options_.slice_numel);
@@ -634,11 +636,7 @@ void NvmeAdamStates::update_slice(int64_t id, const Job& job) {
   float* m = slot.data();
   std::vector<Pages> pages = step_slice(id, job, m);
   lock.lock();
-  if (pages.empty())
-    s.step = sc.step;
-  else
-    splits_[job.k].set_aside.emplace_back(id, std::move(pages));
-  s.on_disk = true;
+  stepped_locked(id, job, std::move(pages));
   if (options_.record_timeline) {
     SliceTiming& t = timing_locked(id);
     t.compute_end_ms = t.write_issue_ms = now_ms();
@@ -767,15 +765,18 @@ void NvmeAdamStates::finish_step() {
   if (error_) std::rethrow_exception(error_);
 }
 
-void NvmeAdamStates::flush() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  drain_locked(lock);
+void NvmeAdamStates::await_write_backs_locked(std::unique_lock<std::mutex>& lock) const {
   cv_.wait(lock, [&] {
-    if (reaping_slot_ >= 0 && slots_[reaping_slot_].state == SlotState::kWriting) return false;
     for (const Slot& s : slots_)
-      if (s.state == SlotState::kWriting || s.state == SlotState::kBusy) return false;
+      if (s.state == SlotState::kWriting) return false;
     return true;
   });
+}
+
+void NvmeAdamStates::flush() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  drain_locked(lock);  // after it no slot is Busy
+  await_write_backs_locked(lock);
   if (error_) std::rethrow_exception(error_);
 }
 
@@ -864,11 +865,7 @@ NvmeStats NvmeAdamStates::stats() const {
 
 std::vector<SliceTiming> NvmeAdamStates::last_timeline() const {
   std::unique_lock<std::mutex> lock(mutex_);
-  cv_.wait(lock, [&] {  // the step's last write-backs may still be in flight
-    for (const Slot& s : slots_)
-      if (s.state == SlotState::kWriting) return false;
-    return true;
-  });
+  await_write_backs_locked(lock);  // the step's last write-backs may still be in flight
   return last_timeline_;
 }
 

@@ -240,16 +240,21 @@ class NvmeAdamStates {
     DType grad_dtype = DType::F32;
     Tensor keep;  // holds the gradient until the job ran (undefined for kExceptRows)
     uint64_t ticket = 0;
-    // A job that holds its gradient (kWhole, kRows).
-    static Job holding(Kind kind, int k, const AdamStepScalars& scalars, float* param,
-                       Tensor grad) {
+    static Job of(Kind kind, int k, const AdamStepScalars& scalars, float* param, const void* grad,
+                  DType grad_dtype) {
       Job job;
       job.kind = kind;
       job.k = k;
       job.scalars = scalars;
       job.param = param;
-      job.grad = static_cast<const char*>(grad.raw_data());
-      job.grad_dtype = grad.dtype();
+      job.grad = static_cast<const char*>(grad);
+      job.grad_dtype = grad_dtype;
+      return job;
+    }
+    // A job that holds its gradient (kWhole, kRows).
+    static Job holding(Kind kind, int k, const AdamStepScalars& scalars, float* param,
+                       Tensor grad) {
+      Job job = of(kind, k, scalars, param, grad.raw_data(), grad.dtype());
       job.keep = std::move(grad);
       return job;
     }
@@ -274,6 +279,9 @@ class NvmeAdamStates {
   // The next slice to read in one stream (row-split parameters' or the others'), from `cursor`;
   // -1 when the stream is done or its next slice still waits for its write-back.
   int64_t next_in_stream_locked(size_t& cursor, bool split);
+  // After a slice's Adam step, before its write-back: its step counter, or its pages set aside.
+  void stepped_locked(int64_t id, const Job& job, std::vector<Pages> pages);
+  void await_write_backs_locked(std::unique_lock<std::mutex>& lock) const;
   void overlay_held_locked(int64_t id, float* m);
   void drop_held_locked(int64_t id);
   void pump();

@@ -150,9 +150,10 @@ TEST(RowsReadyHook, FiresOnceAfterTheHeadWithTheRowsTheEmbeddingWillAdd) {
         EXPECT_EQ(partial.to_vector<double>(), head_only);  // nothing of the embedding's yet
         // Outside the pending rows, the partial gradient already is the final one.
         std::vector<double> p = partial.to_vector<double>();
-        for (int64_t v = 0; v < V; ++v)
-          if (v != 1 && v != 3 && v != 5)
-            for (int64_t c = 0; c < C; ++c) EXPECT_EQ(p[v * C + c], full[v * C + c]);
+        for (int64_t v = 0; v < V; ++v) {
+          if (v == 1 || v == 3 || v == 5) continue;
+          for (int64_t c = 0; c < C; ++c) EXPECT_EQ(p[v * C + c], full[v * C + c]);
+        }
         // At the join, the embedding has not yet added its rows into the buffer the hook reads.
         const double* data = partial.data<double>();
         return std::function<void()>([&, data] {

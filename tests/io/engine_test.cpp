@@ -24,14 +24,9 @@ using testing::fill_pattern;
 using testing::matches_pattern;
 using testing::TempDir;
 
-class EngineTest : public ::testing::TestWithParam<BackendKind> {
+class EngineTest : public testing::BackendTest {
  protected:
-  std::unique_ptr<IoEngine> make(int depth = 8) {
-    IoOptions o;
-    o.backend = GetParam();
-    o.queue_depth = depth;
-    return IoEngine::create(o);
-  }
+  std::unique_ptr<IoEngine> make(int depth = 8) { return BackendTest::make(depth); }
 };
 
 TEST_P(EngineTest, ReportsItsBackendAndReason) {

@@ -10,8 +10,11 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <random>
 #include <string>
+
+#include "offload/io/io_engine.h"
 
 namespace mw::io::testing {
 
@@ -77,5 +80,16 @@ inline ::testing::AssertionResult matches_pattern(const void* buf, int64_t nbyte
   return ::testing::AssertionFailure() << bad << " of " << nbytes << " bytes differ (seed " << seed
                                        << "), first at " << first << ":" << detail;
 }
+
+// Fixture for tests run on both backends (the parameter): make() starts an engine of that backend.
+class BackendTest : public ::testing::TestWithParam<BackendKind> {
+ protected:
+  std::unique_ptr<IoEngine> make(int depth) {
+    IoOptions o;
+    o.backend = GetParam();
+    o.queue_depth = depth;
+    return IoEngine::create(o);
+  }
+};
 
 }  // namespace mw::io::testing

@@ -22,14 +22,9 @@ using testing::fill_pattern;
 using testing::matches_pattern;
 using testing::TempDir;
 
-class SwapTest : public ::testing::TestWithParam<BackendKind> {
+class SwapTest : public testing::BackendTest {
  protected:
-  std::unique_ptr<IoEngine> make(int depth = 16) {
-    IoOptions o;
-    o.backend = GetParam();
-    o.queue_depth = depth;
-    return IoEngine::create(o);
-  }
+  std::unique_ptr<IoEngine> make(int depth = 16) { return BackendTest::make(depth); }
 };
 
 // Three directories, 256 KiB chunks, 40 blobs of random sizes written from 4 threads, rewritten

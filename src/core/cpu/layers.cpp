@@ -12,22 +12,21 @@ namespace mw::ops {
 namespace {
 constexpr int64_t kGrain = 1 << 14;
 
-template <typename F>
-void for_ids(const Tensor& ids, F f) {  // f(position, id)
-  MW_CHECK_T(ShapeError, ids.dtype() == DType::I32 || ids.dtype() == DType::I64,
-             "expected i32 or i64 token ids, got ", ids.desc());
-  Tensor c = ids.contiguous();
-  if (ids.dtype() == DType::I32) {
-    const int32_t* p = c.data<int32_t>();
-    for (int64_t i = 0; i < c.numel(); ++i) f(i, static_cast<int64_t>(p[i]));
-  } else {
-    const int64_t* p = c.data<int64_t>();
-    for (int64_t i = 0; i < c.numel(); ++i) f(i, p[i]);
-  }
-}
 }  // namespace
 
 // ---------------- embedding ----------------
+
+std::vector<int64_t> token_ids(const Tensor& ids) {
+  MW_CHECK_T(ShapeError, ids.dtype() == DType::I32 || ids.dtype() == DType::I64,
+             "expected i32 or i64 token ids, got ", ids.desc());
+  Tensor c = ids.contiguous();
+  if (ids.dtype() == DType::I64) {
+    const int64_t* p = c.data<int64_t>();
+    return std::vector<int64_t>(p, p + c.numel());
+  }
+  const int32_t* p = c.data<int32_t>();
+  return std::vector<int64_t>(p, p + c.numel());
+}
 
 Tensor embedding(const Tensor& table_in, const Tensor& ids) {
   check_float("embedding", table_in);
@@ -38,12 +37,11 @@ Tensor embedding(const Tensor& table_in, const Tensor& ids) {
   Shape shape = ids.shape();
   shape.push_back(C);
   Tensor out = Tensor::empty(shape, table.dtype(), table.device());
-  std::vector<int64_t> rows(static_cast<size_t>(ids.numel()));
-  for_ids(ids, [&](int64_t i, int64_t id) {
-    MW_CHECK_T(InvalidArgument, id >= 0 && id < V, "embedding: token id ", id, " at position ", i,
-               " is outside the table's ", V, " rows; check the data's vocabulary");
-    rows[i] = id;
-  });
+  const std::vector<int64_t> rows = token_ids(ids);
+  for (size_t i = 0; i < rows.size(); ++i)
+    MW_CHECK_T(InvalidArgument, rows[i] >= 0 && rows[i] < V, "embedding: token id ", rows[i],
+               " at position ", i, " is outside the table's ", V,
+               " rows; check the data's vocabulary");
   dispatch_float(table.dtype(), "embedding", [&]<typename T>() {
     const T* t = table.template data<T>();
     T* o = out.template data<T>();
@@ -68,8 +66,7 @@ void embedding_backward_into(Tensor& dtable, const Tensor& dout_in, const Tensor
                  dtable.dtype() == dout.dtype(),
              "embedding_backward_into: table gradient ", dtable.desc(), " does not fit ",
              dout.desc());
-  std::vector<int64_t> rows(static_cast<size_t>(ids.numel()));
-  for_ids(ids, [&](int64_t i, int64_t id) { rows[i] = id; });
+  const std::vector<int64_t> rows = token_ids(ids);
   dtable.bump_version();
   dispatch_float(dout.dtype(), "embedding_backward", [&]<typename T>() {
     const T* d = dout.template data<T>();
