@@ -23,6 +23,7 @@
 #include "models/gpt2/model.h"
 #include "nn/checkpoint.h"
 #include "offload/activation/activation_offload.h"
+#include "offload/gemini/gemini.h"
 #include "optim/hybrid_adam.h"
 
 namespace mw {
@@ -45,6 +46,9 @@ struct Options {
   bool checkpoint_every_block = false;
   int64_t checkpoint_segments = -1;  // -1: not segmented; 0: round(sqrt(n_layer))
   bool offload_activations = false;
+  // Gemini (docs/gemini.md): "" = off.
+  std::string gemini, trace;
+  gemini::GeminiOptions gemini_options;
 };
 
 cli::Parser make_parser() {
@@ -95,6 +99,20 @@ cli::Parser make_parser() {
            "host|device: where HybridAdam keeps m and v of parameters "
            "on the sim device");
   p.option("nvme-timeline", "", "write per-slice read/compute/write times of the last step (CSV)");
+  p.option("gemini", "none",
+           "none|static|auto|const: chunk-based placement of the parameters between the device "
+           "(--device sim:CAPACITY) and the host (docs/gemini.md)");
+  p.option("chunk-size", "", "Gemini chunk capacity in elements (default: searched)");
+  p.option("offload-param-frac", "0",
+           "--gemini static: fraction of chunk bytes whose parameters live on the host");
+  p.option("offload-optim-frac", "0",
+           "--gemini static: fraction of chunk bytes whose gradients and Adam states live on "
+           "the host (1 and 1: ColossalAI's placement_policy='cpu')");
+  p.option("const-budget", "512MiB", "--gemini const: cap on chunk bytes gathered on the device");
+  p.option("auto-margin", "",
+           "--gemini auto: share of the capacity kept free beyond the measured non-model "
+           "reserve (default 0.02 on sim, 0.10 on cuda)");
+  p.option("trace", "", "write a Chrome/Perfetto trace (JSON) of the run's memory and moves");
   return p;
 }
 
@@ -148,6 +166,28 @@ Options parse_options(const cli::Parser& p) {
     o.nvme.record_timeline = !p.str("nvme-timeline").empty();
     o.nvme.borrow_gradient_slots = p.choice("nvme-borrow", {"on", "off"}) == "on";
   }
+  const std::string policy = p.choice("gemini", {"none", "static", "auto", "const"});
+  if (policy != "none") {
+    MW_CHECK_T(cli::UsageError, !o.device.is_cpu(),
+               "--gemini needs a device to place chunks on: --device sim:CAPACITY");
+    MW_CHECK_T(cli::UsageError, o.optimizer == "hybridadam",
+               "--gemini needs --optimizer hybridadam");
+    o.gemini = policy;
+    auto& g = o.gemini_options;
+    g.policy = gemini::parse_policy(policy);
+    g.device = o.device;
+    if (p.given("chunk-size")) g.chunk_numel = p.integer("chunk-size", 1, int64_t{1} << 40);
+    g.offload_param_frac = p.real("offload-param-frac", 0, 1);
+    g.offload_optim_frac = p.real("offload-optim-frac", 0, 1);
+    g.const_budget_bytes = p.bytes("const-budget");
+    if (p.given("auto-margin")) g.auto_margin = p.real("auto-margin", 0, 0.9);
+  } else {
+    for (const char* name :
+         {"chunk-size", "offload-param-frac", "offload-optim-frac", "const-budget", "auto-margin"})
+      MW_CHECK_T(cli::UsageError, !p.given(name), "--", name, " needs --gemini");
+  }
+  o.trace = p.str("trace");
+  MW_CHECK_T(cli::UsageError, o.trace.empty() || policy != "none", "--trace needs --gemini");
   o.save_optimizer = p.str("save-optimizer");
   o.load_optimizer = p.str("load-optimizer");
   o.nvme_timeline = p.str("nvme-timeline");
@@ -186,7 +226,8 @@ int run(const Options& o) {
              config.n_positions, " positions; lower --seq");
   default_generator().manual_seed(o.seed);
 
-  gpt2::GPT2 model(config, o.seed, DType::F32, o.device);
+  // Under Gemini the model is built on the host; Gemini packs it into chunks and places them.
+  gpt2::GPT2 model(config, o.seed, DType::F32, o.gemini.empty() ? o.device : Device::cpu());
   if (!o.init_from.empty()) gpt2::load_hf_weights(model, o.init_from);
   std::printf("Model numel: %.3f B\n", static_cast<double>(model.num_parameters()) / (1 << 30));
 
@@ -197,7 +238,21 @@ int run(const Options& o) {
   }
 
   std::unique_ptr<optim::Optimizer> opt;
-  if (o.optimizer == "adamw") {
+  gemini::Gemini* gem = nullptr;
+  std::unique_ptr<gemini::Trace> trace;
+  if (!o.gemini.empty()) {
+    gemini::GeminiOptions g = o.gemini_options;
+    g.search.interval_numel = config.n_embd;  // ColossalAI's hidden_dim
+    g.adam = optim::HybridAdamOptions(o.hyper, -1.f, o.nvme);
+    auto owned = std::make_unique<gemini::Gemini>(model, g);
+    gem = owned.get();
+    opt = std::move(owned);
+    std::printf("%s\n", gem->describe().c_str());
+    if (!o.trace.empty()) {
+      trace = std::make_unique<gemini::Trace>();
+      gem->set_trace(trace.get());
+    }
+  } else if (o.optimizer == "adamw") {
     opt = std::make_unique<optim::AdamW>(model.parameters(), o.hyper);
   } else {
     optim::HybridAdamOptions hopts(o.hyper, -1.f, o.nvme);
@@ -205,7 +260,7 @@ int run(const Options& o) {
     hopts.states_on_host = o.states_on_host;
     opt = std::make_unique<optim::HybridAdam>(model.parameters(), hopts);
   }
-  auto* hybrid = dynamic_cast<optim::HybridAdam*>(opt.get());
+  auto* hybrid = gem ? &gem->adam() : dynamic_cast<optim::HybridAdam*>(opt.get());
   if (hybrid && hybrid->nvme())
     std::printf(
         "NVMe offload: %.3f B of %.3f B parameters' Adam states in '%s' (%s), window %.0f MiB\n",
@@ -314,6 +369,17 @@ int run(const Options& o) {
       rec.set("rss_mb", mib(current_rss_bytes()));
       rec.set("peak_rss_mb", mib(peak_rss_bytes()));
       rec.set("device_peak_bytes", device_peaks(o));
+      if (gem) {
+        const gemini::GeminiStats g = gem->take_step_stats();
+        rec.set("host_chunk_peak_bytes", g.host_chunk_peak_bytes);
+        rec.set("h2d_bytes", g.h2d_bytes);
+        rec.set("d2h_bytes", g.d2h_bytes);
+        rec.set("nvme_read_bytes", g.nvme_read_bytes);
+        rec.set("nvme_write_bytes", g.nvme_write_bytes);
+        rec.set("evictions", g.evictions);
+        rec.set("prefetch_wait_ms", g.prefetch_wait_ms);
+        rec.set("illegal_transitions", gem->illegal_transitions());
+      }
       *log << rec.dump() << "\n";
       log->flush();
     }
@@ -336,6 +402,19 @@ int run(const Options& o) {
     const AllocatorStats sim = allocator_for(o.device).stats();
     std::printf("%s: peak %.0f MiB of %.0f MiB capacity\n", o.device.str().c_str(),
                 mib(sim.peak_bytes), mib(sim.capacity_bytes));
+  }
+  if (gem) {
+    const gemini::GeminiStats& g = gem->run_stats();
+    std::printf(
+        "Gemini: %.1f MiB host->device (%lld gathers), %.1f MiB device->host, %lld evictions, "
+        "host chunk peak %.1f MiB, %lld illegal state transitions\n",
+        mib(g.h2d_bytes), static_cast<long long>(g.gathers), mib(g.d2h_bytes),
+        static_cast<long long>(g.evictions), mib(g.host_chunk_peak_bytes),
+        static_cast<long long>(gem->illegal_transitions()));
+    if (trace) {
+      trace->write(o.trace);
+      std::printf("Trace: %zu events in %s\n", trace->size(), o.trace.c_str());
+    }
   }
   if (hybrid && hybrid->nvme()) {
     const optim::NvmeStats st = hybrid->nvme()->stats();

@@ -54,6 +54,18 @@ void Storage::move_to(Device device) {
   device_ = device;
 }
 
+void* Storage::take_bytes() {
+  void* bytes = data_;
+  data_ = nullptr;
+  return bytes;
+}
+
+void Storage::adopt_bytes(void* data, Device device) {
+  MW_CHECK(data_ == nullptr, "adopt_bytes on a storage that holds bytes (Note [Parked bytes])");
+  data_ = data;
+  device_ = device;
+}
+
 void Storage::resize_uninitialized(int64_t nbytes) {
   MW_CHECK(data_ == nullptr || nbytes_ == 0, "resize_uninitialized on a live storage");
   nbytes_ = nbytes;

@@ -44,6 +44,15 @@ class Storage {
   void move_to(Device device);  // copy bytes to device, free the old ones
   void resize_uninitialized(int64_t nbytes);  // only for released or empty storages
 
+  // Note [Parked bytes]: a chunk kept at home on the host while a copy of it is in use on the
+  // device (offload/gemini) swaps its bytes instead of copying them twice. take_bytes() hands the
+  // bytes to the caller, who then owns them (allocated by allocator_for(device())), and leaves the
+  // storage released; adopt_bytes() gives a released storage nbytes() bytes that
+  // allocator_for(device) allocated, and re-homes it there. Views never notice: they hold the
+  // Storage, not its bytes.
+  void* take_bytes();
+  void adopt_bytes(void* data, Device device);
+
   uint64_t version() const { return version_.load(std::memory_order_relaxed); }
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
 

@@ -8,6 +8,11 @@ Embedding::Embedding(Tensor w) {
   weight = register_parameter("weight", std::move(w));
 }
 
+LMHead::LMHead(Tensor w) {
+  MW_CHECK_T(ShapeError, w.dim() == 2, "LMHead: weight must be [V, C], got ", w.desc());
+  weight = register_parameter("weight", std::move(w));
+}
+
 Linear::Linear(Tensor w, Tensor b) {
   MW_CHECK_T(ShapeError, w.dim() == 2, "Linear: weight must be [in, out], got ", w.desc());
   weight = register_parameter("weight", std::move(w));

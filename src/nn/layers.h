@@ -29,6 +29,16 @@ class Embedding : public Module {
   Tensor weight;
 };
 
+// logits [..., V] = x [..., C] @ weight[V, C]^T: the LM head, tied to the token embedding's weight
+// (the same Tensor, owned by both modules: Note [Every parameter use is a module call]).
+class LMHead : public Module {
+ public:
+  explicit LMHead(Tensor weight);
+  Tensor forward(const Tensor& x) override { return lm_head(x, weight); }
+  std::string type_name() const override { return "LMHead"; }
+  Tensor weight;
+};
+
 // y = x @ weight + bias, weight [in, out] (HF Conv1D layout).
 class Linear : public Module {
  public:

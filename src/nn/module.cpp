@@ -1,6 +1,8 @@
 // Module registration, traversal and hooks (Note [Module backward hooks]).
 #include "nn/module.h"
 
+#include <set>
+
 namespace mw::nn {
 
 Tensor Module::operator()(const Tensor& x_in) {
@@ -29,12 +31,14 @@ Tensor Module::register_parameter(const std::string& name, Tensor t) {
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters(
     const std::string& prefix) const {
   std::vector<std::pair<std::string, Tensor>> out;
+  std::set<const TensorImpl*> seen;  // a tied parameter is listed once, under its first name
   // Iterative depth-first walk with an explicit stack (STYLE: no recursion over structures).
   std::vector<std::pair<std::string, const Module*>> stack{{prefix, this}};
   while (!stack.empty()) {
     auto [p, m] = stack.back();
     stack.pop_back();
-    for (const auto& [name, t] : m->params_) out.emplace_back(p.empty() ? name : p + "." + name, t);
+    for (const auto& [name, t] : m->params_)
+      if (seen.insert(t.impl()).second) out.emplace_back(p.empty() ? name : p + "." + name, t);
     for (auto it = m->children_.rbegin(); it != m->children_.rend(); ++it)
       stack.emplace_back(p.empty() ? it->first : p + "." + it->first, it->second.get());
   }

@@ -6,7 +6,16 @@
 // Note [Module backward hooks]: a backward pre-hook fires when the gradient of the module's output
 // arrives (its backward is about to run); a backward hook fires when the gradient of its input has
 // been computed (its backward is done). Both are identity autograd nodes placed around the module's
-// input and output by operator(), only when such hooks are registered.
+// input and output by operator(), only when such hooks are registered, grad mode is on, and the
+// output (pre-hook) or the input (hook) requires grad: an embedding's input ids never do, so its
+// backward hook never fires (use the parameters' grad-ready hooks for "done").
+//
+// Note [Every parameter use is a module call]: a model calls each parameter-owning module through
+// operator(), never the underlying function on its weight, so forward and backward hooks see every
+// use of every parameter: Gemini fetches chunks there (offload/gemini). A tied weight is owned by
+// each module that uses it (GPT-2's wte by the embedding and by the LM head), so both uses are
+// seen, in both passes. Recomputation (nn/checkpoint.h) runs forward again inside backward, so a
+// checkpointed module's forward hooks fire twice per step.
 #pragma once
 
 #include <functional>
@@ -41,7 +50,9 @@ class Module {
     return m;
   }
 
-  // Depth-first, in registration order, names joined with '.'.
+  // Depth-first, in registration order, names joined with '.'. A parameter shared by several
+  // modules (a tied weight) is listed once, under the first name met (PyTorch's
+  // remove_duplicate). own_parameters() of each module still lists it, so hooks see every use.
   std::vector<std::pair<std::string, Tensor>> named_parameters(
       const std::string& prefix = "") const;
   std::vector<Tensor> parameters() const;

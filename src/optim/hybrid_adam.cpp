@@ -125,8 +125,9 @@ void HybridAdam::update_in_memory(size_t i, const AdamStepScalars& s) {
   Tensor g = grad(p);
   if (!g.defined()) return;
   if (!exp_avg_[i].defined()) {
-    const Device states =
-        options_.states_on_host && p.device().is_sim() ? Device::cpu() : p.device();
+    const Device states = !options_.state_devices.empty() ? options_.state_devices.at(i)
+                          : options_.states_on_host && p.device().is_sim() ? Device::cpu()
+                                                                           : p.device();
     exp_avg_[i] = Tensor::zeros(p.shape(), DType::F32, states);
     exp_avg_sq_[i] = Tensor::zeros(p.shape(), DType::F32, states);
   }
@@ -138,6 +139,17 @@ void HybridAdam::update_in_memory(size_t i, const AdamStepScalars& s) {
   else
     adam_update_parallel(isa_, s, p.data<float>(), gc.raw_data(), gc.dtype(),
                          exp_avg_[i].data<float>(), exp_avg_sq_[i].data<float>(), p.numel());
+}
+
+void HybridAdam::step_param(size_t i) {
+  MW_CHECK_T(InvalidArgument, i < params_.size(), "HybridAdam::step_param: no parameter ", i);
+  if (nvme_index_[i] >= 0) {
+    update_offloaded(i, true);  // releases the gradient; the job holds it
+  } else {
+    update_in_memory(i, make_adam_step_scalars(options_.hyper, step_ + 1, options_.div_scale));
+    set_grad(params_[i], Tensor());
+  }
+  updated_in_backward_[i] = 1;
 }
 
 void HybridAdam::step() {

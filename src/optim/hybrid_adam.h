@@ -53,6 +53,9 @@ struct HybridAdamOptions {
   // parameter in place either way (sim memory is host-addressable). CUDA parameters keep theirs on
   // the GPU (the fused CUDA kernel needs them there).
   bool states_on_host = true;
+  // Per parameter, where its m and v live (overrides states_on_host when not empty): Gemini places
+  // each chunk's optimizer states by its offload_optim_frac (offload/gemini).
+  std::vector<Device> state_devices;
 };
 
 class HybridAdam : public Optimizer {
@@ -60,6 +63,11 @@ class HybridAdam : public Optimizer {
   HybridAdam(std::vector<Tensor> params, HybridAdamOptions options = {});
   ~HybridAdam() override;
   void step() override;
+  // Steps parameter i now, with its current gradient, and releases that gradient: in memory by the
+  // kernel for where it lives, or submitted to the NVMe pipeline. step() then skips it. The
+  // contract is Note [Overlapped step contract]; Gemini calls it when a chunk's gradients are all
+  // final (offload/gemini).
+  void step_param(size_t i);
   std::string name() const override { return "hybridadam"; }
   int64_t state_bytes_in_memory() const override;
   Isa isa() const { return isa_; }

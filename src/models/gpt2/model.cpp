@@ -37,12 +37,10 @@ GPT2::GPT2(const Config& config, uint64_t seed, DType dtype, Device device)
   }
   auto p = [&](const std::string& name) { return by_name_.at(name); };
   auto transformer = register_module("transformer", std::make_shared<nn::Container>("GPT2Model"));
-  auto wte = transformer->register_module(
-      "wte", std::make_shared<nn::Embedding>(p("transformer.wte.weight")));
-  auto wpe = transformer->register_module(
-      "wpe", std::make_shared<nn::Embedding>(p("transformer.wpe.weight")));
-  wte_ = wte->weight;
-  wpe_ = wpe->weight;
+  wte_ = transformer->register_module("wte",
+                                      std::make_shared<nn::Embedding>(p("transformer.wte.weight")));
+  wpe_ = transformer->register_module("wpe",
+                                      std::make_shared<nn::Embedding>(p("transformer.wpe.weight")));
   drop_ = transformer->register_module("drop", std::make_shared<nn::Dropout>(config_.embd_pdrop));
   auto h = transformer->register_module("h", std::make_shared<nn::Container>("ModuleList"));
   for (int64_t i = 0; i < config_.n_layer; ++i) {
@@ -66,6 +64,8 @@ GPT2::GPT2(const Config& config, uint64_t seed, DType dtype, Device device)
       "ln_f",
       std::make_shared<nn::LayerNorm>(p("transformer.ln_f.weight"), p("transformer.ln_f.bias"),
                                       config_.layer_norm_epsilon));
+  // HF's lm_head: the same tensor as wte, so named_parameters() lists it once (as HF does).
+  lm_head_ = register_module("lm_head", std::make_shared<nn::LMHead>(wte_->weight));
 }
 
 const Tensor& GPT2::parameter(const std::string& hf_name) const {
@@ -86,13 +86,14 @@ Tensor GPT2::forward(const Tensor& ids) {
     for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(t)] = static_cast<int32_t>(t);
     positions_ = Tensor::from_vector(pos, {T}, ids.device());
   }
-  // [B, T, C] + [T, C], broadcast over the batch
-  Tensor x = add(embedding(wte_, ids), embedding(wpe_, positions_));
+  // [B, T, C] + [T, C], broadcast over the batch. Every parameter use is a module call (Note
+  // [Every parameter use is a module call], nn/module.h).
+  Tensor x = add((*wte_)(ids), (*wpe_)(positions_));
   x = (*drop_)(x);
   for (size_t i = 0; i < blocks_.size(); ++i)
     x = run_block ? run_block(*blocks_[i], static_cast<int64_t>(i), x) : (*blocks_[i])(x);
   x = (*ln_f_)(x);
-  return lm_head(x, wte_);
+  return (*lm_head_)(x);
 }
 
 }  // namespace mw::gpt2

@@ -38,7 +38,8 @@ class GPT2 : public nn::Module {
   Config config_;
   std::vector<TensorSpec> specs_;
   std::map<std::string, Tensor> by_name_;
-  Tensor wte_, wpe_;
+  std::shared_ptr<nn::Embedding> wte_, wpe_;
+  std::shared_ptr<nn::LMHead> lm_head_;  // owns wte's weight too (tied)
   std::vector<std::shared_ptr<nn::Block>> blocks_;
   std::shared_ptr<nn::LayerNorm> ln_f_;
   std::shared_ptr<nn::Dropout> drop_;

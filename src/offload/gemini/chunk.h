@@ -1,0 +1,72 @@
+// Chunk: one contiguous f32 Storage holding several parameters back to back; each parameter is a
+// view at an offset into it (Note [Parameters in chunks]).
+//
+// Note [Parameters in chunks]: a parameter's TensorImpl is re-pointed at its chunk's Storage (with
+// its offset), so the layer that owns the parameter, the saved tensors of the graph and the
+// optimizer all see the chunk's bytes wherever they are: released, moved, or re-materialised,
+// every view follows (Note [Storage lifecycle], core/storage.h).
+//
+// Note [Chunk homes]: a chunk's *home* is where its authoritative bytes live between uses and
+// where the optimizer updates it: the device (a chunk kept on the device for good) or the host (an
+// offloaded chunk). An offloaded chunk in use is *gathered*: its storage holds a device copy and
+// its host bytes are parked beside it (Note [Parked bytes], core/storage.h). Parameters do not
+// change during forward and backward, so the copy is dropped without a write-back when the chunk is
+// evicted: host -> device traffic is one copy per gather, device -> host only gradients.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace mw::gemini {
+
+struct ChunkMember {
+  size_t tensor = 0;   // index into Gemini's tensor list
+  int64_t offset = 0;  // in elements
+  int64_t numel = 0;
+};
+
+class Chunk {
+ public:
+  Chunk(int index, std::vector<ChunkMember> members, int64_t numel);
+  ~Chunk();
+  Chunk(const Chunk&) = delete;
+  Chunk& operator=(const Chunk&) = delete;
+  int index() const { return index_; }
+  int64_t numel() const { return numel_; }
+  int64_t nbytes() const { return numel_ * 4; }
+  const std::vector<ChunkMember>& members() const { return members_; }
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+  // [numel] f32 over the whole chunk: the parameter the optimizer steps.
+  const Tensor& flat() const { return flat_; }
+
+  bool host_home() const { return host_home_; }
+  bool gathered() const { return parked_ != nullptr; }
+  // Where the parameters' bytes are now (the device when gathered or device-homed).
+  Device where() const { return storage_->device(); }
+  bool on_device() const { return !where().is_cpu(); }
+
+  // Moves the home bytes to `home` (before training; device homes stay there for good).
+  void set_home(Device home);
+  // Offloaded chunk: copies the host bytes to a new device copy and parks the host bytes.
+  // Throws OutOfMemory (the chunk is unchanged) when the device has no room.
+  void gather(Device device);
+  // Offloaded chunk: drops the device copy and takes the parked host bytes back.
+  void release_copy();
+
+  Tensor grad;          // [numel] gradient buffer during backward (undefined otherwise)
+  int grads_ready = 0;  // members whose gradient is in `grad` this iteration
+
+ private:
+  int index_;
+  std::vector<ChunkMember> members_;
+  int64_t numel_;
+  std::shared_ptr<Storage> storage_;
+  Tensor flat_;
+  bool host_home_ = true;
+  void* parked_ = nullptr;  // host bytes while gathered
+};
+
+}  // namespace mw::gemini

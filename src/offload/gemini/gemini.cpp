@@ -1,0 +1,448 @@
+// Gemini's chunks, hooks and policies (gemini.h; docs/gemini.md).
+#include "offload/gemini/gemini.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "autograd/autograd.h"
+#include "core/allocator.h"
+#include "nn/layers.h"
+
+namespace mw::gemini {
+
+Policy parse_policy(const std::string& text) {
+  if (text == "static") return Policy::kStatic;
+  if (text == "auto") return Policy::kAuto;
+  if (text == "const") return Policy::kConst;
+  throw InvalidArgument(str("gemini policy '", text, "': expected static, auto or const"));
+}
+
+const char* policy_name(Policy p) {
+  switch (p) {
+    case Policy::kStatic: return "static";
+    case Policy::kAuto: return "auto";
+    case Policy::kConst: return "const";
+  }
+  return "?";
+}
+
+namespace {
+double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+}  // namespace
+
+// Note [Auto margin]: auto lets chunks use capacity x (1 - margin) minus the coming period's
+// non-model reserve. ColossalAI keeps 10% on CUDA, where the caching allocator's fragmentation and
+// cuBLAS workspaces make non-model memory vary between iterations. The sim allocator is exact
+// (4096-byte granules, sizes reused exactly, Note [Host caching]) and an iteration allocates the
+// same sizes in the same order every time, so the reserve measured on the warmup iteration repeats
+// to the byte; 2% covers the one thing that can differ (a data batch of another length is not
+// supported by the plan anyway). So: 2% on sim, 10% on cuda.
+Gemini::Gemini(nn::Module& model, GeminiOptions options)
+    : Optimizer(model.parameters()), options_(std::move(options)) {
+  MW_CHECK_T(InvalidArgument, !options_.device.is_cpu(),
+             "Gemini needs a device to place chunks on (--device sim:CAPACITY or cuda), got cpu");
+  margin_ =
+      options_.auto_margin >= 0 ? options_.auto_margin : (options_.device.is_cuda() ? 0.10 : 0.02);
+  MW_CHECK_T(InvalidArgument, margin_ < 1.0, "auto margin ", margin_, " must be below 1");
+  build_chunks(model);
+  install_hooks(model);
+}
+
+Gemini::~Gemini() {
+  alive_.reset();  // hooks see the optimizer gone and do nothing
+  for (auto& c : chunks_)
+    if (c->gathered()) c->release_copy();
+}
+
+void Gemini::build_chunks(nn::Module& model) {
+  auto named = model.named_parameters();
+  std::vector<int64_t> sizes;
+  for (auto& [name, t] : named) {
+    MW_CHECK_T(InvalidArgument, t.dtype() == DType::F32 && t.is_contiguous() && t.device().is_cpu(),
+               "Gemini: parameter '", name, "' must be a contiguous f32 tensor on the cpu, got ",
+               t.desc(), "; build the model on the cpu and let Gemini place it");
+    names_.push_back(name);
+    sizes.push_back(t.numel());
+  }
+  search_ = search_chunk_size(sizes, options_.search);
+  int64_t capacity = options_.chunk_numel > 0 ? options_.chunk_numel : search_.chunk_numel;
+  std::vector<bool> alone =
+      options_.chunk_numel > 0 ? std::vector<bool>(sizes.size(), false) : search_.outlier;
+  if (options_.chunk_numel > 0) search_.wasted_numel = packing_waste(sizes, capacity);
+  const std::vector<int> chunk_of = pack_chunks(sizes, capacity, alone);
+  const int nchunks = sizes.empty() ? 0 : *std::max_element(chunk_of.begin(), chunk_of.end()) + 1;
+  // Members and offsets, in parameter order within each chunk.
+  std::vector<std::vector<ChunkMember>> members(static_cast<size_t>(nchunks));
+  std::vector<int64_t> used(static_cast<size_t>(nchunks), 0);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const auto c = static_cast<size_t>(chunk_of[i]);
+    members[c].push_back({i, used[c], sizes[i]});
+    used[c] += sizes[i];
+  }
+  chunk_of_.assign(sizes.begin(), sizes.end());  // resized below
+  for (size_t i = 0; i < sizes.size(); ++i) chunk_of_[i] = static_cast<size_t>(chunk_of[i]);
+  // Note [Parameters in chunks]: copy each parameter in, then re-point it at the chunk.
+  for (int c = 0; c < nchunks; ++c) {
+    auto chunk =
+        std::make_unique<Chunk>(c, members[static_cast<size_t>(c)], used[static_cast<size_t>(c)]);
+    for (const ChunkMember& m : chunk->members()) {
+      const Tensor& p = named[m.tensor].second;
+      Tensor view =
+          Tensor::from_storage(chunk->storage(), m.offset, p.shape(), p.strides(), DType::F32);
+      view.copy_(p);
+      p.impl()->storage = chunk->storage();
+      p.impl()->offset = m.offset;
+    }
+    chunks_.push_back(std::move(chunk));
+  }
+  states_ = TensorStates(names_);
+  for (size_t i = 0; i < names_.size(); ++i) states_.set(i, TensorState::kHold);
+  in_use_.assign(names_.size(), 0);
+
+  // Homes (Note [Chunk homes]) and where each chunk's gradients and Adam states live.
+  std::vector<int64_t> bytes;
+  for (auto& c : chunks_) bytes.push_back(c->nbytes());
+  std::vector<bool> params_off(chunks_.size(), true), optim_off(chunks_.size(), true);
+  if (options_.policy == Policy::kStatic) {
+    params_off = choose_offloaded(bytes, options_.offload_param_frac);
+    optim_off = choose_offloaded(bytes, options_.offload_optim_frac);
+  }
+  optim_on_host_.resize(chunks_.size());
+  std::vector<Tensor> flats;
+  optim::HybridAdamOptions adam = options_.adam;
+  adam.update_in_backward = false;  // Gemini steps chunks itself (step_param)
+  adam.state_devices.clear();
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    optim_on_host_[c] = params_off[c] || optim_off[c];
+    if (!params_off[c]) {
+      chunks_[c]->set_home(options_.device);
+      device_home_bytes_ += chunks_[c]->nbytes();
+    } else {
+      host_chunk_bytes_ += chunks_[c]->nbytes();
+    }
+    flats.push_back(chunks_[c]->flat());
+    adam.state_devices.push_back(optim_on_host_[c] ? Device::cpu() : options_.device);
+  }
+  track_host(0);
+  adam_ = std::make_unique<optim::HybridAdam>(flats, adam);
+  if (options_.verbose) std::printf("%s\n", search_.log_line().c_str());
+}
+
+void Gemini::install_hooks(nn::Module& model) {
+  std::unordered_map<const TensorImpl*, size_t> index;
+  for (size_t i = 0; i < params_.size(); ++i) index[params_[i].impl()] = i;
+  std::weak_ptr<char> alive = alive_;
+  for (auto& [name, m] : model.named_modules()) {
+    if (m->own_parameters().empty()) continue;
+    ModuleInfo info;
+    info.name = name;
+    // An embedding's backward reads only the ids (Note [Gemini hooks]).
+    info.needs_data_in_backward = dynamic_cast<nn::Embedding*>(m) == nullptr;
+    for (auto& [pname, t] : m->own_parameters()) {
+      const size_t i = index.at(t.impl());
+      info.tensors.push_back(i);
+      const int c = static_cast<int>(chunk_of_[i]);
+      if (std::find(info.chunks.begin(), info.chunks.end(), c) == info.chunks.end())
+        info.chunks.push_back(c);
+    }
+    modules_.emplace(m, std::move(info));
+    m->add_forward_pre_hook([this, alive](nn::Module& mod, const Tensor&) {
+      if (!alive.expired()) pre_op(mod, false);
+    });
+    m->add_forward_hook([this, alive](nn::Module& mod, const Tensor&, const Tensor&) {
+      if (!alive.expired()) end_use(mod, TensorState::kHold);
+    });
+    m->add_backward_pre_hook([this, alive](nn::Module& mod) {
+      if (!alive.expired()) pre_op(mod, true);
+    });
+    m->add_backward_hook([this, alive](nn::Module& mod) {
+      if (!alive.expired()) end_use(mod, TensorState::kHoldAfterBwd);
+    });
+  }
+  for (size_t i = 0; i < params_.size(); ++i)
+    add_grad_ready_hook(params_[i], [this, alive, i](const Tensor&) {
+      if (!alive.expired()) on_grad_ready(i);
+    });
+}
+
+double Gemini::now_us() const { return trace_out_ ? trace_out_->now_us() : 0.0; }
+
+bool Gemini::pinned(const Chunk& c) const {
+  for (const ChunkMember& m : c.members())
+    if (in_use_[m.tensor] > 0) return true;
+  return false;
+}
+
+void Gemini::track_host(int64_t delta) {
+  host_chunk_bytes_ += delta;
+  iter_.host_chunk_peak_bytes = std::max(iter_.host_chunk_peak_bytes, host_chunk_bytes_);
+  run_.host_chunk_peak_bytes = std::max(run_.host_chunk_peak_bytes, host_chunk_bytes_);
+  if (trace_out_) trace_out_->counter("host chunks", now_us(), host_chunk_bytes_);
+}
+
+void Gemini::gather(Chunk& c, const std::string& why) {
+  const double t0 = now_us();
+  Allocator& a = allocator_for(options_.device);
+  const AllocatorStats st = a.stats();
+  if (st.capacity_bytes > 0 && st.current_bytes + c.nbytes() > st.capacity_bytes)
+    throw OutOfMemory(
+        str("Gemini: ", why, " needs chunk ", c.index(), " (", c.nbytes(), " bytes) on ",
+            options_.device.str(), ", but only ", st.capacity_bytes - st.current_bytes,
+            " bytes are free of a ", st.capacity_bytes, "-byte capacity (chunks hold ",
+            device_model_bytes(), ", non-model data ", st.current_bytes - device_model_bytes(),
+            "). Raise the capacity, lower the batch, enable checkpointing, or pass a smaller "
+            "--chunk-size"),
+        c.nbytes(), st.capacity_bytes - st.current_bytes, st.capacity_bytes);
+  c.gather(options_.device);
+  gathered_.push_back(c.index());
+  gathered_bytes_ += c.nbytes();
+  iter_.h2d_bytes += c.nbytes();
+  run_.h2d_bytes += c.nbytes();
+  ++iter_.gathers;
+  ++run_.gathers;
+  if (trace_out_) {
+    trace_out_->slice(str("gather chunk ", c.index()), "move", t0, now_us() - t0, 1);
+    trace_out_->counter("device chunks", now_us(), device_model_bytes());
+  }
+}
+
+void Gemini::release(Chunk& c, bool eviction) {
+  c.release_copy();
+  gathered_.erase(std::find(gathered_.begin(), gathered_.end(), c.index()));
+  gathered_bytes_ -= c.nbytes();
+  period_min_model_bytes_ = std::min(period_min_model_bytes_, device_model_bytes());
+  if (eviction) {
+    ++iter_.evictions;
+    ++run_.evictions;
+  }
+  if (trace_out_) {
+    if (eviction) trace_out_->slice(str("evict chunk ", c.index()), "evict", now_us(), 1, 1);
+    trace_out_->counter("device chunks", now_us(), device_model_bytes());
+  }
+}
+
+void Gemini::pre_op(nn::Module& m, bool backward) {
+  auto found = modules_.find(&m);
+  if (found == modules_.end()) return;
+  ModuleInfo& info = found->second;
+  sample_nonmodel();
+  for (size_t i : info.tensors)
+    if (in_use_[i]++ == 0) states_.set(i, TensorState::kCompute);
+  std::vector<int> need;
+  if (!backward || info.needs_data_in_backward)
+    for (int c : info.chunks)
+      if (chunks_[static_cast<size_t>(c)]->host_home()) need.push_back(c);
+  const int64_t t = op_++;
+  info.last_op = t;
+  if (recording_) {
+    trace_.push_back({need});
+    trace_keys_.emplace_back(&m, backward);
+  } else if (!off_plan_ && (t >= static_cast<int64_t>(trace_keys_.size()) ||
+                            trace_keys_[static_cast<size_t>(t)] !=
+                                std::make_pair(static_cast<const nn::Module*>(&m), backward))) {
+    off_plan_ = true;  // another op sequence than the warmup's: minimal residency until step()
+    if (options_.verbose)
+      std::fprintf(stderr,
+                   "gemini: op %lld (%s %s) differs from the recorded iteration; minimal "
+                   "residency until the next step\n",
+                   static_cast<long long>(t), info.name.c_str(), backward ? "backward" : "forward");
+  }
+  make_room(info, need, t);
+  info.op_start_us = now_us();
+  if (trace_out_)
+    trace_out_->counter("device in use", info.op_start_us,
+                        allocator_for(options_.device).stats().current_bytes);
+  for (int c : need) {
+    Chunk& chunk = *chunks_[static_cast<size_t>(c)];
+    if (!chunk.gathered()) gather(chunk, str(info.name, backward ? " backward" : " forward"));
+  }
+}
+
+void Gemini::make_room(const ModuleInfo& info, const std::vector<int>& need, int64_t t) {
+  const bool planned = !recording_ && !off_plan_ && options_.policy != Policy::kStatic;
+  if (!planned) {  // Note [Minimal residency]
+    for (int c : std::vector<int>(gathered_)) {
+      Chunk& chunk = *chunks_[static_cast<size_t>(c)];
+      if (std::find(need.begin(), need.end(), c) == need.end() && !pinned(chunk))
+        release(chunk, false);
+    }
+    return;
+  }
+  std::vector<int> keep = need;
+  for (int c : gathered_)
+    if (pinned(*chunks_[static_cast<size_t>(c)])) keep.push_back(c);
+  int64_t need_bytes = 0;
+  for (int c : need)
+    if (!chunks_[static_cast<size_t>(c)]->gathered())
+      need_bytes += chunks_[static_cast<size_t>(c)]->nbytes();
+  std::vector<int64_t> bytes;
+  for (auto& c : chunks_) bytes.push_back(c->nbytes());
+  for (int c : choose_evictions(gathered_, keep, bytes, gathered_bytes_, need_bytes,
+                                avail_[static_cast<size_t>(t)], *next_, t))
+    release(*chunks_[static_cast<size_t>(c)], true);
+  (void)info;
+}
+
+void Gemini::end_use(nn::Module& m, TensorState after) {
+  auto found = modules_.find(&m);
+  if (found == modules_.end()) return;
+  const ModuleInfo& info = found->second;
+  for (size_t i : info.tensors)
+    if (in_use_[i] > 0 && --in_use_[i] == 0) states_.set(i, after);
+  if (trace_out_) {
+    const double t = now_us();
+    trace_out_->slice(str(info.name, after == TensorState::kHold ? " fwd" : " bwd"), "op",
+                      info.op_start_us, t - info.op_start_us);
+    trace_out_->counter("device in use", t, allocator_for(options_.device).stats().current_bytes);
+  }
+  if (recording_ || off_plan_ || options_.policy == Policy::kStatic) return;
+  // Released right after the last use in the iteration (Note [Minimal residency]).
+  for (int c : info.chunks) {
+    Chunk& chunk = *chunks_[static_cast<size_t>(c)];
+    if (chunk.gathered() && !pinned(chunk) && !next_->used_after(c, info.last_op))
+      release(chunk, false);
+  }
+}
+
+void Gemini::on_grad_ready(size_t i) {
+  // Note [Gemini hooks]: an op without a backward hook (an embedding) ends its use here.
+  if (states_.get(i) == TensorState::kHold) states_.set(i, TensorState::kCompute);
+  if (states_.get(i) == TensorState::kCompute) {
+    in_use_[i] = 0;
+    states_.set(i, TensorState::kHoldAfterBwd);
+  }
+  states_.set(i, TensorState::kReadyForReduce);
+  Chunk& c = *chunks_[chunk_of_[i]];
+  const Device grad_device = optim_on_host_[chunk_of_[i]] ? Device::cpu() : options_.device;
+  if (!c.grad.defined()) {
+    c.grad = Tensor::zeros({c.numel()}, DType::F32, grad_device);
+    if (grad_device.is_cpu()) track_host(c.nbytes());
+  }
+  const ChunkMember* member = nullptr;
+  for (const ChunkMember& mm : c.members())
+    if (mm.tensor == i) member = &mm;
+  Tensor g = grad(params_[i]);
+  if (g.defined()) {
+    MW_CHECK_T(ShapeError, g.numel() == member->numel && g.dtype() == DType::F32,
+               "Gemini: gradient of '", names_[i], "' is ", g.desc(), ", expected f32 with ",
+               member->numel, " elements");
+    Tensor gc = g.contiguous();
+    copy_bytes(static_cast<float*>(c.grad.raw_data()) + member->offset, grad_device, gc.raw_data(),
+               gc.device(), gc.nbytes());
+    if (!gc.device().is_cpu() && grad_device.is_cpu()) {
+      iter_.d2h_bytes += gc.nbytes();
+      run_.d2h_bytes += gc.nbytes();
+    }
+    set_grad(params_[i], Tensor());  // autograd keeps no separate .grad
+  }
+  states_.set(i, TensorState::kHold);
+  if (++c.grads_ready == static_cast<int>(c.members().size())) finish_chunk(c);
+}
+
+void Gemini::finish_chunk(Chunk& c) {
+  if (c.gathered()) {
+    if (pinned(c)) return;  // still in use: step() updates it
+    release(c, false);      // its last use in the iteration: the update needs the home bytes
+  }
+  const double t0 = now_us();
+  set_grad(c.flat(), c.grad);
+  if (c.grad.device().is_cpu()) track_host(-c.nbytes());
+  c.grad = Tensor();
+  c.grads_ready = 0;
+  adam_->step_param(static_cast<size_t>(c.index()));
+  if (trace_out_) trace_out_->slice(str("adam chunk ", c.index()), "optim", t0, now_us() - t0);
+}
+
+void Gemini::sample_nonmodel() {
+  if (!recording_ || options_.policy != Policy::kAuto) return;
+  Allocator& a = allocator_for(options_.device);
+  const int64_t peak = a.stats().peak_bytes;
+  a.reset_peak();
+  if (op_ > 0) nonmodel_.push_back(std::max<int64_t>(0, peak - period_min_model_bytes_));
+  period_min_model_bytes_ = device_model_bytes();
+}
+
+void Gemini::build_plan() {
+  next_ = std::make_unique<NextUse>(trace_, static_cast<int>(chunks_.size()));
+  const int64_t n = static_cast<int64_t>(trace_.size());
+  const int64_t capacity = allocator_for(options_.device).stats().capacity_bytes;
+  avail_.assign(static_cast<size_t>(n), INT64_MAX);
+  lower_bound_bytes_ = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    int64_t own = 0;
+    for (int c : trace_[static_cast<size_t>(t)].chunks)
+      own += chunks_[static_cast<size_t>(c)]->nbytes();
+    if (options_.policy == Policy::kConst) {
+      avail_[static_cast<size_t>(t)] = options_.const_budget_bytes;
+    } else {
+      const int64_t reserve = nonmodel_.at(static_cast<size_t>(t));
+      lower_bound_bytes_ = std::max(lower_bound_bytes_, reserve + own + device_home_bytes_);
+      if (capacity > 0)
+        avail_[static_cast<size_t>(t)] =
+            static_cast<int64_t>(static_cast<double>(capacity) * (1.0 - margin_)) - reserve -
+            device_home_bytes_;
+    }
+  }
+  if (options_.verbose && options_.policy == Policy::kAuto) {
+    std::vector<int64_t> bytes;
+    for (auto& c : chunks_) bytes.push_back(c->nbytes());
+    const PlanResult plan = plan_opt(trace_, bytes, avail_);
+    std::printf(
+        "gemini auto: %lld ops recorded; lower bound %.1f MiB (largest op's non-model memory + "
+        "its chunks) of %.1f MiB capacity, margin %.0f%%; plan: %.1f MiB host->device per "
+        "iteration, %lld evictions%s\n",
+        static_cast<long long>(n), mib(lower_bound_bytes_), mib(capacity), 100 * margin_,
+        mib(plan.load_bytes), static_cast<long long>(plan.evictions),
+        plan.fits ? "" : " (some ops exceed the reserve: minimal residency there)");
+  }
+}
+
+void Gemini::step() {
+  // Chunks not stepped inside backward (a member without a gradient, or still in use).
+  for (auto& c : chunks_)
+    if (c->grad.defined()) {
+      if (c->gathered()) release(*c, false);
+      finish_chunk(*c);
+    }
+  adam_->step();
+  if (recording_) {
+    sample_nonmodel();
+    recording_ = false;
+    if (options_.policy != Policy::kStatic) build_plan();
+  }
+  // A gathered copy of an offloaded chunk is stale once its home was stepped.
+  for (auto& c : chunks_)
+    if (c->gathered()) release(*c, false);
+  op_ = 0;
+  off_plan_ = false;
+  Optimizer::step_ = adam_->step_count();
+}
+
+GeminiStats Gemini::take_step_stats() {
+  GeminiStats s = iter_;
+  iter_ = GeminiStats();
+  iter_.host_chunk_peak_bytes = host_chunk_bytes_;
+  return s;
+}
+
+std::string Gemini::describe() const {
+  int64_t host = 0, dev = 0, optim_host = 0;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    (chunks_[c]->host_home() ? host : dev) += chunks_[c]->nbytes();
+    if (optim_on_host_[c]) optim_host += chunks_[c]->nbytes();
+  }
+  std::string s =
+      str("Gemini ", policy_name(options_.policy), ": ", chunks_.size(), " chunks of up to ",
+          options_.chunk_numel > 0 ? options_.chunk_numel : search_.chunk_numel, " elements on ",
+          options_.device.str(), " | params homed on host ");
+  char buf[160];
+  std::snprintf(buf, sizeof buf,
+                "%.1f MiB, on device %.1f MiB | Adam states on host for %.1f MiB of params",
+                mib(host), mib(dev), mib(optim_host));
+  s += buf;
+  if (options_.policy == Policy::kConst)
+    s += str(" | budget ", static_cast<long long>(mib(options_.const_budget_bytes)), " MiB");
+  return s;
+}
+
+}  // namespace mw::gemini

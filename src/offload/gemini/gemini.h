@@ -1,0 +1,171 @@
+// Gemini: chunk-based heterogeneous memory management (docs/gemini.md), ColossalAI's design with
+// its bugs designed out (REFERENCES.md).
+//
+// Gemini packs a model's parameters into chunks (chunk.h, chunk_search.h), keeps each chunk at a
+// home tier (the device, or the host when offloaded), gathers offloaded chunks onto the device just
+// before an op uses them, and evicts them by a placement policy:
+//  - static: ColossalAI's offload_param_frac / offload_optim_frac, chunks chosen in chunk order
+//    (both at 1 is the documents' placement_policy='cpu');
+//  - auto: a warmup iteration records the ops and the non-model memory of each period between
+//    them; afterwards chunks may use the capacity minus the coming period's non-model reserve and a
+//    margin, evicted by OPT (Note [OPT eviction], placement.h);
+//  - const: gathered chunks capped by a fixed budget, evicted by OPT.
+// It is an Optimizer: gradients go into their chunk's gradient buffer as each becomes final (the
+// grad-ready hook), and each chunk is stepped by HybridAdam as soon as all its gradients are in,
+// while backward goes on.
+//
+// Note [Gemini hooks]: every parameter use is a module call (nn/module.h). Per leaf module that
+// owns parameters, Gemini's forward pre-hook and backward pre-hook are *ops*: they count the
+// tensors in use (COMPUTE) and gather the chunks the op needs (an embedding's backward needs none:
+// it reads only the ids). The forward hook and the backward hook end a use (HOLD, HOLD_AFTER_BWD);
+// an op whose input needs no gradient (the embeddings) has no backward hook, so the grad-ready hook
+// ends its use. The grad-ready hook moves the state on to READY_FOR_REDUCE, copies the gradient
+// into the chunk's buffer, frees autograd's copy and sets HOLD (Note [Tensor states]).
+//
+// Note [Minimal residency]: without a plan (static, and every policy during the warmup iteration),
+// an op first releases every gathered chunk it does not need, so the device holds only the chunks
+// of the op in progress: ColossalAI's 'cpu' policy at its smallest. This is the fallback that auto
+// degrades to, so auto never fails where static with everything offloaded fits. With a plan, a
+// chunk is kept between uses as long as room allows and released right after its last use in the
+// iteration (ColossalAI keeps gathered chunks until memory pressure: its #2650).
+//
+// Contract (Note [Overlapped step contract], optim/hybrid_adam.h): one backward per step(), no
+// gradient changes between backward and step(). Every parameter should receive a gradient in each
+// backward: a chunk is stepped with a zero gradient for a member that got none (a plain AdamW
+// would skip that parameter).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "nn/module.h"
+#include "offload/gemini/chunk.h"
+#include "offload/gemini/chunk_search.h"
+#include "offload/gemini/placement.h"
+#include "offload/gemini/tensor_state.h"
+#include "offload/gemini/trace.h"
+#include "optim/hybrid_adam.h"
+
+namespace mw::gemini {
+
+enum class Policy { kStatic, kAuto, kConst };
+Policy parse_policy(const std::string& text);  // static|auto|const; InvalidArgument otherwise
+const char* policy_name(Policy p);
+
+struct GeminiOptions {
+  Policy policy = Policy::kStatic;
+  Device device = Device::sim(0);
+  double offload_param_frac = 0.0;  // static: chunks homed on the host, in chunk order
+  double offload_optim_frac =
+      0.0;  // static: chunks whose gradients and Adam states are on the host
+  int64_t const_budget_bytes = int64_t{512} << 20;  // const: cap on gathered chunks
+  // auto: the share of the capacity kept free beyond the measured non-model reserve; < 0 picks the
+  // device's default (Note [Auto margin] in gemini.cpp).
+  double auto_margin = -1.0;
+  int64_t chunk_numel = 0;  // 0: search (Note [Chunk-size search])
+  ChunkSearchOptions search;
+  optim::HybridAdamOptions adam;
+  bool verbose = true;  // print the search line and the auto plan
+};
+
+// Counters of one iteration (take_step_stats) or of the whole run (run_stats).
+struct GeminiStats {
+  int64_t h2d_bytes = 0, d2h_bytes = 0;
+  int64_t nvme_read_bytes = 0, nvme_write_bytes = 0;
+  int64_t gathers = 0;
+  int64_t evictions = 0;  // forced by room (releases after a last use are not counted)
+  double prefetch_wait_ms = 0;
+  int64_t host_chunk_peak_bytes = 0;  // host bytes of chunks: homes, parked, gradient buffers
+};
+
+class Gemini : public optim::Optimizer {
+ public:
+  // Packs `model`'s parameters (created on the cpu) into chunks and installs its hooks. The model
+  // must outlive the optimizer's use; hooks do nothing once the optimizer is gone.
+  Gemini(nn::Module& model, GeminiOptions options);
+  ~Gemini() override;
+  void step() override;
+  std::string name() const override { return "gemini"; }
+  int64_t state_bytes_in_memory() const override { return adam_->state_bytes_in_memory(); }
+
+  const ChunkSearchResult& search() const { return search_; }
+  const std::vector<std::unique_ptr<Chunk>>& chunks() const { return chunks_; }
+  optim::HybridAdam& adam() { return *adam_; }
+  const GeminiOptions& options() const { return options_; }
+  bool warmed_up() const { return !recording_; }
+  // auto, after warmup: the least device memory any schedule needs (the largest, over ops, of
+  // that op's non-model memory plus its chunks, plus the chunks homed on the device).
+  int64_t lower_bound_bytes() const { return lower_bound_bytes_; }
+  int64_t illegal_transitions() const { return states_.illegal_transitions(); }
+  GeminiStats take_step_stats();
+  const GeminiStats& run_stats() const { return run_; }
+  // One line: chunks, sizes, homes, the policy's budget.
+  std::string describe() const;
+  // The recorded ops of the warmup iteration (names and chunks), for tests and the trace.
+  const std::vector<TraceOp>& trace_ops() const { return trace_; }
+  const std::vector<int64_t>& nonmodel_bytes() const { return nonmodel_; }
+  void set_trace(Trace* trace) { trace_out_ = trace; }
+
+ private:
+  struct ModuleInfo {
+    std::string name;
+    std::vector<size_t> tensors;
+    std::vector<int> chunks;  // distinct, in first-member order
+    bool needs_data_in_backward = true;
+    int64_t last_op = -1;
+    double op_start_us = 0;  // for the trace's op slices
+  };
+  void build_chunks(nn::Module& model);
+  void install_hooks(nn::Module& model);
+  void pre_op(nn::Module& m, bool backward);
+  void end_use(nn::Module& m, TensorState after);
+  void on_grad_ready(size_t tensor);
+  void finish_chunk(Chunk& c);
+  void gather(Chunk& c, const std::string& why);
+  void release(Chunk& c, bool eviction);
+  void make_room(const ModuleInfo& info, const std::vector<int>& need, int64_t t);
+  bool pinned(const Chunk& c) const;
+  void sample_nonmodel();
+  void build_plan();
+  void track_host(int64_t delta);
+  int64_t device_model_bytes() const { return gathered_bytes_ + device_home_bytes_; }
+  double now_us() const;
+
+  GeminiOptions options_;
+  ChunkSearchResult search_;
+  std::vector<std::string> names_;
+  std::vector<size_t> chunk_of_;  // tensor -> chunk
+  std::vector<std::unique_ptr<Chunk>> chunks_;
+  std::unordered_map<const nn::Module*, ModuleInfo> modules_;
+  TensorStates states_{{}};
+  std::vector<int> in_use_;  // per tensor: uses in progress (Note [Gemini hooks])
+  std::vector<bool> optim_on_host_;
+  std::unique_ptr<optim::HybridAdam> adam_;
+  std::shared_ptr<char> alive_ = std::make_shared<char>(0);
+
+  // Residency.
+  std::vector<int> gathered_;  // offloaded chunks with a device copy
+  int64_t gathered_bytes_ = 0, device_home_bytes_ = 0;
+  // The plan (Note [OPT eviction]): recorded on the warmup iteration.
+  bool recording_ = true;
+  bool off_plan_ = false;
+  int64_t op_ = 0;  // ops so far this iteration
+  std::vector<TraceOp> trace_;
+  std::vector<std::pair<const nn::Module*, bool>> trace_keys_;
+  std::vector<int64_t> nonmodel_, avail_;
+  int64_t period_min_model_bytes_ = 0;
+  std::unique_ptr<NextUse> next_;
+  int64_t lower_bound_bytes_ = 0;
+  double margin_ = 0;
+
+  GeminiStats iter_, run_;  // this iteration's counters, the run's
+  int64_t host_chunk_bytes_ = 0;
+  Trace* trace_out_ = nullptr;
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace mw::gemini

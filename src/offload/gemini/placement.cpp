@@ -1,0 +1,152 @@
+// Note [OPT eviction] and static placement (placement.h).
+#include "offload/gemini/placement.h"
+
+#include <algorithm>
+#include <climits>
+#include <functional>
+
+#include "core/error.h"
+
+namespace mw::gemini {
+
+NextUse::NextUse(const std::vector<TraceOp>& trace, int num_chunks) : uses_(num_chunks) {
+  for (size_t t = 0; t < trace.size(); ++t)
+    for (int c : trace[t].chunks) {
+      auto& u = uses_.at(static_cast<size_t>(c));
+      if (u.empty() || u.back() != static_cast<int64_t>(t)) u.push_back(static_cast<int64_t>(t));
+    }
+}
+
+int64_t NextUse::after(int chunk, int64_t t) const {
+  const auto& u = uses_[static_cast<size_t>(chunk)];
+  auto it = std::upper_bound(u.begin(), u.end(), t);
+  return it == u.end() ? INT64_MAX : *it;
+}
+
+std::vector<int> choose_evictions(const std::vector<int>& gathered, const std::vector<int>& keep,
+                                  const std::vector<int64_t>& chunk_bytes, int64_t gathered_bytes,
+                                  int64_t need_bytes, int64_t avail_bytes, const NextUse& next,
+                                  int64_t t) {
+  std::vector<int> candidates;
+  for (int c : gathered)
+    if (std::find(keep.begin(), keep.end(), c) == keep.end()) candidates.push_back(c);
+  // Farthest next use first; then the larger chunk; then the lower index (deterministic).
+  std::sort(candidates.begin(), candidates.end(), [&](int a, int b) {
+    const int64_t na = next.after(a, t), nb = next.after(b, t);
+    if (na != nb) return na > nb;
+    if (chunk_bytes[a] != chunk_bytes[b]) return chunk_bytes[a] > chunk_bytes[b];
+    return a < b;
+  });
+  std::vector<int> evict;
+  int64_t bytes = gathered_bytes;
+  for (int c : candidates) {
+    if (bytes + need_bytes <= avail_bytes) break;
+    evict.push_back(c);
+    bytes -= chunk_bytes[c];
+  }
+  return evict;
+}
+
+namespace {
+
+// The state shared by plan_opt's simulation: what is gathered and how many bytes.
+struct Device {
+  std::vector<int> gathered;
+  int64_t bytes = 0;
+  void drop(int c, const std::vector<int64_t>& sizes) {
+    gathered.erase(std::find(gathered.begin(), gathered.end(), c));
+    bytes -= sizes[c];
+  }
+  bool has(int c) const { return std::find(gathered.begin(), gathered.end(), c) != gathered.end(); }
+};
+
+}  // namespace
+
+PlanResult plan_opt(const std::vector<TraceOp>& trace, const std::vector<int64_t>& chunk_bytes,
+                    const std::vector<int64_t>& avail_bytes) {
+  MW_CHECK_T(InvalidArgument, avail_bytes.size() == trace.size(), "plan_opt: ", trace.size(),
+             " ops but ", avail_bytes.size(), " budgets");
+  const NextUse next(trace, static_cast<int>(chunk_bytes.size()));
+  PlanResult r;
+  Device dev;
+  for (size_t t = 0; t < trace.size(); ++t) {
+    const auto& need = trace[t].chunks;
+    int64_t need_bytes = 0;
+    for (int c : need)
+      if (!dev.has(c)) need_bytes += chunk_bytes[c];
+    for (int c : choose_evictions(dev.gathered, need, chunk_bytes, dev.bytes, need_bytes,
+                                  avail_bytes[t], next, static_cast<int64_t>(t))) {
+      dev.drop(c, chunk_bytes);
+      ++r.evictions;
+    }
+    for (int c : need)
+      if (!dev.has(c)) {
+        dev.gathered.push_back(c);
+        dev.bytes += chunk_bytes[c];
+        r.load_bytes += chunk_bytes[c];
+        ++r.loads;
+      }
+    if (dev.bytes > avail_bytes[t]) r.fits = false;
+    r.peak_gathered_bytes = std::max(r.peak_gathered_bytes, dev.bytes);
+    for (int c : need)  // released right after the last use in the iteration
+      if (!next.used_after(c, static_cast<int64_t>(t))) dev.drop(c, chunk_bytes);
+  }
+  return r;
+}
+
+int64_t brute_force_min_load_bytes(const std::vector<TraceOp>& trace,
+                                   const std::vector<int64_t>& chunk_bytes,
+                                   const std::vector<int64_t>& avail_bytes) {
+  const int n = static_cast<int>(chunk_bytes.size());
+  MW_CHECK_T(InvalidArgument, n <= 16, "brute force: at most 16 chunks");
+  const NextUse next(trace, n);
+  int64_t best = INT64_MAX;
+  // Depth-first over (op, gathered set as a bitmask): at each op, any subset of the gathered
+  // chunks not needed now may be evicted, as long as the result fits.
+  std::function<void(size_t, uint32_t, int64_t)> visit = [&](size_t t, uint32_t set,
+                                                             int64_t loaded) {
+    if (loaded >= best) return;
+    if (t == trace.size()) {
+      best = loaded;
+      return;
+    }
+    uint32_t need = 0;
+    for (int c : trace[t].chunks) need |= 1u << c;
+    const uint32_t optional = set & ~need;
+    for (uint32_t drop = optional;; drop = (drop - 1) & optional) {  // every subset of optional
+      uint32_t after = (set & ~drop) | need;
+      int64_t bytes = 0, load = 0;
+      for (int c = 0; c < n; ++c) {
+        if (after >> c & 1) bytes += chunk_bytes[c];
+        if ((need >> c & 1) && !(set >> c & 1)) load += chunk_bytes[c];
+      }
+      if (bytes <= avail_bytes[t]) {
+        uint32_t kept = after;
+        for (int c = 0; c < n; ++c)
+          if ((need >> c & 1) && !next.used_after(c, static_cast<int64_t>(t))) kept &= ~(1u << c);
+        visit(t + 1, kept, loaded + load);
+      }
+      if (drop == 0) break;
+    }
+  };
+  visit(0, 0, 0);
+  return best;
+}
+
+std::vector<bool> choose_offloaded(const std::vector<int64_t>& chunk_bytes, double frac) {
+  MW_CHECK_T(InvalidArgument, frac >= 0.0 && frac <= 1.0, "offload fraction ", frac,
+             " is outside [0, 1]");
+  int64_t total = 0;
+  for (int64_t b : chunk_bytes) total += b;
+  const double target = frac * static_cast<double>(total);
+  std::vector<bool> offloaded(chunk_bytes.size(), false);
+  int64_t done = 0;
+  for (size_t c = 0; c < chunk_bytes.size(); ++c) {
+    if (static_cast<double>(done) >= target || frac == 0.0) break;
+    offloaded[c] = true;
+    done += chunk_bytes[c];
+  }
+  return offloaded;
+}
+
+}  // namespace mw::gemini

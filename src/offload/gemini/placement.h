@@ -1,0 +1,68 @@
+// Placement decisions of Gemini's policies (docs/gemini.md): which chunks live on the device for
+// good, and which gathered chunks to evict when an op needs room.
+//
+// Note [OPT eviction]: an iteration's ops, recorded on the warmup iteration, repeat exactly in
+// every later one, so the next use of every chunk is known. When op t needs room on the device, the
+// gathered chunk whose next use is farthest away is evicted first (Belady's OPT; a chunk with no
+// further use this iteration is farthest of all, and is released right after its last use anyway).
+// Ties go to the larger chunk, then the lower index, so the plan is deterministic. For chunks of
+// equal size this evicts the fewest chunks possible (Belady); for unequal sizes it is the standard
+// heuristic. plan_opt() runs exactly the same decisions as the live manager, so a test can compare
+// it with an exhaustive search (brute_force_min_load_bytes) on a small model.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace mw::gemini {
+
+// One recorded op: the chunks whose data it needs on the device.
+struct TraceOp {
+  std::vector<int> chunks;
+};
+
+// For each op t and chunk c: the index of c's next use after t (or INT64_MAX if none).
+class NextUse {
+ public:
+  NextUse(const std::vector<TraceOp>& trace, int num_chunks);
+  int64_t after(int chunk, int64_t t) const;  // first use strictly after t
+  bool used_after(int chunk, int64_t t) const { return after(chunk, t) != INT64_MAX; }
+
+ private:
+  std::vector<std::vector<int64_t>> uses_;  // per chunk, ascending op indices
+};
+
+// Picks chunks to evict from `gathered` (excluding `keep`) so that `gathered_bytes - evicted +
+// need_bytes <= avail_bytes`, farthest next use after t first (Note [OPT eviction]). Returns the
+// chunks to evict; if even evicting every candidate is not enough, returns all candidates.
+std::vector<int> choose_evictions(const std::vector<int>& gathered, const std::vector<int>& keep,
+                                  const std::vector<int64_t>& chunk_bytes, int64_t gathered_bytes,
+                                  int64_t need_bytes, int64_t avail_bytes, const NextUse& next,
+                                  int64_t t);
+
+struct PlanResult {
+  int64_t load_bytes = 0;  // host -> device
+  int64_t loads = 0;
+  int64_t evictions = 0;  // forced by room (not the release after a last use)
+  int64_t peak_gathered_bytes = 0;
+  bool fits = true;  // every op's own chunks fit its avail
+};
+
+// Simulates one iteration of the auto/const policy from an empty device: at each op, evict by OPT
+// to make room within avail_bytes[t], gather what the op needs, and release chunks after their last
+// use in the iteration.
+PlanResult plan_opt(const std::vector<TraceOp>& trace, const std::vector<int64_t>& chunk_bytes,
+                    const std::vector<int64_t>& avail_bytes);
+
+// The least host -> device bytes any eviction schedule can achieve for the same problem (the same
+// release-after-last-use rule, gathered bytes within avail at every op), by exhaustive search. For
+// tests on small traces only (exponential).
+int64_t brute_force_min_load_bytes(const std::vector<TraceOp>& trace,
+                                   const std::vector<int64_t>& chunk_bytes,
+                                   const std::vector<int64_t>& avail_bytes);
+
+// Static placement (ColossalAI's offload_param_frac / offload_optim_frac): walking chunks in
+// order, offload a chunk while the bytes offloaded so far are below frac x total. Deterministic.
+std::vector<bool> choose_offloaded(const std::vector<int64_t>& chunk_bytes, double frac);
+
+}  // namespace mw::gemini
