@@ -88,7 +88,9 @@ Tensor GPT2::forward(const Tensor& ids) {
   }
   // [B, T, C] + [T, C], broadcast over the batch. Every parameter use is a module call (Note
   // [Every parameter use is a module call], nn/module.h).
-  Tensor x = add((*wte_)(ids), (*wpe_)(positions_));
+  // Sequenced, so hooks see wte before wpe (an argument list's order is unspecified).
+  Tensor tok = (*wte_)(ids);
+  Tensor x = add(tok, (*wpe_)(positions_));
   x = (*drop_)(x);
   for (size_t i = 0; i < blocks_.size(); ++i)
     x = run_block ? run_block(*blocks_[i], static_cast<int64_t>(i), x) : (*blocks_[i])(x);

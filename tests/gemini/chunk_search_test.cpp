@@ -1,0 +1,117 @@
+// Chunk-size search (Note [Chunk-size search]), packing, the tensor-state whitelist and the OPT
+// planner against an exhaustive search.
+#include "offload/gemini/chunk_search.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "models/gpt2/spec.h"
+#include "offload/gemini/placement.h"
+#include "offload/gemini/tensor_state.h"
+
+namespace mw::gemini {
+namespace {
+
+std::vector<int64_t> gpt2_sizes(const std::string& preset) {
+  std::vector<int64_t> sizes;
+  for (const auto& spec : gpt2::tensor_specs(gpt2::Config::preset(preset)))
+    sizes.push_back(shape_numel(spec.shape));
+  return sizes;
+}
+
+// ColossalAI's Gemini example prints, for GPT-2 small with hidden_dim 768: "used number: 118.68
+// MB, wasted number: 0.75 MB, total wasted percentage is 0.63%". The units are 2^20 elements.
+// The numbers below are the element arithmetic of Note [Chunk-size search] done by hand (the
+// embedding 50257 x 768 = 38,597,376 is the only size above mean + 3 std = 10,584,051.6).
+TEST(ChunkSearch, ReproducesTheDocumentsLineForGpt2Small) {
+  ChunkSearchOptions o;
+  o.interval_numel = 768;
+  const std::vector<int64_t> sizes = gpt2_sizes("small");
+  const ChunkSearchResult r = search_chunk_size(sizes, o);
+  EXPECT_EQ(r.total_numel, 124439808);
+  EXPECT_FALSE(r.single_chunk);
+  ASSERT_EQ(r.outlier.size(), sizes.size());
+  EXPECT_TRUE(r.outlier[0]);  // transformer.wte.weight
+  for (size_t i = 1; i < sizes.size(); ++i) EXPECT_FALSE(r.outlier[i]) << i;
+  EXPECT_EQ(r.chunk_numel, 43312896);  // 56397 x 768
+  EXPECT_EQ(r.wasted_numel, 783360);   // 0.747 x 2^20
+  const std::string line = r.log_line();
+  EXPECT_NE(line.find("used number: 118.68 MB, wasted number: 0.75 MB, total wasted percentage "
+                      "is 0.63%"),
+            std::string::npos)
+      << line;
+  EXPECT_EQ(line.rfind("searching chunk configuration is completed in ", 0), 0u) << line;
+}
+
+TEST(ChunkSearch, SmallModelsAreOneChunkAndWasteIsEveryTail) {
+  const ChunkSearchResult r = search_chunk_size({10, 20, 30});
+  EXPECT_TRUE(r.single_chunk);
+  EXPECT_EQ(r.chunk_numel, 60);
+  EXPECT_EQ(r.wasted_numel, 0);
+  // First fit in order into 50: [10, 20] (tail 20), [30] (tail 20).
+  EXPECT_EQ(packing_waste({10, 20, 30}, 50), 40);
+  EXPECT_EQ(packing_waste({50, 50}, 50), 0);
+}
+
+TEST(ChunkSearch, PackingIsFirstFitInOrderWithOutliersAlone) {
+  // Capacity 100: 60 | outlier 500 alone | 30 joins 60's chunk | 20 opens chunk 2 | 200 > capacity.
+  const std::vector<int> chunk =
+      pack_chunks({60, 500, 30, 20, 200, 10}, 100, {false, true, false, false, false, false});
+  EXPECT_EQ(chunk, (std::vector<int>{0, 1, 0, 2, 3, 2}));
+}
+
+TEST(TensorStates, FollowTheWhitelistAndCountWhatIsNot) {
+  using S = TensorState;
+  EXPECT_TRUE(is_legal_transition(S::kFree, S::kHold));
+  EXPECT_TRUE(is_legal_transition(S::kHold, S::kCompute));
+  EXPECT_TRUE(is_legal_transition(S::kCompute, S::kHoldAfterBwd));
+  EXPECT_TRUE(is_legal_transition(S::kHoldAfterBwd, S::kReadyForReduce));
+  EXPECT_TRUE(is_legal_transition(S::kReadyForReduce, S::kHold));
+  EXPECT_FALSE(is_legal_transition(S::kHold, S::kReadyForReduce));
+  EXPECT_FALSE(is_legal_transition(S::kCompute, S::kReadyForReduce));
+  EXPECT_FALSE(is_legal_transition(S::kReadyForReduce, S::kCompute));
+  TensorStates st({"a", "b"});
+  st.set(0, S::kHold);
+  st.set(0, S::kHold);  // the same state: not a transition
+  EXPECT_EQ(st.illegal_transitions(), 0);
+  st.set(0, S::kReadyForReduce);  // illegal: applied and counted
+  st.set(1, S::kReadyForReduce);
+  EXPECT_EQ(st.illegal_transitions(), 2);
+  EXPECT_EQ(st.get(0), S::kReadyForReduce);
+}
+
+// Belady's OPT evicts the fewest chunks when all chunks have one size, so on such traces its
+// host -> device bytes must equal the exhaustive minimum. A planner that evicts the nearest next
+// use, or any chunk at random, fails this on most of the traces.
+TEST(Placement, OptPlanEqualsBruteForceOnEqualSizedChunks) {
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int nchunks = 3 + static_cast<int>(rng() % 3);
+    const int nops = 6 + static_cast<int>(rng() % 6);
+    std::vector<TraceOp> trace(static_cast<size_t>(nops));
+    for (auto& op : trace) {
+      op.chunks.push_back(static_cast<int>(rng() % static_cast<unsigned>(nchunks)));
+      if (rng() % 3 == 0) {
+        const int other = static_cast<int>(rng() % static_cast<unsigned>(nchunks));
+        if (other != op.chunks[0]) op.chunks.push_back(other);
+      }
+    }
+    const std::vector<int64_t> bytes(static_cast<size_t>(nchunks), 100);
+    const std::vector<int64_t> avail(static_cast<size_t>(nops), 200 + 100 * (trial % 2));
+    const PlanResult plan = plan_opt(trace, bytes, avail);
+    ASSERT_TRUE(plan.fits);
+    EXPECT_EQ(plan.load_bytes, brute_force_min_load_bytes(trace, bytes, avail))
+        << "trial " << trial;
+  }
+}
+
+TEST(Placement, StaticOffloadIsInChunkOrderAndDeterministic) {
+  EXPECT_EQ(choose_offloaded({10, 10, 10, 10}, 0.5), (std::vector<bool>{true, true, false, false}));
+  EXPECT_EQ(choose_offloaded({10, 10, 10, 10}, 0.0), (std::vector<bool>(4, false)));
+  EXPECT_EQ(choose_offloaded({10, 10, 10, 10}, 1.0), (std::vector<bool>(4, true)));
+  EXPECT_EQ(choose_offloaded({30, 10, 10}, 0.4), (std::vector<bool>{true, false, false}));
+}
+
+}  // namespace
+}  // namespace mw::gemini
