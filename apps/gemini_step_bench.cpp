@@ -81,11 +81,11 @@ int run(const cli::Parser& p) {
     c.gem = g.get();
     c.opt = std::move(g);
   }
-  std::printf("gemini_step_bench: GPT-2 %s, B%lld T%lld, %lld steps each, rotating, threads %d, "
-              "Gemini devices sim:%lld MiB\n",
-              p.str("model").c_str(), static_cast<long long>(B), static_cast<long long>(T),
-              static_cast<long long>(steps), num_threads(),
-              static_cast<long long>(capacity >> 20));
+  std::printf(
+      "gemini_step_bench: GPT-2 %s, B%lld T%lld, %lld steps each, rotating, threads %d, "
+      "Gemini devices sim:%lld MiB\n",
+      p.str("model").c_str(), static_cast<long long>(B), static_cast<long long>(T),
+      static_cast<long long>(steps), num_threads(), static_cast<long long>(capacity >> 20));
   std::vector<int32_t> tokens(static_cast<size_t>(B * T));
   std::vector<double> auto_ratio, static_ratio;
   bool same = true;
@@ -98,16 +98,17 @@ int run(const cli::Parser& p) {
       default_generator().set_state(rng);
       ms[i] = train_step(all[static_cast<size_t>(i)], tokens, B, T);
     }
-    for (auto& c : all)
-      same = same && std::memcmp(&c.loss, &all[0].loss, sizeof(float)) == 0;
-    std::printf("[%lld] loss %.6f | plain %.0f ms | auto %.0f ms (%.3f) | static cpu %.0f ms "
-                "(%.3f)",
-                static_cast<long long>(step), all[0].loss, ms[0], ms[1], ms[1] / ms[0], ms[2],
-                ms[2] / ms[0]);
+    for (auto& c : all) same = same && std::memcmp(&c.loss, &all[0].loss, sizeof(float)) == 0;
+    std::printf(
+        "[%lld] loss %.6f | plain %.0f ms | auto %.0f ms (%.3f) | static cpu %.0f ms "
+        "(%.3f)",
+        static_cast<long long>(step), all[0].loss, ms[0], ms[1], ms[1] / ms[0], ms[2],
+        ms[2] / ms[0]);
     for (int i = 1; i <= 2; ++i) {
       const gemini::GeminiStats s = all[static_cast<size_t>(i)].gem->take_step_stats();
       std::printf(" | %s h2d %.0f MiB", i == 1 ? "auto" : "cpu", s.h2d_bytes / 1048576.0);
-      if (step > 1) all[static_cast<size_t>(i)].h2d_bytes.push_back(static_cast<double>(s.h2d_bytes));
+      if (step > 1)
+        all[static_cast<size_t>(i)].h2d_bytes.push_back(static_cast<double>(s.h2d_bytes));
     }
     std::printf("\n");
     std::fflush(stdout);
@@ -116,17 +117,19 @@ int run(const cli::Parser& p) {
     static_ratio.push_back(ms[2] / ms[0]);
     for (int i = 0; i < 3; ++i) all[static_cast<size_t>(i)].ms.push_back(ms[i]);
   }
-  std::printf("median step: plain %.0f ms, auto %.0f ms, static cpu %.0f ms | median per-round "
-              "ratio to plain: auto %.3f, static cpu %.3f over %zu rounds | losses %s\n",
-              cli::median(all[0].ms), cli::median(all[1].ms), cli::median(all[2].ms),
-              cli::median(auto_ratio), cli::median(static_ratio), auto_ratio.size(),
-              same ? "bitwise equal" : "DIFFER");
-  std::printf("host->device per step: auto %.1f MiB, static cpu %.1f MiB | sim peaks: plain %.0f "
-              "MiB, auto %.0f MiB, static cpu %.0f MiB (capacity %.0f MiB)\n",
-              cli::median(all[1].h2d_bytes) / 1048576.0, cli::median(all[2].h2d_bytes) / 1048576.0,
-              allocator_for(all[0].device).stats().peak_bytes / 1048576.0,
-              allocator_for(all[1].device).stats().peak_bytes / 1048576.0,
-              allocator_for(all[2].device).stats().peak_bytes / 1048576.0, capacity / 1048576.0);
+  std::printf(
+      "median step: plain %.0f ms, auto %.0f ms, static cpu %.0f ms | median per-round "
+      "ratio to plain: auto %.3f, static cpu %.3f over %zu rounds | losses %s\n",
+      cli::median(all[0].ms), cli::median(all[1].ms), cli::median(all[2].ms),
+      cli::median(auto_ratio), cli::median(static_ratio), auto_ratio.size(),
+      same ? "bitwise equal" : "DIFFER");
+  std::printf(
+      "host->device per step: auto %.1f MiB, static cpu %.1f MiB | sim peaks: plain %.0f "
+      "MiB, auto %.0f MiB, static cpu %.0f MiB (capacity %.0f MiB)\n",
+      cli::median(all[1].h2d_bytes) / 1048576.0, cli::median(all[2].h2d_bytes) / 1048576.0,
+      allocator_for(all[0].device).stats().peak_bytes / 1048576.0,
+      allocator_for(all[1].device).stats().peak_bytes / 1048576.0,
+      allocator_for(all[2].device).stats().peak_bytes / 1048576.0, capacity / 1048576.0);
   return same ? 0 : 1;
 }
 

@@ -49,6 +49,7 @@ struct Options {
   // Gemini (docs/gemini.md): "" = off.
   std::string gemini, trace;
   gemini::GeminiOptions gemini_options;
+  int64_t gemini_nvme_window_bytes = 0;
 };
 
 cli::Parser make_parser() {
@@ -112,6 +113,12 @@ cli::Parser make_parser() {
   p.option("auto-margin", "",
            "--gemini auto: share of the capacity kept free beyond the measured non-model "
            "reserve (default 0.02 on sim, 0.10 on cuda)");
+  p.option("host-capacity", "",
+           "--gemini: host RAM for chunks and optimizer states; what does not fit goes to disk "
+           "under --nvme-dir (three tiers)");
+  p.option("host-capacity", "",
+           "--gemini: host RAM for chunks and optimizer states; what does not fit goes to disk "
+           "under --nvme-dir (three tiers)");
   p.option("trace", "", "write a Chrome/Perfetto trace (JSON) of the run's memory and moves");
   return p;
 }
@@ -181,9 +188,12 @@ Options parse_options(const cli::Parser& p) {
     g.offload_optim_frac = p.real("offload-optim-frac", 0, 1);
     g.const_budget_bytes = p.bytes("const-budget");
     if (p.given("auto-margin")) g.auto_margin = p.real("auto-margin", 0, 0.9);
+    if (p.given("host-capacity")) g.host_capacity_bytes = p.bytes("host-capacity");
+    g.nvme_dir = p.str("nvme-dir");
+    o.gemini_nvme_window_bytes = p.bytes("nvme-window");
   } else {
-    for (const char* name :
-         {"chunk-size", "offload-param-frac", "offload-optim-frac", "const-budget", "auto-margin"})
+    for (const char* name : {"chunk-size", "offload-param-frac", "offload-optim-frac",
+                             "const-budget", "auto-margin", "host-capacity"})
       MW_CHECK_T(cli::UsageError, !p.given(name), "--", name, " needs --gemini");
   }
   o.trace = p.str("trace");
@@ -244,6 +254,7 @@ int run(const Options& o) {
     gemini::GeminiOptions g = o.gemini_options;
     g.search.interval_numel = config.n_embd;  // ColossalAI's hidden_dim
     g.adam = optim::HybridAdamOptions(o.hyper, -1.f, o.nvme);
+    g.adam.nvme.window_bytes = o.gemini_nvme_window_bytes;
     auto owned = std::make_unique<gemini::Gemini>(model, g);
     gem = owned.get();
     opt = std::move(owned);
@@ -465,7 +476,10 @@ int run(const Options& o) {
         static_cast<long long>(st.cancelled), st.unpack_wait_ms);
   }
   if (!o.save.empty()) {
-    gpt2::save_hf(model, o.save);
+    if (gem)
+      gem->with_parameters_readable([&] { gpt2::save_hf(model, o.save); });
+    else
+      gpt2::save_hf(model, o.save);
     std::printf("Saved to %s\n", o.save.c_str());
   }
   return 0;

@@ -102,10 +102,10 @@ HybridAdam::~HybridAdam() {
   nvme_.reset();   // hooks see the states gone and do nothing
 }
 
-void HybridAdam::update_offloaded(size_t i, bool in_backward) {
+uint64_t HybridAdam::update_offloaded(size_t i, bool in_backward) {
   Tensor& p = params_[i];
   Tensor g = grad(p);
-  if (!g.defined()) return;
+  if (!g.defined()) return 0;
   Tensor gc = g.contiguous();
   const AdamStepScalars s = make_adam_step_scalars(options_.hyper, step_ + 1, options_.div_scale);
   p.bump_version();
@@ -114,10 +114,11 @@ void HybridAdam::update_offloaded(size_t i, bool in_backward) {
   if (in_backward) set_grad(p, Tensor());
   g = Tensor();
   const int k = nvme_index_[i];
-  if (nvme_->rows_pending(k))
+  if (nvme_->rows_pending(k)) {
     nvme_->update_rows_async(k, s, p.data<float>(), std::move(gc));
-  else
-    nvme_->update_async(k, s, p.data<float>(), std::move(gc));
+    return 0;
+  }
+  return nvme_->update_async(k, s, p.data<float>(), std::move(gc));
 }
 
 void HybridAdam::update_in_memory(size_t i, const AdamStepScalars& s) {
@@ -141,15 +142,13 @@ void HybridAdam::update_in_memory(size_t i, const AdamStepScalars& s) {
                          exp_avg_[i].data<float>(), exp_avg_sq_[i].data<float>(), p.numel());
 }
 
-void HybridAdam::step_param(size_t i) {
+uint64_t HybridAdam::step_param(size_t i) {
   MW_CHECK_T(InvalidArgument, i < params_.size(), "HybridAdam::step_param: no parameter ", i);
-  if (nvme_index_[i] >= 0) {
-    update_offloaded(i, true);  // releases the gradient; the job holds it
-  } else {
-    update_in_memory(i, make_adam_step_scalars(options_.hyper, step_ + 1, options_.div_scale));
-    set_grad(params_[i], Tensor());
-  }
   updated_in_backward_[i] = 1;
+  if (nvme_index_[i] >= 0) return update_offloaded(i, true);  // the job holds the gradient
+  update_in_memory(i, make_adam_step_scalars(options_.hyper, step_ + 1, options_.div_scale));
+  set_grad(params_[i], Tensor());
+  return 0;
 }
 
 void HybridAdam::step() {

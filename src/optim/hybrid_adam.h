@@ -67,7 +67,10 @@ class HybridAdam : public Optimizer {
   // kernel for where it lives, or submitted to the NVMe pipeline. step() then skips it. The
   // contract is Note [Overlapped step contract]; Gemini calls it when a chunk's gradients are all
   // final (offload/gemini).
-  void step_param(size_t i);
+  // Returns 0 when the update is done, else a ticket for update_done (NVMe-offloaded states: the
+  // updater thread steps it while the caller goes on; `p` must stay where it is until then).
+  uint64_t step_param(size_t i);
+  bool update_done(uint64_t ticket) const { return ticket == 0 || !nvme_ || nvme_->done(ticket); }
   std::string name() const override { return "hybridadam"; }
   int64_t state_bytes_in_memory() const override;
   Isa isa() const { return isa_; }
@@ -92,7 +95,7 @@ class HybridAdam : public Optimizer {
   void load_state(const std::string& path);
 
  protected:
-  void update_offloaded(size_t i, bool in_backward);
+  uint64_t update_offloaded(size_t i, bool in_backward);  // its ticket, 0 if none
   std::function<void()> update_offloaded_except_rows(size_t i, const Tensor& partial,
                                                      const std::vector<int64_t>& rows);
   void update_in_memory(size_t i, const AdamStepScalars& s);

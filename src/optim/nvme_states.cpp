@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "offload/io/scratch_dir.h"
 
 namespace mw::optim {
 
@@ -28,25 +29,6 @@ std::vector<bool> select_nvme_offloaded(const std::vector<int64_t>& numels, doub
   }
   return chosen;
 }
-
-namespace {
-
-// A private directory "<TMPDIR or /tmp>/memwall-nvme-XXXXXX".
-std::string make_private_dir() {
-  const char* base = ::getenv("TMPDIR");
-  std::string pattern = str(base && *base ? base : "/tmp", "/memwall-nvme-XXXXXX");
-  if (::mkdtemp(pattern.data()) == nullptr) {
-    int err = errno;
-    throw IoError(
-        str("cannot create a private NVMe offload directory '", pattern, "': ", errno_text(err),
-            "; pass nvme_offload_dir (--nvme-dir) to a writable "
-            "directory on a disk"),
-        pattern, 0, 0, err);
-  }
-  return pattern;
-}
-
-}  // namespace
 
 NvmeAdamStates::NvmeAdamStates(std::vector<int64_t> numels, NvmeOffloadOptions options, Isa isa)
     : options_(std::move(options)),
@@ -75,7 +57,7 @@ NvmeAdamStates::NvmeAdamStates(std::vector<int64_t> numels, NvmeOffloadOptions o
     for (int64_t id = first_slice_[k]; id < first_slice_[k + 1]; ++id) order_.push_back(id);
 
   const bool private_dir = options_.dir.empty();
-  dir_ = private_dir ? make_private_dir() : options_.dir;
+  dir_ = private_dir ? io::make_private_dir("nvme") : options_.dir;
   try {
     engine_ = io::IoEngine::create(options_.io);
     io::SwapOptions swap_options;
@@ -302,8 +284,13 @@ int64_t NvmeAdamStates::next_in_stream_locked(size_t& cursor, bool split) {
   return -1;
 }
 
-void NvmeAdamStates::update_async(int k, const AdamStepScalars& scalars, float* param,
-                                  Tensor grad) {
+bool NvmeAdamStates::done(uint64_t ticket) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_ticket_ >= ticket;
+}
+
+uint64_t NvmeAdamStates::update_async(int k, const AdamStepScalars& scalars, float* param,
+                                      Tensor grad) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (failed_ ||
       !admit(k >= 0 && k < param_count() && !submitted_[k] && grad.is_contiguous(), error_, failed_,
@@ -311,10 +298,10 @@ void NvmeAdamStates::update_async(int k, const AdamStepScalars& scalars, float* 
                  " was updated twice in one step (or is out of range, or its gradient "
                  "is not contiguous). overlap_backward assumes one backward per "
                  "optimizer step; turn it off for gradient accumulation")))
-    return;
+    return 0;
   submitted_[k] = 1;
   promote_locked(k);
-  submit_locked(Job::holding(Job::Kind::kWhole, k, scalars, param, std::move(grad)));
+  return submit_locked(Job::holding(Job::Kind::kWhole, k, scalars, param, std::move(grad)));
 }
 
 uint64_t NvmeAdamStates::update_except_rows_async(int k, const AdamStepScalars& scalars,

@@ -149,7 +149,8 @@ class NvmeAdamStates {
   // and unused by others until finish_step(). `grad` (contiguous, f32/f16/bf16) is held until the
   // update ran, then released, or lent as slots when nobody else holds it (Note [Borrowed gradient
   // slots]). Never throws: a failure or misuse is recorded and thrown by finish_step().
-  void update_async(int k, const AdamStepScalars& scalars, float* param, Tensor grad);
+  // Returns its ticket (0 when refused: the failure is thrown by finish_step()).
+  uint64_t update_async(int k, const AdamStepScalars& scalars, float* param, Tensor grad);
   // Note [Row-split update]: steps parameter k ([numel / row_numel] rows) except the sorted,
   // distinct `pending_rows`. `grad` must stay alive and unchanged outside those rows until
   // wait(ticket) returned.
@@ -159,6 +160,8 @@ class NvmeAdamStates {
   // Steps the rows deferred by update_except_rows_async (grad: the final gradient, held as above).
   void update_rows_async(int k, const AdamStepScalars& scalars, float* param, Tensor grad);
   void wait(uint64_t ticket);
+  // True once the job of `ticket` (and every earlier one) has run. Never blocks.
+  bool done(uint64_t ticket) const;
   // An update of k was submitted this step (a row split counts).
   bool updated_this_step(int k) const;
   // A row split of k waits for update_rows_async.

@@ -22,8 +22,8 @@ void Chunk::set_home(Device home) {
 }
 
 void Chunk::gather(Device device) {
-  MW_CHECK(host_home_ && !gathered(), "chunk ", index_, ": gather of a chunk that is ",
-           host_home_ ? "already gathered" : "homed on the device");
+  MW_CHECK(host_home_ && !gathered() && !on_nvme_, "chunk ", index_, ": gather of a chunk that is ",
+           host_home_ ? "gathered or on disk" : "homed on the device");
   void* copy = allocator_for(device).allocate(nbytes());  // throws OutOfMemory: nothing changed
   void* host = storage_->take_bytes();
   try {
@@ -35,13 +35,54 @@ void Chunk::gather(Device device) {
   }
   storage_->adopt_bytes(copy, device);
   parked_ = host;
+  gathered_ = true;
 }
 
 void Chunk::release_copy() {
   MW_CHECK(gathered(), "chunk ", index_, ": release_copy of a chunk that is not gathered");
   storage_->release();
-  storage_->adopt_bytes(parked_, Device::cpu());
+  if (on_nvme_)
+    storage_->move_to(Device::cpu());  // released: only the home changes
+  else
+    storage_->adopt_bytes(parked_, Device::cpu());
   parked_ = nullptr;
+  gathered_ = false;
+}
+
+void Chunk::set_on_nvme() {
+  MW_CHECK(host_home_ && !gathered_, "chunk ", index_,
+           ": set_on_nvme of a gathered or device chunk");
+  storage_->release();
+  on_nvme_ = true;
+}
+
+void* Chunk::gather_uninitialized(Device device) {
+  MW_CHECK(on_nvme_ && !gathered_ && storage_->is_released(), "chunk ", index_,
+           ": gather_uninitialized needs a chunk on disk");
+  storage_->move_to(device);
+  try {
+    storage_->materialize();
+  } catch (...) {  // OutOfMemory: back home, still released
+    storage_->move_to(Device::cpu());
+    throw;
+  }
+  gathered_ = true;
+  return storage_->data();
+}
+
+bool Chunk::bring_home_to_ram() {
+  MW_CHECK(on_nvme_, "chunk ", index_, ": bring_home_to_ram of a chunk not on disk");
+  if (!gathered_) {
+    storage_->move_to(Device::cpu());
+    storage_->materialize();
+    return false;
+  }
+  void* host = allocator_for(Device::cpu()).allocate(nbytes());
+  copy_bytes(host, Device::cpu(), storage_->data(), storage_->device(), nbytes());
+  storage_->release();
+  storage_->adopt_bytes(host, Device::cpu());
+  gathered_ = false;
+  return true;
 }
 
 }  // namespace mw::gemini

@@ -12,6 +12,13 @@
 // its host bytes are parked beside it (Note [Parked bytes], core/storage.h). Parameters do not
 // change during forward and backward, so the copy is dropped without a write-back when the chunk is
 // evicted: host -> device traffic is one copy per gather, device -> host only gradients.
+//
+// Note [NVMe-homed chunks]: with a host budget (three tiers), an offloaded chunk may live on disk
+// between uses: its storage is released and its bytes are a blob in Gemini's swap space. A gather
+// reads the blob straight into the device copy (sim memory is host memory, 4096-aligned, so
+// O_DIRECT reads into it; CUDA would need a pinned bounce buffer, not written yet). For its update
+// the chunk comes home to RAM (from the device copy when it is still gathered, else from disk),
+// is stepped, written back, and its RAM freed again.
 #pragma once
 
 #include <cstdint>
@@ -43,7 +50,8 @@ class Chunk {
   const Tensor& flat() const { return flat_; }
 
   bool host_home() const { return host_home_; }
-  bool gathered() const { return parked_ != nullptr; }
+  bool on_nvme() const { return on_nvme_; }
+  bool gathered() const { return gathered_; }
   // Where the parameters' bytes are now (the device when gathered or device-homed).
   Device where() const { return storage_->device(); }
   bool on_device() const { return !where().is_cpu(); }
@@ -55,6 +63,15 @@ class Chunk {
   void gather(Device device);
   // Offloaded chunk: drops the device copy and takes the parked host bytes back.
   void release_copy();
+  // Note [NVMe-homed chunks]. set_on_nvme: the bytes were written to disk; frees them in RAM.
+  void set_on_nvme();
+  // Allocates the device copy (uninitialised) for a read from disk and returns its bytes.
+  void* gather_uninitialized(Device device);
+  // Gives the chunk RAM bytes for its update: copied from the device copy (then dropped) if
+  // gathered, returning true; else uninitialised (the caller reads them from disk), false.
+  bool bring_home_to_ram();
+  // Frees the RAM bytes of an NVMe-homed chunk after its write-back.
+  void drop_ram() { storage_->release(); }
 
   Tensor grad;          // [numel] gradient buffer during backward (undefined otherwise)
   int grads_ready = 0;  // members whose gradient is in `grad` this iteration
@@ -66,7 +83,9 @@ class Chunk {
   std::shared_ptr<Storage> storage_;
   Tensor flat_;
   bool host_home_ = true;
-  void* parked_ = nullptr;  // host bytes while gathered
+  bool on_nvme_ = false;
+  bool gathered_ = false;
+  void* parked_ = nullptr;  // host bytes while gathered (RAM-homed chunks)
 };
 
 }  // namespace mw::gemini

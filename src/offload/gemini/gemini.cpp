@@ -1,12 +1,15 @@
 // Gemini's chunks, hooks and policies (gemini.h; docs/gemini.md).
 #include "offload/gemini/gemini.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 
 #include "autograd/autograd.h"
 #include "core/allocator.h"
 #include "nn/layers.h"
+#include "offload/io/scratch_dir.h"
 
 namespace mw::gemini {
 
@@ -49,7 +52,8 @@ Gemini::Gemini(nn::Module& model, GeminiOptions options)
 }
 
 Gemini::~Gemini() {
-  alive_.reset();  // hooks see the optimizer gone and do nothing
+  alive_.reset();                           // hooks see the optimizer gone and do nothing
+  for (auto& w : pending_) w.write.join();  // never leave a write into freed memory
   for (auto& c : chunks_)
     if (c->gathered()) c->release_copy();
 }
@@ -123,9 +127,101 @@ void Gemini::build_chunks(nn::Module& model) {
     flats.push_back(chunks_[c]->flat());
     adam.state_devices.push_back(optim_on_host_[c] ? Device::cpu() : options_.device);
   }
+  if (options_.host_capacity_bytes > 0) plan_tiers(adam);
   track_host(0);
   adam_ = std::make_unique<optim::HybridAdam>(flats, adam);
   if (options_.verbose) std::printf("%s\n", search_.log_line().c_str());
+}
+
+// Note [Three tiers]: with a host budget, chunks and optimizer states share host RAM; what does not
+// fit goes to disk. Adam states go first (they are two thirds of the model data and are streamed
+// through a fixed window by NvmeAdamStates), then parameter chunks, last chunk first, are homed on
+// disk (Note [NVMe-homed chunks], chunk.h). Kept free for transients: three of the largest chunk
+// (the gradient buffers of the chunk being reduced and of the first chunk, which completes last in
+// backward, and a chunk on its way home for its update). The budget plans the homes; transients
+// are reported (host_chunk_peak_bytes), not enforced.
+void Gemini::plan_tiers(optim::HybridAdamOptions& adam) {
+  const int64_t cap = options_.host_capacity_bytes;
+  int64_t params = 0, states = 0, largest = 0;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    if (chunks_[c]->host_home()) params += chunks_[c]->nbytes();
+    if (optim_on_host_[c]) states += 2 * chunks_[c]->nbytes();
+    largest = std::max(largest, chunks_[c]->nbytes());
+  }
+  const int64_t reserve = 3 * largest;
+  if (params + states + reserve > cap && adam.nvme.fraction == 0) adam.nvme.fraction = 1.0;
+  if (adam.nvme.fraction > 0)
+    states = static_cast<int64_t>(static_cast<double>(states) * (1.0 - adam.nvme.fraction)) +
+             adam.nvme.window_bytes;
+  std::vector<int> to_disk;
+  for (int c = static_cast<int>(chunks_.size()) - 1; c >= 0; --c) {
+    if (params + states + reserve <= cap) break;
+    if (!chunks_[static_cast<size_t>(c)]->host_home()) continue;
+    to_disk.push_back(c);
+    params -= chunks_[static_cast<size_t>(c)]->nbytes();
+  }
+  MW_CHECK_T(InvalidArgument, params + states + reserve <= cap, "--host-capacity ", cap,
+             " bytes cannot hold Gemini's host data: ", params, " bytes of chunks on the host, ",
+             states, " of Adam states and staging, and ", reserve,
+             " for gradient buffers in flight (three of the largest chunk). Raise "
+             "--host-capacity to at least ",
+             params + states + reserve, " or pass a smaller --chunk-size");
+  if (to_disk.empty()) return;
+  const bool private_dir = options_.nvme_dir.empty();
+  const std::string dir = private_dir ? io::make_private_dir("gemini") : options_.nvme_dir;
+  try {
+    engine_ = io::IoEngine::create(adam.nvme.io);
+    io::SwapOptions swap_options;
+    swap_options.file_stem = "memwall-chunks";
+    swap_ = std::make_unique<io::SwapSpace>(std::vector<std::string>{dir}, *engine_, swap_options);
+  } catch (...) {
+    if (private_dir) ::rmdir(dir.c_str());
+    throw;
+  }
+  // Note [NVMe files] (optim/nvme_states.h): nothing stays behind, whatever way the process ends.
+  for (const std::string& path : swap_->file_paths()) ::unlink(path.c_str());
+  if (private_dir) ::rmdir(dir.c_str());
+  for (int c : to_disk) {
+    Chunk& chunk = *chunks_[static_cast<size_t>(c)];
+    swap_->write(str("chunk.", c), chunk.storage()->data(), chunk.nbytes()).wait();
+    iter_.nvme_write_bytes += chunk.nbytes();
+    run_.nvme_write_bytes += chunk.nbytes();
+    chunk.set_on_nvme();
+    host_chunk_bytes_ -= chunk.nbytes();
+  }
+  if (options_.verbose)
+    std::printf(
+        "Gemini three tiers: host budget %.0f MiB: %zu of %zu chunks (%.0f MiB) homed on "
+        "disk%s, Adam states %s\n",
+        mib(cap), to_disk.size(), chunks_.size(), mib(nvme_chunk_bytes()),
+        private_dir ? "" : str(" in ", dir).c_str(),
+        adam.nvme.fraction > 0 ? "on disk (NVMe offload)" : "in RAM");
+}
+
+void Gemini::with_parameters_readable(const std::function<void()>& fn) {
+  MW_CHECK(pending_.empty() && gathered_.empty(),
+           "with_parameters_readable must be called between steps");
+  std::vector<Chunk*> read;
+  struct Drop {  // frees the RAM copies on every exit path
+    std::vector<Chunk*>& chunks;
+    ~Drop() {
+      for (Chunk* c : chunks) c->drop_ram();
+    }
+  } drop{read};
+  for (auto& c : chunks_)
+    if (c->on_nvme()) {
+      c->bring_home_to_ram();
+      read.push_back(c.get());
+      swap_->read(str("chunk.", c->index()), c->storage()->data()).wait();
+    }
+  fn();
+}
+
+int64_t Gemini::nvme_chunk_bytes() const {
+  int64_t n = 0;
+  for (auto& c : chunks_)
+    if (c->on_nvme()) n += c->nbytes();
+  return n;
 }
 
 void Gemini::install_hooks(nn::Module& model) {
@@ -193,11 +289,23 @@ void Gemini::gather(Chunk& c, const std::string& why) {
             "). Raise the capacity, lower the batch, enable checkpointing, or pass a smaller "
             "--chunk-size"),
         c.nbytes(), st.capacity_bytes - st.current_bytes, st.capacity_bytes);
-  c.gather(options_.device);
+  if (c.on_nvme()) {  // Note [NVMe-homed chunks]: disk -> device copy
+    void* bytes = c.gather_uninitialized(options_.device);
+    try {
+      swap_->read(str("chunk.", c.index()), bytes).wait();
+    } catch (...) {
+      c.release_copy();
+      throw;
+    }
+    iter_.nvme_read_bytes += c.nbytes();
+    run_.nvme_read_bytes += c.nbytes();
+  } else {
+    c.gather(options_.device);
+    iter_.h2d_bytes += c.nbytes();
+    run_.h2d_bytes += c.nbytes();
+  }
   gathered_.push_back(c.index());
   gathered_bytes_ += c.nbytes();
-  iter_.h2d_bytes += c.nbytes();
-  run_.h2d_bytes += c.nbytes();
   ++iter_.gathers;
   ++run_.gathers;
   if (trace_out_) {
@@ -206,11 +314,15 @@ void Gemini::gather(Chunk& c, const std::string& why) {
   }
 }
 
-void Gemini::release(Chunk& c, bool eviction) {
-  c.release_copy();
+void Gemini::forget_gathered(Chunk& c) {
   gathered_.erase(std::find(gathered_.begin(), gathered_.end(), c.index()));
   gathered_bytes_ -= c.nbytes();
   period_min_model_bytes_ = std::min(period_min_model_bytes_, device_model_bytes());
+}
+
+void Gemini::release(Chunk& c, bool eviction) {
+  c.release_copy();
+  forget_gathered(c);
   if (eviction) {
     ++iter_.evictions;
     ++run_.evictions;
@@ -226,6 +338,7 @@ void Gemini::pre_op(nn::Module& m, bool backward) {
   if (found == modules_.end()) return;
   ModuleInfo& info = found->second;
   sample_nonmodel();
+  if (!pending_.empty()) poll_pending(false);
   for (size_t i : info.tensors)
     if (in_use_[i]++ == 0) states_.set(i, TensorState::kCompute);
   std::vector<int> need;
@@ -256,6 +369,8 @@ void Gemini::pre_op(nn::Module& m, bool backward) {
     Chunk& chunk = *chunks_[static_cast<size_t>(c)];
     if (!chunk.gathered()) gather(chunk, str(info.name, backward ? " backward" : " forward"));
   }
+  // The period that starts now holds at least these chunks (sample_nonmodel subtracts them).
+  period_min_model_bytes_ = device_model_bytes();
 }
 
 void Gemini::make_room(const ModuleInfo& info, const std::vector<int>& need, int64_t t) {
@@ -340,17 +455,62 @@ void Gemini::on_grad_ready(size_t i) {
 }
 
 void Gemini::finish_chunk(Chunk& c) {
-  if (c.gathered()) {
-    if (pinned(c)) return;  // still in use: step() updates it
-    release(c, false);      // its last use in the iteration: the update needs the home bytes
-  }
+  if (c.gathered() && pinned(c)) return;  // still in use: step() updates it
+  // Its last use in the iteration: the update needs the home bytes.
+  if (c.on_nvme())
+    bring_home(c);
+  else if (c.gathered())
+    release(c, false);
   const double t0 = now_us();
   set_grad(c.flat(), c.grad);
   if (c.grad.device().is_cpu()) track_host(-c.nbytes());
   c.grad = Tensor();
   c.grads_ready = 0;
-  adam_->step_param(static_cast<size_t>(c.index()));
+  const uint64_t ticket = adam_->step_param(static_cast<size_t>(c.index()));
+  if (c.on_nvme()) pending_.push_back({c.index(), ticket, io::IoHandle(), false});
   if (trace_out_) trace_out_->slice(str("adam chunk ", c.index()), "optim", t0, now_us() - t0);
+  poll_pending(false);
+}
+
+// Note [NVMe-homed chunks]: RAM bytes for the update, from the device copy when it is still there.
+void Gemini::bring_home(Chunk& c) {
+  const bool was_gathered = c.gathered();
+  if (c.bring_home_to_ram()) {
+    forget_gathered(c);
+  } else {
+    swap_->read(str("chunk.", c.index()), c.storage()->data()).wait();
+    iter_.nvme_read_bytes += c.nbytes();
+    run_.nvme_read_bytes += c.nbytes();
+  }
+  (void)was_gathered;
+  track_host(c.nbytes());
+}
+
+// Stepped NVMe-homed chunks go back to disk once their update ran, and free their RAM once
+// written. wait: finish every one (the end of step()).
+void Gemini::poll_pending(bool wait) {
+  for (size_t k = 0; k < pending_.size();) {
+    PendingWrite& w = pending_[k];
+    Chunk& c = *chunks_[static_cast<size_t>(w.chunk)];
+    if (!w.writing) {
+      if (!wait && !adam_->update_done(w.update_ticket)) {
+        ++k;
+        continue;
+      }
+      w.write = swap_->write(str("chunk.", w.chunk), c.storage()->data(), c.nbytes());
+      w.writing = true;
+      iter_.nvme_write_bytes += c.nbytes();
+      run_.nvme_write_bytes += c.nbytes();
+    }
+    if (!wait && !w.write.done()) {
+      ++k;
+      continue;
+    }
+    w.write.wait();  // throws the IoError naming the file, offset and errno
+    c.drop_ram();
+    track_host(-c.nbytes());
+    pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(k));
+  }
 }
 
 void Gemini::sample_nonmodel() {
@@ -359,7 +519,6 @@ void Gemini::sample_nonmodel() {
   const int64_t peak = a.stats().peak_bytes;
   a.reset_peak();
   if (op_ > 0) nonmodel_.push_back(std::max<int64_t>(0, peak - period_min_model_bytes_));
-  period_min_model_bytes_ = device_model_bytes();
 }
 
 void Gemini::build_plan() {
@@ -404,7 +563,8 @@ void Gemini::step() {
       if (c->gathered()) release(*c, false);
       finish_chunk(*c);
     }
-  adam_->step();
+  adam_->step();  // waits for the updates of NVMe-offloaded Adam states
+  poll_pending(true);
   if (recording_) {
     sample_nonmodel();
     recording_ = false;

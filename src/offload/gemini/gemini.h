@@ -37,6 +37,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -48,6 +49,8 @@
 #include "offload/gemini/placement.h"
 #include "offload/gemini/tensor_state.h"
 #include "offload/gemini/trace.h"
+#include "offload/io/io_engine.h"
+#include "offload/io/swap_space.h"
 #include "optim/hybrid_adam.h"
 
 namespace mw::gemini {
@@ -69,6 +72,10 @@ struct GeminiOptions {
   int64_t chunk_numel = 0;  // 0: search (Note [Chunk-size search])
   ChunkSearchOptions search;
   optim::HybridAdamOptions adam;
+  // Three tiers (Note [Three tiers] in gemini.cpp): host RAM for chunks and optimizer states;
+  // 0 = unlimited. What does not fit goes to disk under nvme_dir ("" = a private directory).
+  int64_t host_capacity_bytes = 0;
+  std::string nvme_dir;
   bool verbose = true;  // print the search line and the auto plan
 };
 
@@ -109,6 +116,12 @@ class Gemini : public optim::Optimizer {
   const std::vector<TraceOp>& trace_ops() const { return trace_; }
   const std::vector<int64_t>& nonmodel_bytes() const { return nonmodel_; }
   void set_trace(Trace* trace) { trace_out_ = trace; }
+  // The engine moving NVMe-homed chunks (null without them), for fault-injection tests.
+  io::IoEngine* io_engine() { return engine_.get(); }
+  int64_t nvme_chunk_bytes() const;
+  // Runs fn with every parameter readable on its home tier: disk-homed chunks are read into RAM
+  // for the call and freed after (saving a model, tests). Between steps only.
+  void with_parameters_readable(const std::function<void()>& fn);
 
  private:
   struct ModuleInfo {
@@ -131,6 +144,10 @@ class Gemini : public optim::Optimizer {
   bool pinned(const Chunk& c) const;
   void sample_nonmodel();
   void build_plan();
+  void plan_tiers(optim::HybridAdamOptions& adam);
+  void bring_home(Chunk& c);
+  void poll_pending(bool wait);
+  void forget_gathered(Chunk& c);
   void track_host(int64_t delta);
   int64_t device_model_bytes() const { return gathered_bytes_ + device_home_bytes_; }
   double now_us() const;
@@ -161,6 +178,17 @@ class Gemini : public optim::Optimizer {
   std::unique_ptr<NextUse> next_;
   int64_t lower_bound_bytes_ = 0;
   double margin_ = 0;
+
+  // Three tiers: NVMe-homed chunks' blobs, and chunks on their way back to disk after an update.
+  std::unique_ptr<io::IoEngine> engine_;
+  std::unique_ptr<io::SwapSpace> swap_;
+  struct PendingWrite {
+    int chunk = 0;
+    uint64_t update_ticket = 0;  // HybridAdam::update_done
+    io::IoHandle write;
+    bool writing = false;
+  };
+  std::vector<PendingWrite> pending_;
 
   GeminiStats iter_, run_;  // this iteration's counters, the run's
   int64_t host_chunk_bytes_ = 0;
