@@ -237,7 +237,29 @@ int run(const Options& o) {
   default_generator().manual_seed(o.seed);
 
   // Under Gemini the model is built on the host; Gemini packs it into chunks and places them.
-  gpt2::GPT2 model(config, o.seed, DType::F32, o.gemini.empty() ? o.device : Device::cpu());
+  // Under Gemini the parameters are made in their chunks, which may live on disk (Note [Streaming
+  // construction]); otherwise on the device.
+  std::unique_ptr<gemini::Gemini> gemini_owned;
+  gpt2::ParameterFactory factory;
+  if (!o.gemini.empty()) {
+    gemini::GeminiOptions g = o.gemini_options;
+    g.search.interval_numel = config.n_embd;  // ColossalAI's hidden_dim
+    g.adam = optim::HybridAdamOptions(o.hyper, -1.f, o.nvme);
+    g.adam.nvme.window_bytes = o.gemini_nvme_window_bytes;
+    std::vector<std::pair<std::string, Shape>> tensors;
+    for (const auto& spec : gpt2::tensor_specs(config)) tensors.emplace_back(spec.name, spec.shape);
+    gemini_owned = std::make_unique<gemini::Gemini>(g, tensors);
+    if (o.init_from.empty()) {  // with --init-from the weights are copied in by attach()
+      factory.make = [&](const gpt2::TensorSpec& spec) {
+        return gemini_owned->make_parameter(spec.name);
+      };
+      factory.ready = [&](const gpt2::TensorSpec& spec) {
+        gemini_owned->parameter_ready(spec.name);
+      };
+    }
+  }
+  gpt2::GPT2 model(config, o.seed, DType::F32, o.gemini.empty() ? o.device : Device::cpu(),
+                   factory);
   if (!o.init_from.empty()) gpt2::load_hf_weights(model, o.init_from);
   std::printf("Model numel: %.3f B\n", static_cast<double>(model.num_parameters()) / (1 << 30));
 
@@ -251,13 +273,9 @@ int run(const Options& o) {
   gemini::Gemini* gem = nullptr;
   std::unique_ptr<gemini::Trace> trace;
   if (!o.gemini.empty()) {
-    gemini::GeminiOptions g = o.gemini_options;
-    g.search.interval_numel = config.n_embd;  // ColossalAI's hidden_dim
-    g.adam = optim::HybridAdamOptions(o.hyper, -1.f, o.nvme);
-    g.adam.nvme.window_bytes = o.gemini_nvme_window_bytes;
-    auto owned = std::make_unique<gemini::Gemini>(model, g);
-    gem = owned.get();
-    opt = std::move(owned);
+    gemini_owned->attach(model);
+    gem = gemini_owned.get();
+    opt = std::move(gemini_owned);
     std::printf("%s\n", gem->describe().c_str());
     if (!o.trace.empty()) {
       trace = std::make_unique<gemini::Trace>();

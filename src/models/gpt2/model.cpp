@@ -26,13 +26,18 @@ void initialise(Tensor& t, Init init, RngState rng, int64_t n_layer) {
 
 }  // namespace
 
-GPT2::GPT2(const Config& config, uint64_t seed, DType dtype, Device device)
+GPT2::GPT2(const Config& config, uint64_t seed, DType dtype, Device device,
+           const ParameterFactory& factory)
     : config_(config), specs_(tensor_specs(config)) {
   config_.validate();
   Generator gen(seed);
   for (const auto& spec : specs_) {
-    Tensor t = Tensor::empty(spec.shape, dtype, device);
+    Tensor t = factory.make ? factory.make(spec) : Tensor::empty(spec.shape, dtype, device);
+    MW_CHECK_T(ShapeError, t.shape() == spec.shape && t.dtype() == dtype && t.is_contiguous(),
+               "GPT2: the parameter factory made ", t.desc(), " for '", spec.name, "' (",
+               shape_str(spec.shape), ")");
     initialise(t, spec.init, gen.reserve(static_cast<uint64_t>(t.numel())), config_.n_layer);
+    if (factory.ready) factory.ready(spec);
     by_name_.emplace(spec.name, t);
   }
   auto p = [&](const std::string& name) { return by_name_.at(name); };

@@ -5,6 +5,7 @@
 // tree's named_parameters() are exactly HF's names, in HF's order (a test checks this).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -15,11 +16,19 @@
 
 namespace mw::gpt2 {
 
+// Where GPT2's parameters are made (Note [Streaming construction] in offload/gemini/gemini.h):
+// make returns an uninitialised contiguous tensor for a table entry, ready is called once its
+// values are set. Unset: Tensor::empty on the model's device.
+struct ParameterFactory {
+  std::function<Tensor(const TensorSpec& spec)> make;
+  std::function<void(const TensorSpec& spec)> ready;
+};
+
 class GPT2 : public nn::Module {
  public:
   // Initialised as HF does (spec.h's Init), from a counter-based generator seeded with `seed`.
   GPT2(const Config& config, uint64_t seed = 0, DType dtype = DType::F32,
-       Device device = Device::cpu());
+       Device device = Device::cpu(), const ParameterFactory& factory = {});
   // ids [B, T] (i32 or i64) -> logits [B, T, V].
   Tensor forward(const Tensor& ids) override;
   std::string type_name() const override { return "GPT2LMHeadModel"; }

@@ -40,37 +40,49 @@ double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0
 // same sizes in the same order every time, so the reserve measured on the warmup iteration repeats
 // to the byte; 2% covers the one thing that can differ (a data batch of another length is not
 // supported by the plan anyway). So: 2% on sim, 10% on cuda.
-Gemini::Gemini(nn::Module& model, GeminiOptions options)
-    : Optimizer(model.parameters()), options_(std::move(options)) {
+Gemini::Gemini(GeminiOptions options, const std::vector<std::pair<std::string, Shape>>& tensors)
+    : Optimizer({}), options_(std::move(options)) {
   MW_CHECK_T(InvalidArgument, !options_.device.is_cpu(),
              "Gemini needs a device to place chunks on (--device sim:CAPACITY or cuda), got cpu");
   margin_ =
       options_.auto_margin >= 0 ? options_.auto_margin : (options_.device.is_cuda() ? 0.10 : 0.02);
   MW_CHECK_T(InvalidArgument, margin_ < 1.0, "auto margin ", margin_, " must be below 1");
-  build_chunks(model);
-  install_hooks(model);
+  layout(tensors);
+}
+
+namespace {
+std::vector<std::pair<std::string, Shape>> shapes_of(const nn::Module& model) {
+  std::vector<std::pair<std::string, Shape>> out;
+  for (auto& [name, t] : model.named_parameters()) out.emplace_back(name, t.shape());
+  return out;
+}
+}  // namespace
+
+Gemini::Gemini(nn::Module& model, GeminiOptions options)
+    : Gemini(std::move(options), shapes_of(model)) {
+  attach(model);
 }
 
 Gemini::~Gemini() {
-  alive_.reset();                           // hooks see the optimizer gone and do nothing
+  alive_.reset();  // hooks see the optimizer gone and do nothing
   for (auto& w : pending_) w.write.join();  // never leave a write into freed memory
   for (auto& c : chunks_)
     if (c->gathered()) c->release_copy();
 }
 
-void Gemini::build_chunks(nn::Module& model) {
-  auto named = model.named_parameters();
+// Chunks, members and homes from the tensors' sizes alone, before any parameter exists, so that a
+// model can be built straight into its chunks (Note [Streaming construction] in gemini.h).
+void Gemini::layout(const std::vector<std::pair<std::string, Shape>>& tensors) {
   std::vector<int64_t> sizes;
-  for (auto& [name, t] : named) {
-    MW_CHECK_T(InvalidArgument, t.dtype() == DType::F32 && t.is_contiguous() && t.device().is_cpu(),
-               "Gemini: parameter '", name, "' must be a contiguous f32 tensor on the cpu, got ",
-               t.desc(), "; build the model on the cpu and let Gemini place it");
+  for (auto& [name, shape] : tensors) {
+    index_of_.emplace(name, names_.size());
     names_.push_back(name);
-    sizes.push_back(t.numel());
+    shapes_.push_back(shape);
+    sizes.push_back(shape_numel(shape));
   }
   search_ = search_chunk_size(sizes, options_.search);
-  int64_t capacity = options_.chunk_numel > 0 ? options_.chunk_numel : search_.chunk_numel;
-  std::vector<bool> alone =
+  const int64_t capacity = options_.chunk_numel > 0 ? options_.chunk_numel : search_.chunk_numel;
+  const std::vector<bool> alone =
       options_.chunk_numel > 0 ? std::vector<bool>(sizes.size(), false) : search_.outlier;
   if (options_.chunk_numel > 0) search_.wasted_numel = packing_waste(sizes, capacity);
   const std::vector<int> chunk_of = pack_chunks(sizes, capacity, alone);
@@ -82,55 +94,102 @@ void Gemini::build_chunks(nn::Module& model) {
     const auto c = static_cast<size_t>(chunk_of[i]);
     members[c].push_back({i, used[c], sizes[i]});
     used[c] += sizes[i];
+    chunk_of_.push_back(c);
   }
-  chunk_of_.assign(sizes.begin(), sizes.end());  // resized below
-  for (size_t i = 0; i < sizes.size(); ++i) chunk_of_[i] = static_cast<size_t>(chunk_of[i]);
-  // Note [Parameters in chunks]: copy each parameter in, then re-point it at the chunk.
-  for (int c = 0; c < nchunks; ++c) {
-    auto chunk =
-        std::make_unique<Chunk>(c, members[static_cast<size_t>(c)], used[static_cast<size_t>(c)]);
-    for (const ChunkMember& m : chunk->members()) {
-      const Tensor& p = named[m.tensor].second;
-      Tensor view =
-          Tensor::from_storage(chunk->storage(), m.offset, p.shape(), p.strides(), DType::F32);
-      view.copy_(p);
-      p.impl()->storage = chunk->storage();
-      p.impl()->offset = m.offset;
-    }
-    chunks_.push_back(std::move(chunk));
-  }
+  for (int c = 0; c < nchunks; ++c)
+    chunks_.push_back(std::make_unique<Chunk>(c, members[static_cast<size_t>(c)],
+                                              used[static_cast<size_t>(c)]));
+  filled_.assign(chunks_.size(), 0);
   states_ = TensorStates(names_);
-  for (size_t i = 0; i < names_.size(); ++i) states_.set(i, TensorState::kHold);
   in_use_.assign(names_.size(), 0);
 
   // Homes (Note [Chunk homes]) and where each chunk's gradients and Adam states live.
   std::vector<int64_t> bytes;
   for (auto& c : chunks_) bytes.push_back(c->nbytes());
-  std::vector<bool> params_off(chunks_.size(), true), optim_off(chunks_.size(), true);
+  params_off_.assign(chunks_.size(), true);
+  std::vector<bool> optim_off(chunks_.size(), true);
   if (options_.policy == Policy::kStatic) {
-    params_off = choose_offloaded(bytes, options_.offload_param_frac);
+    params_off_ = choose_offloaded(bytes, options_.offload_param_frac);
     optim_off = choose_offloaded(bytes, options_.offload_optim_frac);
   }
   optim_on_host_.resize(chunks_.size());
-  std::vector<Tensor> flats;
-  optim::HybridAdamOptions adam = options_.adam;
-  adam.update_in_backward = false;  // Gemini steps chunks itself (step_param)
-  adam.state_devices.clear();
+  adam_options_ = options_.adam;
+  adam_options_.update_in_backward = false;  // Gemini steps chunks itself (step_param)
+  adam_options_.state_devices.clear();
   for (size_t c = 0; c < chunks_.size(); ++c) {
-    optim_on_host_[c] = params_off[c] || optim_off[c];
-    if (!params_off[c]) {
-      chunks_[c]->set_home(options_.device);
-      device_home_bytes_ += chunks_[c]->nbytes();
-    } else {
-      host_chunk_bytes_ += chunks_[c]->nbytes();
-    }
-    flats.push_back(chunks_[c]->flat());
-    adam.state_devices.push_back(optim_on_host_[c] ? Device::cpu() : options_.device);
+    optim_on_host_[c] = params_off_[c] || optim_off[c];
+    adam_options_.state_devices.push_back(optim_on_host_[c] ? Device::cpu() : options_.device);
   }
-  if (options_.host_capacity_bytes > 0) plan_tiers(adam);
-  track_host(0);
-  adam_ = std::make_unique<optim::HybridAdam>(flats, adam);
+  to_disk_.assign(chunks_.size(), false);
+  if (options_.host_capacity_bytes > 0) plan_tiers(adam_options_);
   if (options_.verbose) std::printf("%s\n", search_.log_line().c_str());
+}
+
+Tensor Gemini::make_parameter(const std::string& name) {
+  auto it = index_of_.find(name);
+  MW_CHECK_T(InvalidArgument, it != index_of_.end(), "Gemini: no tensor '", name, "' in the layout");
+  const size_t i = it->second;
+  Chunk& c = *chunks_[chunk_of_[i]];
+  if (c.storage()->is_released()) c.storage()->materialize();
+  for (const ChunkMember& m : c.members())
+    if (m.tensor == i)
+      return Tensor::from_storage(c.storage(), m.offset, shapes_[i], contiguous_strides(shapes_[i]),
+                                  DType::F32);
+  throw Error(str("Gemini: tensor '", name, "' is in no chunk"));
+}
+
+// A chunk whose members all have their values is placed: homed on disk (written, its RAM freed),
+// on the device, or kept in RAM.
+void Gemini::parameter_ready(const std::string& name) {
+  const size_t i = index_of_.at(name);
+  const size_t c = chunk_of_[i];
+  if (++filled_[c] < static_cast<int64_t>(chunks_[c]->members().size())) return;
+  Chunk& chunk = *chunks_[c];
+  if (to_disk_[c]) {
+    swap_->write(str("chunk.", c), chunk.storage()->data(), chunk.nbytes()).wait();
+    iter_.nvme_write_bytes += chunk.nbytes();
+    run_.nvme_write_bytes += chunk.nbytes();
+    chunk.set_on_nvme();
+  } else if (!params_off_[c]) {
+    chunk.set_home(options_.device);
+    device_home_bytes_ += chunk.nbytes();
+  } else {
+    track_host(chunk.nbytes());
+  }
+}
+
+void Gemini::attach(nn::Module& model) {
+  MW_CHECK(!adam_, "Gemini::attach called twice");
+  auto named = model.named_parameters();
+  MW_CHECK_T(InvalidArgument, named.size() == names_.size(), "Gemini: the model has ",
+             named.size(), " parameters, the layout ", names_.size());
+  for (size_t i = 0; i < named.size(); ++i) {
+    const auto& [name, p] = named[i];
+    MW_CHECK_T(InvalidArgument,
+               name == names_[i] && p.shape() == shapes_[i] && p.dtype() == DType::F32 &&
+                   p.is_contiguous(),
+               "Gemini: parameter ", i, " is '", name, "' ", p.desc(), ", the layout has '",
+               names_[i], "' of shape ", shape_str(shapes_[i]), " (f32, contiguous)");
+    Chunk& c = *chunks_[chunk_of_[i]];
+    if (p.storage() == c.storage()) continue;  // built in place (make_parameter)
+    // Note [Parameters in chunks]: copy the parameter in, then re-point it at the chunk.
+    MW_CHECK_T(InvalidArgument, p.device().is_cpu(), "Gemini: parameter '", name, "' is on ",
+               p.device().str(), "; build the model on the cpu and let Gemini place it");
+    Tensor view = make_parameter(name);
+    view.copy_(p);
+    p.impl()->storage = c.storage();
+    p.impl()->offset = view.offset();
+    parameter_ready(name);
+  }
+  for (size_t c = 0; c < chunks_.size(); ++c)
+    MW_CHECK(filled_[c] == static_cast<int64_t>(chunks_[c]->members().size()), "Gemini: chunk ",
+             c, " has ", filled_[c], " of its ", chunks_[c]->members().size(), " tensors");
+  for (size_t i = 0; i < names_.size(); ++i) states_.set(i, TensorState::kHold);
+  params_ = model.parameters();
+  std::vector<Tensor> flats;
+  for (auto& c : chunks_) flats.push_back(c->flat());
+  adam_ = std::make_unique<optim::HybridAdam>(flats, adam_options_);
+  install_hooks(model);
 }
 
 // Note [Three tiers]: with a host budget, chunks and optimizer states share host RAM; what does not
@@ -144,7 +203,7 @@ void Gemini::plan_tiers(optim::HybridAdamOptions& adam) {
   const int64_t cap = options_.host_capacity_bytes;
   int64_t params = 0, states = 0, largest = 0;
   for (size_t c = 0; c < chunks_.size(); ++c) {
-    if (chunks_[c]->host_home()) params += chunks_[c]->nbytes();
+    if (params_off_[c]) params += chunks_[c]->nbytes();
     if (optim_on_host_[c]) states += 2 * chunks_[c]->nbytes();
     largest = std::max(largest, chunks_[c]->nbytes());
   }
@@ -154,9 +213,11 @@ void Gemini::plan_tiers(optim::HybridAdamOptions& adam) {
     states = static_cast<int64_t>(static_cast<double>(states) * (1.0 - adam.nvme.fraction)) +
              adam.nvme.window_bytes;
   std::vector<int> to_disk;
+  int64_t disk_bytes = 0;
   for (int c = static_cast<int>(chunks_.size()) - 1; c >= 0; --c) {
     if (params + states + reserve <= cap) break;
-    if (!chunks_[static_cast<size_t>(c)]->host_home()) continue;
+    if (!params_off_[static_cast<size_t>(c)]) continue;
+    disk_bytes += chunks_[static_cast<size_t>(c)]->nbytes();
     to_disk.push_back(c);
     params -= chunks_[static_cast<size_t>(c)]->nbytes();
   }
@@ -181,19 +242,12 @@ void Gemini::plan_tiers(optim::HybridAdamOptions& adam) {
   // Note [NVMe files] (optim/nvme_states.h): nothing stays behind, whatever way the process ends.
   for (const std::string& path : swap_->file_paths()) ::unlink(path.c_str());
   if (private_dir) ::rmdir(dir.c_str());
-  for (int c : to_disk) {
-    Chunk& chunk = *chunks_[static_cast<size_t>(c)];
-    swap_->write(str("chunk.", c), chunk.storage()->data(), chunk.nbytes()).wait();
-    iter_.nvme_write_bytes += chunk.nbytes();
-    run_.nvme_write_bytes += chunk.nbytes();
-    chunk.set_on_nvme();
-    host_chunk_bytes_ -= chunk.nbytes();
-  }
+  for (int c : to_disk) to_disk_[static_cast<size_t>(c)] = true;  // written once filled
   if (options_.verbose)
     std::printf(
         "Gemini three tiers: host budget %.0f MiB: %zu of %zu chunks (%.0f MiB) homed on "
         "disk%s, Adam states %s\n",
-        mib(cap), to_disk.size(), chunks_.size(), mib(nvme_chunk_bytes()),
+        mib(cap), to_disk.size(), chunks_.size(), mib(disk_bytes),
         private_dir ? "" : str(" in ", dir).c_str(),
         adam.nvme.fraction > 0 ? "on disk (NVMe offload)" : "in RAM");
 }
@@ -588,7 +642,7 @@ GeminiStats Gemini::take_step_stats() {
 std::string Gemini::describe() const {
   int64_t host = 0, dev = 0, optim_host = 0;
   for (size_t c = 0; c < chunks_.size(); ++c) {
-    (chunks_[c]->host_home() ? host : dev) += chunks_[c]->nbytes();
+    if (!to_disk_[c]) (params_off_[c] ? host : dev) += chunks_[c]->nbytes();
     if (optim_on_host_[c]) optim_host += chunks_[c]->nbytes();
   }
   std::string s =
@@ -597,8 +651,9 @@ std::string Gemini::describe() const {
           options_.device.str(), " | params homed on host ");
   char buf[160];
   std::snprintf(buf, sizeof buf,
-                "%.1f MiB, on device %.1f MiB | Adam states on host for %.1f MiB of params",
-                mib(host), mib(dev), mib(optim_host));
+                "%.1f MiB, on disk %.1f MiB, on device %.1f MiB | Adam states off the device for "
+                "%.1f MiB of params",
+                mib(host), mib(nvme_chunk_bytes()), mib(dev), mib(optim_host));
   s += buf;
   if (options_.policy == Policy::kConst)
     s += str(" | budget ", static_cast<long long>(mib(options_.const_budget_bytes)), " MiB");

@@ -94,6 +94,16 @@ class Gemini : public optim::Optimizer {
   // Packs `model`'s parameters (created on the cpu) into chunks and installs its hooks. The model
   // must outlive the optimizer's use; hooks do nothing once the optimizer is gone.
   Gemini(nn::Module& model, GeminiOptions options);
+  // Note [Streaming construction]: a model larger than RAM is built straight into its chunks. The
+  // layout comes from the tensors' names and shapes (in parameter order); the model's constructor
+  // takes each parameter from make_parameter (a view into its chunk, uninitialised) and calls
+  // parameter_ready once the values are set: a chunk homed on disk is written and its RAM freed as
+  // soon as its last tensor is ready, so RAM holds one chunk at a time. attach() then adopts the
+  // model (copying in any parameter not built in place).
+  Gemini(GeminiOptions options, const std::vector<std::pair<std::string, Shape>>& tensors);
+  Tensor make_parameter(const std::string& name);
+  void parameter_ready(const std::string& name);
+  void attach(nn::Module& model);
   ~Gemini() override;
   void step() override;
   std::string name() const override { return "gemini"; }
@@ -132,7 +142,7 @@ class Gemini : public optim::Optimizer {
     int64_t last_op = -1;
     double op_start_us = 0;  // for the trace's op slices
   };
-  void build_chunks(nn::Module& model);
+  void layout(const std::vector<std::pair<std::string, Shape>>& tensors);
   void install_hooks(nn::Module& model);
   void pre_op(nn::Module& m, bool backward);
   void end_use(nn::Module& m, TensorState after);
@@ -155,6 +165,11 @@ class Gemini : public optim::Optimizer {
   GeminiOptions options_;
   ChunkSearchResult search_;
   std::vector<std::string> names_;
+  std::vector<Shape> shapes_;
+  std::unordered_map<std::string, size_t> index_of_;
+  std::vector<int64_t> filled_;  // per chunk: members with their values
+  std::vector<bool> params_off_, to_disk_;
+  optim::HybridAdamOptions adam_options_;
   std::vector<size_t> chunk_of_;  // tensor -> chunk
   std::vector<std::unique_ptr<Chunk>> chunks_;
   std::unordered_map<const nn::Module*, ModuleInfo> modules_;
