@@ -10,6 +10,7 @@
 #include "core/allocator.h"
 #include "core/cpu/blas.h"
 #include "core/ops.h"
+#include "core/ops_cuda.h"
 #include "core/parallel.h"
 
 namespace mw::ops {
@@ -74,6 +75,8 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   check_float("gemm", a);
   MW_CHECK_T(ShapeError, a.dtype() == b.dtype() && a.dtype() == out.dtype(),
              "gemm: dtypes differ: ", a.desc(), ", ", b.desc(), ", ", out.desc());
+  MW_CHECK_T(DeviceError, a.device() == b.device() && a.device() == out.device(),
+             "gemm: devices differ: ", a.desc(), ", ", b.desc(), ", ", out.desc());
   const int64_t M = trans_a ? a.size(1) : a.size(0);
   const int64_t K = trans_a ? a.size(0) : a.size(1);
   const int64_t Kb = trans_b ? b.size(1) : b.size(0);
@@ -87,11 +90,16 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   BlasOperand A = as_blas(a, trans_a, ka), B = as_blas(b, trans_b, kb);
   out.bump_version();
   const auto t0 = std::chrono::steady_clock::now();
-  dispatch_float(a.dtype(), "gemm", [&]<typename T>() {
-    tiled_gemm<T>(A.trans, B.trans, M, N, K, static_cast<const T*>(A.data), A.ld,
-                  static_cast<const T*>(B.data), B.ld, accumulate ? T(1) : T(0),
-                  out.template data<T>(), std::max<int64_t>(1, N));
-  });
+  if (out.device().is_cuda()) {  // enqueued only: the time counted is the launch's
+    cuda::gemm(a.dtype(), A.trans, B.trans, M, N, K, A.data, A.ld, B.data, B.ld,
+               accumulate ? 1.0 : 0.0, out.raw_data(), std::max<int64_t>(1, N));
+  } else {
+    dispatch_float(a.dtype(), "gemm", [&]<typename T>() {
+      tiled_gemm<T>(A.trans, B.trans, M, N, K, static_cast<const T*>(A.data), A.ld,
+                    static_cast<const T*>(B.data), B.ld, accumulate ? T(1) : T(0),
+                    out.template data<T>(), std::max<int64_t>(1, N));
+    });
+  }
   const auto ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
           .count();
@@ -140,6 +148,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   MW_CHECK_T(ShapeError, w.dim() == 2 && x.size(-1) == w.size(0), "linear: input ", x.desc(),
              " does not fit weight ", w.desc(), " ([in, out], HF Conv1D layout)");
+  if (x.device().is_cuda()) return cuda::linear(x, w, bias);
   const int64_t K = w.size(0), N = w.size(1);
   Tensor x2 = x.reshape({-1, K});
   const int64_t R = x2.size(0);
@@ -164,6 +173,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
 
 LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, bool need_dx,
                             bool need_dw, bool need_dbias) {
+  if (dy.device().is_cuda()) return cuda::linear_backward(dy, x, w, need_dx, need_dw, need_dbias);
   const int64_t K = w.size(0), N = w.size(1);
   Tensor dy2 = dy.reshape({-1, N}), x2 = x.reshape({-1, K});
   const int64_t R = dy2.size(0);
