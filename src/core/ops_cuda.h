@@ -25,12 +25,15 @@ Tensor sum_dim(const Tensor& x, int64_t dim, bool keepdim);
 Tensor expand_dim(const Tensor& g, const Shape& shape, int64_t dim, bool keepdim);
 
 // C[M, N] (row-major, ld ldc) = op(A) @ op(B) (+ C when beta = 1): cuBLAS on device pointers of
-// `dtype` (f32 or f64), operands as ops::gemm's BLAS view (row-major with leading dimensions).
-void gemm(DType dtype, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A,
-          int64_t lda, const void* B, int64_t ldb, double beta, void* C, int64_t ldc);
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
-LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, bool need_dx,
-                            bool need_dw, bool need_dbias);
+// `dtype` (f32 or f64) on cuda:device_index, operands as ops::gemm's BLAS view (row-major with
+// leading dimensions).
+void gemm(int device_index, DType dtype, bool trans_a, bool trans_b, int64_t M, int64_t N,
+          int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, double beta, void* C,
+          int64_t ldc);
+// linear's two non-GEMM steps: out [R, N] = bias [N] in every row; the column sums [N] of a 2-D
+// x [R, N] (dbias), deterministic (chunks of rows in order, then the chunks in order).
+void fill_rows(Tensor& out, const Tensor& bias);
+Tensor column_sums(const Tensor& x);
 
 Tensor embedding(const Tensor& table, const Tensor& ids);
 void embedding_backward_into(Tensor& dtable, const Tensor& dout, const Tensor& ids);

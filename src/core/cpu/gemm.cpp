@@ -91,7 +91,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   out.bump_version();
   const auto t0 = std::chrono::steady_clock::now();
   if (out.device().is_cuda()) {  // enqueued only: the time counted is the launch's
-    cuda::gemm(a.dtype(), A.trans, B.trans, M, N, K, A.data, A.ld, B.data, B.ld,
+    cuda::gemm(out.device().index, a.dtype(), A.trans, B.trans, M, N, K, A.data, A.ld, B.data, B.ld,
                accumulate ? 1.0 : 0.0, out.raw_data(), std::max<int64_t>(1, N));
   } else {
     dispatch_float(a.dtype(), "gemm", [&]<typename T>() {
@@ -148,7 +148,6 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   MW_CHECK_T(ShapeError, w.dim() == 2 && x.size(-1) == w.size(0), "linear: input ", x.desc(),
              " does not fit weight ", w.desc(), " ([in, out], HF Conv1D layout)");
-  if (x.device().is_cuda()) return cuda::linear(x, w, bias);
   const int64_t K = w.size(0), N = w.size(1);
   Tensor x2 = x.reshape({-1, K});
   const int64_t R = x2.size(0);
@@ -157,13 +156,17 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   if (has_bias) {
     MW_CHECK_T(ShapeError, bias.dim() == 1 && bias.size(0) == N, "linear: bias ", bias.desc(),
                " does not fit weight ", w.desc());
-    dispatch_float(x.dtype(), "linear", [&]<typename T>() {
-      const T* bp = bias.contiguous().template data<T>();
-      T* op = out.template data<T>();
-      parallel_for(R, 64, [&](int64_t b, int64_t e) {
-        for (int64_t r = b; r < e; ++r) std::copy(bp, bp + N, op + r * N);
+    if (out.device().is_cuda()) {
+      cuda::fill_rows(out, bias);
+    } else {
+      dispatch_float(x.dtype(), "linear", [&]<typename T>() {
+        const T* bp = bias.contiguous().template data<T>();
+        T* op = out.template data<T>();
+        parallel_for(R, 64, [&](int64_t b, int64_t e) {
+          for (int64_t r = b; r < e; ++r) std::copy(bp, bp + N, op + r * N);
+        });
       });
-    });
+    }
   }
   gemm(x2, false, w, false, out, has_bias);
   Shape shape = x.shape();
@@ -173,7 +176,6 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
 
 LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, bool need_dx,
                             bool need_dw, bool need_dbias) {
-  if (dy.device().is_cuda()) return cuda::linear_backward(dy, x, w, need_dx, need_dw, need_dbias);
   const int64_t K = w.size(0), N = w.size(1);
   Tensor dy2 = dy.reshape({-1, N}), x2 = x.reshape({-1, K});
   const int64_t R = dy2.size(0);
@@ -187,7 +189,9 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, 
     g.dw = Tensor::empty({K, N}, w.dtype(), w.device());
     gemm(x2, true, dy2, false, g.dw, false);
   }
-  if (need_dbias) {
+  if (need_dbias && dy.device().is_cuda()) {
+    g.dbias = cuda::column_sums(dy2);
+  } else if (need_dbias) {
     // Column sums: each thread owns a range of columns and adds rows in order (deterministic).
     g.dbias = Tensor::empty({N}, dy.dtype(), dy.device());
     Tensor dyc = dy2.contiguous();

@@ -234,15 +234,15 @@ LockedHandle cublas_handle(int device) {
 
 }  // namespace
 
-void gemm(DType dtype, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A,
-          int64_t lda, const void* B, int64_t ldb, double beta, void* C, int64_t ldc) {
+void gemm(int device_index, DType dtype, bool trans_a, bool trans_b, int64_t M, int64_t N,
+          int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, double beta, void* C,
+          int64_t ldc) {
   if (M == 0 || N == 0) return;
   for (int64_t v : {M, N, K, lda, ldb, ldc})
     MW_CHECK_T(ShapeError, v <= INT32_MAX, "gemm on CUDA: dimension or leading dimension ", v,
                " exceeds cuBLAS's 32-bit limit; split the product");
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  LockedHandle h = cublas_handle(device);
+  check_cuda(cudaSetDevice(device_index), "cudaSetDevice(", device_index, ") for gemm");
+  LockedHandle h = cublas_handle(device_index);
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
   const cublasOperation_t ob = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t oa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -266,53 +266,26 @@ void gemm(DType dtype, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   }
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
-  use_device_of("linear", x, {&w, &bias});
-  const int64_t K = w.size(0), N = w.size(1);
-  Tensor x2 = x.reshape({-1, K});
-  const int64_t R = x2.size(0);
-  Tensor out = Tensor::empty({R, N}, x.dtype(), x.device());
-  const bool has_bias = bias.defined();
-  if (has_bias) {
-    MW_CHECK_T(ShapeError, bias.dim() == 1 && bias.size(0) == N, "linear: bias ", bias.desc(),
-               " does not fit weight ", w.desc());
-    Tensor bc = bias.contiguous();
-    dispatch_float(x.dtype(), "linear", [&]<typename T>() {
-      cuda_kernels::broadcast_rows<T>(cptr<T>(bc), R, N, mptr<T>(out));
-    });
-  }
-  ops::gemm(x2, false, w, false, out, has_bias);
-  Shape shape = x.shape();
-  shape.back() = N;
-  return out.view(shape);
+void fill_rows(Tensor& out, const Tensor& bias_in) {
+  use_device_of("linear", out, {&bias_in});
+  Tensor bias = bias_in.contiguous();
+  const int64_t N = bias.numel(), R = out.numel() / std::max<int64_t>(N, 1);
+  dispatch_float(out.dtype(), "linear", [&]<typename T>() {
+    cuda_kernels::broadcast_rows<T>(cptr<T>(bias), R, N, mptr<T>(out));
+  });
 }
 
-LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, bool need_dx,
-                            bool need_dw, bool need_dbias) {
-  use_device_of("linear_backward", dy, {&x, &w});
-  const int64_t K = w.size(0), N = w.size(1);
-  Tensor dy2 = dy.reshape({-1, N}), x2 = x.reshape({-1, K});
-  const int64_t R = dy2.size(0);
-  LinearGrads g;
-  if (need_dx) {
-    g.dx = Tensor::empty({R, K}, x.dtype(), x.device());
-    ops::gemm(dy2, false, w, true, g.dx, false);
-    g.dx = g.dx.view(x.shape());
-  }
-  if (need_dw) {
-    g.dw = Tensor::empty({K, N}, w.dtype(), w.device());
-    ops::gemm(x2, true, dy2, false, g.dw, false);
-  }
-  if (need_dbias) {
-    g.dbias = Tensor::empty({N}, dy.dtype(), dy.device());
-    Tensor dyc = dy2.contiguous();
-    Tensor scratch =
-        Tensor::empty({cuda_kernels::column_sum_scratch_numel(R, N)}, dy.dtype(), dy.device());
-    dispatch_float(dy.dtype(), "linear_backward", [&]<typename T>() {
-      cuda_kernels::column_sum<T>(cptr<T>(dyc), R, N, mptr<T>(g.dbias), mptr<T>(scratch));
-    });
-  }
-  return g;
+Tensor column_sums(const Tensor& x_in) {
+  use_device_of("linear_backward", x_in);
+  Tensor x = x_in.contiguous();
+  const int64_t R = x.size(0), N = x.size(1);
+  Tensor out = Tensor::empty({N}, x.dtype(), x.device());
+  Tensor scratch =
+      Tensor::empty({cuda_kernels::column_sum_scratch_numel(R, N)}, x.dtype(), x.device());
+  dispatch_float(x.dtype(), "linear_backward", [&]<typename T>() {
+    cuda_kernels::column_sum<T>(cptr<T>(x), R, N, mptr<T>(out), mptr<T>(scratch));
+  });
+  return out;
 }
 
 }  // namespace cuda
