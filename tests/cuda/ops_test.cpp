@@ -175,10 +175,12 @@ TEST(CudaOps, LayerNormGeluSoftmax) {
   MW_EXPECT_CLOSE("layernorm dx", gd.dx, g.dx, kSumAtol * 4, kSumRtol);
   MW_EXPECT_CLOSE("layernorm dweight", gd.dweight, g.dweight, kSumAtol, kSumRtol);  // 20 rows
   MW_EXPECT_CLOSE("layernorm dbias", gd.dbias, g.dbias, kSumAtol, kSumRtol);
-  // GELU: the CPU uses a vectorised tanh (fast_math.h, a few ulp), the GPU tanhf (2 ulp).
-  MW_EXPECT_CLOSE("gelu", ops::gelu(x.to(gpu())), ops::gelu(x), 1e-6, 1e-5);
+  // GELU: the CPU's f32 tanh (fast_math.h) is within 2e-7 absolute, the GPU's tanhf within 2 ulp.
+  // Forward: 0.5 |x| * 2e-7 for |x| <= 8 (x has stddev 2): 2e-6. Backward multiplies the error of
+  // sech^2 = 1 - t^2 (4e-7) by 0.5 |x| sqrt(2/pi) (1 + 3 * 0.044715 x^2) <= 30, times |dout| <= 4.
+  MW_EXPECT_CLOSE("gelu", ops::gelu(x.to(gpu())), ops::gelu(x), 2e-6, 1e-5);
   MW_EXPECT_CLOSE("gelu_backward", ops::gelu_backward(dout.to(gpu()), x.to(gpu())),
-                  ops::gelu_backward(dout, x), 1e-6, 1e-5);
+                  ops::gelu_backward(dout, x), 5e-5, 1e-5);
   Tensor y = ops::softmax(x);
   // Probabilities ~1/300 each, normalised by a sum of 300 terms in another order.
   MW_EXPECT_CLOSE("softmax", ops::softmax(x.to(gpu())), y, 1e-8, 1e-5);

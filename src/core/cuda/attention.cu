@@ -38,15 +38,16 @@ struct Geometry {
   int64_t row_stride;  // 3C: elements between positions in qkv
 };
 
-// Loads rows [r0, r0 + n) of q, k or v (part = 0, 1, 2) of head h, batch b into tile[n][MaxHs],
-// zero past T.
+// Loads rows [r0, r0 + n) of one head's q, k, v or dO (src points at row 0, channel 0 of the
+// head; rows src_row_stride apart) into tile[n][MaxHs]: zero past T and in columns hs..MaxHs-1,
+// so every element the unrolled loops read is initialised.
 template <typename T, int MaxHs>
 __device__ void load_tile(T (*tile)[MaxHs], const T* src, int64_t src_row_stride, int64_t r0, int n,
                           int64_t T_len, int64_t hs) {
-  for (int64_t idx = threadIdx.x; idx < n * hs; idx += blockDim.x) {
-    const int64_t j = idx / hs, d = idx % hs;
+  for (int idx = threadIdx.x; idx < n * MaxHs; idx += blockDim.x) {
+    const int j = idx / MaxHs, d = idx % MaxHs;
     const int64_t r = r0 + j;
-    tile[j][d] = r < T_len ? src[r * src_row_stride + d] : T(0);
+    tile[j][d] = r < T_len && d < hs ? src[r * src_row_stride + d] : T(0);
   }
 }
 
