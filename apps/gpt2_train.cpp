@@ -73,7 +73,9 @@ cli::Parser make_parser() {
            "dropout probability for embeddings, attention and residuals (default: "
            "the config's, 0.1)");
   p.option("optimizer", "hybridadam", "hybridadam|adamw (adamw is the plain scalar reference)");
-  p.option("device", "cpu", "cpu | sim[:CAPACITY] (simulated accelerator, e.g. sim:4GiB)");
+  p.option("device", "cpu",
+           "cpu | sim[:CAPACITY] (simulated accelerator, e.g. sim:4GiB) | cuda[:N] (a GPU, in a "
+           "CUDA build)");
   p.flag("checkpoint-activations", "recompute every block's activations in backward");
   p.option("checkpoint-segments", "",
            "checkpoint_sequential over the blocks with K segments (the "
@@ -152,9 +154,16 @@ Options parse_options(const cli::Parser& p) {
         throw cli::UsageError(str("--device '", dev, "': ", e.what()));
       }
     }
+  } else if (kind == "cuda") {
+    try {  // a build without CUDA, or no visible GPU, is a clear error now rather than mid-run
+      o.device = parse_device(dev);
+      allocator_for(o.device);
+    } catch (const Error& e) {
+      throw cli::UsageError(str("--device '", dev, "': ", e.what()));
+    }
   } else if (dev != "cpu") {
     throw cli::UsageError(
-        str("--device '", dev, "': expected cpu or sim[:CAPACITY] such as sim:4GiB"));
+        str("--device '", dev, "': expected cpu, sim[:CAPACITY] such as sim:4GiB, or cuda[:N]"));
   }
   o.checkpoint_every_block = p.has("checkpoint-activations");
   if (p.given("checkpoint-segments"))
@@ -221,7 +230,7 @@ double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0
 json::Value device_peaks(const Options& o) {
   json::Value peaks = json::Value::object();
   peaks.set("cpu", allocator_for(Device::cpu()).stats().peak_bytes);
-  if (o.device.is_sim()) peaks.set(o.device.str(), allocator_for(o.device).stats().peak_bytes);
+  if (!o.device.is_cpu()) peaks.set(o.device.str(), allocator_for(o.device).stats().peak_bytes);
   return peaks;
 }
 

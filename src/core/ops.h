@@ -1,5 +1,6 @@
 // Tensor-level kernels without autograd: each allocates its outputs on the inputs' device and
-// dispatches to the CPU kernels (cpu and sim devices) or the CUDA kernels. Float ops run in f32 and
+// dispatches to the CPU kernels (cpu and sim devices) or, as its first step, to the CUDA kernels
+// of ops_cuda.h (cuda devices). Float ops run in f32 and
 // f64 (f64 exists for the finite-difference gradient tests). autograd/ wraps these with backward
 // functions; nothing here records a graph.
 //
@@ -87,8 +88,10 @@ Tensor softmax_backward(const Tensor& dout, const Tensor& y);
 Tensor dropout(const Tensor& x, double p, RngState rng);
 
 // ---- causal self-attention ----
-// qkv [B, T, 3C] -> out [B, T, C]; att [B, NH, T, T] holds the (post-dropout) probabilities that
-// backward needs, and probs_pre_dropout too when attn dropout is on.
+// qkv [B, T, 3C] -> out [B, T, C]. On cpu/sim, att [B, NH, T, T] holds the pre-dropout
+// probabilities that backward needs (the mask is regenerated); on CUDA, att is the per-row
+// log-sum-exp [B, NH, T] of the fused kernel (Note [Flash attention on CUDA]), and backward
+// recomputes the probabilities from it.
 struct AttentionOut {
   Tensor out, att;
 };

@@ -4,11 +4,18 @@
 // hashed with splitmix64. An op that needs n numbers takes an RngState and the generator advances
 // its offset by n. So a mask can be regenerated in backward instead of stored, recomputation
 // replays the same masks by restoring (seed, offset), and results do not depend on the number of
-// threads.
+// threads. splitmix64, random_bits and random_uniform are __host__ __device__ under nvcc: the CUDA
+// kernels call the very same functions, so a dropout mask is bitwise identical on either device.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+
+#ifdef __CUDACC__
+#define MW_HOST_DEVICE __host__ __device__
+#else
+#define MW_HOST_DEVICE
+#endif
 
 namespace mw {
 
@@ -17,7 +24,7 @@ struct RngState {
   uint64_t offset = 0;
 };
 
-inline uint64_t splitmix64(uint64_t x) {
+MW_HOST_DEVICE inline uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
@@ -25,12 +32,12 @@ inline uint64_t splitmix64(uint64_t x) {
 }
 
 // A 64-bit random number for element `index` of a draw that starts at `rng`.
-inline uint64_t random_bits(RngState rng, uint64_t index) {
+MW_HOST_DEVICE inline uint64_t random_bits(RngState rng, uint64_t index) {
   return splitmix64(splitmix64(rng.seed) ^ (rng.offset + index));
 }
 
 // Uniform in [0, 1) with 24 random bits (exact in float and double).
-inline double random_uniform(RngState rng, uint64_t index) {
+MW_HOST_DEVICE inline double random_uniform(RngState rng, uint64_t index) {
   return static_cast<double>(random_bits(rng, index) >> 40) * (1.0 / 16777216.0);
 }
 

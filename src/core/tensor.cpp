@@ -6,6 +6,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "core/ops_cuda.h"
 #include "core/parallel.h"
 
 namespace mw {
@@ -245,8 +246,8 @@ inline int64_t strided_offset(int64_t linear, const Shape& shape, const Shape& s
 
 void Tensor::copy_(const Tensor& src) {
   check_same_shape("copy_", *this, src);
-  MW_CHECK_T(ShapeError, device().is_host_addressable() && src.device().is_host_addressable(),
-             "copy_: ", src.desc(), " -> ", desc(), " across a CUDA device needs to(Device)");
+  if (!device().is_host_addressable() || !src.device().is_host_addressable())
+    return ops::cuda::copy_(*this, src);
   bump_version();
   const int64_t n = numel();
   if (n == 0) return;
@@ -290,8 +291,7 @@ void Tensor::copy_(const Tensor& src) {
 }
 
 void Tensor::fill_(double value) {
-  MW_CHECK_T(ShapeError, device().is_host_addressable(), "fill_ on ", desc(),
-             " needs the CUDA backend");
+  if (device().is_cuda()) return ops::cuda::fill_(*this, value);
   bump_version();
   if (is_contiguous()) {
     void* d = raw_data();

@@ -100,7 +100,7 @@ class Tensor {
   Tensor clone() const;       // always a fresh contiguous copy
   Tensor to(Device device) const;
   Tensor to(DType dtype) const;
-  void copy_(const Tensor& src);  // same shape, any strides/dtypes on host; bumps the version
+  void copy_(const Tensor& src);  // same shape, any strides/dtypes/devices; bumps the version
   void fill_(double value);
   void zero_() { fill_(0.0); }
   void bump_version() const { impl_->storage->bump_version(); }

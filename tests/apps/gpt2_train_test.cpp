@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "../data/temp_dir.h"
+#include "core/cuda_stream.h"
 #include "data/json.h"
 #include "data/token_shard.h"
 
@@ -91,6 +92,30 @@ TEST(Gpt2Train, SaveThenInitFromContinuesFromTheSavedWeights) {
   ASSERT_EQ(r.size(), 1u);
   EXPECT_LT(std::stod(r[0].substr(r[0].find(": ") + 2)),
             std::stod(f[0].substr(f[0].find(": ") + 2)));
+}
+
+TEST(Gpt2Train, DeviceCudaRunsOnAGpuAndIsAUsageErrorWithoutOne) {
+  if (cuda_device_count() == 0) {
+    // A build without CUDA, or no visible GPU: exit 2 before any work, saying why.
+    Result r = run(std::string(kTiny) + "--steps 1 --device cuda");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("--device 'cuda'"), std::string::npos) << r.output;
+    return;
+  }
+  // Losses agree to f32 rounding over 3 Adam steps (the dropout masks are the same on both).
+  const std::string args = std::string(kTiny) + "--steps 3 ";
+  Result c = run(args + "--device cpu"), g = run(args + "--device cuda:0");
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  ASSERT_EQ(g.exit_code, 0) << g.output;
+  auto cl = loss_lines(c.output), gl = loss_lines(g.output);
+  ASSERT_EQ(cl.size(), 3u) << c.output;
+  ASSERT_EQ(gl.size(), 3u) << g.output;
+  for (size_t i = 0; i < 3; ++i) {
+    const double lc = std::stod(cl[i].substr(cl[i].find("loss: ") + 6));
+    const double lg = std::stod(gl[i].substr(gl[i].find("loss: ") + 6));
+    // Printed with 3 decimals: values 1e-5 apart may still round to neighbouring thousandths.
+    EXPECT_NEAR(lg, lc, 0.0015) << cl[i] << " vs " << gl[i];
+  }
 }
 
 TEST(Gpt2Train, ReadsAnLlmcTokenShard) {

@@ -11,6 +11,7 @@
 
 #include "core/cpu/blas.h"
 #include "core/ops.h"
+#include "core/ops_cuda.h"
 #include "core/parallel.h"
 
 namespace mw::ops {
@@ -39,6 +40,7 @@ inline uint64_t att_index(const Dims& d, int64_t b, int64_t h, int64_t t, int64_
 
 AttentionOut attention(const Tensor& qkv_in, int64_t n_head, double attn_dropout, RngState rng) {
   check_float("attention", qkv_in);
+  if (qkv_in.device().is_cuda()) return cuda::attention(qkv_in, n_head, attn_dropout, rng);
   Tensor qkv = qkv_in.contiguous();
   const Dims d = attention_dims(qkv, n_head);
   AttentionOut r{Tensor::empty({d.B, d.T, d.C}, qkv.dtype(), qkv.device()),
@@ -88,6 +90,8 @@ AttentionOut attention(const Tensor& qkv_in, int64_t n_head, double attn_dropout
 
 Tensor attention_backward(const Tensor& dout_in, const Tensor& qkv_in, const Tensor& att_in,
                           int64_t n_head, double attn_dropout, RngState rng) {
+  if (qkv_in.device().is_cuda())
+    return cuda::attention_backward(dout_in, qkv_in, att_in, n_head, attn_dropout, rng);
   Tensor qkv = qkv_in.contiguous(), dout = dout_in.contiguous(), att_all = att_in.contiguous();
   const Dims d = attention_dims(qkv, n_head);
   Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());

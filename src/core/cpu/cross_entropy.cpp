@@ -5,6 +5,7 @@
 
 #include "core/cpu/fast_math.h"
 #include "core/ops.h"
+#include "core/ops_cuda.h"
 #include "core/parallel.h"
 
 namespace mw::ops {
@@ -29,6 +30,7 @@ std::pair<Tensor, Tensor> shifted_cross_entropy(const Tensor& logits_in, const T
   check_float("cross-entropy", logits_in);
   MW_CHECK_T(ShapeError, logits_in.dim() == 3 && logits_in.size(1) >= 2,
              "cross-entropy: expected logits [B, T>=2, V], got ", logits_in.desc());
+  if (logits_in.device().is_cuda()) return cuda::shifted_cross_entropy(logits_in, ids);
   Tensor logits = logits_in.contiguous();
   const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
   const auto targets = target_ids(ids, B, T, V);
@@ -74,6 +76,8 @@ std::pair<Tensor, Tensor> shifted_cross_entropy(const Tensor& logits_in, const T
 
 Tensor shifted_cross_entropy_backward(const Tensor& dloss, const Tensor& logits_in,
                                       const Tensor& lse, const Tensor& ids, bool reuse_logits) {
+  if (logits_in.device().is_cuda())
+    return cuda::shifted_cross_entropy_backward(dloss, logits_in, lse, ids, reuse_logits);
   Tensor logits = logits_in.contiguous();
   const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
   const auto targets = target_ids(ids, B, T, V);

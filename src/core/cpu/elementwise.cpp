@@ -3,17 +3,13 @@
 #include <algorithm>
 
 #include "core/ops.h"
+#include "core/ops_cuda.h"
 #include "core/parallel.h"
 
 namespace mw::ops {
 
 namespace {
 constexpr int64_t kGrain = 1 << 14;
-
-void check_host(const char* op, const Tensor& t) {
-  MW_CHECK_T(DeviceError, t.device().is_host_addressable(), op, ": ", t.desc(),
-             " needs the CUDA backend for this op");
-}
 
 // Strides of `t` aligned to an output of rank `rank` and shape `out`: 0 where t is broadcast.
 Shape broadcast_strides(const Tensor& t, const Shape& out) {
@@ -77,11 +73,11 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   check_float("binary op", a);
-  check_host("binary op", a);
   MW_CHECK_T(ShapeError, a.dtype() == b.dtype(), "binary op: dtypes differ: ", a.desc(), " vs ",
              b.desc());
   MW_CHECK_T(ShapeError, a.device() == b.device(), "binary op: devices differ: ", a.desc(), " vs ",
              b.desc());
+  if (a.device().is_cuda()) return cuda::binary(op, a, b);
   Tensor out = Tensor::empty(broadcast_shapes(a.shape(), b.shape()), a.dtype(), a.device());
   dispatch_float(a.dtype(), "binary op", [&]<typename T>() {
     switch (op) {
@@ -96,7 +92,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
 
 Tensor affine_scalar(const Tensor& a_in, double alpha, double beta) {
   check_float("scalar op", a_in);
-  check_host("scalar op", a_in);
+  if (a_in.device().is_cuda()) return cuda::affine_scalar(a_in, alpha, beta);
   Tensor a = a_in.contiguous();
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   dispatch_float(a.dtype(), "scalar op", [&]<typename T>() {
@@ -114,7 +110,7 @@ void axpy_(Tensor& y, const Tensor& x_in, double alpha) {
   check_same_shape("axpy_", y, x_in);
   MW_CHECK_T(ShapeError, y.is_contiguous() && y.dtype() == x_in.dtype(), "axpy_: ", y.desc(),
              " must be contiguous and of ", x_in.desc(), "'s dtype");
-  check_host("axpy_", y);
+  if (y.device().is_cuda()) return cuda::axpy_(y, x_in, alpha);
   Tensor x = x_in.contiguous();
   y.bump_version();
   dispatch_float(y.dtype(), "axpy_", [&]<typename T>() {
@@ -132,6 +128,7 @@ void axpy_(Tensor& y, const Tensor& x_in, double alpha) {
 
 Tensor sum_to_shape(const Tensor& grad_in, const Shape& shape) {
   if (grad_in.shape() == shape) return grad_in;
+  if (grad_in.device().is_cuda()) return cuda::sum_to_shape(grad_in, shape);
   Tensor grad = grad_in.contiguous();
   Tensor out = Tensor::zeros(shape, grad.dtype(), grad.device());
   // Serial, in element order, so the result is deterministic; broadcasting in GPT-2 is small.
@@ -156,7 +153,7 @@ Tensor sum_to_shape(const Tensor& grad_in, const Shape& shape) {
 
 Tensor sum_all(const Tensor& x_in) {
   check_float("sum", x_in);
-  check_host("sum", x_in);
+  if (x_in.device().is_cuda()) return cuda::sum_all(x_in);
   Tensor x = x_in.contiguous();
   Tensor out = Tensor::empty({}, x.dtype(), x.device());
   dispatch_float(x.dtype(), "sum", [&]<typename T>() {
@@ -175,7 +172,7 @@ Tensor sum_all(const Tensor& x_in) {
 
 Tensor sum_dim(const Tensor& x_in, int64_t dim, bool keepdim) {
   check_float("sum", x_in);
-  check_host("sum", x_in);
+  if (x_in.device().is_cuda()) return cuda::sum_dim(x_in, dim, keepdim);
   Tensor x = x_in.contiguous();
   dim = x.wrap_dim(dim);
   int64_t outer = 1, inner = 1, n = x.size(dim);
@@ -203,6 +200,7 @@ Tensor sum_dim(const Tensor& x_in, int64_t dim, bool keepdim) {
 }
 
 Tensor expand_dim(const Tensor& g_in, const Shape& shape, int64_t dim, bool keepdim) {
+  if (g_in.device().is_cuda()) return cuda::expand_dim(g_in, shape, dim, keepdim);
   Tensor g = g_in.contiguous();
   Tensor out = Tensor::empty(shape, g.dtype(), g.device());
   const int64_t rank = static_cast<int64_t>(shape.size());

@@ -10,6 +10,7 @@
 #include "core/allocator.h"
 #include "core/cpu/blas.h"
 #include "core/ops.h"
+#include "core/ops_cuda.h"
 #include "core/parallel.h"
 
 namespace mw::ops {
@@ -74,6 +75,8 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   check_float("gemm", a);
   MW_CHECK_T(ShapeError, a.dtype() == b.dtype() && a.dtype() == out.dtype(),
              "gemm: dtypes differ: ", a.desc(), ", ", b.desc(), ", ", out.desc());
+  MW_CHECK_T(DeviceError, a.device() == b.device() && a.device() == out.device(),
+             "gemm: devices differ: ", a.desc(), ", ", b.desc(), ", ", out.desc());
   const int64_t M = trans_a ? a.size(1) : a.size(0);
   const int64_t K = trans_a ? a.size(0) : a.size(1);
   const int64_t Kb = trans_b ? b.size(1) : b.size(0);
@@ -87,11 +90,16 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   BlasOperand A = as_blas(a, trans_a, ka), B = as_blas(b, trans_b, kb);
   out.bump_version();
   const auto t0 = std::chrono::steady_clock::now();
-  dispatch_float(a.dtype(), "gemm", [&]<typename T>() {
-    tiled_gemm<T>(A.trans, B.trans, M, N, K, static_cast<const T*>(A.data), A.ld,
-                  static_cast<const T*>(B.data), B.ld, accumulate ? T(1) : T(0),
-                  out.template data<T>(), std::max<int64_t>(1, N));
-  });
+  if (out.device().is_cuda()) {  // enqueued only: the time counted is the launch's
+    cuda::gemm(out.device().index, a.dtype(), A.trans, B.trans, M, N, K, A.data, A.ld, B.data, B.ld,
+               accumulate ? 1.0 : 0.0, out.raw_data(), std::max<int64_t>(1, N));
+  } else {
+    dispatch_float(a.dtype(), "gemm", [&]<typename T>() {
+      tiled_gemm<T>(A.trans, B.trans, M, N, K, static_cast<const T*>(A.data), A.ld,
+                    static_cast<const T*>(B.data), B.ld, accumulate ? T(1) : T(0),
+                    out.template data<T>(), std::max<int64_t>(1, N));
+    });
+  }
   const auto ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
           .count();
@@ -148,13 +156,17 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   if (has_bias) {
     MW_CHECK_T(ShapeError, bias.dim() == 1 && bias.size(0) == N, "linear: bias ", bias.desc(),
                " does not fit weight ", w.desc());
-    dispatch_float(x.dtype(), "linear", [&]<typename T>() {
-      const T* bp = bias.contiguous().template data<T>();
-      T* op = out.template data<T>();
-      parallel_for(R, 64, [&](int64_t b, int64_t e) {
-        for (int64_t r = b; r < e; ++r) std::copy(bp, bp + N, op + r * N);
+    if (out.device().is_cuda()) {
+      cuda::fill_rows(out, bias);
+    } else {
+      dispatch_float(x.dtype(), "linear", [&]<typename T>() {
+        const T* bp = bias.contiguous().template data<T>();
+        T* op = out.template data<T>();
+        parallel_for(R, 64, [&](int64_t b, int64_t e) {
+          for (int64_t r = b; r < e; ++r) std::copy(bp, bp + N, op + r * N);
+        });
       });
-    });
+    }
   }
   gemm(x2, false, w, false, out, has_bias);
   Shape shape = x.shape();
@@ -177,7 +189,9 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, 
     g.dw = Tensor::empty({K, N}, w.dtype(), w.device());
     gemm(x2, true, dy2, false, g.dw, false);
   }
-  if (need_dbias) {
+  if (need_dbias && dy.device().is_cuda()) {
+    g.dbias = cuda::column_sums(dy2);
+  } else if (need_dbias) {
     // Column sums: each thread owns a range of columns and adds rows in order (deterministic).
     g.dbias = Tensor::empty({N}, dy.dtype(), dy.device());
     Tensor dyc = dy2.contiguous();

@@ -5,6 +5,7 @@
 
 #include "core/cpu/fast_math.h"
 #include "core/ops.h"
+#include "core/ops_cuda.h"
 #include "core/parallel.h"
 
 namespace mw::ops {
@@ -19,7 +20,7 @@ constexpr int64_t kGrain = 1 << 14;
 std::vector<int64_t> token_ids(const Tensor& ids) {
   MW_CHECK_T(ShapeError, ids.dtype() == DType::I32 || ids.dtype() == DType::I64,
              "expected i32 or i64 token ids, got ", ids.desc());
-  Tensor c = ids.contiguous();
+  Tensor c = ids.device().is_host_addressable() ? ids.contiguous() : ids.to(Device::cpu());
   if (ids.dtype() == DType::I64) {
     const int64_t* p = c.data<int64_t>();
     return std::vector<int64_t>(p, p + c.numel());
@@ -32,6 +33,7 @@ Tensor embedding(const Tensor& table_in, const Tensor& ids) {
   check_float("embedding", table_in);
   MW_CHECK_T(ShapeError, table_in.dim() == 2, "embedding: table must be [V, C], got ",
              table_in.desc());
+  if (table_in.device().is_cuda()) return cuda::embedding(table_in, ids);
   Tensor table = table_in.contiguous();
   const int64_t V = table.size(0), C = table.size(1);
   Shape shape = ids.shape();
@@ -59,6 +61,7 @@ Tensor embedding_backward(const Tensor& dout, const Tensor& ids, int64_t num_row
 }
 
 void embedding_backward_into(Tensor& dtable, const Tensor& dout_in, const Tensor& ids) {
+  if (dtable.device().is_cuda()) return cuda::embedding_backward_into(dtable, dout_in, ids);
   Tensor dout = dout_in.contiguous();
   const int64_t C = dout.size(-1);
   MW_CHECK_T(ShapeError,
@@ -86,6 +89,7 @@ void embedding_backward_into(Tensor& dtable, const Tensor& dout_in, const Tensor
 
 LayerNormOut layernorm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, double eps) {
   check_float("layernorm", x_in);
+  if (x_in.device().is_cuda()) return cuda::layernorm(x_in, weight, bias, eps);
   Tensor x = x_in.contiguous();
   const int64_t C = x.size(-1), N = x.numel() / C;
   MW_CHECK_T(ShapeError, weight.numel() == C && bias.numel() == C, "layernorm: weight ",
@@ -123,6 +127,7 @@ LayerNormOut layernorm(const Tensor& x_in, const Tensor& weight, const Tensor& b
 
 LayerNormGrads layernorm_backward(const Tensor& dout_in, const Tensor& x_in, const Tensor& weight,
                                   const Tensor& mean, const Tensor& rstd) {
+  if (x_in.device().is_cuda()) return cuda::layernorm_backward(dout_in, x_in, weight, mean, rstd);
   Tensor dout = dout_in.contiguous(), x = x_in.contiguous();
   const int64_t C = x.size(-1), N = x.numel() / C;
   LayerNormGrads g{Tensor::empty(x.shape(), x.dtype(), x.device()),
@@ -184,6 +189,7 @@ constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2/pi)
 
 Tensor gelu(const Tensor& x_in) {
   check_float("gelu", x_in);
+  if (x_in.device().is_cuda()) return cuda::gelu(x_in);
   Tensor x = x_in.contiguous();
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   dispatch_float(x.dtype(), "gelu", [&]<typename T>() {
@@ -201,6 +207,7 @@ Tensor gelu(const Tensor& x_in) {
 }
 
 Tensor gelu_backward(const Tensor& dout_in, const Tensor& x_in) {
+  if (x_in.device().is_cuda()) return cuda::gelu_backward(dout_in, x_in);
   Tensor x = x_in.contiguous(), dout = dout_in.contiguous();
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   dispatch_float(x.dtype(), "gelu_backward", [&]<typename T>() {
@@ -226,6 +233,7 @@ Tensor gelu_backward(const Tensor& dout_in, const Tensor& x_in) {
 
 Tensor softmax(const Tensor& x_in) {
   check_float("softmax", x_in);
+  if (x_in.device().is_cuda()) return cuda::softmax(x_in);
   Tensor x = x_in.contiguous();
   const int64_t C = x.size(-1), N = x.numel() / std::max<int64_t>(C, 1);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
@@ -249,6 +257,7 @@ Tensor softmax(const Tensor& x_in) {
 }
 
 Tensor softmax_backward(const Tensor& dout_in, const Tensor& y_in) {
+  if (y_in.device().is_cuda()) return cuda::softmax_backward(dout_in, y_in);
   Tensor y = y_in.contiguous(), dout = dout_in.contiguous();
   const int64_t C = y.size(-1), N = y.numel() / std::max<int64_t>(C, 1);
   Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
@@ -275,6 +284,7 @@ Tensor softmax_backward(const Tensor& dout_in, const Tensor& y_in) {
 Tensor dropout(const Tensor& x_in, double p, RngState rng) {
   check_float("dropout", x_in);
   MW_CHECK_T(InvalidArgument, p >= 0 && p < 1, "dropout: probability ", p, " must be in [0, 1)");
+  if (x_in.device().is_cuda()) return cuda::dropout(x_in, p, rng);
   Tensor x = x_in.contiguous();
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   dispatch_float(x.dtype(), "dropout", [&]<typename T>() {

@@ -16,6 +16,11 @@ void initialise(Tensor& t, Init init, RngState rng, int64_t n_layer) {
       init == Init::NormalResidProj ? 0.02 / std::sqrt(2.0 * static_cast<double>(n_layer)) : 0.02;
   if (init == Init::Zeros) return t.fill_(0.0);
   if (init == Init::Ones) return t.fill_(1.0);
+  if (!t.device().is_host_addressable()) {  // draw on the host, then copy: the same values
+    Tensor host = Tensor::empty(t.shape(), t.dtype(), Device::cpu());
+    initialise(host, init, rng, n_layer);
+    return t.copy_(host);
+  }
   dispatch_float(t.dtype(), "init", [&]<typename T>() {
     T* p = t.template data<T>();
     parallel_for(t.numel(), 1 << 14, [&](int64_t b, int64_t e) {

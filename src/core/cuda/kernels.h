@@ -1,0 +1,122 @@
+// Raw-pointer launchers of the CUDA model kernels (core/cuda/*.cu). The Tensor-level wrappers in
+// core/cuda/ops_cuda.cpp check shapes, allocate outputs and call these; the .cu files see only
+// this header, so they compile as C++17 (nvcc) while the rest of core is C++20.
+//
+// Every launcher enqueues on the legacy default stream of the current device (the wrappers set
+// it), checks the launch (check_kernel_launch) and returns without synchronising. T is float or
+// double (explicit instantiations in the .cu files). All sizes are int64_t; pointers are device
+// pointers to contiguous row-major data unless strides are given.
+#pragma once
+
+#include <cstdint>
+
+#include "core/random.h"
+
+namespace mw::ops::cuda_kernels {
+
+// Throws DeviceError naming `op` when the last kernel launch failed (defined in ops_cuda.cpp).
+void check_kernel_launch(const char* op);
+
+// Shape and element strides of up to kMaxRank dims, passed to kernels by value.
+constexpr int kMaxRank = 8;
+struct StridedShape {
+  int32_t rank = 0;
+  int64_t shape[kMaxRank] = {};
+  int64_t strides[kMaxRank] = {};
+};
+
+// ---- elementwise (elementwise.cu) ----
+// op: 0 add, 1 sub, 2 mul, 3 div (the order of ops::BinaryOp). a and b are read through strides
+// aligned to out's shape (0 where broadcast); out is contiguous with n elements.
+template <typename T>
+void binary(int op, const T* a, StridedShape a_view, const T* b, StridedShape b_view, T* out,
+            int64_t n);
+template <typename T>
+void affine(const T* a, T* out, int64_t n, double alpha, double beta);
+template <typename T>
+void axpy(T* y, const T* x, int64_t n, double alpha);
+// out[o] = sum of grad over the elements that broadcast to o, in element order. grad is
+// contiguous with shape grad_shape; out_view holds out's strides aligned to grad_shape (0 where
+// broadcast), reduce_view the shape/strides (in grad) of the broadcast dims, for a walk.
+template <typename T>
+void sum_to_shape(const T* grad, StridedShape grad_to_out, StridedShape reduce_walk, T* out,
+                  int64_t out_numel);
+// out[0] = sum of x[n], in a fixed order (one block, double accumulation).
+template <typename T>
+void sum_all(const T* x, int64_t n, T* out);
+// x viewed as [outer, n, inner]: out[o, i] = sum_k x[o, k, i] (k in order).
+template <typename T>
+void sum_dim(const T* x, int64_t outer, int64_t n, int64_t inner, T* out);
+// out viewed as [outer, n, inner]: out[o, k, i] = g[o, i].
+template <typename T>
+void expand_dim(const T* g, int64_t outer, int64_t n, int64_t inner, T* out);
+// Strided copy with dtype conversion: dst and src are read through their views (same shape).
+// dtype codes are core/dtype.h's DType values; any pair of the seven types.
+void copy_strided(void* dst, StridedShape dst_view, int dst_dtype, const void* src,
+                  StridedShape src_view, int src_dtype, int64_t n);
+void fill(void* dst, StridedShape dst_view, int dtype, double value, int64_t n);
+
+// ---- layers (layers.cu) ----
+// out[r, :] = table[rows[r], :] for r < n_rows (rows validated by the caller).
+template <typename T>
+void embedding(const T* table, const int64_t* rows, int64_t n_rows, int64_t C, T* out);
+// Deterministic scatter-add: for each distinct row u, dtable[uniq[u], c] += dout[order[k], c] for
+// k in [starts[u], starts[u+1]) in order (order lists positions sorted stably by id).
+template <typename T>
+void embedding_backward(const T* dout, const int64_t* uniq, const int64_t* starts,
+                        const int64_t* order, int64_t n_uniq, int64_t C, T* dtable);
+template <typename T>
+void layernorm(const T* x, const T* w, const T* b, int64_t N, int64_t C, double eps, T* out,
+               T* mean, T* rstd);
+// dx per row; dweight and dbias by column_sum (fixed order). scratch holds
+// layernorm_backward_scratch_numel(N, C) elements.
+template <typename T>
+void layernorm_backward(const T* dout, const T* x, const T* w, const T* mean, const T* rstd,
+                        int64_t N, int64_t C, T* dx, T* dweight, T* dbias, T* scratch);
+// Elements of scratch that layernorm_backward needs for N rows of C channels.
+int64_t layernorm_backward_scratch_numel(int64_t N, int64_t C);
+// out[c] = sum over rows r of x[r, c] (fixed order: chunks of rows, then chunks in order).
+// scratch holds column_sum_scratch_numel(R, C) elements.
+template <typename T>
+void column_sum(const T* x, int64_t R, int64_t C, T* out, T* scratch);
+int64_t column_sum_scratch_numel(int64_t R, int64_t C);
+// out[r, :] = bias[:] for R rows of N.
+template <typename T>
+void broadcast_rows(const T* bias, int64_t R, int64_t N, T* out);
+template <typename T>
+void gelu(const T* x, T* out, int64_t n);
+template <typename T>
+void gelu_backward(const T* dout, const T* x, T* dx, int64_t n);
+template <typename T>
+void softmax(const T* x, T* out, int64_t N, int64_t C);
+template <typename T>
+void softmax_backward(const T* dout, const T* y, T* dx, int64_t N, int64_t C);
+template <typename T>
+void dropout(const T* x, T* out, int64_t n, double p, RngState rng);
+
+// ---- attention (attention.cu), Note [Flash attention on CUDA] ----
+struct AttentionDims {
+  int64_t B, T, C, NH, hs;
+};
+// Largest head size the kernels support.
+constexpr int64_t kMaxHeadSize = 128;
+template <typename T>
+void attention_forward(const T* qkv, AttentionDims d, double attn_dropout, RngState rng, T* out,
+                       T* lse);
+// dqkv fully written; dsum is scratch [B, NH, T].
+template <typename T>
+void attention_backward(const T* dout, const T* qkv, const T* lse, AttentionDims d,
+                        double attn_dropout, RngState rng, T* dqkv, T* dsum);
+
+// ---- shifted cross-entropy (cross_entropy.cu) ----
+// targets [B, T] int64 (validated). lse [B, T-1]; loss [1] = mean of the row losses; row_loss is
+// scratch [B, T-1].
+template <typename T>
+void cross_entropy_forward(const T* logits, const int64_t* targets, int64_t B, int64_t T_len,
+                           int64_t V, T* lse, T* row_loss, T* loss);
+// scale = dloss / (B*(T-1)); dlogits may alias logits.
+template <typename T>
+void cross_entropy_backward(const T* logits, const T* lse, const int64_t* targets, int64_t B,
+                            int64_t T_len, int64_t V, double scale, T* dlogits);
+
+}  // namespace mw::ops::cuda_kernels

@@ -1,0 +1,292 @@
+// Tensor-level CUDA ops, part 1: elementwise ops, reductions, copies and fills, and the matrix
+// products through cuBLAS (core/ops_cuda.h). Each wrapper checks its inputs as the CPU op does,
+// allocates outputs on the inputs' device with the caching allocator, and calls a launcher of
+// core/cuda/kernels.h. Everything is enqueued on the legacy default stream; nothing synchronises
+// except copies to the host.
+#include "core/ops_cuda.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <mutex>
+
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/tensor_args.h"
+
+namespace mw::ops {
+
+void cuda_kernels::check_kernel_launch(const char* op) {
+  check_cuda(cudaGetLastError(), "launching the CUDA kernel of ", op);
+}
+
+namespace cuda {
+
+using cuda_kernels::StridedShape;
+
+void use_device_of(const char* op, const Tensor& t, std::initializer_list<const Tensor*> others) {
+  const Device d = t.device();
+  MW_CHECK_T(DeviceError, d.is_cuda(), op, ": expected a CUDA tensor, got ", t.desc());
+  for (const Tensor* o : others)
+    MW_CHECK_T(DeviceError, !o->defined() || o->device() == d, op,
+               ": tensors on different devices: ", t.desc(), " and ", o->desc(),
+               "; move them to one device with to()");
+  check_cuda(cudaSetDevice(d.index), "cudaSetDevice(", d.index, ") for ", op);
+}
+
+StridedShape strided_view(const char* op, const Tensor& t) {
+  MW_CHECK_T(ShapeError, t.dim() <= cuda_kernels::kMaxRank, op, ": ", t.desc(), " has more than ",
+             cuda_kernels::kMaxRank, " dimensions, the most the CUDA kernels index; reshape it");
+  StridedShape v;
+  v.rank = static_cast<int32_t>(t.dim());
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    v.shape[d] = t.size(d);
+    v.strides[d] = t.stride(d);
+  }
+  return v;
+}
+
+StridedShape broadcast_view(const char* op, const Tensor& t, const Shape& out) {
+  const int64_t rank = static_cast<int64_t>(out.size());
+  MW_CHECK_T(ShapeError, rank <= cuda_kernels::kMaxRank, op, ": broadcast shape ", shape_str(out),
+             " has more than ", cuda_kernels::kMaxRank, " dimensions");
+  StridedShape v;
+  v.rank = static_cast<int32_t>(rank);
+  const int64_t off = rank - t.dim();
+  for (int64_t d = 0; d < rank; ++d) {
+    v.shape[d] = out[d];
+    v.strides[d] = d < off || t.size(d - off) == 1 ? 0 : t.stride(d - off);
+  }
+  return v;
+}
+
+// ---------------- elementwise ----------------
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  use_device_of("binary op", a, {&b});
+  Tensor out = Tensor::empty(broadcast_shapes(a.shape(), b.shape()), a.dtype(), a.device());
+  dispatch_float(a.dtype(), "binary op", [&]<typename T>() {
+    cuda_kernels::binary<T>(static_cast<int>(op), cptr<T>(a),
+                            broadcast_view("binary op", a, out.shape()), cptr<T>(b),
+                            broadcast_view("binary op", b, out.shape()), mptr<T>(out), out.numel());
+  });
+  return out;
+}
+
+Tensor affine_scalar(const Tensor& a_in, double alpha, double beta) {
+  use_device_of("scalar op", a_in);
+  Tensor a = a_in.contiguous();
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  dispatch_float(a.dtype(), "scalar op", [&]<typename T>() {
+    cuda_kernels::affine<T>(cptr<T>(a), mptr<T>(out), a.numel(), alpha, beta);
+  });
+  return out;
+}
+
+void axpy_(Tensor& y, const Tensor& x_in, double alpha) {
+  use_device_of("axpy_", y, {&x_in});
+  Tensor x = x_in.contiguous();
+  y.bump_version();
+  dispatch_float(y.dtype(), "axpy_", [&]<typename T>() {
+    cuda_kernels::axpy<T>(mptr<T>(y), cptr<T>(x), y.numel(), alpha);
+  });
+}
+
+Tensor sum_to_shape(const Tensor& grad_in, const Shape& shape) {
+  use_device_of("sum_to_shape", grad_in);
+  Tensor grad = grad_in.contiguous();
+  const Shape& gs = grad.shape();
+  const int64_t rank = static_cast<int64_t>(gs.size());
+  MW_CHECK_T(ShapeError, rank <= cuda_kernels::kMaxRank && shape.size() <= gs.size(),
+             "sum_to_shape: cannot reduce ", grad.desc(), " to ", shape_str(shape));
+  Tensor out = Tensor::empty(shape, grad.dtype(), grad.device());
+  // to_out walks out's elements (out's shape aligned to grad's rank) with grad's strides; walk
+  // covers the broadcast dims with grad's strides, in row-major order (the CPU's element order).
+  const Shape gstrides = contiguous_strides(gs);
+  StridedShape to_out, walk;
+  to_out.rank = walk.rank = static_cast<int32_t>(rank);
+  const int64_t off = rank - static_cast<int64_t>(shape.size());
+  for (int64_t d = 0; d < rank; ++d) {
+    const int64_t od = d < off ? 1 : shape[d - off];
+    MW_CHECK_T(ShapeError, od == gs[d] || od == 1, "sum_to_shape: cannot reduce ", grad.desc(),
+               " to ", shape_str(shape));
+    const bool reduced = od == 1 && gs[d] != 1;
+    to_out.shape[d] = reduced ? 1 : gs[d];
+    to_out.strides[d] = reduced ? 0 : gstrides[d];
+    walk.shape[d] = reduced ? gs[d] : 1;
+    walk.strides[d] = reduced ? gstrides[d] : 0;
+  }
+  dispatch_float(grad.dtype(), "sum_to_shape", [&]<typename T>() {
+    cuda_kernels::sum_to_shape<T>(cptr<T>(grad), to_out, walk, mptr<T>(out), out.numel());
+  });
+  return out;
+}
+
+Tensor sum_all(const Tensor& x_in) {
+  use_device_of("sum", x_in);
+  Tensor x = x_in.contiguous();
+  Tensor out = Tensor::empty({}, x.dtype(), x.device());
+  dispatch_float(x.dtype(), "sum", [&]<typename T>() {
+    cuda_kernels::sum_all<T>(cptr<T>(x), x.numel(), mptr<T>(out));
+  });
+  return out;
+}
+
+Tensor sum_dim(const Tensor& x_in, int64_t dim, bool keepdim) {
+  use_device_of("sum", x_in);
+  Tensor x = x_in.contiguous();
+  dim = x.wrap_dim(dim);
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < dim; ++d) outer *= x.size(d);
+  for (int64_t d = dim + 1; d < x.dim(); ++d) inner *= x.size(d);
+  Shape shape = x.shape();
+  if (keepdim)
+    shape[dim] = 1;
+  else
+    shape.erase(shape.begin() + dim);
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  dispatch_float(x.dtype(), "sum", [&]<typename T>() {
+    cuda_kernels::sum_dim<T>(cptr<T>(x), outer, x.size(dim), inner, mptr<T>(out));
+  });
+  return out;
+}
+
+Tensor expand_dim(const Tensor& g_in, const Shape& shape, int64_t dim, bool keepdim) {
+  use_device_of("expand", g_in);
+  Tensor g = g_in.contiguous();
+  Tensor out = Tensor::empty(shape, g.dtype(), g.device());
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  dim = dim < 0 ? dim + rank : dim;
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < dim; ++d) outer *= shape[d];
+  for (int64_t d = dim + 1; d < rank; ++d) inner *= shape[d];
+  (void)keepdim;  // the element order of g is the same either way
+  dispatch_float(g.dtype(), "expand", [&]<typename T>() {
+    cuda_kernels::expand_dim<T>(cptr<T>(g), outer, shape[dim], inner, mptr<T>(out));
+  });
+  return out;
+}
+
+// ---------------- copies and fills ----------------
+
+void copy_(Tensor& dst, const Tensor& src) {
+  check_same_shape("copy_", dst, src);
+  if (dst.numel() == 0) return dst.bump_version();
+  const bool same_layout = dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous();
+  if (same_layout && dst.device() != src.device()) {  // one plain transfer
+    dst.bump_version();
+    copy_bytes(dst.raw_data(), dst.device(), src.raw_data(), src.device(), dst.nbytes());
+    return;
+  }
+  if (!dst.device().is_cuda()) {  // CUDA -> host with a layout or dtype change: convert on the host
+    Tensor staged = src.to(Device::cpu());
+    dst.copy_(staged);
+    return;
+  }
+  // Into CUDA memory: bring src to dst's device first (a contiguous transfer), then convert there.
+  Tensor on_dst = src.device() == dst.device() ? src : src.to(dst.device());
+  use_device_of("copy_", dst, {&on_dst});
+  dst.bump_version();
+  cuda_kernels::copy_strided(
+      dst.raw_data(), strided_view("copy_", dst), static_cast<int>(dst.dtype()), on_dst.raw_data(),
+      strided_view("copy_", on_dst), static_cast<int>(on_dst.dtype()), dst.numel());
+}
+
+void fill_(Tensor& t, double value) {
+  use_device_of("fill_", t);
+  t.bump_version();
+  cuda_kernels::fill(t.raw_data(), strided_view("fill_", t), static_cast<int>(t.dtype()), value,
+                     t.numel());
+}
+
+// ---------------- cuBLAS ----------------
+
+namespace {
+
+void check_cublas(cublasStatus_t status, const char* what) {
+  if (status == CUBLAS_STATUS_SUCCESS) [[likely]]
+    return;
+  throw DeviceError(str(what, " failed: ", cublasGetStatusString(status), " (",
+                        static_cast<int>(status),
+                        "); check that the GPU is visible and has free memory"));
+}
+
+// One cuBLAS handle per device, created on first use (on the legacy default stream) and kept for
+// the process. Calls are serialised by the returned lock: a handle is not safe to share between
+// threads calling at once.
+struct LockedHandle {
+  std::unique_lock<std::mutex> lock;
+  cublasHandle_t handle;
+};
+
+LockedHandle cublas_handle(int device) {
+  static std::mutex mutex;
+  static std::map<int, cublasHandle_t> handles;
+  std::unique_lock<std::mutex> lock(mutex);
+  cublasHandle_t& h = handles[device];
+  if (!h) {
+    check_cublas(cublasCreate(&h), "cublasCreate");
+    // CUBLAS_DEFAULT_MATH: full fp32 products, no TF32 (unless NVIDIA_TF32_OVERRIDE says so).
+    check_cublas(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  }
+  return {std::move(lock), h};
+}
+
+}  // namespace
+
+void gemm(int device_index, DType dtype, bool trans_a, bool trans_b, int64_t M, int64_t N,
+          int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, double beta, void* C,
+          int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  for (int64_t v : {M, N, K, lda, ldb, ldc})
+    MW_CHECK_T(ShapeError, v <= INT32_MAX, "gemm on CUDA: dimension or leading dimension ", v,
+               " exceeds cuBLAS's 32-bit limit; split the product");
+  check_cuda(cudaSetDevice(device_index), "cudaSetDevice(", device_index, ") for gemm");
+  LockedHandle h = cublas_handle(device_index);
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
+  const cublasOperation_t ob = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t oa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int n = static_cast<int>(N), m = static_cast<int>(M), k = static_cast<int>(K);
+  if (dtype == DType::F32) {
+    const float alpha = 1.0f, b = static_cast<float>(beta);
+    check_cublas(
+        cublasSgemm(h.handle, ob, oa, n, m, k, &alpha, static_cast<const float*>(B),
+                    static_cast<int>(ldb), static_cast<const float*>(A), static_cast<int>(lda), &b,
+                    static_cast<float*>(C), static_cast<int>(ldc)),
+        "cublasSgemm");
+  } else {
+    MW_CHECK_T(ShapeError, dtype == DType::F64, "gemm on CUDA: expected f32 or f64, got ",
+               dtype_name(dtype));
+    const double alpha = 1.0;
+    check_cublas(
+        cublasDgemm(h.handle, ob, oa, n, m, k, &alpha, static_cast<const double*>(B),
+                    static_cast<int>(ldb), static_cast<const double*>(A), static_cast<int>(lda),
+                    &beta, static_cast<double*>(C), static_cast<int>(ldc)),
+        "cublasDgemm");
+  }
+}
+
+void fill_rows(Tensor& out, const Tensor& bias_in) {
+  use_device_of("linear", out, {&bias_in});
+  Tensor bias = bias_in.contiguous();
+  const int64_t N = bias.numel(), R = out.numel() / std::max<int64_t>(N, 1);
+  dispatch_float(out.dtype(), "linear", [&]<typename T>() {
+    cuda_kernels::broadcast_rows<T>(cptr<T>(bias), R, N, mptr<T>(out));
+  });
+}
+
+Tensor column_sums(const Tensor& x_in) {
+  use_device_of("linear_backward", x_in);
+  Tensor x = x_in.contiguous();
+  const int64_t R = x.size(0), N = x.size(1);
+  Tensor out = Tensor::empty({N}, x.dtype(), x.device());
+  Tensor scratch =
+      Tensor::empty({cuda_kernels::column_sum_scratch_numel(R, N)}, x.dtype(), x.device());
+  dispatch_float(x.dtype(), "linear_backward", [&]<typename T>() {
+    cuda_kernels::column_sum<T>(cptr<T>(x), R, N, mptr<T>(out), mptr<T>(scratch));
+  });
+  return out;
+}
+
+}  // namespace cuda
+}  // namespace mw::ops
