@@ -109,6 +109,12 @@ void CachingHostAllocator::empty_cache() {
   free_cached_locked(0);
 }
 
+void CachingHostAllocator::set_max_cached_bytes(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  max_cached_bytes_ = bytes;
+  if (stats_.cached_bytes > bytes) free_cached_locked(0);
+}
+
 void CachingHostAllocator::set_capacity(int64_t capacity_bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.capacity_bytes = capacity_bytes;

@@ -70,6 +70,9 @@ class CachingHostAllocator final : public Allocator {
   void reset_peak() override;
   void empty_cache() override;
   void set_capacity(int64_t capacity_bytes);
+  // Bounds the cache (freeing cached blocks beyond it): a run that budgets host RAM (Gemini's
+  // three tiers) keeps little besides what it uses.
+  void set_max_cached_bytes(int64_t bytes);
 
  private:
   void free_cached_locked(int64_t needed_bytes);

@@ -7,7 +7,8 @@ namespace mw::gemini {
 
 Chunk::Chunk(int index, std::vector<ChunkMember> members, int64_t numel)
     : index_(index), members_(std::move(members)), numel_(numel) {
-  storage_ = Storage::create(numel_ * 4, Device::cpu());
+  storage_ = Storage::create(0, Device::cpu());  // no bytes until it is filled
+  storage_->resize_uninitialized(numel_ * 4);    // released: make_parameter materialises it
   flat_ = Tensor::from_storage(storage_, 0, {numel_}, {1}, DType::F32);
 }
 

@@ -64,8 +64,9 @@ Gemini::Gemini(nn::Module& model, GeminiOptions options)
 }
 
 Gemini::~Gemini() {
-  alive_.reset();  // hooks see the optimizer gone and do nothing
-  for (auto& w : pending_) w.write.join();  // never leave a write into freed memory
+  alive_.reset();                           // hooks see the optimizer gone and do nothing
+  for (auto& w : pending_) w.write.join();  // never leave I/O into freed memory
+  for (auto& [c, read] : inflight_) read.join();
   for (auto& c : chunks_)
     if (c->gathered()) c->release_copy();
 }
@@ -97,8 +98,8 @@ void Gemini::layout(const std::vector<std::pair<std::string, Shape>>& tensors) {
     chunk_of_.push_back(c);
   }
   for (int c = 0; c < nchunks; ++c)
-    chunks_.push_back(std::make_unique<Chunk>(c, members[static_cast<size_t>(c)],
-                                              used[static_cast<size_t>(c)]));
+    chunks_.push_back(
+        std::make_unique<Chunk>(c, members[static_cast<size_t>(c)], used[static_cast<size_t>(c)]));
   filled_.assign(chunks_.size(), 0);
   states_ = TensorStates(names_);
   in_use_.assign(names_.size(), 0);
@@ -127,7 +128,8 @@ void Gemini::layout(const std::vector<std::pair<std::string, Shape>>& tensors) {
 
 Tensor Gemini::make_parameter(const std::string& name) {
   auto it = index_of_.find(name);
-  MW_CHECK_T(InvalidArgument, it != index_of_.end(), "Gemini: no tensor '", name, "' in the layout");
+  MW_CHECK_T(InvalidArgument, it != index_of_.end(), "Gemini: no tensor '", name,
+             "' in the layout");
   const size_t i = it->second;
   Chunk& c = *chunks_[chunk_of_[i]];
   if (c.storage()->is_released()) c.storage()->materialize();
@@ -161,8 +163,8 @@ void Gemini::parameter_ready(const std::string& name) {
 void Gemini::attach(nn::Module& model) {
   MW_CHECK(!adam_, "Gemini::attach called twice");
   auto named = model.named_parameters();
-  MW_CHECK_T(InvalidArgument, named.size() == names_.size(), "Gemini: the model has ",
-             named.size(), " parameters, the layout ", names_.size());
+  MW_CHECK_T(InvalidArgument, named.size() == names_.size(), "Gemini: the model has ", named.size(),
+             " parameters, the layout ", names_.size());
   for (size_t i = 0; i < named.size(); ++i) {
     const auto& [name, p] = named[i];
     MW_CHECK_T(InvalidArgument,
@@ -182,8 +184,8 @@ void Gemini::attach(nn::Module& model) {
     parameter_ready(name);
   }
   for (size_t c = 0; c < chunks_.size(); ++c)
-    MW_CHECK(filled_[c] == static_cast<int64_t>(chunks_[c]->members().size()), "Gemini: chunk ",
-             c, " has ", filled_[c], " of its ", chunks_[c]->members().size(), " tensors");
+    MW_CHECK(filled_[c] == static_cast<int64_t>(chunks_[c]->members().size()), "Gemini: chunk ", c,
+             " has ", filled_[c], " of its ", chunks_[c]->members().size(), " tensors");
   for (size_t i = 0; i < names_.size(); ++i) states_.set(i, TensorState::kHold);
   params_ = model.parameters();
   std::vector<Tensor> flats;
@@ -227,6 +229,9 @@ void Gemini::plan_tiers(optim::HybridAdamOptions& adam) {
              " for gradient buffers in flight (three of the largest chunk). Raise "
              "--host-capacity to at least ",
              params + states + reserve, " or pass a smaller --chunk-size");
+  // A budget means RSS: the host cache keeps at most one chunk's worth of freed blocks (gradient
+  // buffers and update copies recur every step at chunk sizes) instead of up to 4 GiB.
+  static_cast<CachingHostAllocator&>(allocator_for(Device::cpu())).set_max_cached_bytes(largest);
   if (to_disk.empty()) return;
   const bool private_dir = options_.nvme_dir.empty();
   const std::string dir = private_dir ? io::make_private_dir("gemini") : options_.nvme_dir;
@@ -375,6 +380,10 @@ void Gemini::forget_gathered(Chunk& c) {
 }
 
 void Gemini::release(Chunk& c, bool eviction) {
+  if (auto it = inflight_.find(c.index()); it != inflight_.end()) {
+    it->second.join();  // never free bytes a read is filling; its error dies with the copy
+    inflight_.erase(it);
+  }
   c.release_copy();
   forget_gathered(c);
   if (eviction) {
@@ -421,10 +430,70 @@ void Gemini::pre_op(nn::Module& m, bool backward) {
                         allocator_for(options_.device).stats().current_bytes);
   for (int c : need) {
     Chunk& chunk = *chunks_[static_cast<size_t>(c)];
-    if (!chunk.gathered()) gather(chunk, str(info.name, backward ? " backward" : " forward"));
+    if (!chunk.gathered())
+      gather(chunk, str(info.name, backward ? " backward" : " forward"));
+    else
+      wait_inflight(chunk);
   }
   // The period that starts now holds at least these chunks (sample_nonmodel subtracts them).
   period_min_model_bytes_ = device_model_bytes();
+  if (!recording_ && !off_plan_ && options_.policy != Policy::kStatic) prefetch_after(t);
+}
+
+// Note [Prefetch]: with a plan, the disk-homed chunks of the next two ops are read into their
+// device copies while op t computes (io_uring does the work; no thread of ours), when the room that
+// both periods' budgets leave allows it without evicting anything. The op that needs a chunk waits
+// for its read (prefetch_wait_ms); an eviction of an in-flight chunk waits too. RAM-homed chunks
+// are not prefetched: on sim their gather is a memcpy on the compute thread, and a worker copying
+// beside two compute threads on two cores only moves the same work around (measured:
+// docs/gemini.md).
+void Gemini::prefetch_after(int64_t t) {
+  if (!swap_) return;
+  const int64_t n = static_cast<int64_t>(trace_.size());
+  const AllocatorStats st = allocator_for(options_.device).stats();
+  int64_t room = avail_[static_cast<size_t>(t)];
+  for (int64_t u = t + 1; u < std::min(n, t + 3); ++u) {
+    room = std::min(room, avail_[static_cast<size_t>(u)]);
+    for (int c : trace_[static_cast<size_t>(u)].chunks) {
+      Chunk& chunk = *chunks_[static_cast<size_t>(c)];
+      if (!chunk.on_nvme() || chunk.gathered()) continue;
+      if (gathered_bytes_ + chunk.nbytes() > room) return;
+      if (st.capacity_bytes > 0 &&
+          allocator_for(options_.device).stats().current_bytes + chunk.nbytes() > st.capacity_bytes)
+        return;
+      const double t0 = now_us();
+      void* bytes = chunk.gather_uninitialized(options_.device);
+      inflight_[c] = swap_->read(str("chunk.", c), bytes);
+      gathered_.push_back(c);
+      gathered_bytes_ += chunk.nbytes();
+      iter_.nvme_read_bytes += chunk.nbytes();
+      run_.nvme_read_bytes += chunk.nbytes();
+      ++iter_.gathers;
+      ++run_.gathers;
+      if (trace_out_) trace_out_->slice(str("prefetch chunk ", c), "move", t0, now_us() - t0, 1);
+    }
+  }
+}
+
+void Gemini::wait_inflight(Chunk& c) {
+  auto it = inflight_.find(c.index());
+  if (it == inflight_.end()) return;
+  io::IoHandle handle = it->second;
+  inflight_.erase(it);
+  const double t0 = now_us();
+  const auto w0 = std::chrono::steady_clock::now();
+  try {
+    handle.wait();
+  } catch (...) {
+    c.release_copy();
+    forget_gathered(c);
+    throw;
+  }
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
+  iter_.prefetch_wait_ms += ms;
+  run_.prefetch_wait_ms += ms;
+  if (trace_out_) trace_out_->slice(str("prefetch wait chunk ", c.index()), "wait", t0, ms * 1e3);
 }
 
 void Gemini::make_room(const ModuleInfo& info, const std::vector<int>& need, int64_t t) {
@@ -528,6 +597,7 @@ void Gemini::finish_chunk(Chunk& c) {
 
 // Note [NVMe-homed chunks]: RAM bytes for the update, from the device copy when it is still there.
 void Gemini::bring_home(Chunk& c) {
+  wait_inflight(c);
   const bool was_gathered = c.gathered();
   if (c.bring_home_to_ram()) {
     forget_gathered(c);

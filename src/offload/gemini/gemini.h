@@ -158,6 +158,8 @@ class Gemini : public optim::Optimizer {
   void bring_home(Chunk& c);
   void poll_pending(bool wait);
   void forget_gathered(Chunk& c);
+  void prefetch_after(int64_t t);
+  void wait_inflight(Chunk& c);
   void track_host(int64_t delta);
   int64_t device_model_bytes() const { return gathered_bytes_ + device_home_bytes_; }
   double now_us() const;
@@ -204,6 +206,8 @@ class Gemini : public optim::Optimizer {
     bool writing = false;
   };
   std::vector<PendingWrite> pending_;
+  // Note [Prefetch]: disk reads of chunks gathered ahead of their op, by chunk.
+  std::unordered_map<int, io::IoHandle> inflight_;
 
   GeminiStats iter_, run_;  // this iteration's counters, the run's
   int64_t host_chunk_bytes_ = 0;
