@@ -54,13 +54,15 @@ std::pair<Tensor, Tensor> shifted_cross_entropy(const Tensor& logits_in, const T
         Tp mx = lane[0];
         for (int64_t k = 1; k < kLanes; ++k) mx = std::max(mx, lane[k]);
         for (int64_t j = Vmain; j < V; ++j) mx = std::max(mx, row[j]);
-        for (int64_t k = 0; k < kLanes; ++k) lane[k] = 0;
+        // The normaliser's lanes are double (Note [Reductions accumulate in double], layers.cpp).
+        double sum_lane[kLanes] = {};
         for (int64_t j = 0; j < Vmain; j += kLanes)
-          for (int64_t k = 0; k < kLanes; ++k) lane[k] += fast::exp_t(row[j + k] - mx);
-        Tp sum = 0;
-        for (int64_t k = 0; k < kLanes; ++k) sum += lane[k];
-        for (int64_t j = Vmain; j < V; ++j) sum += fast::exp_t(row[j] - mx);
-        Tp l = mx + std::log(sum);
+          for (int64_t k = 0; k < kLanes; ++k)
+            sum_lane[k] += static_cast<double>(fast::exp_t(row[j + k] - mx));
+        double sum = 0;
+        for (int64_t k = 0; k < kLanes; ++k) sum += sum_lane[k];
+        for (int64_t j = Vmain; j < V; ++j) sum += static_cast<double>(fast::exp_t(row[j] - mx));
+        const Tp l = static_cast<Tp>(static_cast<double>(mx) + std::log(sum));
         plse[r] = l;
         row_loss[static_cast<size_t>(r)] = static_cast<double>(l - row[targets[b * T + t + 1]]);
       }

@@ -1,6 +1,16 @@
 // Forward and backward kernels of the per-row layers: embedding, layernorm, GELU, softmax, dropout.
 // Each forward sits next to its backward (llm.c's layout). Reductions across rows (weight
 // gradients) are combined in fixed block order (Note [Deterministic parallelism]).
+//
+// Note [Reductions accumulate in double]
+// Every sum of many f32 terms in the CPU kernels (layernorm's row moments and its dweight/dbias
+// column sums, linear's dbias, softmax's normaliser and backward dot product, attention's, the
+// cross-entropy normaliser) accumulates in double and rounds once at the end. A running f32 sum of
+// n terms has an error growing like n * 2^-24 (a few hundred rows make it visible), where
+// PyTorch's cascade sums grow like log n; measured on GPT-2 (docs/accuracy.md), the bias gradients'
+// f32 column sums were memwall's largest error against float64. The loops stay as fast: the f32
+// sums were sequential (no reassociation without -ffast-math), the double ones are too, and the
+// column sums vectorise as well in double (cvtps2pd + addpd) and are memory-bound.
 #include <cmath>
 
 #include "core/cpu/fast_math.h"
@@ -104,13 +114,16 @@ LayerNormOut layernorm(const Tensor& x_in, const Tensor& weight, const Tensor& b
     parallel_for(N, 8, [&](int64_t s, int64_t e) {
       for (int64_t i = s; i < e; ++i) {
         const T* row = px + i * C;
-        T m = 0;
-        for (int64_t c = 0; c < C; ++c) m += row[c];
-        m /= static_cast<T>(C);
-        T v = 0;
-        for (int64_t c = 0; c < C; ++c) v += (row[c] - m) * (row[c] - m);
-        v /= static_cast<T>(C);
-        T rs = T(1) / std::sqrt(v + static_cast<T>(eps));
+        double sum = 0;  // Note [Reductions accumulate in double]
+        for (int64_t c = 0; c < C; ++c) sum += static_cast<double>(row[c]);
+        const double mean = sum / static_cast<double>(C);
+        double sq = 0;
+        for (int64_t c = 0; c < C; ++c) {
+          const double dev = static_cast<double>(row[c]) - mean;
+          sq += dev * dev;
+        }
+        const T m = static_cast<T>(mean);
+        const T rs = static_cast<T>(1.0 / std::sqrt(sq / static_cast<double>(C) + eps));
         T* o = po + i * C;
         for (int64_t c = 0; c < C; ++c) o[c] = (row[c] - m) * rs * w[c] + b[c];
         pm[i] = m;
@@ -138,23 +151,25 @@ LayerNormGrads layernorm_backward(const Tensor& dout_in, const Tensor& x_in, con
     constexpr int64_t kRowsPerBlock = 32;
     // Each block of rows writes dx for its rows and returns partial dweight/dbias sums.
     auto partials =
-        parallel_reduce_blocks<std::vector<T>>(N, kRowsPerBlock, [&](int64_t s, int64_t e) {
-          std::vector<T> acc(static_cast<size_t>(2 * C), T(0));
+        parallel_reduce_blocks<std::vector<double>>(N, kRowsPerBlock, [&](int64_t s, int64_t e) {
+          // Note [Reductions accumulate in double]
+          std::vector<double> acc(static_cast<size_t>(2 * C), 0.0);
           for (int64_t i = s; i < e; ++i) {
             const T* d = pd + i * C;
             const T* row = px + i * C;
             const T m = pm[i], rs = pr[i];
-            T dnorm_mean = 0, dnorm_norm_mean = 0;
+            double dnorm_sum = 0, dnorm_norm_sum = 0;
             for (int64_t c = 0; c < C; ++c) {
-              T norm = (row[c] - m) * rs;
-              T dnorm = w[c] * d[c];
-              dnorm_mean += dnorm;
-              dnorm_norm_mean += dnorm * norm;
-              acc[c] += d[c] * norm;
-              acc[C + c] += d[c];
+              const double norm = static_cast<double>((row[c] - m) * rs);
+              const double dc = static_cast<double>(d[c]);
+              const double dnorm = static_cast<double>(w[c]) * dc;
+              dnorm_sum += dnorm;
+              dnorm_norm_sum += dnorm * norm;
+              acc[c] += dc * norm;
+              acc[C + c] += dc;
             }
-            dnorm_mean /= static_cast<T>(C);
-            dnorm_norm_mean /= static_cast<T>(C);
+            const T dnorm_mean = static_cast<T>(dnorm_sum / static_cast<double>(C));
+            const T dnorm_norm_mean = static_cast<T>(dnorm_norm_sum / static_cast<double>(C));
             T* dx = pdx + i * C;
             for (int64_t c = 0; c < C; ++c) {
               T norm = (row[c] - m) * rs;
@@ -163,15 +178,15 @@ LayerNormGrads layernorm_backward(const Tensor& dout_in, const Tensor& x_in, con
           }
           return acc;
         });
+    std::vector<double> total(static_cast<size_t>(2 * C), 0.0);
+    for (const auto& p : partials)
+      for (int64_t c = 0; c < 2 * C; ++c) total[c] += p[c];
     T* dw = g.dweight.template data<T>();
     T* db = g.dbias.template data<T>();
-    std::fill(dw, dw + C, T(0));
-    std::fill(db, db + C, T(0));
-    for (const auto& p : partials)
-      for (int64_t c = 0; c < C; ++c) {
-        dw[c] += p[c];
-        db[c] += p[C + c];
-      }
+    for (int64_t c = 0; c < C; ++c) {
+      dw[c] = static_cast<T>(total[c]);
+      db[c] = static_cast<T>(total[C + c]);
+    }
   });
   return g;
 }
@@ -238,9 +253,9 @@ Tensor softmax(const Tensor& x_in) {
         T* o = po + i * C;
         T mx = row[0];
         for (int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
-        T sum = 0;
+        double sum = 0;  // Note [Reductions accumulate in double]
         for (int64_t c = 0; c < C; ++c) sum += (o[c] = std::exp(row[c] - mx));
-        T inv = T(1) / sum;
+        const T inv = static_cast<T>(1.0 / sum);
         for (int64_t c = 0; c < C; ++c) o[c] *= inv;
       }
     });
@@ -260,8 +275,10 @@ Tensor softmax_backward(const Tensor& dout_in, const Tensor& y_in) {
       for (int64_t i = b; i < e; ++i) {
         const T* yr = py + i * C;
         const T* dr = pd + i * C;
-        T dot = 0;
-        for (int64_t c = 0; c < C; ++c) dot += yr[c] * dr[c];
+        double dot_sum = 0;  // Note [Reductions accumulate in double]
+        for (int64_t c = 0; c < C; ++c)
+          dot_sum += static_cast<double>(yr[c]) * static_cast<double>(dr[c]);
+        const T dot = static_cast<T>(dot_sum);
         T* o = po + i * C;
         for (int64_t c = 0; c < C; ++c) o[c] = yr[c] * (dr[c] - dot);
       }
