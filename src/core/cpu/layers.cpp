@@ -192,6 +192,17 @@ LayerNormGrads layernorm_backward(const Tensor& dout_in, const Tensor& x_in, con
 }
 
 // ---------------- GELU (tanh form, HF gelu_new) ----------------
+//
+// Note [GELU as a sigmoid]
+// 0.5 x (1 + tanh(u)) = x * sigma(2u) with sigma(z) = 1 / (1 + e^-z), u = s (x + k x^3). The
+// sigmoid form needs one exp and no tanh, and keeps relative accuracy everywhere: 1 + tanh(u)
+// cancels for u << 0, sigma(2u) does not. Backward, with e = e^-2u and sigma = 1 / (1 + e):
+// 1 + tanh = 2 sigma, sech^2 = (1 - tanh)(1 + tanh) = 4 sigma (1 - sigma), 1 - sigma = e sigma, so
+// d gelu / dx = sigma + 2 x sigma (e sigma) s (1 + 3 k x^2). The exp's argument is capped at 88 in
+// backward so that e stays finite (e sigma would be inf * 0); sigma is then ~1e-38, as it should.
+// Against the tanh form with an accurate tanh it is 1.5x faster forward and as fast backward; on
+// GPT-2's weights after 6 steps it is as accurate within the measurement's noise
+// (docs/accuracy.md).
 
 namespace {
 constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2/pi)
@@ -208,7 +219,8 @@ Tensor gelu(const Tensor& x_in) {
     parallel_for(x.numel(), kGrain, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         T v = px[i];
-        po[i] = T(0.5) * v * (T(1) + fast::tanh_t(s * (v + k * v * v * v)));
+        T u = s * (v + k * v * v * v);
+        po[i] = v / (T(1) + fast::exp_t(T(-2) * u));  // Note [GELU as a sigmoid]
       }
     });
   });
@@ -226,10 +238,11 @@ Tensor gelu_backward(const Tensor& dout_in, const Tensor& x_in) {
     parallel_for(x.numel(), kGrain, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         T v = px[i];
-        T u = s * (v + k * v * v * v);
-        T t = fast::tanh_t(u);
-        T sech2 = T(1) - t * t;
-        T local = T(0.5) * (T(1) + t) + T(0.5) * v * sech2 * s * (T(1) + T(3) * k * v * v);
+        T z = T(-2) * s * (v + k * v * v * v);
+        z = z > T(88) ? T(88) : z;
+        const T ez = fast::exp_t(z);
+        const T sig = T(1) / (T(1) + ez);  // Note [GELU as a sigmoid]
+        const T local = sig + T(2) * v * sig * (ez * sig) * s * (T(1) + T(3) * k * v * v);
         po[i] = local * pd[i];
       }
     });
