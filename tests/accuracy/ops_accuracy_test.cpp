@@ -152,5 +152,30 @@ TEST(OpsAccuracy, CrossEntropyForwardAndBackward) {
   EXPECT_LE(eps_error("cross-entropy dlogits", d32, d64), 64.0);
 }
 
+TEST(OpsAccuracy, SumsAndEmbeddingBackward) {
+  // The autograd's reductions: a broadcast add's gradient (sum_to_shape over 4096 rows), sum_dim
+  // down 4096 rows, sum_all of 2^20 values; values with mean 1, so running f32 sums would lose
+  // ~sqrt(n) half-ulps (sum_dim and sum_to_shape with f32 running sums measured 49 eps each).
+  Tensor g = random_f64({4096, 64}, 16, 1.0);
+  // Each is summed in double and rounded once: 1 eps.
+  EXPECT_LE(
+      eps_error("sum_to_shape", ops::sum_to_shape(f32(g), {1, 64}), ops::sum_to_shape(g, {1, 64})),
+      1.0);
+  EXPECT_LE(eps_error("sum_dim", ops::sum_dim(f32(g), 0, false), ops::sum_dim(g, 0, false)), 1.0);
+  Tensor big = random_f64({1 << 20}, 17, 1.0);
+  EXPECT_LE(eps_error("sum_all", ops::sum_all(f32(big)), ops::sum_all(big)), 1.0);
+  // Embedding backward adds each position's row into its token's row, in order, in f32 (a double
+  // copy of a 50257-row table would cost more than the table): 2048 positions over 16 tokens, 128
+  // terms per row with mean 1, measured 6.7 eps; the bound is a running f32 sum's ~sqrt(128) half-
+  // ulps: 12 eps. Rows of a real vocabulary get a handful of terms each; wpe's get B.
+  Tensor dout = random_f64({2048, 32}, 18, 1.0);
+  std::vector<int64_t> id(2048);
+  for (int64_t i = 0; i < 2048; ++i) id[i] = (i * 7) % 16;
+  Tensor ids = Tensor::from_vector(id, {2048});
+  EXPECT_LE(eps_error("embedding backward", ops::embedding_backward(f32(dout), ids, 16),
+                      ops::embedding_backward(dout, ids, 16)),
+            12.0);
+}
+
 }  // namespace
 }  // namespace mw
