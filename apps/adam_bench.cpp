@@ -1,5 +1,6 @@
 // adam_bench: times the CPU Adam step (optim/adam_cpu.h) on N fp32 parameters with f32 gradients
-// and prints its effective bandwidth next to two memory ceilings measured in the same run:
+// and prints its effective bandwidth next to three memory ceilings measured in the same run:
+//   copy:  a[i] = b[i] over two arrays of N floats (STREAM convention: 8 B/elem);
 //   triad: a[i] = b[i] + s * c[i] over three arrays of N floats (STREAM convention: 12 B/elem);
 //   rmw28: Adam's own access pattern (read p, g, m, v; write p, m, v; 28 B/elem) with trivial
 //          arithmetic, i.e. the best any Adam kernel could do on these very arrays.
@@ -165,8 +166,8 @@ int run(const Options& o) {
     }
   });
 
-  // Ceiling 1: STREAM triad over three more arrays of n floats, freed afterwards.
-  double triad_gbps = 0.0;
+  // Ceiling 1: STREAM copy and triad over three more arrays of n floats, freed afterwards.
+  double triad_gbps = 0.0, copy_gbps = 0.0;
   {
     mw::AlignedBuffer a(bytes), b(bytes), c(bytes);
     float *ap = floats(a), *bp = floats(b), *cp = floats(c);
@@ -180,6 +181,10 @@ int run(const Options& o) {
       });
     });
     triad_gbps = 12.0 * n / ms / 1e6;
+    const double copy_ms = time_median_ms(5, [&] {
+      parallel_chunks(n, [&](int64_t lo, int64_t hi) { std::copy(bp + lo, bp + hi, ap + lo); });
+    });
+    copy_gbps = 8.0 * n / copy_ms / 1e6;
   }
   // Ceiling 2: Adam's access pattern on the Adam arrays with trivial arithmetic (scale 0 keeps the
   // values; it is a run-time value, so the loads and stores stay).
@@ -201,8 +206,9 @@ int run(const Options& o) {
     std::printf("adam_bench: numel %lld (%.2f GB moved per step at 28 B/param), threads %d\n",
                 static_cast<long long>(n), 28.0 * n / 1e9, threads);
     std::printf(
-        "ceilings: triad %.1f GB/s (12 B/elem), Adam-pattern rmw %.1f GB/s = %.1f ms/step\n",
-        triad_gbps, rmw_gbps, rmw_ms);
+        "ceilings: copy %.1f GB/s (8 B/elem), triad %.1f GB/s (12 B/elem), Adam-pattern rmw %.1f "
+        "GB/s = %.1f ms/step\n",
+        copy_gbps, triad_gbps, rmw_gbps, rmw_ms);
   }
 
   const mw::optim::AdamHyper hyper;  // defaults: lr 1e-3, betas (0.9, 0.999), AdamW, wd 0
@@ -222,16 +228,16 @@ int run(const Options& o) {
     if (o.json) {
       std::printf(
           "{\"numel\": %lld, \"isa\": \"%s\", \"threads\": %d, \"steps\": %d, \"median_ms\": %.3f, "
-          "\"min_ms\": %.3f, \"GBps\": %.2f, \"ceiling_triad_GBps\": %.2f, "
-          "\"ceiling_rmw_GBps\": %.2f, \"ceiling_rmw_ms\": %.3f}\n",
+          "\"min_ms\": %.3f, \"GBps\": %.2f, \"ceiling_copy_GBps\": %.2f, "
+          "\"ceiling_triad_GBps\": %.2f, \"ceiling_rmw_GBps\": %.2f, \"ceiling_rmw_ms\": %.3f}\n",
           static_cast<long long>(n), mw::optim::isa_name(isa), threads, o.steps, med, best, gbps,
-          triad_gbps, rmw_gbps, rmw_ms);
+          copy_gbps, triad_gbps, rmw_gbps, rmw_ms);
     } else {
       std::printf(
           "%-7s median %8.2f ms (min %8.2f)  %6.1f GB/s  = %3.0f%% of rmw ceiling, %3.0f%% of "
-          "triad\n",
+          "triad, %3.0f%% of copy\n",
           mw::optim::isa_name(isa), med, best, gbps, 100.0 * gbps / rmw_gbps,
-          100.0 * gbps / triad_gbps);
+          100.0 * gbps / triad_gbps, 100.0 * gbps / copy_gbps);
     }
     std::fflush(stdout);
   }

@@ -64,9 +64,9 @@ AttentionOut attention(const Tensor& qkv_in, int64_t n_head, double attn_dropout
           T* row = att + t * d.T;
           T mx = row[0];
           for (int64_t j = 1; j <= t; ++j) mx = std::max(mx, row[j]);
-          T sum = 0;
+          double sum = 0;  // Note [Reductions accumulate in double] (layers.cpp)
           for (int64_t j = 0; j <= t; ++j) sum += (row[j] = std::exp(row[j] - mx));
-          T inv = T(1) / sum;
+          const T inv = static_cast<T>(1.0 / sum);
           for (int64_t j = 0; j <= t; ++j) row[j] *= inv;
           for (int64_t j = t + 1; j < d.T; ++j) row[j] = T(0);
         }
@@ -135,8 +135,10 @@ Tensor attention_backward(const Tensor& dout_in, const Tensor& qkv_in, const Ten
           const T* a = att + t * d.T;
           if (attn_dropout > 0)
             for (int64_t j = 0; j <= t; ++j) row[j] *= keep(t, j);
-          T dot = 0;
-          for (int64_t j = 0; j <= t; ++j) dot += row[j] * a[j];
+          double dot_sum = 0;  // Note [Reductions accumulate in double] (layers.cpp)
+          for (int64_t j = 0; j <= t; ++j)
+            dot_sum += static_cast<double>(row[j]) * static_cast<double>(a[j]);
+          const T dot = static_cast<T>(dot_sum);
           for (int64_t j = 0; j <= t; ++j) row[j] = a[j] * (row[j] - dot) * scale;
           for (int64_t j = t + 1; j < d.T; ++j) row[j] = T(0);
         }

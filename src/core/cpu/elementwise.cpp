@@ -131,13 +131,15 @@ Tensor sum_to_shape(const Tensor& grad_in, const Shape& shape) {
   if (grad_in.device().is_cuda()) return cuda::sum_to_shape(grad_in, shape);
   Tensor grad = grad_in.contiguous();
   Tensor out = Tensor::zeros(shape, grad.dtype(), grad.device());
-  // Serial, in element order, so the result is deterministic; broadcasting in GPT-2 is small.
+  // Serial, in element order, so the result is deterministic; broadcasting in GPT-2 is small. The
+  // sums are in double (Note [Reductions accumulate in double], layers.cpp).
   const Shape& gs = grad.shape();
   const Shape os = broadcast_strides(out, gs);
   const int64_t rank = static_cast<int64_t>(gs.size());
   dispatch_float(grad.dtype(), "sum_to_shape", [&]<typename T>() {
     const T* pg = grad.template data<T>();
     T* po = out.template data<T>();
+    std::vector<double> acc(static_cast<size_t>(out.numel()), 0.0);
     const int64_t n = grad.numel();
     for (int64_t i = 0; i < n; ++i) {
       int64_t rem = i, off = 0;
@@ -145,8 +147,9 @@ Tensor sum_to_shape(const Tensor& grad_in, const Shape& shape) {
         off += (rem % gs[d]) * os[d];
         rem /= gs[d];
       }
-      po[off] += pg[i];
+      acc[static_cast<size_t>(off)] += static_cast<double>(pg[i]);
     }
+    for (size_t j = 0; j < acc.size(); ++j) po[j] = static_cast<T>(acc[j]);
   });
   return out;
 }
@@ -190,9 +193,9 @@ Tensor sum_dim(const Tensor& x_in, int64_t dim, bool keepdim) {
     parallel_for(outer * inner, 256, [&](int64_t s, int64_t e) {
       for (int64_t idx = s; idx < e; ++idx) {
         int64_t o = idx / inner, i = idx % inner;
-        T acc = 0;
-        for (int64_t k = 0; k < n; ++k) acc += p[(o * n + k) * inner + i];
-        po[idx] = acc;
+        double acc = 0;  // Note [Reductions accumulate in double] (layers.cpp)
+        for (int64_t k = 0; k < n; ++k) acc += static_cast<double>(p[(o * n + k) * inner + i]);
+        po[idx] = static_cast<T>(acc);
       }
     });
   });

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/cpu/blas.h"
@@ -192,18 +193,20 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, 
   if (need_dbias && dy.device().is_cuda()) {
     g.dbias = cuda::column_sums(dy2);
   } else if (need_dbias) {
-    // Column sums: each thread owns a range of columns and adds rows in order (deterministic).
+    // Column sums: each thread owns a range of columns and adds rows in order (deterministic), in
+    // double (Note [Reductions accumulate in double], layers.cpp).
     g.dbias = Tensor::empty({N}, dy.dtype(), dy.device());
     Tensor dyc = dy2.contiguous();
     dispatch_float(dy.dtype(), "linear_backward", [&]<typename T>() {
       const T* d = dyc.template data<T>();
       T* db = g.dbias.template data<T>();
       parallel_for(N, 256, [&](int64_t b, int64_t e) {
-        std::fill(db + b, db + e, T(0));
+        std::vector<double> acc(static_cast<size_t>(e - b), 0.0);
         for (int64_t r = 0; r < R; ++r) {
-          const T* row = d + r * N;
-          for (int64_t j = b; j < e; ++j) db[j] += row[j];
+          const T* row = d + r * N + b;
+          for (int64_t j = 0; j < e - b; ++j) acc[j] += static_cast<double>(row[j]);
         }
+        for (int64_t j = b; j < e; ++j) db[j] = static_cast<T>(acc[j - b]);
       });
     });
   }
