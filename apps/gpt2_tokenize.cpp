@@ -1,0 +1,191 @@
+// gpt2_tokenize: text files or JSONL -> llm.c token shards DIR/{train,val}_NNNNNN.bin with GPT-2's
+// byte-level BPE (vocab.json + merges.txt, tokenizer.json, or merges learned here with
+// --train-bpe).
+//
+// Invariants:
+// - Streaming: the corpus is read in chunks (data/corpus.h, Note [Chunk boundaries]) and each
+//   split holds at most --shard-tokens tokens in memory, so RAM is bounded whatever the corpus size
+//   (--train-bpe also keeps one count per distinct piece).
+// - Every document is preceded by <|endoftext|> (its id found in the vocabulary by its string), as
+//   in llm.c's data scripts. A literal "<|endoftext|>" inside a document is ordinary text.
+// - A document goes whole to one split. It goes to val when val holds fewer than --val-fraction of
+//   the tokens written before it, so the first document is train, the second val, and val then
+//   keeps its share; the assignment is deterministic.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "cli.h"
+#include "data/bpe.h"
+#include "data/bpe_train.h"
+#include "data/corpus.h"
+#include "data/token_shard.h"
+
+using namespace mw;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// A progress line on stderr: redrawn in place on a terminal, a plain line every 10 s otherwise.
+class Progress {
+ public:
+  explicit Progress(std::string what) : what_(std::move(what)), tty_(isatty(2)) {}
+  void update(const data::CorpusReader& reader, int64_t tokens, bool last = false) {
+    const double now = seconds_since(t0_);
+    if (!last && now - shown_ < (tty_ ? 0.25 : 10.0)) return;
+    shown_ = now;
+    const double mb = reader.bytes_read() / 1e6, total_mb = reader.total_bytes() / 1e6;
+    std::fprintf(stderr, "%s[%s] %.1f / %.1f MB (%.0f%%), %lld documents, %lld tokens, %.1f MB/s%s",
+                 tty_ ? "\r" : "", what_.c_str(), mb, total_mb,
+                 total_mb > 0 ? 100.0 * mb / total_mb : 100.0,
+                 static_cast<long long>(reader.num_documents()), static_cast<long long>(tokens),
+                 now > 0 ? mb / now : 0.0, tty_ && !last ? "   " : "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  std::string what_;
+  bool tty_;
+  Clock::time_point t0_ = Clock::now();
+  double shown_ = 0;
+};
+
+std::unique_ptr<data::BpeTokenizer> train_bpe(const cli::Parser& p,
+                                              const std::vector<std::string>& inputs,
+                                              const std::string& out_dir) {
+  const int64_t vocab_size = p.integer("train-bpe", 257, 65536);
+  const auto t0 = Clock::now();
+  data::BpeTrainer trainer;
+  data::CorpusReader reader(inputs, p.str("field"));
+  Progress progress("count pieces");
+  for (data::CorpusChunk chunk; reader.next(chunk);) {
+    trainer.add_text(chunk.text);
+    progress.update(reader, 0);
+  }
+  progress.update(reader, 0, true);
+  const data::BpeModel model = trainer.train(vocab_size);
+  const std::string vocab = out_dir + "/vocab.json", merges = out_dir + "/merges.txt";
+  data::save_vocab_and_merges(model, vocab, merges);
+  std::printf("learned %zu merges from %lld distinct pieces in %.1f s: vocab %zu -> %s, %s\n",
+              model.merges.size(), static_cast<long long>(trainer.num_distinct_pieces()),
+              seconds_since(t0), model.vocab.size(), vocab.c_str(), merges.c_str());
+  return std::make_unique<data::BpeTokenizer>(model, vocab);
+}
+
+std::unique_ptr<data::BpeTokenizer> load_tokenizer(const cli::Parser& p,
+                                                   const std::vector<std::string>& inputs,
+                                                   const std::string& out_dir) {
+  const bool files = p.given("vocab") || p.given("merges"), json = p.given("tokenizer"),
+             train = p.given("train-bpe");
+  if (files + json + train != 1)
+    throw cli::UsageError(
+        "choose one tokenizer: --vocab and --merges, or --tokenizer, or --train-bpe VOCAB_SIZE");
+  if (train) return train_bpe(p, inputs, out_dir);
+  if (json) {
+    return std::make_unique<data::BpeTokenizer>(data::load_tokenizer_json(p.str("tokenizer")),
+                                                p.str("tokenizer"));
+  }
+  if (!p.given("vocab") || !p.given("merges"))
+    throw cli::UsageError("--vocab and --merges go together (HF's vocab.json and merges.txt)");
+  return std::make_unique<data::BpeTokenizer>(
+      data::load_vocab_and_merges(p.str("vocab"), p.str("merges")), p.str("vocab"));
+}
+
+void prepare_out_dir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  MW_CHECK_T(IoError, !ec && std::filesystem::is_directory(dir), "--out '", dir,
+             "' cannot be created as a directory (", ec.message(),
+             "); pass --out a writable directory");
+  MW_CHECK_T(IoError, ::access(dir.c_str(), W_OK) == 0, "--out '", dir,
+             "' is not writable; pass --out a writable directory");
+}
+
+void print_split(const char* name, const data::TokenShardWriter& w) {
+  std::printf("%s: %lld tokens in %zu shard(s)", name, static_cast<long long>(w.num_tokens()),
+              w.paths().size());
+  for (const auto& path : w.paths())
+    std::printf(" %s (%lld bytes)", path.c_str(),
+                static_cast<long long>(std::filesystem::file_size(path)));
+  std::printf("\n");
+}
+
+int run(cli::Parser& p) {
+  const std::vector<std::string>& inputs = p.positional_values();
+  if (inputs.empty())
+    throw cli::UsageError("no input files: pass text files or .jsonl files after the options");
+  if (!p.given("out")) throw cli::UsageError("--out DIR is required");
+  const std::string out_dir = p.str("out");
+  const double val_fraction = p.real("val-fraction", 0.0, 0.5);
+  const int64_t shard_tokens = p.integer("shard-tokens", 1, INT32_MAX);
+  data::CorpusReader reader(inputs, p.str("field"));  // checks the inputs before any work
+  prepare_out_dir(out_dir);
+  std::unique_ptr<data::BpeTokenizer> tok = load_tokenizer(p, inputs, out_dir);
+  const int32_t eot = tok->eot_id();
+
+  data::TokenShardWriter train(out_dir, "train", shard_tokens), val(out_dir, "val", shard_tokens);
+  data::TokenShardWriter* split = &train;
+  std::vector<int32_t> ids;
+  Progress progress("tokenize");
+  const auto t0 = Clock::now();
+  for (data::CorpusChunk chunk; reader.next(chunk);) {
+    if (chunk.starts_document) {
+      const int64_t before = train.num_tokens() + val.num_tokens();
+      split = val.num_tokens() < val_fraction * static_cast<double>(before) ? &val : &train;
+      split->add(&eot, 1);
+    }
+    ids.clear();
+    tok->encode(chunk.text, ids);
+    split->add(ids.data(), static_cast<int64_t>(ids.size()));
+    progress.update(reader, train.num_tokens() + val.num_tokens());
+  }
+  train.finish();
+  val.finish();
+  progress.update(reader, train.num_tokens() + val.num_tokens(), true);
+  const double seconds = seconds_since(t0);
+  std::printf(
+      "tokenized %lld documents, %.2f MB in %.2f s (%.2f MB/s): %lld tokens, %.2f bytes "
+      "per token, vocab %lld\n",
+      static_cast<long long>(reader.num_documents()), reader.bytes_read() / 1e6, seconds,
+      reader.bytes_read() / 1e6 / std::max(seconds, 1e-9),
+      static_cast<long long>(train.num_tokens() + val.num_tokens()),
+      reader.bytes_read() / std::max(1.0, double(train.num_tokens() + val.num_tokens())),
+      static_cast<long long>(tok->vocab_size()));
+  print_split("train", train);
+  print_split("val", val);
+  if (val_fraction > 0 && val.num_tokens() == 0)
+    std::fprintf(stderr,
+                 "warning: --val-fraction %g but no document went to val: a document is never "
+                 "split, and the first one is train; pass several files or a .jsonl\n",
+                 val_fraction);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cli::Parser p("gpt2_tokenize",
+                "Tokenizes text with GPT-2's byte-level BPE into llm.c token shards "
+                "DIR/{train,val}_NNNNNN.bin, each document preceded by <|endoftext|>.");
+  p.positionals("FILE", "text files (one document each) or .jsonl files (one document per line)");
+  p.option("vocab", "", "HF vocab.json (with --merges)");
+  p.option("merges", "", "HF merges.txt (with --vocab)");
+  p.option("tokenizer", "", "HF tokenizer.json (instead of --vocab/--merges)");
+  p.option("train-bpe", "",
+           "learn a BPE of this vocab size (257..65536) from the inputs, write DIR/vocab.json and "
+           "DIR/merges.txt, then tokenize with it");
+  p.option("out", "", "output directory (created if missing)");
+  p.option("val-fraction", "0", "share of the tokens (whole documents) written to val_*.bin");
+  p.option("field", "text", "the JSONL field holding each document's text");
+  p.option("shard-tokens", "100000000",
+           "max tokens per shard (2 bytes each in memory and on disk)");
+  return cli::run_main(p, "gpt2_tokenize", argc, argv, run);
+}
