@@ -104,6 +104,7 @@ int run(cli::Parser& p) {
     for (size_t i = 0; i < generated.size(); ++i) std::printf(i ? ",%d" : "%d", generated[i]);
   }
   std::printf("\n");
+  std::fflush(stdout);
   std::fprintf(stderr, "[generate] %zu prompt + %zu new tokens in %.2f s (%.1f tokens/s)%s\n",
                prompt.size(), generated.size(), seconds,
                static_cast<double>(prompt.size() + generated.size()) / std::max(seconds, 1e-9),

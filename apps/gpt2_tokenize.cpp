@@ -83,13 +83,8 @@ std::unique_ptr<data::BpeTokenizer> train_bpe(const cli::Parser& p,
 std::unique_ptr<data::BpeTokenizer> load_tokenizer(const cli::Parser& p,
                                                    const std::vector<std::string>& inputs,
                                                    const std::string& out_dir) {
-  const bool files = p.given("vocab") || p.given("merges"), json = p.given("tokenizer"),
-             train = p.given("train-bpe");
-  if (files + json + train != 1)
-    throw cli::UsageError(
-        "choose one tokenizer: --vocab and --merges, or --tokenizer, or --train-bpe VOCAB_SIZE");
-  if (train) return train_bpe(p, inputs, out_dir);
-  if (json) {
+  if (p.given("train-bpe")) return train_bpe(p, inputs, out_dir);
+  if (p.given("tokenizer")) {
     return std::make_unique<data::BpeTokenizer>(data::load_tokenizer_json(p.str("tokenizer")),
                                                 p.str("tokenizer"));
   }
@@ -120,6 +115,9 @@ void print_split(const char* name, const data::TokenShardWriter& w) {
 
 int run(cli::Parser& p) {
   const std::vector<std::string>& inputs = p.positional_values();
+  if ((p.given("vocab") || p.given("merges")) + p.given("tokenizer") + p.given("train-bpe") != 1)
+    throw cli::UsageError(
+        "choose one tokenizer: --vocab and --merges, or --tokenizer, or --train-bpe VOCAB_SIZE");
   if (inputs.empty())
     throw cli::UsageError("no input files: pass text files or .jsonl files after the options");
   if (!p.given("out")) throw cli::UsageError("--out DIR is required");
@@ -127,8 +125,12 @@ int run(cli::Parser& p) {
   const double val_fraction = p.real("val-fraction", 0.0, 0.5);
   const int64_t shard_tokens = p.integer("shard-tokens", 1, INT32_MAX);
   data::CorpusReader reader(inputs, p.str("field"));  // checks the inputs before any work
+  // The given tokenizer files are read before the output directory is made; --train-bpe writes
+  // its files there.
+  std::unique_ptr<data::BpeTokenizer> tok;
+  if (!p.given("train-bpe")) tok = load_tokenizer(p, inputs, out_dir);
   prepare_out_dir(out_dir);
-  std::unique_ptr<data::BpeTokenizer> tok = load_tokenizer(p, inputs, out_dir);
+  if (!tok) tok = load_tokenizer(p, inputs, out_dir);
   const int32_t eot = tok->eot_id();
 
   data::TokenShardWriter train(out_dir, "train", shard_tokens), val(out_dir, "val", shard_tokens);
