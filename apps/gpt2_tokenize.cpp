@@ -102,6 +102,14 @@ void prepare_out_dir(const std::string& dir) {
              "); pass --out a writable directory");
   MW_CHECK_T(IoError, ::access(dir.c_str(), W_OK) == 0, "--out '", dir,
              "' is not writable; pass --out a writable directory");
+  // Shards of an earlier run would mix with this run's (train_000001.bin of a larger corpus).
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    const bool shard = (name.rfind("train_", 0) == 0 || name.rfind("val_", 0) == 0) &&
+                       entry.path().extension() == ".bin";
+    MW_CHECK_T(IoError, !shard, "--out '", dir, "' already holds token shards (", name,
+               "); remove them or pass --out another directory");
+  }
 }
 
 void print_split(const char* name, const data::TokenShardWriter& w) {

@@ -181,6 +181,8 @@ void save_vocab_and_merges(const BpeModel& model, const std::string& vocab_json_
 
 BpeTokenizer::BpeTokenizer(const BpeModel& model, const std::string& source) : source_(source) {
   for (const auto& [token, id] : model.vocab) {
+    MW_CHECK_T(FormatError, id >= 0 && id < kMaxTokenId, source_, ": token \"", token, "\" has id ",
+               id, "; ids must be in [0, ", kMaxTokenId, ")");
     auto [it, inserted] = token_to_id_.emplace(token, id);
     MW_CHECK_T(FormatError, inserted || it->second == id, source_, ": token \"", token,
                "\" has two ids, ", it->second, " and ", id);

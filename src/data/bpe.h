@@ -52,8 +52,13 @@ BpeModel load_tokenizer_json(const std::string& path);
 void save_vocab_and_merges(const BpeModel& model, const std::string& vocab_json_path,
                            const std::string& merges_txt_path);
 
+// encode() caches pieces, so one BpeTokenizer must not encode on two threads at once; decode() and
+// the lookups are const and may.
 class BpeTokenizer {
  public:
+  // Vocabularies are dense tables of ids; a larger id is a corrupt file, not a vocabulary.
+  static constexpr int32_t kMaxTokenId = 1 << 24;
+
   // `source` names the files in error messages.
   BpeTokenizer(const BpeModel& model, const std::string& source);
 

@@ -133,6 +133,7 @@ TEST(Gpt2Tokenize, BadInputsGiveClearErrors) {
   TempDir tmp;
   const std::string out = " --out " + tmp.file("out") + " ";
   const std::string good = write(tmp, "good.txt", "hello");
+  write(tmp, "val_000000.bin", "an earlier run's shard");
   struct Case {
     std::string args;
     int exit_code;
@@ -151,6 +152,8 @@ TEST(Gpt2Tokenize, BadInputsGiveClearErrors) {
       {kFixtureTokenizer + out + write(tmp, "bad2.jsonl", "not json\n"), 1, "bad2.jsonl line 1"},
       {"--train-bpe 100" + out + good, 2, "--train-bpe '100'"},
       {kFixtureTokenizer + "--out /proc/version " + good, 1, "pass --out a writable directory"},
+      {kFixtureTokenizer + "--out " + tmp.path() + " " + good, 1,
+       "already holds token shards (val_000000.bin); remove them"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);
