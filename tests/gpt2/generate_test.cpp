@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "../apps/run_app.h"
 #include "models/gpt2/hf_io.h"
@@ -90,6 +91,38 @@ TEST(Generate, SamplingIsSeededAndStopsAtTheContext) {
   gpt2::SamplingOptions bad;
   bad.top_p = 0;
   EXPECT_THROW(gpt2::Sampler{bad}, InvalidArgument);
+}
+
+// The sampler's frequencies against the distribution it claims. Logits log(0.5, 0.3, 0.15, 0.05):
+// temperature 1 draws each id with its probability; top-k 2 renormalises over {0, 1} (0.625,
+// 0.375); top-p 0.7 keeps the smallest prefix reaching 0.7, {0, 1}, the same; temperature 0.5
+// squares the probabilities before renormalising. 40000 draws: the standard error of a frequency
+// is at most 0.0025, so 0.015 (6 sigma) cannot fail by chance but catches any wrong formula.
+TEST(Generate, SamplerFrequenciesMatchTheDistribution) {
+  const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.15f),
+                                     std::log(0.05f)};
+  auto frequencies = [&](gpt2::SamplingOptions o) {
+    gpt2::Sampler sampler(o);
+    std::vector<double> f(4, 0.0);
+    for (int i = 0; i < 40000; ++i) f[sampler.next(logits)] += 1.0 / 40000;
+    return f;
+  };
+  auto expect_near = [](const std::vector<double>& got, const std::vector<double>& want) {
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 0.015) << "id " << i;
+  };
+  gpt2::SamplingOptions o;
+  o.seed = 9;
+  expect_near(frequencies(o), {0.5, 0.3, 0.15, 0.05});
+  gpt2::SamplingOptions k = o;
+  k.top_k = 2;
+  expect_near(frequencies(k), {0.625, 0.375, 0, 0});
+  gpt2::SamplingOptions p = o;
+  p.top_p = 0.7;
+  expect_near(frequencies(p), {0.625, 0.375, 0, 0});
+  gpt2::SamplingOptions t = o;
+  t.temperature = 0.5;
+  const double z = 0.25 + 0.09 + 0.0225 + 0.0025;
+  expect_near(frequencies(t), {0.25 / z, 0.09 / z, 0.0225 / z, 0.0025 / z});
 }
 
 TEST(Generate, AppPrintsTheGreedyIds) {
