@@ -5,7 +5,9 @@
 // Invariants:
 // - Streaming: the corpus is read in chunks (data/corpus.h, Note [Chunk boundaries]) and each
 //   split holds at most --shard-tokens tokens in memory, so RAM is bounded whatever the corpus size
-//   (--train-bpe also keeps one count per distinct piece).
+//   (--train-bpe also keeps one count per distinct piece). With --threads N, about N chunks are
+//   read ahead and encoded in parallel, each worker with its own tokenizer (and cache); the
+//   shards are the same for any N.
 // - Every document is preceded by <|endoftext|> (its id found in the vocabulary by its string), as
 //   in llm.c's data scripts. A literal "<|endoftext|>" inside a document is ordinary text.
 // - A document goes whole to one split. It goes to val when val holds fewer than --val-fraction of
@@ -19,6 +21,7 @@
 #include <memory>
 
 #include "cli.h"
+#include "core/parallel.h"
 #include "data/bpe.h"
 #include "data/bpe_train.h"
 #include "data/corpus.h"
@@ -121,6 +124,66 @@ void print_split(const char* name, const data::TokenShardWriter& w) {
   std::printf("\n");
 }
 
+// The two splits and the rule that assigns documents to them (see the invariants above).
+struct Splits {
+  data::TokenShardWriter train, val;
+  double val_fraction;
+  int32_t eot;
+  data::TokenShardWriter* current = &train;
+
+  int64_t num_tokens() const { return train.num_tokens() + val.num_tokens(); }
+  void add(bool starts_document, const std::vector<int32_t>& ids) {
+    if (starts_document) {
+      current = val.num_tokens() < val_fraction * static_cast<double>(num_tokens()) ? &val : &train;
+      current->add(&eot, 1);
+    }
+    current->add(ids.data(), static_cast<int64_t>(ids.size()));
+  }
+};
+
+// Reads chunks until about one chunk per worker is pending, encodes them in parallel (worker s
+// encodes a contiguous slice with its own tokenizer, whose cache is not shared), then adds them to
+// the splits in order. The ids do not depend on the number of workers.
+void tokenize_corpus(data::CorpusReader& reader,
+                     std::vector<std::unique_ptr<data::BpeTokenizer>>& workers, Splits& splits,
+                     Progress& progress) {
+  struct Pending {
+    std::string text;
+    bool starts_document;
+    std::vector<int32_t> ids;
+  };
+  const int64_t n_workers = static_cast<int64_t>(workers.size());
+  std::vector<Pending> batch;
+  int64_t batch_bytes = 0;
+  bool more = true;
+  while (more) {
+    data::CorpusChunk chunk;
+    more = reader.next(chunk);
+    if (more) {
+      batch.push_back({std::string(chunk.text), chunk.starts_document, {}});
+      batch_bytes += static_cast<int64_t>(chunk.text.size());
+      if (batch_bytes < n_workers * data::kChunkBytes) continue;
+    }
+    // Slice s holds the chunks whose first byte falls in [s, s + 1) * batch_bytes / n_workers.
+    std::vector<size_t> first(n_workers + 1, batch.size());
+    int64_t offset = 0;
+    for (size_t i = 0, s = 0; i < batch.size(); ++i) {
+      while (s < static_cast<size_t>(n_workers) && offset >= int64_t(s) * batch_bytes / n_workers)
+        first[s++] = i;
+      offset += static_cast<int64_t>(batch[i].text.size());
+    }
+    parallel_for(n_workers, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t s = begin; s < end; ++s)
+        for (size_t i = first[s]; i < first[s + 1]; ++i)
+          workers[s]->encode(batch[i].text, batch[i].ids);
+    });
+    for (const Pending& c : batch) splits.add(c.starts_document, c.ids);
+    progress.update(reader, splits.num_tokens());
+    batch.clear();
+    batch_bytes = 0;
+  }
+}
+
 int run(cli::Parser& p) {
   const std::vector<std::string>& inputs = p.positional_values();
   if ((p.given("vocab") || p.given("merges")) + p.given("tokenizer") + p.given("train-bpe") != 1)
@@ -132,46 +195,37 @@ int run(cli::Parser& p) {
   const std::string out_dir = p.str("out");
   const double val_fraction = p.real("val-fraction", 0.0, 0.5);
   const int64_t shard_tokens = p.integer("shard-tokens", 1, INT32_MAX);
+  set_num_threads(static_cast<int>(p.integer("threads", 0, 1024)));
   data::CorpusReader reader(inputs, p.str("field"));  // checks the inputs before any work
   // The given tokenizer files are read before the output directory is made; --train-bpe writes
   // its files there.
-  std::unique_ptr<data::BpeTokenizer> tok;
-  if (!p.given("train-bpe")) tok = load_tokenizer(p, inputs, out_dir);
+  std::vector<std::unique_ptr<data::BpeTokenizer>> workers;
+  if (!p.given("train-bpe")) workers.push_back(load_tokenizer(p, inputs, out_dir));
   prepare_out_dir(out_dir);
-  if (!tok) tok = load_tokenizer(p, inputs, out_dir);
-  const int32_t eot = tok->eot_id();
+  if (workers.empty()) workers.push_back(load_tokenizer(p, inputs, out_dir));
+  while (static_cast<int>(workers.size()) < num_threads())
+    workers.push_back(std::make_unique<data::BpeTokenizer>(*workers.front()));
+  const data::BpeTokenizer& tok = *workers.front();
 
-  data::TokenShardWriter train(out_dir, "train", shard_tokens), val(out_dir, "val", shard_tokens);
-  data::TokenShardWriter* split = &train;
-  std::vector<int32_t> ids;
+  Splits splits{
+      {out_dir, "train", shard_tokens}, {out_dir, "val", shard_tokens}, val_fraction, tok.eot_id()};
   Progress progress("tokenize");
   const auto t0 = Clock::now();
-  for (data::CorpusChunk chunk; reader.next(chunk);) {
-    if (chunk.starts_document) {
-      const int64_t before = train.num_tokens() + val.num_tokens();
-      split = val.num_tokens() < val_fraction * static_cast<double>(before) ? &val : &train;
-      split->add(&eot, 1);
-    }
-    ids.clear();
-    tok->encode(chunk.text, ids);
-    split->add(ids.data(), static_cast<int64_t>(ids.size()));
-    progress.update(reader, train.num_tokens() + val.num_tokens());
-  }
-  train.finish();
-  val.finish();
-  progress.update(reader, train.num_tokens() + val.num_tokens(), true);
-  const double seconds = seconds_since(t0);
+  tokenize_corpus(reader, workers, splits, progress);
+  splits.train.finish();
+  splits.val.finish();
+  progress.update(reader, splits.num_tokens(), true);
+  const double seconds = seconds_since(t0), mb = reader.bytes_read() / 1e6;
   std::printf(
-      "tokenized %lld documents, %.2f MB in %.2f s (%.2f MB/s): %lld tokens, %.2f bytes "
-      "per token, vocab %lld\n",
-      static_cast<long long>(reader.num_documents()), reader.bytes_read() / 1e6, seconds,
-      reader.bytes_read() / 1e6 / std::max(seconds, 1e-9),
-      static_cast<long long>(train.num_tokens() + val.num_tokens()),
-      reader.bytes_read() / std::max(1.0, double(train.num_tokens() + val.num_tokens())),
-      static_cast<long long>(tok->vocab_size()));
-  print_split("train", train);
-  print_split("val", val);
-  if (val_fraction > 0 && val.num_tokens() == 0)
+      "tokenized %lld documents, %.2f MB in %.2f s (%.2f MB/s, %zu threads): %lld tokens, %.2f "
+      "bytes per token, vocab %lld\n",
+      static_cast<long long>(reader.num_documents()), mb, seconds, mb / std::max(seconds, 1e-9),
+      workers.size(), static_cast<long long>(splits.num_tokens()),
+      reader.bytes_read() / std::max(1.0, double(splits.num_tokens())),
+      static_cast<long long>(tok.vocab_size()));
+  print_split("train", splits.train);
+  print_split("val", splits.val);
+  if (val_fraction > 0 && splits.val.num_tokens() == 0)
     std::fprintf(stderr,
                  "warning: --val-fraction %g but no document went to val: a document is never "
                  "split, and the first one is train; pass several files or a .jsonl\n",
@@ -195,6 +249,7 @@ int main(int argc, char** argv) {
   p.option("out", "", "output directory (created if missing)");
   p.option("val-fraction", "0", "share of the tokens (whole documents) written to val_*.bin");
   p.option("field", "text", "the JSONL field holding each document's text");
+  p.option("threads", "0", "tokenizing threads (0 = all cores)");
   p.option("shard-tokens", "100000000",
            "max tokens per shard (2 bytes each in memory and on disk)");
   return cli::run_main(p, "gpt2_tokenize", argc, argv, run);

@@ -129,6 +129,29 @@ TEST(Gpt2Tokenize, TrainBpeLearnsATokenizerThatRoundTripsAndCompresses) {
   EXPECT_LT(tokens, double(text.size()) / 1.4);
 }
 
+// Chunks are encoded in parallel (each worker with its own tokenizer) and written in order: the
+// shards do not depend on --threads. A 3 MiB document (several chunks) and many small ones.
+TEST(Gpt2Tokenize, ShardsDoNotDependOnTheThreadCount) {
+  TempDir tmp;
+  const std::string base = data::testing::read_bytes(kFixture + "train.txt");
+  std::string big, lines;
+  for (size_t i = 0; big.size() < 3u << 20; ++i) big += base.substr((i * 7919) % base.size(), 150);
+  for (int i = 0; i < 500; ++i) lines += "{\"text\": \"doc " + std::to_string(i) + " text\"}\n";
+  const std::string inputs =
+      write(tmp, "big.txt", big) + " " + write(tmp, "docs.jsonl", lines) + " ";
+  for (const char* threads : {"1", "2", "3"}) {
+    const AppResult r = tokenize(kFixtureTokenizer + "--val-fraction 0.2 --threads " + threads +
+                                 " --out " + tmp.file(std::string("out") + threads) + " " + inputs);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  for (const char* shard : {"/train_000000.bin", "/val_000000.bin"}) {
+    const std::string one = data::testing::read_bytes(tmp.file("out1") + shard);
+    EXPECT_GT(one.size(), 1024u) << shard;
+    EXPECT_TRUE(one == data::testing::read_bytes(tmp.file("out2") + shard)) << shard;
+    EXPECT_TRUE(one == data::testing::read_bytes(tmp.file("out3") + shard)) << shard;
+  }
+}
+
 TEST(Gpt2Tokenize, BadInputsGiveClearErrors) {
   TempDir tmp;
   const std::string out = " --out " + tmp.file("out") + " ";
