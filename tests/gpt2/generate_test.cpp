@@ -6,8 +6,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include "../apps/run_app.h"
+#include "../data/temp_dir.h"
+#include "data/bpe.h"
 #include "models/gpt2/hf_io.h"
 
 namespace mw {
@@ -143,6 +146,37 @@ TEST(Generate, AppPrintsTheGreedyIds) {
   const auto bad = testing::run_built_app("gpt2_generate", "--model " + kFixture + " --prompt hi");
   EXPECT_EQ(bad.exit_code, 1) << bad.output;
   EXPECT_NE(bad.output.find("no tokenizer"), std::string::npos) << bad.output;
+}
+
+// Text mode: the prompt is encoded with the folder's vocab.json + merges.txt, echoed, and the
+// continuation streamed as text, the same as the library's greedy ids decoded.
+TEST(Generate, AppStreamsTextWithTheFoldersTokenizer) {
+  const std::string bpe = std::string(MW_SOURCE_DIR) + "/tests/fixtures/bpe/";
+  data::BpeTokenizer tok(data::load_vocab_and_merges(bpe + "vocab.json", bpe + "merges.txt"),
+                         "bpe");
+  gpt2::Config config = gpt2::Config::preset("tiny");
+  config.vocab_size = tok.vocab_size();  // 588, the fixture tokenizer's
+  config.set_dropout(0);
+  gpt2::GPT2 model(config, /*seed=*/3);
+  model.eval();
+  data::testing::TempDir tmp;
+  gpt2::save_hf(model, tmp.path());
+  std::filesystem::copy_file(bpe + "vocab.json", tmp.file("vocab.json"));
+  std::filesystem::copy_file(bpe + "merges.txt", tmp.file("merges.txt"));
+
+  const std::string prompt = "The quick brown fox";
+  gpt2::SamplingOptions greedy;
+  greedy.temperature = 0;
+  std::vector<int32_t> ids = gpt2::generate(model, tok.encode(prompt), 6, greedy);
+  if (auto eot = std::find(ids.begin(), ids.end(), tok.eot_id()); eot != ids.end())
+    ids.erase(eot, ids.end());  // the app stops at <|endoftext|>
+  ASSERT_FALSE(ids.empty()) << "pick another seed: this model ends at once";
+  const auto r = testing::run_built_app(
+      "gpt2_generate", "--model " + tmp.path() +
+                           " --prompt 'The quick brown fox' --max-new-tokens 6 --temperature 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind(prompt + tok.decode(ids) + "\n", 0), 0u)
+      << r.output << "\nwant: " << prompt + tok.decode(ids);
 }
 
 }  // namespace
