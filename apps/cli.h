@@ -50,7 +50,11 @@ class Parser {
         help_ = true;
         return;
       }
-      if (arg.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + arg + "'");
+      if (arg.rfind("--", 0) != 0) {
+        if (positional_name_.empty()) throw UsageError("unexpected argument '" + arg + "'");
+        positionals_.push_back(arg);
+        continue;
+      }
       std::string name = arg.substr(2), value;
       bool inline_value = false;
       if (auto eq = name.find('='); eq != std::string::npos) {
@@ -73,6 +77,13 @@ class Parser {
       given_[name] = true;
     }
   }
+
+  // Accepts arguments that are not options (input files), listed in the usage as `name...`.
+  void positionals(const std::string& name, const std::string& help) {
+    positional_name_ = name;
+    positional_help_ = help;
+  }
+  const std::vector<std::string>& positional_values() const { return positionals_; }
 
   bool help_requested() const { return help_; }
   bool given(const std::string& name) const { return given_.count(name) > 0; }
@@ -114,7 +125,13 @@ class Parser {
   }
 
   std::string usage() const {
-    std::string u = "usage: " + program_ + " [options]\n" + summary_ + "\n\noptions:\n";
+    std::string u =
+        "usage: " + program_ + " [options]" +
+        (positional_name_.empty() ? "" : " " + positional_name_ + "...") + "\n" + summary_ +
+        "\n\n" +
+        (positional_name_.empty() ? ""
+                                  : "  " + positional_name_ + "...: " + positional_help_ + "\n\n") +
+        "options:\n";
     for (const auto& s : specs_) {
       std::string left = "  --" + s.name + (s.is_flag ? "" : " V");
       left.resize(std::max<size_t>(left.size() + 2, 30), ' ');
@@ -137,6 +154,8 @@ class Parser {
   std::vector<Spec> specs_;
   std::map<std::string, std::string> values_;
   std::map<std::string, bool> given_;
+  std::string positional_name_, positional_help_;
+  std::vector<std::string> positionals_;
   bool help_ = false;
 };
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdio>
 
 #include "core/error.h"
 
@@ -118,5 +119,34 @@ void write_token_shard(const std::string& path, const std::vector<uint16_t>& tok
       {{header, kTokenShardHeaderBytes}, {tokens.data(), static_cast<int64_t>(2 * tokens.size())}},
       "pass a writable path for the token shard");
 }
+
+TokenShardWriter::TokenShardWriter(std::string dir, std::string split, int64_t max_tokens_per_shard)
+    : dir_(std::move(dir)), split_(std::move(split)), max_tokens_per_shard_(max_tokens_per_shard) {
+  MW_CHECK_T(InvalidArgument, max_tokens_per_shard >= 1 && max_tokens_per_shard <= INT32_MAX,
+             "TokenShardWriter: max_tokens_per_shard ", max_tokens_per_shard,
+             " must be in [1, 2^31 - 1] (the llm.c header's int32 count)");
+}
+
+void TokenShardWriter::add(const int32_t* ids, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    MW_CHECK_T(InvalidArgument, ids[i] >= 0 && ids[i] <= UINT16_MAX, "token id ", ids[i],
+               " does not fit an llm.c shard (uint16 tokens, ids 0..65535); use a vocabulary of "
+               "at most 65536 tokens");
+    pending_.push_back(static_cast<uint16_t>(ids[i]));
+    if (static_cast<int64_t>(pending_.size()) == max_tokens_per_shard_) flush();
+  }
+  num_tokens_ += count;
+}
+
+void TokenShardWriter::flush() {
+  if (pending_.empty()) return;
+  char name[32];
+  std::snprintf(name, sizeof name, "_%06zu.bin", paths_.size());
+  paths_.push_back(dir_ + "/" + split_ + name);
+  write_token_shard(paths_.back(), pending_);
+  pending_.clear();
+}
+
+void TokenShardWriter::finish() { flush(); }
 
 }  // namespace mw::data

@@ -47,4 +47,28 @@ class TokenShard {
 // Writes a version-1 shard (atomically, file_io.h). InvalidArgument for an empty token list.
 void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens);
 
+// Streams tokens into shards DIR/SPLIT_000000.bin, DIR/SPLIT_000001.bin, ... of at most
+// max_tokens_per_shard tokens each (llm.c's naming). Holds at most one shard's tokens in memory; a
+// shard is written (atomically) when full, and the last, partial one by finish(). A split that
+// received no token writes no file.
+class TokenShardWriter {
+ public:
+  TokenShardWriter(std::string dir, std::string split, int64_t max_tokens_per_shard);
+  // InvalidArgument for an id outside [0, 65535]: llm.c shards hold uint16 tokens.
+  void add(const int32_t* ids, int64_t count);
+  void finish();
+
+  int64_t num_tokens() const { return num_tokens_; }
+  const std::vector<std::string>& paths() const { return paths_; }  // the shards written so far
+
+ private:
+  void flush();
+
+  std::string dir_, split_;
+  int64_t max_tokens_per_shard_;
+  std::vector<uint16_t> pending_;
+  std::vector<std::string> paths_;
+  int64_t num_tokens_ = 0;
+};
+
 }  // namespace mw::data

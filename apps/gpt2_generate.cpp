@@ -1,0 +1,136 @@
+// gpt2_generate: samples text from a GPT-2 in a HuggingFace folder with a KV cache
+// (models/gpt2/generate.h), streaming each token as it comes.
+//
+// Text mode: --prompt is encoded with the folder's tokenizer (vocab.json + merges.txt, or
+// tokenizer.json; or --vocab/--merges/--tokenizer), the prompt is echoed and the continuation
+// streamed, stopping at <|endoftext|>. Without a prompt, sampling starts from <|endoftext|>
+// (GPT-2's unconditional samples). Ids mode (--prompt-ids 1,2,3 --print-ids): no tokenizer is
+// needed, and one line "ids: 5,17,..." lists the generated ids without the prompt.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+
+#include "cli.h"
+#include "data/bpe.h"
+#include "models/gpt2/generate.h"
+#include "models/gpt2/hf_io.h"
+
+using namespace mw;
+
+namespace {
+
+// The tokenizer named by the flags or found in the model folder; nullptr when there is none.
+std::unique_ptr<data::BpeTokenizer> find_tokenizer(const cli::Parser& p, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::string vocab = p.str("vocab"), merges = p.str("merges"), json = p.str("tokenizer");
+  if (vocab.empty() && merges.empty() && json.empty()) {
+    if (fs::exists(dir + "/vocab.json") && fs::exists(dir + "/merges.txt")) {
+      vocab = dir + "/vocab.json";
+      merges = dir + "/merges.txt";
+    } else if (fs::exists(dir + "/tokenizer.json")) {
+      json = dir + "/tokenizer.json";
+    }
+  }
+  if (!json.empty())
+    return std::make_unique<data::BpeTokenizer>(data::load_tokenizer_json(json), json);
+  if (vocab.empty() != merges.empty())
+    throw cli::UsageError("--vocab and --merges go together (HF's vocab.json and merges.txt)");
+  if (vocab.empty()) return nullptr;
+  return std::make_unique<data::BpeTokenizer>(data::load_vocab_and_merges(vocab, merges), vocab);
+}
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 0 || v > INT32_MAX)
+      throw cli::UsageError("--prompt-ids '" + text + "': expected ids like 50256,464,3290");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  return ids;
+}
+
+gpt2::SamplingOptions sampling_options(const cli::Parser& p) {
+  gpt2::SamplingOptions o;
+  o.temperature = p.real("temperature", 0, 100);
+  o.top_k = p.integer("top-k", 0, INT32_MAX);
+  o.top_p = p.real("top-p", 1e-9, 1);
+  o.seed = static_cast<uint64_t>(p.integer("seed", 0, INT64_MAX));
+  return o;
+}
+
+int run(cli::Parser& p) {
+  if (!p.given("model"))
+    throw cli::UsageError("--model DIR (a HuggingFace GPT-2 folder) is required");
+  if (p.given("prompt") && p.given("prompt-ids"))
+    throw cli::UsageError("--prompt and --prompt-ids exclude each other");
+  const std::string dir = p.str("model");
+  const int64_t max_new = p.integer("max-new-tokens", 1, INT32_MAX);
+  const gpt2::SamplingOptions options = sampling_options(p);
+  const bool print_ids = p.has("print-ids");
+  gpt2::GPT2 model(gpt2::load_hf_config(dir));
+  gpt2::load_hf_weights(model, dir);
+  model.eval();
+  std::unique_ptr<data::BpeTokenizer> tok;
+  if (!print_ids || !p.given("prompt-ids")) {
+    tok = find_tokenizer(p, dir);
+    MW_CHECK_T(FormatError, tok != nullptr, "no tokenizer in '", dir,
+               "' (vocab.json + merges.txt, or tokenizer.json): pass --vocab and --merges or "
+               "--tokenizer, or use --prompt-ids with --print-ids");
+  }
+  std::vector<int32_t> prompt = p.given("prompt-ids") ? parse_ids(p.str("prompt-ids"))
+                                : p.given("prompt")   ? tok->encode(p.str("prompt"))
+                                                      : std::vector<int32_t>{tok->eot_id()};
+  if (prompt.empty()) prompt.push_back(tok->eot_id());  // an empty --prompt ""
+  if (!print_ids && p.given("prompt"))
+    std::fwrite(p.str("prompt").data(), 1, p.str("prompt").size(), stdout);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto generated = gpt2::generate(model, prompt, max_new, options, [&](int32_t id) {
+    if (print_ids) return true;
+    if (id == tok->eot_id()) return false;
+    const std::string& bytes = tok->token_bytes(id);
+    std::fwrite(bytes.data(), 1, bytes.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  });
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (print_ids) {
+    std::printf("ids: ");
+    for (size_t i = 0; i < generated.size(); ++i) std::printf(i ? ",%d" : "%d", generated[i]);
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+  std::fprintf(stderr, "[generate] %zu prompt + %zu new tokens in %.2f s (%.1f tokens/s)%s\n",
+               prompt.size(), generated.size(), seconds,
+               static_cast<double>(prompt.size() + generated.size()) / std::max(seconds, 1e-9),
+               static_cast<int64_t>(prompt.size() + generated.size()) >= model.config().n_positions
+                   ? "; stopped: the context (n_positions) is full"
+                   : "");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cli::Parser p("gpt2_generate",
+                "Samples from a GPT-2 HuggingFace folder (config.json + model.safetensors) with a "
+                "KV cache, streaming the text.");
+  p.option("model", "", "HuggingFace GPT-2 folder");
+  p.option("prompt", "", "text to continue (default: start from <|endoftext|>)");
+  p.option("prompt-ids", "", "token ids to continue, comma-separated (no tokenizer needed)");
+  p.flag("print-ids", "print the generated ids as one line 'ids: 5,17,...' instead of text");
+  p.option("max-new-tokens", "64", "tokens to generate (fewer when the context fills up)");
+  p.option("temperature", "1.0", "softmax temperature; 0 is greedy (argmax)");
+  p.option("top-k", "0", "sample among the k most likely tokens (0: all)");
+  p.option("top-p", "1.0", "sample among the most likely tokens whose probability reaches p");
+  p.option("seed", "0", "sampling seed");
+  p.option("vocab", "", "vocab.json (default: the model folder's)");
+  p.option("merges", "", "merges.txt (default: the model folder's)");
+  p.option("tokenizer", "", "tokenizer.json (default: the model folder's)");
+  return cli::run_main(p, "gpt2_generate", argc, argv, run);
+}

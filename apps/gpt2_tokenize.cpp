@@ -1,0 +1,256 @@
+// gpt2_tokenize: text files or JSONL -> llm.c token shards DIR/{train,val}_NNNNNN.bin with GPT-2's
+// byte-level BPE (vocab.json + merges.txt, tokenizer.json, or merges learned here with
+// --train-bpe).
+//
+// Invariants:
+// - Streaming: the corpus is read in chunks (data/corpus.h, Note [Chunk boundaries]) and each
+//   split holds at most --shard-tokens tokens in memory, so RAM is bounded whatever the corpus size
+//   (--train-bpe also keeps one count per distinct piece). With --threads N, about N chunks are
+//   read ahead and encoded in parallel, each worker with its own tokenizer (and cache); the
+//   shards are the same for any N.
+// - Every document is preceded by <|endoftext|> (its id found in the vocabulary by its string), as
+//   in llm.c's data scripts. A literal "<|endoftext|>" inside a document is ordinary text.
+// - A document goes whole to one split. It goes to val when val holds fewer than --val-fraction of
+//   the tokens written before it, so the first document is train, the second val, and val then
+//   keeps its share; the assignment is deterministic.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "cli.h"
+#include "core/parallel.h"
+#include "data/bpe.h"
+#include "data/bpe_train.h"
+#include "data/corpus.h"
+#include "data/token_shard.h"
+
+using namespace mw;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// A progress line on stderr: redrawn in place on a terminal, a plain line every 10 s otherwise.
+class Progress {
+ public:
+  explicit Progress(std::string what) : what_(std::move(what)), tty_(isatty(2)) {}
+  void update(const data::CorpusReader& reader, int64_t tokens, bool last = false) {
+    const double now = seconds_since(t0_);
+    if (!last && now - shown_ < (tty_ ? 0.25 : 10.0)) return;
+    shown_ = now;
+    const double mb = reader.bytes_read() / 1e6, total_mb = reader.total_bytes() / 1e6;
+    std::fprintf(stderr, "%s[%s] %.1f / %.1f MB (%.0f%%), %lld documents, %lld tokens, %.1f MB/s%s",
+                 tty_ ? "\r" : "", what_.c_str(), mb, total_mb,
+                 total_mb > 0 ? 100.0 * mb / total_mb : 100.0,
+                 static_cast<long long>(reader.num_documents()), static_cast<long long>(tokens),
+                 now > 0 ? mb / now : 0.0, tty_ && !last ? "   " : "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  std::string what_;
+  bool tty_;
+  Clock::time_point t0_ = Clock::now();
+  double shown_ = 0;
+};
+
+std::unique_ptr<data::BpeTokenizer> train_bpe(const cli::Parser& p,
+                                              const std::vector<std::string>& inputs,
+                                              const std::string& out_dir) {
+  const int64_t vocab_size = p.integer("train-bpe", 257, 65536);
+  const auto t0 = Clock::now();
+  data::BpeTrainer trainer;
+  data::CorpusReader reader(inputs, p.str("field"));
+  Progress progress("count pieces");
+  for (data::CorpusChunk chunk; reader.next(chunk);) {
+    trainer.add_text(chunk.text);
+    progress.update(reader, 0);
+  }
+  progress.update(reader, 0, true);
+  const data::BpeModel model = trainer.train(vocab_size);
+  const std::string vocab = out_dir + "/vocab.json", merges = out_dir + "/merges.txt";
+  data::save_vocab_and_merges(model, vocab, merges);
+  std::printf("learned %zu merges from %lld distinct pieces in %.1f s: vocab %zu -> %s, %s\n",
+              model.merges.size(), static_cast<long long>(trainer.num_distinct_pieces()),
+              seconds_since(t0), model.vocab.size(), vocab.c_str(), merges.c_str());
+  return std::make_unique<data::BpeTokenizer>(model, vocab);
+}
+
+std::unique_ptr<data::BpeTokenizer> load_tokenizer(const cli::Parser& p,
+                                                   const std::vector<std::string>& inputs,
+                                                   const std::string& out_dir) {
+  if (p.given("train-bpe")) return train_bpe(p, inputs, out_dir);
+  if (p.given("tokenizer")) {
+    return std::make_unique<data::BpeTokenizer>(data::load_tokenizer_json(p.str("tokenizer")),
+                                                p.str("tokenizer"));
+  }
+  if (!p.given("vocab") || !p.given("merges"))
+    throw cli::UsageError("--vocab and --merges go together (HF's vocab.json and merges.txt)");
+  return std::make_unique<data::BpeTokenizer>(
+      data::load_vocab_and_merges(p.str("vocab"), p.str("merges")), p.str("vocab"));
+}
+
+void prepare_out_dir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  MW_CHECK_T(IoError, !ec && std::filesystem::is_directory(dir), "--out '", dir,
+             "' cannot be created as a directory (", ec.message(),
+             "); pass --out a writable directory");
+  MW_CHECK_T(IoError, ::access(dir.c_str(), W_OK) == 0, "--out '", dir,
+             "' is not writable; pass --out a writable directory");
+  // Shards of an earlier run would mix with this run's (train_000001.bin of a larger corpus).
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    const bool shard = (name.rfind("train_", 0) == 0 || name.rfind("val_", 0) == 0) &&
+                       entry.path().extension() == ".bin";
+    MW_CHECK_T(IoError, !shard, "--out '", dir, "' already holds token shards (", name,
+               "); remove them or pass --out another directory");
+  }
+}
+
+void print_split(const char* name, const data::TokenShardWriter& w) {
+  std::printf("%s: %lld tokens in %zu shard(s)", name, static_cast<long long>(w.num_tokens()),
+              w.paths().size());
+  for (const auto& path : w.paths())
+    std::printf(" %s (%lld bytes)", path.c_str(),
+                static_cast<long long>(std::filesystem::file_size(path)));
+  std::printf("\n");
+}
+
+// The two splits and the rule that assigns documents to them (see the invariants above).
+struct Splits {
+  data::TokenShardWriter train, val;
+  double val_fraction;
+  int32_t eot;
+  data::TokenShardWriter* current = &train;
+
+  int64_t num_tokens() const { return train.num_tokens() + val.num_tokens(); }
+  void add(bool starts_document, const std::vector<int32_t>& ids) {
+    if (starts_document) {
+      current = val.num_tokens() < val_fraction * static_cast<double>(num_tokens()) ? &val : &train;
+      current->add(&eot, 1);
+    }
+    current->add(ids.data(), static_cast<int64_t>(ids.size()));
+  }
+};
+
+// Reads chunks until about one chunk per worker is pending, encodes them in parallel (worker s
+// encodes a contiguous slice with its own tokenizer, whose cache is not shared), then adds them to
+// the splits in order. The ids do not depend on the number of workers.
+void tokenize_corpus(data::CorpusReader& reader,
+                     std::vector<std::unique_ptr<data::BpeTokenizer>>& workers, Splits& splits,
+                     Progress& progress) {
+  struct Pending {
+    std::string text;
+    bool starts_document;
+    std::vector<int32_t> ids;
+  };
+  const int64_t n_workers = static_cast<int64_t>(workers.size());
+  std::vector<Pending> batch;
+  int64_t batch_bytes = 0;
+  bool more = true;
+  while (more) {
+    data::CorpusChunk chunk;
+    more = reader.next(chunk);
+    if (more) {
+      batch.push_back({std::string(chunk.text), chunk.starts_document, {}});
+      batch_bytes += static_cast<int64_t>(chunk.text.size());
+      if (batch_bytes < n_workers * data::kChunkBytes) continue;
+    }
+    // Slice s holds the chunks whose first byte falls in [s, s + 1) * batch_bytes / n_workers.
+    std::vector<size_t> first(n_workers + 1, batch.size());
+    int64_t offset = 0;
+    for (size_t i = 0, s = 0; i < batch.size(); ++i) {
+      while (s < static_cast<size_t>(n_workers) && offset >= int64_t(s) * batch_bytes / n_workers)
+        first[s++] = i;
+      offset += static_cast<int64_t>(batch[i].text.size());
+    }
+    parallel_for(n_workers, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t s = begin; s < end; ++s)
+        for (size_t i = first[s]; i < first[s + 1]; ++i)
+          workers[s]->encode(batch[i].text, batch[i].ids);
+    });
+    for (const Pending& c : batch) splits.add(c.starts_document, c.ids);
+    progress.update(reader, splits.num_tokens());
+    batch.clear();
+    batch_bytes = 0;
+  }
+}
+
+int run(cli::Parser& p) {
+  const std::vector<std::string>& inputs = p.positional_values();
+  if ((p.given("vocab") || p.given("merges")) + p.given("tokenizer") + p.given("train-bpe") != 1)
+    throw cli::UsageError(
+        "choose one tokenizer: --vocab and --merges, or --tokenizer, or --train-bpe VOCAB_SIZE");
+  if (inputs.empty())
+    throw cli::UsageError("no input files: pass text files or .jsonl files after the options");
+  if (!p.given("out")) throw cli::UsageError("--out DIR is required");
+  const std::string out_dir = p.str("out");
+  const double val_fraction = p.real("val-fraction", 0.0, 0.5);
+  const int64_t shard_tokens = p.integer("shard-tokens", 1, INT32_MAX);
+  set_num_threads(static_cast<int>(p.integer("threads", 0, 1024)));
+  data::CorpusReader reader(inputs, p.str("field"));  // checks the inputs before any work
+  // The given tokenizer files are read before the output directory is made; --train-bpe writes
+  // its files there.
+  std::vector<std::unique_ptr<data::BpeTokenizer>> workers;
+  if (!p.given("train-bpe")) workers.push_back(load_tokenizer(p, inputs, out_dir));
+  prepare_out_dir(out_dir);
+  if (workers.empty()) workers.push_back(load_tokenizer(p, inputs, out_dir));
+  while (static_cast<int>(workers.size()) < num_threads())
+    workers.push_back(std::make_unique<data::BpeTokenizer>(*workers.front()));
+  const data::BpeTokenizer& tok = *workers.front();
+
+  Splits splits{
+      {out_dir, "train", shard_tokens}, {out_dir, "val", shard_tokens}, val_fraction, tok.eot_id()};
+  Progress progress("tokenize");
+  const auto t0 = Clock::now();
+  tokenize_corpus(reader, workers, splits, progress);
+  splits.train.finish();
+  splits.val.finish();
+  progress.update(reader, splits.num_tokens(), true);
+  const double seconds = seconds_since(t0), mb = reader.bytes_read() / 1e6;
+  std::printf(
+      "tokenized %lld documents, %.2f MB in %.2f s (%.2f MB/s, %zu threads): %lld tokens, %.2f "
+      "bytes per token, vocab %lld\n",
+      static_cast<long long>(reader.num_documents()), mb, seconds, mb / std::max(seconds, 1e-9),
+      workers.size(), static_cast<long long>(splits.num_tokens()),
+      reader.bytes_read() / std::max(1.0, double(splits.num_tokens())),
+      static_cast<long long>(tok.vocab_size()));
+  print_split("train", splits.train);
+  print_split("val", splits.val);
+  if (val_fraction > 0 && splits.val.num_tokens() == 0)
+    std::fprintf(stderr,
+                 "warning: --val-fraction %g but no document went to val: a document is never "
+                 "split, and the first one is train; pass several files or a .jsonl\n",
+                 val_fraction);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cli::Parser p("gpt2_tokenize",
+                "Tokenizes text with GPT-2's byte-level BPE into llm.c token shards "
+                "DIR/{train,val}_NNNNNN.bin, each document preceded by <|endoftext|>.");
+  p.positionals("FILE", "text files (one document each) or .jsonl files (one document per line)");
+  p.option("vocab", "", "HF vocab.json (with --merges)");
+  p.option("merges", "", "HF merges.txt (with --vocab)");
+  p.option("tokenizer", "", "HF tokenizer.json (instead of --vocab/--merges)");
+  p.option("train-bpe", "",
+           "learn a BPE of this vocab size (257..65536) from the inputs, write DIR/vocab.json and "
+           "DIR/merges.txt, then tokenize with it");
+  p.option("out", "", "output directory (created if missing)");
+  p.option("val-fraction", "0", "share of the tokens (whole documents) written to val_*.bin");
+  p.option("field", "text", "the JSONL field holding each document's text");
+  p.option("threads", "0", "tokenizing threads (0 = all cores)");
+  p.option("shard-tokens", "100000000",
+           "max tokens per shard (2 bytes each in memory and on disk)");
+  return cli::run_main(p, "gpt2_tokenize", argc, argv, run);
+}

@@ -1,0 +1,322 @@
+// GPT-2's byte-level BPE: the byte characters, the HF file formats, and encode/decode. See bpe.h
+// and Note [Byte-level tokens].
+#include "data/bpe.h"
+
+#include <array>
+#include <fstream>
+#include <queue>
+#include <sstream>
+
+#include "core/error.h"
+#include "data/file_io.h"
+#include "data/json.h"
+#include "data/pretokenize.h"
+
+namespace mw::data {
+
+namespace {
+
+std::string utf8_encode(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {  // byte characters are all below U+0800
+    s += static_cast<char>(0xE0 | (cp >> 12));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+// GPT-2's bytes_to_unicode(): printable Latin-1 bytes map to themselves, the other 68 bytes to
+// U+0100.. in byte order.
+struct ByteChars {
+  std::array<std::string, 256> of_byte;
+  std::array<int16_t, 0x144> byte_of_code_point;  // -1: not a byte character
+  ByteChars() {
+    byte_of_code_point.fill(-1);
+    uint32_t next_extra = 0x100;
+    for (uint32_t b = 0; b < 256; ++b) {
+      const bool printable =
+          (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      const uint32_t cp = printable ? b : next_extra++;
+      of_byte[b] = utf8_encode(cp);
+      byte_of_code_point[cp] = static_cast<int16_t>(b);
+    }
+  }
+};
+const ByteChars& byte_chars() {
+  static const ByteChars chars;
+  return chars;
+}
+
+std::string read_text_file(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  MW_CHECK_T(IoError, in.good(), "cannot open '", path, "': expected ", what, " there");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  MW_CHECK_T(IoError, !in.bad(), "cannot read '", path, "'");
+  return ss.str();
+}
+
+void add_vocab(BpeModel& model, const json::Value& vocab, const std::string& where) {
+  MW_CHECK_T(FormatError, vocab.is_object(), where, ": expected an object {token: id}, found ",
+             vocab.describe());
+  for (int64_t i = 0; i < vocab.size(); ++i) {
+    const json::Value& id = vocab.value(i);
+    MW_CHECK_T(FormatError, id.is_integer() && id.as_int() >= 0 && id.as_int() < (1LL << 31), where,
+               ": token \"", vocab.key(i), "\": expected a non-negative integer id, found ",
+               id.describe());
+    model.vocab.emplace_back(vocab.key(i), static_cast<int32_t>(id.as_int()));
+  }
+}
+
+// "a b" -> {a, b}; nullopt unless exactly two non-empty halves separated by one space.
+std::optional<std::pair<std::string, std::string>> split_merge(std::string_view line) {
+  const size_t space = line.find(' ');
+  if (space == 0 || space == std::string_view::npos || space + 1 >= line.size() ||
+      line.find(' ', space + 1) != std::string_view::npos)
+    return std::nullopt;
+  return std::make_pair(std::string(line.substr(0, space)), std::string(line.substr(space + 1)));
+}
+
+}  // namespace
+
+const std::string& byte_to_token_char(uint8_t b) { return byte_chars().of_byte[b]; }
+
+std::string bytes_to_token_chars(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (char c : bytes) out += byte_chars().of_byte[static_cast<uint8_t>(c)];
+  return out;
+}
+
+std::optional<std::string> token_chars_to_bytes(std::string_view chars) {
+  std::string out;
+  for (size_t pos = 0; pos < chars.size();) {
+    const Utf8Char c = decode_utf8(chars, pos);
+    if (!c.valid || c.code_point >= byte_chars().byte_of_code_point.size()) return std::nullopt;
+    const int16_t b = byte_chars().byte_of_code_point[c.code_point];
+    if (b < 0) return std::nullopt;
+    out += static_cast<char>(b);
+    pos += c.length_bytes;
+  }
+  return out;
+}
+
+BpeModel load_vocab_and_merges(const std::string& vocab_json_path,
+                               const std::string& merges_txt_path) {
+  BpeModel model;
+  add_vocab(model,
+            json::parse(read_text_file(vocab_json_path, "a GPT-2 vocab.json"), vocab_json_path),
+            vocab_json_path);
+  std::istringstream merges(read_text_file(merges_txt_path, "a GPT-2 merges.txt"));
+  int64_t line_number = 0;
+  for (std::string line; std::getline(merges, line);) {
+    ++line_number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || (line_number == 1 && line.rfind("#version", 0) == 0)) continue;
+    auto merge = split_merge(line);
+    MW_CHECK_T(FormatError, merge.has_value(), merges_txt_path, " line ", line_number,
+               ": expected two tokens separated by one space (\"Ġ t\"), found \"", line, "\"");
+    model.merges.push_back(std::move(*merge));
+  }
+  return model;
+}
+
+BpeModel load_tokenizer_json(const std::string& path) {
+  const json::Value root = json::parse(read_text_file(path, "a HuggingFace tokenizer.json"), path);
+  MW_CHECK_T(FormatError, root.is_object() && root.contains("model"), path,
+             ": expected a HuggingFace tokenizer.json (an object with a \"model\")");
+  const json::Value& m = root.at("model");
+  if (const json::Value* type = m.find("type"))
+    MW_CHECK_T(FormatError, type->is_string() && type->as_string() == "BPE", path,
+               ": model.type is ", type->describe(), "; only \"BPE\" (GPT-2) is supported");
+  if (const json::Value* pre = root.find("pre_tokenizer"); pre && !pre->is_null()) {
+    MW_CHECK_T(FormatError,
+               pre->is_object() && pre->contains("type") && pre->at("type").is_string() &&
+                   pre->at("type").as_string() == "ByteLevel",
+               path, ": pre_tokenizer must be ByteLevel (a GPT-2 byte-level BPE), found ",
+               pre->dump());
+    if (const json::Value* prefix = pre->find("add_prefix_space"))
+      MW_CHECK_T(FormatError, !prefix->is_bool() || !prefix->as_bool(), path,
+                 ": pre_tokenizer.add_prefix_space true is not supported (GPT-2 uses false)");
+  }
+  BpeModel model;
+  add_vocab(model, m.at("vocab"), path + " model.vocab");
+  for (int64_t i = 0; i < m.at("merges").size(); ++i) {
+    const json::Value& entry = m.at("merges").at(i);
+    std::optional<std::pair<std::string, std::string>> merge;
+    if (entry.is_string())
+      merge = split_merge(entry.as_string());
+    else if (entry.is_array() && entry.size() == 2 && entry.at(0).is_string() &&
+             entry.at(1).is_string())
+      merge = std::make_pair(entry.at(0).as_string(), entry.at(1).as_string());
+    MW_CHECK_T(FormatError, merge.has_value(), path, " model.merges[", i,
+               "]: expected \"a b\" or [\"a\", \"b\"], found ", entry.dump());
+    model.merges.push_back(std::move(*merge));
+  }
+  if (const json::Value* added = root.find("added_tokens"); added && added->is_array())
+    for (const json::Value& t : added->elements())
+      model.vocab.emplace_back(t.get_string("content"), static_cast<int32_t>(t.get_int("id")));
+  return model;
+}
+
+void save_vocab_and_merges(const BpeModel& model, const std::string& vocab_json_path,
+                           const std::string& merges_txt_path) {
+  json::Value vocab = json::Value::object();
+  for (const auto& [token, id] : model.vocab) vocab.set(token, json::Value(int64_t{id}));
+  const std::string vocab_text = vocab.dump() + "\n";
+  std::string merges_text = "#version: 0.2\n";
+  for (const auto& [a, b] : model.merges) merges_text += a + " " + b + "\n";
+  const std::string hint = "pass a writable output directory";
+  write_file_atomically(vocab_json_path,
+                        {{vocab_text.data(), static_cast<int64_t>(vocab_text.size())}}, hint);
+  write_file_atomically(merges_txt_path,
+                        {{merges_text.data(), static_cast<int64_t>(merges_text.size())}}, hint);
+}
+
+BpeTokenizer::BpeTokenizer(const BpeModel& model, const std::string& source) : source_(source) {
+  for (const auto& [token, id] : model.vocab) {
+    MW_CHECK_T(FormatError, id >= 0 && id < kMaxTokenId, source_, ": token \"", token, "\" has id ",
+               id, "; ids must be in [0, ", kMaxTokenId, ")");
+    auto [it, inserted] = token_to_id_.emplace(token, id);
+    MW_CHECK_T(FormatError, inserted || it->second == id, source_, ": token \"", token,
+               "\" has two ids, ", it->second, " and ", id);
+    if (static_cast<size_t>(id) >= id_to_bytes_.size()) {
+      id_to_bytes_.resize(id + 1);
+      id_present_.resize(id + 1, false);
+    }
+    // A token that is not made of byte characters (an added token such as "<|endoftext|>")
+    // decodes to its own text.
+    std::string bytes = token_chars_to_bytes(token).value_or(token);
+    MW_CHECK_T(FormatError, !id_present_[id] || id_to_bytes_[id] == bytes, source_, ": id ", id,
+               " names two tokens");
+    id_to_bytes_[id] = std::move(bytes);
+    id_present_[id] = true;
+  }
+  for (int b = 0; b < 256; ++b) {
+    auto id = token_id(byte_to_token_char(static_cast<uint8_t>(b)));
+    MW_CHECK_T(FormatError, id.has_value(), source_, ": the vocabulary lacks the token of byte ", b,
+               " (\"", byte_to_token_char(static_cast<uint8_t>(b)),
+               "\"); a byte-level BPE vocabulary holds all 256 byte tokens");
+    byte_id_[b] = *id;
+  }
+  for (size_t rank = 0; rank < model.merges.size(); ++rank) {
+    const auto& [a, b] = model.merges[rank];
+    const auto ia = token_id(a), ib = token_id(b), im = token_id(a + b);
+    MW_CHECK_T(FormatError, ia && ib && im, source_, ": merge ", rank, " \"", a, " ", b,
+               "\" uses a token that is not in the vocabulary (\"",
+               !ia   ? a
+               : !ib ? b
+                     : a + b,
+               "\")");
+    // A repeated merge keeps its first (lowest) rank, as HF does.
+    merge_of_pair_.emplace(pair_key(*ia, *ib), Merge{static_cast<int32_t>(rank), *im});
+  }
+}
+
+std::optional<int32_t> BpeTokenizer::token_id(std::string_view token) const {
+  auto it = token_to_id_.find(token);
+  if (it == token_to_id_.end()) return std::nullopt;
+  return it->second;
+}
+
+int32_t BpeTokenizer::eot_id() const {
+  auto id = token_id(kEndOfText);
+  MW_CHECK_T(FormatError, id.has_value(), source_, ": the vocabulary has no \"", kEndOfText,
+             "\" token; GPT-2 vocabularies end with it (id 50256)");
+  return *id;
+}
+
+// Note [Byte-level tokens]: the piece's bytes start as single-byte tokens; the adjacent pair of
+// lowest merge rank is merged until no pair has a rank. The live symbols form a linked list and
+// the candidate pairs a min-heap on (rank, position), so a piece of n bytes costs O(n log n)
+// (a megabyte-long run of '=' is no problem). A heap entry whose symbols changed since it was
+// pushed is stale and skipped.
+void BpeTokenizer::merge_symbols(std::vector<int32_t>& ids) const {
+  const int32_t n = static_cast<int32_t>(ids.size());
+  if (n < 2) return;
+  std::vector<int32_t> prev(n), next(n);
+  for (int32_t i = 0; i < n; ++i) {
+    prev[i] = i - 1;
+    next[i] = i + 1 < n ? i + 1 : -1;
+  }
+  struct Candidate {
+    int32_t rank, pos, left_id, right_id, merged_id;
+    bool operator>(const Candidate& o) const {
+      return rank != o.rank ? rank > o.rank : pos > o.pos;
+    }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+  auto push = [&](int32_t pos) {
+    if (next[pos] < 0) return;
+    auto it = merge_of_pair_.find(pair_key(ids[pos], ids[next[pos]]));
+    if (it != merge_of_pair_.end())
+      heap.push({it->second.rank, pos, ids[pos], ids[next[pos]], it->second.merged_id});
+  };
+  for (int32_t i = 0; i + 1 < n; ++i) push(i);
+  std::vector<bool> alive(n, true);
+  while (!heap.empty()) {
+    const Candidate c = heap.top();
+    heap.pop();
+    const int32_t right = next[c.pos];
+    if (!alive[c.pos] || right < 0 || ids[c.pos] != c.left_id || ids[right] != c.right_id) continue;
+    ids[c.pos] = c.merged_id;
+    alive[right] = false;
+    next[c.pos] = next[right];
+    if (next[right] >= 0) prev[next[right]] = c.pos;
+    if (prev[c.pos] >= 0) push(prev[c.pos]);
+    push(c.pos);
+  }
+  int32_t kept = 0;
+  for (int32_t i = 0; i >= 0; i = next[i]) ids[kept++] = ids[i];
+  ids.resize(kept);
+}
+
+void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) {
+  const bool cacheable = piece.size() <= kMaxCachedPieceBytes;
+  if (cacheable) {
+    if (auto it = cache_.find(piece); it != cache_.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  std::vector<int32_t> ids(piece.size());
+  for (size_t i = 0; i < piece.size(); ++i) ids[i] = byte_id_[static_cast<uint8_t>(piece[i])];
+  merge_symbols(ids);
+  out.insert(out.end(), ids.begin(), ids.end());
+  if (cacheable) {
+    if (cache_.size() >= kMaxCacheEntries) cache_.clear();
+    cache_.emplace(std::string(piece), std::move(ids));
+  }
+}
+
+void BpeTokenizer::encode(std::string_view text, std::vector<int32_t>& out) {
+  Pretokenizer pieces(text);
+  for (std::string_view piece; pieces.next(piece);) encode_piece(piece, out);
+}
+
+std::vector<int32_t> BpeTokenizer::encode(std::string_view text) {
+  std::vector<int32_t> out;
+  encode(text, out);
+  return out;
+}
+
+const std::string& BpeTokenizer::token_bytes(int32_t id) const {
+  MW_CHECK_T(
+      InvalidArgument, id >= 0 && static_cast<size_t>(id) < id_to_bytes_.size() && id_present_[id],
+      "token id ", id, " is not in the vocabulary of ", source_, " (", vocab_size(), " ids)");
+  return id_to_bytes_[id];
+}
+
+std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::string out;
+  for (int32_t id : ids) out += token_bytes(id);
+  return out;
+}
+
+}  // namespace mw::data

@@ -1,0 +1,117 @@
+// Streaming a corpus in chunks cut at piece boundaries: see corpus.h and Note [Chunk boundaries].
+#include "data/corpus.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "data/json.h"
+
+namespace mw::data {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+// The last cut of Note [Chunk boundaries] in text (0 when there is none).
+size_t last_safe_cut(std::string_view text) {
+  for (size_t q = text.size(); q-- > 1;)
+    if (is_ascii_space(text[q]) && text[q - 1] > ' ' && text[q - 1] < 0x7F) return q;
+  return 0;
+}
+
+}  // namespace
+
+CorpusReader::CorpusReader(std::vector<std::string> paths, std::string jsonl_field)
+    : paths_(std::move(paths)), field_(std::move(jsonl_field)) {
+  for (const std::string& path : paths_) {
+    std::error_code ec;
+    MW_CHECK_T(IoError, std::filesystem::is_regular_file(path, ec), "input '", path,
+               "' is not a readable file; pass text files (one document each) or .jsonl files");
+    std::ifstream probe(path, std::ios::binary);
+    MW_CHECK_T(IoError, probe.good(), "cannot open input '", path, "' for reading");
+    total_bytes_ += static_cast<int64_t>(std::filesystem::file_size(path));
+  }
+}
+
+bool CorpusReader::open_next_file() {
+  if (in_.is_open()) {
+    in_.close();
+    bytes_done_ += bytes_in_file_;
+    bytes_in_file_ = 0;
+    ++file_index_;
+  }
+  if (file_index_ >= paths_.size()) return false;
+  const std::string& path = paths_[file_index_];
+  in_.open(path, std::ios::binary);
+  MW_CHECK_T(IoError, in_.good(), "cannot open input '", path, "' for reading");
+  is_jsonl_ = ends_with(path, ".jsonl");
+  document_started_ = false;
+  line_number_ = 0;
+  buffer_.clear();
+  return true;
+}
+
+bool CorpusReader::next(CorpusChunk& chunk) {
+  for (;;) {
+    if (in_.is_open() && (is_jsonl_ ? next_jsonl(chunk) : next_text(chunk))) return true;
+    if (!open_next_file()) return false;
+  }
+}
+
+bool CorpusReader::next_jsonl(CorpusChunk& chunk) {
+  std::string line;
+  while (std::getline(in_, line)) {
+    ++line_number_;
+    bytes_in_file_ += static_cast<int64_t>(line.size()) + 1;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = paths_[file_index_] + " line " + std::to_string(line_number_);
+    const json::Value doc = json::parse(line, where);
+    MW_CHECK_T(FormatError, doc.is_object(), where, ": expected a JSON object per line, found ",
+               doc.describe());
+    const json::Value* text = doc.find(field_);
+    MW_CHECK_T(FormatError, text && text->is_string(), where, ": expected a string field \"",
+               field_, "\", found ", text ? text->describe() : std::string("no such field"),
+               "; pass --field NAME to read another field");
+    chunk_ = text->as_string();
+    chunk = {chunk_, true};
+    ++num_documents_;
+    return true;
+  }
+  return false;
+}
+
+bool CorpusReader::read_more() {
+  const size_t old = buffer_.size();
+  buffer_.resize(old + kChunkBytes);
+  in_.read(buffer_.data() + old, kChunkBytes);
+  buffer_.resize(old + static_cast<size_t>(in_.gcount()));
+  bytes_in_file_ += in_.gcount();
+  MW_CHECK_T(IoError, !in_.bad(), "reading input '", paths_[file_index_], "' failed");
+  return !in_.eof();
+}
+
+bool CorpusReader::next_text(CorpusChunk& chunk) {
+  while (static_cast<int64_t>(buffer_.size()) < kChunkBytes && !in_.eof()) read_more();
+  size_t cut = in_.eof() ? buffer_.size() : last_safe_cut(buffer_);
+  while (cut == 0 && !in_.eof() && static_cast<int64_t>(buffer_.size()) < kMaxChunkBytes) {
+    read_more();
+    cut = in_.eof() ? buffer_.size() : last_safe_cut(buffer_);
+  }
+  if (cut == 0) {
+    if (document_started_ && buffer_.empty()) return false;  // the document is done
+    cut = buffer_.size();  // an empty document, or kMaxChunkBytes with no safe cut (see the Note)
+  }
+  chunk_.assign(buffer_, 0, cut);
+  buffer_.erase(0, cut);
+  chunk = {chunk_, !document_started_};
+  if (!document_started_) ++num_documents_;
+  document_started_ = true;
+  return true;
+}
+
+}  // namespace mw::data

@@ -1,0 +1,65 @@
+// Reading a text corpus as documents, streamed in bounded chunks, for tokenizing and BPE training.
+//
+// Inputs: a file whose name ends in ".jsonl" holds one document per non-empty line, a JSON object
+// whose string field `field` is the text; any other file is one document of raw bytes (any bytes:
+// invalid UTF-8 is tokenized byte by byte).
+//
+// Note [Chunk boundaries]: a large document is handed out in chunks of about kChunkBytes, and the
+// tokenizer pre-tokenises each chunk on its own. That gives exactly the pieces of the whole
+// document because a chunk ends only between a printable non-space ASCII byte and an ASCII
+// whitespace byte (' ', '\t', '\n', '\r'): GPT-2's regex always has a piece boundary there (no
+// run or contraction spans a non-space followed by whitespace), and it has no look-behind, so the
+// pieces after the cut do not depend on the text before it. A document with no such place in
+// kMaxChunkBytes (64 MiB without a space after a printable ASCII character) is cut there anyway;
+// only the pieces at that one cut can differ from an unchunked run, never the bytes.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mw::data {
+
+inline constexpr int64_t kChunkBytes = 1 << 20;
+inline constexpr int64_t kMaxChunkBytes = 64LL << 20;
+
+struct CorpusChunk {
+  std::string_view text;  // valid until the next call to next()
+  bool starts_document;   // the first chunk of a document (a document may be empty)
+};
+
+class CorpusReader {
+ public:
+  // IoError naming a file that cannot be opened (checked here, before any work).
+  CorpusReader(std::vector<std::string> paths, std::string jsonl_field);
+
+  // The next chunk; false at the end of the last file. FormatError naming file and line for a
+  // JSONL line that is not an object with a string `field`.
+  bool next(CorpusChunk& chunk);
+
+  int64_t total_bytes() const { return total_bytes_; }  // of all files, at open
+  int64_t bytes_read() const { return bytes_done_ + bytes_in_file_; }
+  int64_t num_documents() const { return num_documents_; }
+
+ private:
+  bool open_next_file();
+  bool next_jsonl(CorpusChunk& chunk);
+  bool next_text(CorpusChunk& chunk);
+  // Appends up to kChunkBytes of the file to buffer_; false once the file's end is reached.
+  bool read_more();
+
+  std::vector<std::string> paths_;
+  std::string field_;
+  size_t file_index_ = 0;
+  std::ifstream in_;
+  bool is_jsonl_ = false;
+  bool document_started_ = false;
+  int64_t line_number_ = 0;
+  std::string buffer_;  // text read but not yet handed out, after the chunk handed out
+  std::string chunk_;
+  int64_t total_bytes_ = 0, bytes_done_ = 0, bytes_in_file_ = 0, num_documents_ = 0;
+};
+
+}  // namespace mw::data

@@ -1,0 +1,183 @@
+// KV-cache generation against the plain path: the decoder's logits equal GPT2::forward's last row,
+// and greedy generation equals a loop of full forwards + argmax, on the tiny HF fixture.
+#include "models/gpt2/generate.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "../apps/run_app.h"
+#include "../data/temp_dir.h"
+#include "data/bpe.h"
+#include "models/gpt2/hf_io.h"
+
+namespace mw {
+namespace {
+
+const std::string kFixture = std::string(MW_SOURCE_DIR) + "/tests/fixtures/gpt2_tiny";
+
+std::unique_ptr<gpt2::GPT2> load_model() {
+  auto model = std::make_unique<gpt2::GPT2>(gpt2::load_hf_config(kFixture));
+  gpt2::load_hf_weights(*model, kFixture);
+  model->eval();
+  return model;
+}
+
+// The logits of the last position from a full forward over ids.
+std::vector<float> last_logits(gpt2::GPT2& model, const std::vector<int32_t>& ids) {
+  const int64_t T = static_cast<int64_t>(ids.size()), V = model.config().vocab_size;
+  const std::vector<float> all =
+      model.forward(Tensor::from_vector<int32_t>(ids, {1, T})).to_vector<float>();
+  return std::vector<float>(all.end() - V, all.end());
+}
+
+int32_t argmax(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// f32 tolerance: the decoder sums attention and GEMVs in another order than the batched forward
+// (OpenBLAS GEMM, tiled); with K <= 128 terms of size ~1 each logit can differ by ~1e-6, compounded
+// over two blocks. 1e-4 absolute bounds that, while a wrong position, mask or scale moves logits by
+// > 1e-2.
+TEST(Generate, KvCacheLogitsEqualTheFullForwardAtEveryPosition) {
+  auto model = load_model();
+  gpt2::KvCacheDecoder decoder(*model);
+  std::vector<int32_t> ids;
+  for (int32_t t = 0; t < 32; ++t) {  // n_positions: the whole context
+    ids.push_back((t * 37 + 11) % 97);
+    const std::vector<float> got = decoder.feed(ids.back());
+    const std::vector<float> want = last_logits(*model, ids);
+    ASSERT_EQ(got.size(), want.size());
+    float worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
+    EXPECT_LT(worst, 1e-4f) << "position " << t;
+  }
+  EXPECT_THROW(decoder.feed(1), InvalidArgument);  // the context is full
+}
+
+TEST(Generate, GreedyEqualsAPlainLoopOfFullForwards) {
+  auto model = load_model();
+  const std::vector<int32_t> prompt = {5, 17, 42};
+  std::vector<int32_t> ids = prompt, want;
+  for (int i = 0; i < 20; ++i) {
+    want.push_back(argmax(last_logits(*model, ids)));
+    ids.push_back(want.back());
+  }
+  gpt2::SamplingOptions greedy;
+  greedy.temperature = 0;
+  EXPECT_EQ(gpt2::generate(*model, prompt, 20, greedy), want);
+  // top-k 1 and a tiny top-p keep only the most likely token: greedy too, at any temperature.
+  gpt2::SamplingOptions top1;
+  top1.top_k = 1;
+  EXPECT_EQ(gpt2::generate(*model, prompt, 20, top1), want);
+  gpt2::SamplingOptions tiny_p;
+  tiny_p.top_p = 1e-6;
+  EXPECT_EQ(gpt2::generate(*model, prompt, 20, tiny_p), want);
+}
+
+TEST(Generate, SamplingIsSeededAndStopsAtTheContext) {
+  auto model = load_model();
+  gpt2::SamplingOptions a;
+  a.seed = 1;
+  a.temperature = 1.5;  // flat enough that two seeds differ
+  gpt2::SamplingOptions b = a;
+  b.seed = 2;
+  const auto sa = gpt2::generate(*model, {1}, 31, a);
+  EXPECT_EQ(sa.size(), 31u);
+  EXPECT_EQ(gpt2::generate(*model, {1}, 31, a), sa);
+  EXPECT_NE(gpt2::generate(*model, {1}, 31, b), sa);
+  // 100 asked, 32 positions: the 31 tokens after a 1-token prompt, plus the last prediction.
+  EXPECT_EQ(gpt2::generate(*model, {1}, 100, a).size(), 32u);
+  EXPECT_THROW(gpt2::generate(*model, {}, 5, a), InvalidArgument);
+  gpt2::SamplingOptions bad;
+  bad.top_p = 0;
+  EXPECT_THROW(gpt2::Sampler{bad}, InvalidArgument);
+}
+
+// The sampler's frequencies against the distribution it claims. Logits log(0.5, 0.3, 0.15, 0.05):
+// temperature 1 draws each id with its probability; top-k 2 renormalises over {0, 1} (0.625,
+// 0.375); top-p 0.7 keeps the smallest prefix reaching 0.7, {0, 1}, the same; temperature 0.5
+// squares the probabilities before renormalising. 40000 draws: the standard error of a frequency
+// is at most 0.0025, so 0.015 (6 sigma) cannot fail by chance but catches any wrong formula.
+TEST(Generate, SamplerFrequenciesMatchTheDistribution) {
+  const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.15f),
+                                     std::log(0.05f)};
+  auto frequencies = [&](gpt2::SamplingOptions o) {
+    gpt2::Sampler sampler(o);
+    std::vector<double> f(4, 0.0);
+    for (int i = 0; i < 40000; ++i) f[sampler.next(logits)] += 1.0 / 40000;
+    return f;
+  };
+  auto expect_near = [](const std::vector<double>& got, const std::vector<double>& want) {
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 0.015) << "id " << i;
+  };
+  gpt2::SamplingOptions o;
+  o.seed = 9;
+  expect_near(frequencies(o), {0.5, 0.3, 0.15, 0.05});
+  gpt2::SamplingOptions k = o;
+  k.top_k = 2;
+  expect_near(frequencies(k), {0.625, 0.375, 0, 0});
+  gpt2::SamplingOptions p = o;
+  p.top_p = 0.7;
+  expect_near(frequencies(p), {0.625, 0.375, 0, 0});
+  gpt2::SamplingOptions t = o;
+  t.temperature = 0.5;
+  const double z = 0.25 + 0.09 + 0.0225 + 0.0025;
+  expect_near(frequencies(t), {0.25 / z, 0.09 / z, 0.0225 / z, 0.0025 / z});
+}
+
+TEST(Generate, AppPrintsTheGreedyIds) {
+  auto model = load_model();
+  gpt2::SamplingOptions greedy;
+  greedy.temperature = 0;
+  const auto want = gpt2::generate(*model, {5, 17, 42}, 8, greedy);
+  std::string line = "ids: ";
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (i > 0) line += ',';
+    line += std::to_string(want[i]);
+  }
+  const auto r = testing::run_built_app(
+      "gpt2_generate", "--model " + kFixture +
+                           " --prompt-ids 5,17,42 --print-ids --max-new-tokens 8 --temperature 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(line + "\n"), std::string::npos) << r.output << "\nwant " << line;
+  const auto bad = testing::run_built_app("gpt2_generate", "--model " + kFixture + " --prompt hi");
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("no tokenizer"), std::string::npos) << bad.output;
+}
+
+// Text mode: the prompt is encoded with the folder's vocab.json + merges.txt, echoed, and the
+// continuation streamed as text, the same as the library's greedy ids decoded.
+TEST(Generate, AppStreamsTextWithTheFoldersTokenizer) {
+  const std::string bpe = std::string(MW_SOURCE_DIR) + "/tests/fixtures/bpe/";
+  data::BpeTokenizer tok(data::load_vocab_and_merges(bpe + "vocab.json", bpe + "merges.txt"),
+                         "bpe");
+  gpt2::Config config = gpt2::Config::preset("tiny");
+  config.vocab_size = tok.vocab_size();  // 588, the fixture tokenizer's
+  config.set_dropout(0);
+  gpt2::GPT2 model(config, /*seed=*/3);
+  model.eval();
+  data::testing::TempDir tmp;
+  gpt2::save_hf(model, tmp.path());
+  std::filesystem::copy_file(bpe + "vocab.json", tmp.file("vocab.json"));
+  std::filesystem::copy_file(bpe + "merges.txt", tmp.file("merges.txt"));
+
+  const std::string prompt = "The quick brown fox";
+  gpt2::SamplingOptions greedy;
+  greedy.temperature = 0;
+  std::vector<int32_t> ids = gpt2::generate(model, tok.encode(prompt), 6, greedy);
+  if (auto eot = std::find(ids.begin(), ids.end(), tok.eot_id()); eot != ids.end())
+    ids.erase(eot, ids.end());  // the app stops at <|endoftext|>
+  ASSERT_FALSE(ids.empty()) << "pick another seed: this model ends at once";
+  const auto r = testing::run_built_app(
+      "gpt2_generate", "--model " + tmp.path() +
+                           " --prompt 'The quick brown fox' --max-new-tokens 6 --temperature 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind(prompt + tok.decode(ids) + "\n", 0), 0u)
+      << r.output << "\nwant: " << prompt + tok.decode(ids);
+}
+
+}  // namespace
+}  // namespace mw

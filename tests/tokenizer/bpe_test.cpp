@@ -1,0 +1,206 @@
+// The byte-level BPE tokenizer against HuggingFace `tokenizers` (tests/fixtures/bpe/cases.json,
+// written by tools/make_bpe_reference.py): the same pieces, the same ids, and decode(encode(x)) ==
+// x, for a varied corpus, two seeded random ones and invalid UTF-8. Nothing here needs Python.
+#include "data/bpe.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "../data/temp_dir.h"
+#include "core/error.h"
+#include "data/json.h"
+#include "data/pretokenize.h"
+
+namespace mw::data {
+namespace {
+
+const std::string kFixture = std::string(MW_SOURCE_DIR) + "/tests/fixtures/bpe/";
+
+std::string from_hex(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+  return out;
+}
+
+std::string printable(std::string_view s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c >= 0x20 && c < 0x7F) {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+json::Value load_cases() {
+  std::ifstream in(kFixture + "cases.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return json::parse(ss.str(), "cases.json");
+}
+
+BpeTokenizer fixture_tokenizer() {
+  return BpeTokenizer(load_vocab_and_merges(kFixture + "vocab.json", kFixture + "merges.txt"),
+                      "fixture");
+}
+
+// The first difference of two sequences, for a failure message.
+template <typename T, typename Show>
+std::string first_difference(const std::vector<T>& got, const std::vector<T>& want, Show show) {
+  size_t i = 0;
+  while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
+  std::ostringstream os;
+  os << "sizes " << got.size() << " vs " << want.size() << "; first difference at " << i << ": got "
+     << (i < got.size() ? show(got[i]) : "<end>") << ", want "
+     << (i < want.size() ? show(want[i]) : "<end>");
+  return os.str();
+}
+
+TEST(Pretokenize, PiecesEqualTheReferenceRegex) {
+  const json::Value cases = load_cases();
+  ASSERT_GE(cases.at("cases").size(), 40);
+  for (const json::Value& c : cases.at("cases").elements()) {
+    SCOPED_TRACE(c.get_string("name"));
+    const std::string text = from_hex(c.get_string("text_hex"));
+    std::vector<std::string> want, got;
+    for (const json::Value& p : c.at("pieces_hex").elements())
+      want.push_back(from_hex(p.as_string()));
+    for (std::string_view p : pretokenize(text)) got.emplace_back(p);
+    EXPECT_EQ(got, want) << first_difference(
+        got, want, [](const std::string& s) { return "\"" + printable(s) + "\""; });
+  }
+}
+
+void expect_reference_ids(BpeTokenizer& tok) {
+  const json::Value cases = load_cases();
+  EXPECT_EQ(tok.eot_id(), cases.get_int("eot_id"));
+  int64_t checked_ids = 0;
+  for (const json::Value& c : cases.at("cases").elements()) {
+    SCOPED_TRACE(c.get_string("name"));
+    const std::string text = from_hex(c.get_string("text_hex"));
+    std::vector<int32_t> want;
+    for (const json::Value& id : c.at("ids").elements())
+      want.push_back(static_cast<int32_t>(id.as_int()));
+    const std::vector<int32_t> got = tok.encode(text);
+    EXPECT_EQ(got, want) << first_difference(got, want,
+                                             [](int32_t id) { return std::to_string(id); });
+    EXPECT_EQ(tok.decode(got), text);
+    checked_ids += static_cast<int64_t>(want.size());
+  }
+  EXPECT_GT(checked_ids, 20000);  // the random cases are there
+}
+
+TEST(Bpe, EncodingEqualsHuggingFaceTokenizersFromVocabAndMerges) {
+  BpeTokenizer tok = fixture_tokenizer();
+  expect_reference_ids(tok);
+  expect_reference_ids(tok);  // again, now from the cache
+}
+
+TEST(Bpe, TokenizerJsonGivesTheSameIds) {
+  BpeTokenizer tok(load_tokenizer_json(kFixture + "tokenizer.json"), "tokenizer.json");
+  expect_reference_ids(tok);
+}
+
+TEST(Bpe, AnyBytesRoundTrip) {
+  BpeTokenizer tok = fixture_tokenizer();
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string bytes(rng() % 300, '\0');
+    // Half the trials draw from a few bytes, so that runs, spaces and UTF-8 lead bytes are
+    // frequent.
+    const std::string few = " \n'aZ9\xc3\xa9\xe2\x80\xf0\x9f\xff";
+    for (char& b : bytes) b = trial % 2 ? static_cast<char>(rng()) : few[rng() % few.size()];
+    const std::vector<int32_t> ids = tok.encode(bytes);
+    ASSERT_EQ(tok.decode(ids), bytes) << printable(bytes);
+    std::string joined;
+    for (std::string_view p : pretokenize(bytes)) {
+      ASSERT_FALSE(p.empty());
+      joined += p;
+    }
+    ASSERT_EQ(joined, bytes);
+  }
+}
+
+TEST(Bpe, ByteCharactersAreGpt2s) {
+  EXPECT_EQ(byte_to_token_char(' '), "\xc4\xa0");   // 'Ġ' U+0120
+  EXPECT_EQ(byte_to_token_char('\n'), "\xc4\x8a");  // 'Ċ' U+010A
+  EXPECT_EQ(byte_to_token_char('a'), "a");
+  EXPECT_EQ(byte_to_token_char(0xFF), "\xc3\xbf");  // 'ÿ' itself
+  EXPECT_EQ(byte_to_token_char(0xAD), "\xc5\x83");  // soft hyphen -> U+0143, the last one
+  for (int b = 0; b < 256; ++b) {
+    const std::string one(1, static_cast<char>(b));
+    EXPECT_EQ(token_chars_to_bytes(bytes_to_token_chars(one)), one);
+  }
+  // A space is no byte character (byte 0x20 is written 'Ġ').
+  EXPECT_FALSE(token_chars_to_bytes("a b").has_value());
+}
+
+TEST(Bpe, DecodesTheEndOfTextTokenAsItsText) {
+  BpeTokenizer tok = fixture_tokenizer();
+  EXPECT_EQ(tok.decode({tok.eot_id()}), kEndOfText);
+  // A literal "<|endoftext|>" in text is ordinary text, not the special token.
+  const std::vector<int32_t> ids = tok.encode("<|endoftext|>");
+  EXPECT_GT(ids.size(), 1u);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), tok.eot_id()), 0);
+}
+
+TEST(Bpe, BadIdsAndFilesGiveClearErrors) {
+  BpeTokenizer tok = fixture_tokenizer();
+  try {
+    tok.decode({5, 100000});
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("token id 100000 is not in the vocabulary"),
+              std::string::npos)
+        << e.what();
+  }
+  testing::TempDir tmp;
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(tmp.file(name)) << text;
+    return tmp.file(name);
+  };
+  auto expect_error = [&](auto make, const std::string& needle) {
+    try {
+      make();
+      FAIL() << "expected an error mentioning " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  const std::string vocab = kFixture + "vocab.json", merges = kFixture + "merges.txt";
+  expect_error([&] { load_vocab_and_merges(tmp.file("none.json"), merges); },
+               "expected a GPT-2 vocab.json there");
+  expect_error([&] { load_vocab_and_merges(vocab, write("m1.txt", "#version: 0.2\nab\n")); },
+               "m1.txt line 2: expected two tokens separated by one space");
+  expect_error([&] { load_vocab_and_merges(write("v1.json", "{\"a\": -1}"), merges); },
+               "expected a non-negative integer id");
+  expect_error(
+      [&] { BpeTokenizer(load_vocab_and_merges(write("v2.json", "{\"a\": 0}"), merges), "v2"); },
+      "the vocabulary lacks the token of byte 0");
+  expect_error(
+      [&] { BpeTokenizer(load_vocab_and_merges(vocab, write("m2.txt", "q zzz\n")), "m2"); },
+      "uses a token that is not in the vocabulary (\"zzz\")");
+  expect_error(
+      [&] { load_tokenizer_json(write("t.json", "{\"model\": {\"type\": \"Unigram\"}}")); },
+      "only \"BPE\" (GPT-2) is supported");
+}
+
+TEST(Bpe, SaveAndLoadRoundTrips) {
+  const BpeModel model = load_vocab_and_merges(kFixture + "vocab.json", kFixture + "merges.txt");
+  testing::TempDir tmp;
+  save_vocab_and_merges(model, tmp.file("vocab.json"), tmp.file("merges.txt"));
+  const BpeModel again = load_vocab_and_merges(tmp.file("vocab.json"), tmp.file("merges.txt"));
+  EXPECT_EQ(again.vocab, model.vocab);
+  EXPECT_EQ(again.merges, model.merges);
+}
+
+}  // namespace
+}  // namespace mw::data
