@@ -22,6 +22,7 @@
 
 #include "core/allocator.h"
 #include "core/error.h"
+#include "core/numbers.h"
 #include "offload/io/file.h"
 #include "offload/io/io_engine.h"
 
@@ -30,30 +31,6 @@ namespace {
 using mw::InvalidArgument;
 using mw::str;
 namespace io = mw::io;
-
-int64_t parse_bytes(const std::string& text) {
-  size_t pos = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &pos);
-  } catch (const std::exception&) {
-    throw InvalidArgument(str("'", text, "' is not a size; write e.g. 2GiB, 1MiB, 4096"));
-  }
-  std::string unit = text.substr(pos);
-  int64_t mult = 1;
-  if (unit == "" || unit == "B")
-    mult = 1;
-  else if (unit == "K" || unit == "KiB" || unit == "k")
-    mult = int64_t{1} << 10;
-  else if (unit == "M" || unit == "MiB")
-    mult = int64_t{1} << 20;
-  else if (unit == "G" || unit == "GiB")
-    mult = int64_t{1} << 30;
-  else
-    throw InvalidArgument(
-        str("unknown size unit '", unit, "' in '", text, "'; use B, KiB, MiB or GiB"));
-  return static_cast<int64_t>(value * static_cast<double>(mult));
-}
 
 std::string format_bytes(int64_t n) {
   if (n % (int64_t{1} << 30) == 0) return str(n >> 30, "GiB");
@@ -115,6 +92,7 @@ Rates run_ours(const std::string& dir, int64_t size_bytes, const Config& c) {
   o.queue_depth = c.depth;
   auto engine = io::IoEngine::create(o);
   io::ScratchFile file(dir, "nvme-bench", /*want_direct=*/true);
+  file.unlink_now();  // nothing left behind, even after kill -9
   MW_CHECK_T(Error, file.direct(), "the file system of '", dir,
              "' refuses O_DIRECT, so this would measure the page cache; use a disk directory");
   file.reserve(size_bytes);  // laid out first, as fio does, so writes do not extend the file
@@ -208,15 +186,15 @@ int real_main(int argc, char** argv) {
     if (a == "--dir")
       dir = value();
     else if (a == "--size")
-      size_bytes = parse_bytes(value());
+      size_bytes = mw::parse_bytes(value());
     else if (a == "--block")
-      block_bytes = parse_bytes(value());
+      block_bytes = mw::parse_bytes(value());
     else if (a == "--depth")
-      depth = std::atoi(value().c_str());
+      depth = static_cast<int>(mw::parse_integer(value(), "--depth", 1, 1024));
     else if (a == "--backend")
       backend = value();
     else if (a == "--reps")
-      reps = std::atoi(value().c_str());
+      reps = static_cast<int>(mw::parse_integer(value(), "--reps", 1, 1000));
     else if (a == "--json")
       json = true;
     else if (a == "--no-fio")
@@ -321,6 +299,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "nvme_bench: " << e.what() << "\n";
+    return 1;
+  } catch (...) {
+    std::cerr << "nvme_bench: internal error: an unknown exception\n";
     return 1;
   }
 }

@@ -11,9 +11,11 @@ namespace {
 
 // Fills t per its Init with draws (seed, offset..offset+numel) of the counter-based generator, so
 // initialisation is deterministic and independent of the thread count.
-void initialise(Tensor& t, Init init, RngState rng, int64_t n_layer) {
-  double stddev =
-      init == Init::NormalResidProj ? 0.02 / std::sqrt(2.0 * static_cast<double>(n_layer)) : 0.02;
+void initialise(Tensor& t, Init init, RngState rng, const Config& c) {
+  const double range = c.initializer_range;  // 0.02 for GPT-2
+  double stddev = init == Init::NormalResidProj
+                      ? range / std::sqrt(2.0 * static_cast<double>(c.n_layer))
+                      : range;
   if (init == Init::Zeros) return t.fill_(0.0);
   if (init == Init::Ones) return t.fill_(1.0);
   dispatch_float(t.dtype(), "init", [&]<typename T>() {
@@ -32,7 +34,7 @@ GPT2::GPT2(const Config& config, uint64_t seed, DType dtype, Device device)
   Generator gen(seed);
   for (const auto& spec : specs_) {
     Tensor t = Tensor::empty(spec.shape, dtype, device);
-    initialise(t, spec.init, gen.reserve(static_cast<uint64_t>(t.numel())), config_.n_layer);
+    initialise(t, spec.init, gen.reserve(static_cast<uint64_t>(t.numel())), config_);
     by_name_.emplace(spec.name, t);
   }
   auto p = [&](const std::string& name) { return by_name_.at(name); };
