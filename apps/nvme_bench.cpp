@@ -22,6 +22,7 @@
 
 #include "core/allocator.h"
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "core/numbers.h"
 #include "offload/io/file.h"
 #include "offload/io/io_engine.h"
@@ -66,20 +67,31 @@ double pass(io::IoEngine& engine, const io::ScratchFile& file, int64_t size_byte
   std::vector<int> batch_slots;
   auto start = std::chrono::steady_clock::now();
   int64_t off = 0;
-  while (off < size_bytes) {
-    engine.wait_any(slots);
-    batch.clear();
-    batch_slots.clear();
-    for (int k = 0; k < depth && off < size_bytes; ++k) {
-      if (!slots[k].done()) continue;
-      slots[k].wait();  // throws its IoError, if any
-      batch.push_back({file.fd(), file.path(), off, bufs[k].data(),
-                       std::min(block_bytes, size_bytes - off), op});
-      batch_slots.push_back(k);
-      off += block_bytes;
+  try {
+    while (off < size_bytes) {
+      mw::throw_if_stop_requested("during a pass");
+      engine.wait_any(slots);
+      batch.clear();
+      batch_slots.clear();
+      for (int k = 0; k < depth && off < size_bytes; ++k) {
+        if (!slots[k].done()) continue;
+        slots[k].wait();  // throws its IoError, if any
+        batch.push_back({file.fd(), file.path(), off, bufs[k].data(),
+                         std::min(block_bytes, size_bytes - off), op});
+        batch_slots.push_back(k);
+        off += block_bytes;
+      }
+      std::vector<io::IoHandle> handles = engine.submit(batch);
+      for (size_t j = 0; j < handles.size(); ++j) slots[batch_slots[j]] = handles[j];
     }
-    std::vector<io::IoHandle> handles = engine.submit(batch);
-    for (size_t j = 0; j < handles.size(); ++j) slots[batch_slots[j]] = handles[j];
+  } catch (...) {  // the buffers outlive no request: wait for those in flight, then rethrow
+    for (auto& h : slots) {
+      try {
+        h.wait();
+      } catch (...) {
+      }
+    }
+    throw;
   }
   for (auto& h : slots) h.wait();
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -161,6 +173,7 @@ Rates run_fio_pair(const std::string& dir, int64_t size_bytes, const Config& c) 
     throw;
   }
   ::unlink(file.c_str());
+  mw::throw_if_stop_requested("after a fio run");  // fio's file is gone; stop now
   return r;
 }
 
@@ -233,6 +246,7 @@ int real_main(int argc, char** argv) {
   for (const Config& c : configs) {
     std::vector<double> ow, orr, fw, fr;
     for (int r = 0; r < reps; ++r) {  // alternate ours and fio, so drift hits both alike
+      mw::throw_if_stop_requested("between repetitions");
       Rates ours = run_ours(dir, size_bytes, c);
       ow.push_back(ours.write_GBps);
       orr.push_back(ours.read_GBps);
@@ -291,8 +305,12 @@ int real_main(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  mw::install_stop_signal_handlers();  // Note [Stop signals]: fio's file is removed before exit
   try {
     return real_main(argc, argv);
+  } catch (const mw::Interrupted& e) {
+    std::cerr << "nvme_bench: " << e.what() << "\n";
+    return e.exit_code();
   } catch (const mw::InvalidArgument& e) {
     std::cerr << "nvme_bench: " << e.what() << "\n";
     usage();

@@ -349,5 +349,24 @@ TEST(Reliability, NonFiniteWeightsOrLossStopTheRunWithoutSaving) {
   expect_kept(tmp, s);
 }
 
+TEST(Reliability, NvmeBenchLeavesNoScratchFileEvenWhileRunningAndStopsOnSigterm) {
+  TempDir tmp;
+  const std::string dir = tmp.file("bench");
+  Child c("nvme_bench",
+          {"--dir", dir, "--size", "64MiB", "--block", "1MiB", "--depth", "8", "--backend",
+           "threads", "--reps", "1000", "--no-fio"},
+          tmp.file("c.log"));
+  ASSERT_TRUE(c.wait_for([&] { return has(c.output(), "backend threads"); })) << c.output();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // inside the passes
+  if (fs::exists(dir)) {
+    EXPECT_TRUE(fs::is_empty(dir));  // unlinked as soon as it was open
+  }
+  c.signal(SIGTERM);
+  Outcome o = c.finish(60);
+  if (has(o.output, "refuses O_DIRECT")) GTEST_SKIP() << "no O_DIRECT under " << tmp.path();
+  EXPECT_EQ(o.exit_code, 143) << o.output;
+  EXPECT_TRUE(fs::is_empty(dir));
+}
+
 }  // namespace
 }  // namespace mw

@@ -107,6 +107,27 @@ TEST(Gpt2Config, HonouredFieldsChangeTheModel) {
   EXPECT_EQ(parse_with(R"("my_note": 1)").unknown_fields, std::vector<std::string>{"my_note"});
 }
 
+TEST(Gpt2Config, NInnerModelsRunAndRoundTripThroughAFolder) {
+  TempDir tmp;
+  gpt2::Config c = parse_with(R"("n_inner": 40)");
+  c.set_dropout(0.0);  // deterministic forwards
+  gpt2::GPT2 a(c, 4);
+  Tensor ids = Tensor::from_vector(std::vector<int32_t>{1, 5, 9, 2, 7, 3}, {1, 6});
+  const std::vector<float> logits = a(ids).to_vector<float>();
+  for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+  gpt2::save_hf(a, tmp.file("m"));
+  gpt2::Config c2 = gpt2::load_hf_config(tmp.file("m"));
+  EXPECT_EQ(c2.n_inner, 40);
+  EXPECT_EQ(c2.resid_pdrop, 0.0);
+  gpt2::GPT2 b(c2, 5);
+  gpt2::load_hf_weights(b, tmp.file("m"));
+  EXPECT_EQ(b(ids).to_vector<float>(), logits);  // same weights, same code: bitwise
+  // A 4*n_embd checkpoint under an n_inner config is a shape mismatch naming the tensor.
+  gpt2::save_hf(gpt2::GPT2(gpt2::Config::preset("tiny"), 1), tmp.file("plain"));
+  expect_throw_with<FormatError>([&] { gpt2::load_hf_weights(b, tmp.file("plain")); },
+                                 {"mlp.c_fc.weight", "[32, 128]", "[32, 40]"});
+}
+
 class HfWeights : public ::testing::Test {
  protected:
   // A saved tiny model in tmp/m, and its weights for comparison.
