@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "core/numbers.h"
+#include "data/atomic_save.h"
 
 namespace mw::data {
 
@@ -252,6 +253,7 @@ AtomicFileWriter::AtomicFileWriter(std::string path, std::string hint, bool crea
     : path_(std::move(path)), tmp_(temporary_sibling(path_)), hint_(std::move(hint)) {
   std::error_code ec;  // a failure to create them is reported by open()
   if (create_parents) std::filesystem::create_directories(parent_directory(path_), ec);
+  remove_stale_temporaries(path_);  // a kill -9 during an earlier save to this path
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0)
     throw_write_error(str("create the temporary file for '", path_, "' at"), tmp_, 0, 0, errno,

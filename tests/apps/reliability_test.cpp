@@ -313,6 +313,22 @@ TEST(Reliability, KillNineDuringASaveLeavesTheEarlierFolderLoadable) {
   EXPECT_EQ(again.exit_code, 0) << again.output;
   EXPECT_FALSE(fs::exists(staging));  // ... and removed by the next save to the same place
   EXPECT_TRUE(hidden_entries(tmp.path()).empty());
+
+  // The same for the optimizer checkpoint (write 33, after the 32 of the model folder).
+  const Saved s2 = first_save(tmp);
+  Child k("gpt2_train",
+          tiny({"--steps", "1", "--save", tmp.file("m"), "--save-optimizer", tmp.file("opt.bin")}),
+          tmp.file("k.log"), {"MW_WRITE_FAULT=stall@33"});
+  const std::string opt_tmp = tmp.file(str(".opt.bin.tmp-", k.pid()));
+  ASSERT_TRUE(k.wait_for([&] { return fs::exists(opt_tmp) && fs::file_size(opt_tmp) > 0; }));
+  k.signal(SIGKILL);
+  EXPECT_EQ(k.finish(30).signal, SIGKILL);
+  EXPECT_EQ(read_bytes(tmp.file("opt.bin")), s2.optimizer);
+  Outcome resumed = run_app(tmp, "gpt2_train",
+                            tiny({"--steps", "1", "--load-optimizer", tmp.file("opt.bin"),
+                                  "--save-optimizer", tmp.file("opt.bin")}));
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(hidden_entries(tmp.path()).empty());
 }
 
 TEST(Reliability, NonFiniteWeightsOrLossStopTheRunWithoutSaving) {
