@@ -38,7 +38,7 @@ void throw_if_stop_requested(const char* while_doing) {
   const int sig = g_stop_signal;
   if (sig == 0) return;
   throw Interrupted(str("interrupted by ", sig == SIGINT ? "SIGINT" : "SIGTERM", " ", while_doing,
-                        "; temporary files removed, earlier saves kept"),
+                        "; temporary files removed, earlier saves left as they were"),
                     sig);
 }
 

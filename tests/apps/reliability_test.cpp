@@ -271,6 +271,16 @@ TEST(Reliability, AFailingLogIsReportedAtOnceAndTheModelStillSaved) {
   }
 }
 
+TEST(Reliability, SaveRecordsTheUsersConfigNotTheRunsDropout) {
+  TempDir tmp;
+  Outcome o =
+      run_app(tmp, "gpt2_train", tiny({"--steps", "1", "--dropout", "0", "--save", tmp.file("m")}));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  const std::string config = read_bytes(tmp.file("m/config.json"));
+  EXPECT_TRUE(has(config, "\"resid_pdrop\":0.1")) << config;
+  EXPECT_TRUE(fs::exists(tmp.file("m/generation_config.json")));
+}
+
 TEST(Reliability, SigtermOrSigintStopTrainingAndSavesCleanly) {
   TempDir tmp;
   const Saved s = first_save(tmp);
