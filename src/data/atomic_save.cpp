@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
@@ -39,6 +40,16 @@ bool is_stale(const std::string& name, const std::string& base, const std::strin
     return false;
   const pid_t pid = static_cast<pid_t>(std::stol(digits));
   return pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+std::atomic<bool> g_refuse_exchange{false};  // set_refuse_rename_exchange_for_testing
+
+int rename_exchange(const std::string& a, const std::string& b) {
+  if (g_refuse_exchange) {
+    errno = EINVAL;  // what a file system without RENAME_EXCHANGE answers
+    return -1;
+  }
+  return ::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE);
 }
 
 void remove_tree(const std::string& path) {
@@ -95,36 +106,33 @@ void StagedDirectory::commit() {
   throw_if_stop_requested(str("before moving '", tmp_, "' into place").c_str());
   fsync_directory(tmp_);
   std::error_code ec;
+  std::string old;  // where the replaced folder ends up, to be removed; empty when none
   if (!fs::exists(final_, ec)) {
+    if (::rename(tmp_.c_str(), final_.c_str()) != 0) fail_move(errno);
+  } else if (rename_exchange(tmp_, final_) == 0) {
+    old = tmp_;  // the swap put the old folder under the temporary name
+  } else {       // no RENAME_EXCHANGE here: the old folder aside first, then the new one in
+    old = temporary_sibling(final_, "old");
+    remove_tree(old);
+    if (::rename(final_.c_str(), old.c_str()) != 0) fail_move(errno);
     if (::rename(tmp_.c_str(), final_.c_str()) != 0) {
-      int err = errno;
-      throw IoError(
-          str("cannot rename '", tmp_, "' to '", final_, "': ", errno_text(err), "; ", hint_),
-          final_, 0, 0, err);
+      const int err = errno;
+      ::rename(old.c_str(), final_.c_str());  // put it back
+      fail_move(err);
     }
-  } else if (::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, final_.c_str(), RENAME_EXCHANGE) == 0) {
-    committed_ = true;  // tmp_ now holds the old folder
-    fsync_directory(parent_directory(final_));
-    remove_tree(tmp_);
-    return;
-  } else {
-    const std::string old = temporary_sibling(final_, "old");
-    remove_tree(old);
-    if (::rename(final_.c_str(), old.c_str()) != 0 || ::rename(tmp_.c_str(), final_.c_str()) != 0) {
-      int err = errno;
-      if (!fs::exists(final_, ec)) ::rename(old.c_str(), final_.c_str());
-      throw IoError(str("cannot move '", tmp_, "' into place as '", final_, "': ", errno_text(err),
-                        "; ", hint_),
-                    final_, 0, 0, err);
-    }
-    committed_ = true;
-    fsync_directory(parent_directory(final_));
-    remove_tree(old);
-    return;
   }
   committed_ = true;
   fsync_directory(parent_directory(final_));
+  if (!old.empty()) remove_tree(old);
 }
+
+void StagedDirectory::fail_move(int err) const {
+  throw IoError(
+      str("cannot move '", tmp_, "' into place as '", final_, "': ", errno_text(err), "; ", hint_),
+      final_, 0, 0, err);
+}
+
+void set_refuse_rename_exchange_for_testing(bool refuse) { g_refuse_exchange = refuse; }
 
 void check_output_path(const std::string& path, const std::string& option, bool as_directory) {
   std::error_code ec;

@@ -30,6 +30,7 @@ class StagedDirectory {
   void commit();
 
  private:
+  [[noreturn]] void fail_move(int err) const;
   std::string final_, tmp_, hint_;
   bool committed_ = false;
 };
@@ -37,6 +38,10 @@ class StagedDirectory {
 // Removes ".NAME.tmp-PID" and ".NAME.old-PID" beside `path` left by processes no longer running
 // (restoring an orphaned ".NAME.old-PID" when `path` is missing). Returns how many were removed.
 int remove_stale_temporaries(const std::string& path);
+
+// Test hook: while set, the swap behaves as on a file system without RENAME_EXCHANGE (EINVAL), so
+// the rename-aside fallback of Note [Atomic folder save] runs.
+void set_refuse_rename_exchange_for_testing(bool refuse);
 
 // Checks, before a run starts, that `path` can be written: `as_directory` (a --save folder) must be
 // a directory or absent, a file output must not be a directory; its directory, or the nearest

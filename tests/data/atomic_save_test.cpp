@@ -80,7 +80,17 @@ TEST_F(AtomicSave, AStopSignalDuringAWriteRemovesTheTemporaryFile) {
   EXPECT_EQ(entries(tmp.path()), 1);
 }
 
-TEST_F(AtomicSave, AFolderIsReplacedWholeOrNotAtAll) {
+class AtomicFolder : public AtomicSave, public ::testing::WithParamInterface<bool> {
+ protected:
+  void SetUp() override { set_refuse_rename_exchange_for_testing(GetParam()); }
+  void TearDown() override {
+    set_refuse_rename_exchange_for_testing(false);
+    AtomicSave::TearDown();
+  }
+};
+INSTANTIATE_TEST_SUITE_P(ExchangeAndRenameAside, AtomicFolder, ::testing::Bool());
+
+TEST_P(AtomicFolder, AFolderIsReplacedWholeOrNotAtAll) {
   const std::string dir = tmp.file("model");
   auto save = [&](const std::string& a, const std::string& b) {
     StagedDirectory staged(dir, "test hint");
