@@ -31,6 +31,15 @@ std::string base_name(const std::string& path) {
   return slash == std::string::npos ? p : p.substr(slash + 1);
 }
 
+// A folder replaced by a sibling needs a name of its own: not ".", ".." or "/".
+void check_replaceable_name(const std::string& path, const std::string& what) {
+  const std::string base = base_name(path);
+  MW_CHECK_T(IoError, !base.empty() && base != "." && base != ".." && base != "/", what, " '", path,
+             "': a folder that is replaced as a whole needs a name of its own (e.g. out/model), "
+             "not '",
+             base, "'");
+}
+
 // True when `name` is ".<base>.<kind>-<digits>" with <digits> the id of a process that is gone.
 bool is_stale(const std::string& name, const std::string& base, const std::string& kind) {
   const std::string prefix = "." + base + "." + kind + "-";
@@ -82,6 +91,7 @@ int remove_stale_temporaries(const std::string& path) {
 
 StagedDirectory::StagedDirectory(std::string final_dir, std::string hint)
     : final_(std::move(final_dir)), tmp_(temporary_sibling(final_)), hint_(std::move(hint)) {
+  check_replaceable_name(final_, "saving to");
   std::error_code ec;
   fs::create_directories(parent_directory(final_), ec);
   remove_stale_temporaries(final_);
@@ -137,6 +147,7 @@ void set_refuse_rename_exchange_for_testing(bool refuse) { g_refuse_exchange = r
 void check_output_path(const std::string& path, const std::string& option, bool as_directory) {
   std::error_code ec;
   const bool exists = fs::exists(path, ec);
+  if (as_directory) check_replaceable_name(path, option);
   if (as_directory)
     MW_CHECK_T(IoError, !exists || fs::is_directory(path, ec), option, " '", path,
                "' exists and is not a directory; pass a folder path (it is created or replaced)");

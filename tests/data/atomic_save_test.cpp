@@ -160,6 +160,9 @@ TEST_F(AtomicSave, OutputPathsAreProbedWithoutLeavingAnything) {
   EXPECT_EQ(entries(tmp.path()), 0);
   expect_throw_with<IoError>([&] { check_output_path(tmp.path(), "--log", false); },
                              {"--log", "is a directory"});
+  for (const std::string& odd : {std::string("."), std::string("/"), tmp.path() + "/.."})
+    expect_throw_with<IoError>([&] { check_output_path(odd, "--save", true); },
+                               {"--save", "a name of its own"});
   write_bytes(tmp.file("f"), "x");
   expect_throw_with<IoError>([&] { check_output_path(tmp.file("f"), "--save", true); },
                              {"--save", "not a directory"});
