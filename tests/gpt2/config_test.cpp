@@ -96,6 +96,12 @@ TEST(Gpt2Config, HonouredFieldsChangeTheModel) {
   EXPECT_EQ(parse_with(R"("n_inner": null)").mlp_width(), 4 * 32);
   gpt2::GPT2 m(c, 1);
   EXPECT_EQ(m.parameter("transformer.h.0.mlp.c_fc.weight").shape(), (std::vector<int64_t>{32, 48}));
+  // initializer_range sets the initial spread: wte's 97 * 32 = 3104 draws of N(0, 0.01) have a
+  // sample std within 10% of 0.01 (the std of the estimate is 1.3%; 10% is 7 sigma).
+  double s2 = 0;
+  const std::vector<float> wte = m.parameter("transformer.wte.weight").to_vector<float>();
+  for (float x : wte) s2 += double(x) * x;
+  EXPECT_NEAR(std::sqrt(s2 / wte.size()), 0.01, 0.001);
   // Not silently defaulted: the issue's non-numeric epsilon, a bad n_inner, an unknown shape key.
   expect_throw_with<FormatError>([] { parse_with(R"("layer_norm_epsilon": "abc")"); },
                                  {"dir/config.json", "\"layer_norm_epsilon\"", "a number"});
