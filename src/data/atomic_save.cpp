@@ -154,6 +154,21 @@ void check_output_path(const std::string& path, const std::string& option, bool 
   else
     MW_CHECK_T(IoError, !fs::is_directory(path, ec), option, " '", path,
                "' is a directory; pass a file path");
+  // A FIFO or device (--log /dev/stdout, a named pipe): it must accept a writer now, or the run
+  // would block opening it (a FIFO without a reader answers ENXIO to a non-blocking open).
+  struct stat st;
+  if (!as_directory && ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+      int err = errno;
+      throw IoError(str(option, " '", path, "' cannot be written: ", errno_text(err),
+                        err == ENXIO ? " (a FIFO with no reader)" : "",
+                        "; pass a regular file path, or start the reader first"),
+                    path, 0, 0, err);
+    }
+    ::close(fd);
+    return;
+  }
   // Missing directories are created by the save itself; here the nearest existing ancestor must
   // accept new entries, so nothing is created before the run starts.
   std::string dir = parent_directory(path);

@@ -160,6 +160,12 @@ TEST_F(AtomicSave, OutputPathsAreProbedWithoutLeavingAnything) {
   EXPECT_EQ(entries(tmp.path()), 0);
   expect_throw_with<IoError>([&] { check_output_path(tmp.path(), "--log", false); },
                              {"--log", "is a directory"});
+  const std::string fifo = tmp.file("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_throw_with<IoError>([&] { check_output_path(fifo, "--log", false); },
+                             {"--log", "no reader"});  // instead of blocking in open()
+  check_output_path("/dev/null", "--log", false);
+  fs::remove(fifo);
   for (const std::string& odd : {std::string("."), std::string("/"), tmp.path() + "/.."})
     expect_throw_with<IoError>([&] { check_output_path(odd, "--save", true); },
                                {"--save", "a name of its own"});
