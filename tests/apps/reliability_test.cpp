@@ -165,6 +165,14 @@ TEST(Reliability, EveryNumericOptionRefusesGarbageWithExit2) {
       }
   EXPECT_EQ(cases, 31 * 12);
   EXPECT_FALSE(fs::exists(tmp.file("nb")));  // refused before creating anything
+  // Zero, the edge of most ranges: accepted (and the run finishes) or refused, never a crash.
+  for (const auto& opt : apps[0].options) {
+    SCOPED_TRACE(opt);
+    std::vector<std::string> args = tiny({"--steps", "1", "--offload", "nvme", opt, "0"});
+    Outcome o = run_app(tmp, "gpt2_train", args, {}, 60);
+    EXPECT_EQ(o.signal, 0);
+    EXPECT_TRUE(o.exit_code == 0 || (o.exit_code == 2 && has(o.output, opt))) << o.output;
+  }
 }
 
 TEST(Reliability, SpecialFilesAsInputsAreRefusedAtOnce) {
