@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -265,6 +266,33 @@ TEST(Reliability, DiskFullOrIoErrorDuringSavesKeepsTheEarlierSaves) {
   Outcome shortw = run_app(tmp, "gpt2_train", tiny({"--steps", "1", "--save", tmp.file("m2")}),
                            {"MW_WRITE_FAULT=short@3"});
   EXPECT_EQ(shortw.exit_code, 0) << shortw.output;  // a short write is finished, not an error
+}
+
+// A real full disk: a 200 KiB tmpfs holds one tiny model (121 KB) but not a second beside it.
+// Needs root and mount(2) (CAP_SYS_ADMIN); skipped otherwise, the fault-injection cases cover it.
+TEST(Reliability, ARealFullTmpfsKeepsTheEarlierFolder) {
+  TempDir tmp;
+  const std::string disk = tmp.file("disk");
+  fs::create_directories(disk);
+  if (::geteuid() != 0 ||
+      std::system(("mount -t tmpfs -o size=200k tmpfs " + disk + " >/dev/null 2>&1").c_str()) != 0)
+    GTEST_SKIP() << "needs root and mount(2)";
+  struct Unmount {
+    std::string path;
+    ~Unmount() { (void)std::system(("umount " + path).c_str()); }
+  } unmount{disk};
+  const std::string m = disk + "/m";
+  Outcome first = run_app(tmp, "gpt2_train", tiny({"--steps", "1", "--save", m}));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::string weights = read_bytes(m + "/model.safetensors");
+  Outcome full = run_app(tmp, "gpt2_train", tiny({"--steps", "2", "--save", m}));
+  EXPECT_EQ(full.exit_code, 1) << full.output;
+  EXPECT_TRUE(has(full.output, "ENOSPC")) << full.output;
+  EXPECT_TRUE(has(full.output, "is kept as it was")) << full.output;
+  EXPECT_EQ(read_bytes(m + "/model.safetensors"), weights);
+  EXPECT_TRUE(hidden_entries(disk).empty());
+  Outcome load = run_app(tmp, "gpt2_train", tiny({"--steps", "1", "--init-from", m}));
+  EXPECT_EQ(load.exit_code, 0) << load.output;
 }
 
 TEST(Reliability, AFailingLogIsReportedAtOnceAndTheModelStillSaved) {

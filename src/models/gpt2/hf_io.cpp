@@ -223,15 +223,21 @@ void save_hf(const GPT2& model, const std::string& dir, const Config& config) {
     writer.add(spec.name, DType::F32, spec.shape, t.raw_data());
   }
   writer.set_metadata("format", "pt");
-  const char* hint = "pass --save a folder in a writable directory";
-  data::StagedDirectory staged(dir, hint);
-  writer.write(staged.file(kSingleFile), /*atomic=*/false);  // the model first
-  const std::string config_json = config.to_json(), generation = config.generation_config_json();
-  data::write_file(staged.file("config.json"),
-                   {{config_json.data(), static_cast<int64_t>(config_json.size())}}, hint);
-  data::write_file(staged.file("generation_config.json"),
-                   {{generation.data(), static_cast<int64_t>(generation.size())}}, hint);
-  staged.commit();
+  const char* hint = "pass --save a folder in a writable directory with room";
+  try {
+    data::StagedDirectory staged(dir, hint);
+    writer.write(staged.file(kSingleFile), /*atomic=*/false);  // the model first
+    const std::string config_json = config.to_json(), generation = config.generation_config_json();
+    data::write_file(staged.file("config.json"),
+                     {{config_json.data(), static_cast<int64_t>(config_json.size())}}, hint);
+    data::write_file(staged.file("generation_config.json"),
+                     {{generation.data(), static_cast<int64_t>(generation.size())}}, hint);
+    staged.commit();
+  } catch (const IoError& e) {  // say what became of the earlier folder
+    throw IoError(str("saving the model to '", dir, "' failed; any earlier '", dir,
+                      "' is kept as it was: ", e.what()),
+                  e.path, e.offset, e.length, e.err);
+  }
 }
 
 }  // namespace mw::gpt2
