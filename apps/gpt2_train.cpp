@@ -347,11 +347,11 @@ int run(const Options& o) {
     }
   }
   if (hybrid) hybrid->flush();  // the last write-backs, and any failure among them
-  if (!o.save.empty()) {        // the model first, before anything optional
+  const double total_s = std::chrono::duration<double>(clock::now() - t_start).count();
+  if (!o.save.empty()) {  // the model first, before anything optional
     gpt2::save_hf(model, o.save, saved_config);
     std::printf("Saved to %s\n", o.save.c_str());
   }
-  const double total_s = std::chrono::duration<double>(clock::now() - t_start).count();
   std::printf("Time: %.3f s\n", total_s);
   std::printf("Mem usage: %.0f MB\n", mib(current_rss_bytes()));
   const double med = cli::median(step_ms);
