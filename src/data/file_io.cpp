@@ -202,7 +202,7 @@ void write_exact(int fd, const std::string& path, const void* data, int64_t nbyt
   if (fault == WriteFault::kIoError) throw_write_error("write", path, offset, nbytes, EIO, hint);
   int64_t done = 0;
   while (done < nbytes) {
-    throw_if_stop_requested(str("while writing '", path, "'").c_str());
+    if (stop_signal() != 0) throw_if_stop_requested(str("while writing '", path, "'").c_str());
     // Linux transfers at most 0x7ffff000 bytes per call; ask for at most 1 GiB at a time. A
     // short-write fault asks for half, as a kernel may give.
     int64_t want = std::min<int64_t>(nbytes - done, int64_t{1} << 30);
