@@ -25,6 +25,7 @@
 
 #include "core/allocator.h"
 #include "core/error.h"
+#include "core/numbers.h"
 #include "optim/adam_cpu.h"
 
 namespace {
@@ -53,14 +54,12 @@ struct UsageError : mw::InvalidArgument {
   using InvalidArgument::InvalidArgument;
 };
 
-int64_t parse_int(const std::string& flag, const char* text, int64_t min_value) {
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(text, &end, 10);
-  if (errno != 0 || end == text || *end != '\0' || v < min_value) {
-    throw UsageError(mw::str(flag, " expects an integer >= ", min_value, "; got '", text, "'"));
+int64_t parse_int(const std::string& flag, const char* text, int64_t min_value, int64_t max_value) {
+  try {
+    return mw::parse_integer(text, flag, min_value, max_value);
+  } catch (const mw::InvalidArgument& e) {
+    throw UsageError(e.what());
   }
-  return v;
 }
 
 Options parse_args(int argc, char** argv) {
@@ -72,11 +71,11 @@ Options parse_args(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--numel") {
-      o.numel = parse_int(a, value(), 1);
+      o.numel = parse_int(a, value(), 1, int64_t{1} << 40);
     } else if (a == "--steps") {
-      o.steps = static_cast<int>(parse_int(a, value(), 1));
+      o.steps = static_cast<int>(parse_int(a, value(), 1, 1000000));
     } else if (a == "--threads") {
-      o.threads = static_cast<int>(parse_int(a, value(), 1));
+      o.threads = static_cast<int>(parse_int(a, value(), 1, 4096));
     } else if (a == "--isa") {
       o.isa = value();
       if (o.isa != "all") {
@@ -254,6 +253,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "adam_bench: %s\n", e.what());
+    return 1;
+  } catch (...) {
+    std::fprintf(stderr, "adam_bench: internal error: an unknown exception\n");
     return 1;
   }
 }

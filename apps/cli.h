@@ -90,23 +90,13 @@ class Parser {
   bool has(const std::string& name) const { return values_.at(name) == "1"; }
   std::string str(const std::string& name) const { return values_.at(name); }
 
+  // Strict: the whole value must be the number (core/numbers.h); anything else is a UsageError.
   int64_t integer(const std::string& name, int64_t min, int64_t max) const {
-    const std::string& v = values_.at(name);
-    char* end = nullptr;
-    long long x = std::strtoll(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || x < min || x > max)
-      throw UsageError(
-          mw::str("--", name, " '", v, "': expected an integer in [", min, ", ", max, "]"));
-    return x;
+    return usage_checked("",
+                         [&] { return parse_integer(values_.at(name), "--" + name, min, max); });
   }
   double real(const std::string& name, double min, double max) const {
-    const std::string& v = values_.at(name);
-    char* end = nullptr;
-    double x = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end != '\0' || !(x >= min && x <= max))
-      throw UsageError(
-          mw::str("--", name, " '", v, "': expected a number in [", min, ", ", max, "]"));
-    return x;
+    return usage_checked("", [&] { return parse_real(values_.at(name), "--" + name, min, max); });
   }
   std::string choice(const std::string& name, const std::vector<std::string>& allowed) const {
     const std::string& v = values_.at(name);
@@ -116,14 +106,16 @@ class Parser {
     for (const auto& a : allowed) list += (list.empty() ? "" : "|") + a;
     throw UsageError("--" + name + " '" + v + "': expected one of " + list);
   }
-  int64_t bytes(const std::string& name) const {
-    try {
-      return parse_bytes(values_.at(name));
-    } catch (const InvalidArgument& e) {
-      throw UsageError("--" + name + ": " + e.what());
-    }
+  // A byte size in [min_bytes, max_bytes] (core/numbers.h's units).
+  int64_t bytes(const std::string& name, int64_t min_bytes = 0,
+                int64_t max_bytes = kMaxParsedBytes) const {
+    const int64_t n =
+        usage_checked("--" + name + ": ", [&] { return parse_bytes(values_.at(name)); });
+    MW_CHECK_T(cli::UsageError, n >= min_bytes && n <= max_bytes, "--", name, " '",
+               values_.at(name), "' is ", n, " bytes; expected between ", min_bytes, " and ",
+               max_bytes, " bytes");
+    return n;
   }
-
   std::string usage() const {
     std::string u =
         "usage: " + program_ + " [options]" +
@@ -145,6 +137,17 @@ class Parser {
     std::string name, def, help;
     bool is_flag;
   };
+  template <typename Parse>
+  // Runs parse(), turning its InvalidArgument into a UsageError whose message starts with prefix.
+  static auto usage_checked(const std::string& prefix, Parse parse) -> decltype(parse()) {
+    try {
+      return parse();
+    } catch (const UsageError&) {
+      throw;
+    } catch (const InvalidArgument& e) {
+      throw UsageError(prefix + e.what());
+    }
+  }
   const Spec* find(const std::string& name) const {
     for (const auto& s : specs_)
       if (s.name == name) return &s;
@@ -161,7 +164,8 @@ class Parser {
 
 // main() of a tool: parses argv; --help prints the usage (exit 0); a bad flag or argument
 // (InvalidArgument, from parsing or from run) prints the usage and the reason (exit 2); any other
-// failure prints the error (exit 1). run(parser) returns the exit code.
+// failure prints the error (exit 1), even one that is not a std::exception: no input aborts a tool.
+// run(parser) returns the exit code.
 template <typename Run>
 int run_main(Parser& p, const char* program, int argc, char** argv, Run run) {
   try {
@@ -176,6 +180,9 @@ int run_main(Parser& p, const char* program, int argc, char** argv, Run run) {
     return 2;
   } catch (const std::exception& e) {
     std::cerr << program << ": error: " << e.what() << "\n";
+    return 1;
+  } catch (...) {
+    std::cerr << program << ": internal error: an unknown exception\n";
     return 1;
   }
 }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -15,7 +16,9 @@
 #include "autograd/functions.h"
 #include "cli.h"
 #include "core/allocator.h"
+#include "core/interrupt.h"
 #include "core/parallel.h"
+#include "data/atomic_save.h"
 #include "data/json.h"
 #include "data/random_tokens.h"
 #include "data/token_shard.h"
@@ -178,7 +181,7 @@ Options parse_options(const cli::Parser& p) {
                "--offload nvme needs --optimizer hybridadam");
     o.nvme.fraction = p.real("fraction", 0, 1);
     o.nvme.dir = p.str("nvme-dir");
-    o.nvme.window_bytes = parse_bytes(p.str("nvme-window"));
+    o.nvme.window_bytes = p.bytes("nvme-window", 1);
     o.nvme.record_timeline = !p.str("nvme-timeline").empty();
     o.nvme.borrow_gradient_slots = p.choice("nvme-borrow", {"on", "off"}) == "on";
   }
@@ -238,8 +241,22 @@ int run(const Options& o) {
   set_num_threads(static_cast<int>(o.threads));
   if (o.device.is_sim()) set_sim_capacity(o.device.index, o.sim_capacity_bytes);
 
+  // Outputs first: a typo in any output path fails now, not after training (docs/reliability.md).
+  if (!o.save.empty()) data::check_output_path(o.save, "--save", /*as_directory=*/true);
+  for (const auto& [option, path] : {std::pair<const char*, std::string>{"--log", o.log},
+                                     {"--save-optimizer", o.save_optimizer},
+                                     {"--nvme-timeline", o.nvme_timeline},
+                                     {"--trace", o.trace}})
+    if (!path.empty()) data::check_output_path(path, option, /*as_directory=*/false);
+
   gpt2::Config config =
       o.init_from.empty() ? gpt2::Config::preset(o.model) : gpt2::load_hf_config(o.init_from);
+  for (const auto& key : config.unknown_fields)
+    std::fprintf(stderr,
+                 "gpt2_train: warning: %s/config.json: field \"%s\" is not a GPT2Config "
+                 "field; ignored\n",
+                 o.init_from.c_str(), key.c_str());
+  const gpt2::Config saved_config = config;  // what --save records: not the run's --dropout
   if (o.dropout >= 0) config.set_dropout(o.dropout);
   MW_CHECK_T(InvalidArgument, o.seq <= config.n_positions, "--seq ", o.seq, " exceeds the model's ",
              config.n_positions, " positions; lower --seq");
@@ -356,7 +373,9 @@ int run(const Options& o) {
   model.train();
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
+  bool log_failed = false;
   for (int64_t step = 0; step < o.steps; ++step) {
+    throw_if_stop_requested(str("before step ", step).c_str());
     const auto t0 = clock::now();
     const double cpu0 = process_cpu_ms();
     const int64_t data_step = step + first_step;  // a resumed run continues the data stream
@@ -391,6 +410,9 @@ int run(const Options& o) {
     forward_ms.push_back(std::chrono::duration<double, std::milli>(t_bwd - t_fwd).count());
     backward_ms.push_back(std::chrono::duration<double, std::milli>(t_opt - t_bwd).count());
     const double loss_value = loss.item();
+    MW_CHECK(std::isfinite(loss_value), "the loss is ", loss_value, " at step ", step,
+             ": training diverged (lower --lr, check the data and --init-from weights); stopped "
+             "without saving, any earlier save is kept");
     const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
     step_ms.push_back(ms);
     step_cpu_ms.push_back(process_cpu_ms() - cpu0);
@@ -420,10 +442,24 @@ int run(const Options& o) {
       }
       *log << rec.dump() << "\n";
       log->flush();
+      if (!log->good() && !log_failed) {  // reported now; the run goes on to save the model
+        log_failed = true;
+        std::fprintf(stderr,
+                     "gpt2_train: error: writing --log '%s' failed at step %lld (%s); "
+                     "training continues, the run will exit 1\n",
+                     o.log.c_str(), static_cast<long long>(step), errno_text(errno).c_str());
+      }
     }
   }
   if (hybrid) hybrid->flush();  // the last write-backs, and any failure among them
   const double total_s = std::chrono::duration<double>(clock::now() - t_start).count();
+  if (!o.save.empty()) {  // the model first, before anything optional
+    if (gem)  // disk-homed chunks are read in for the save
+      gem->with_parameters_readable([&] { gpt2::save_hf(model, o.save, saved_config); });
+    else
+      gpt2::save_hf(model, o.save, saved_config);
+    std::printf("Saved to %s\n", o.save.c_str());
+  }
   std::printf("Time: %.3f s\n", total_s);
   std::printf("Mem usage: %.0f MB\n", mib(current_rss_bytes()));
   const double med = cli::median(step_ms);
@@ -502,40 +538,43 @@ int run(const Options& o) {
         static_cast<long long>(st.prefetch_waits), static_cast<long long>(st.sync_fetches),
         static_cast<long long>(st.cancelled), st.unpack_wait_ms);
   }
-  if (!o.save.empty()) {
-    if (gem)
-      gem->with_parameters_readable([&] { gpt2::save_hf(model, o.save); });
-    else
-      gpt2::save_hf(model, o.save);
-    std::printf("Saved to %s\n", o.save.c_str());
-  }
-  return 0;
+  return log_failed ? 1 : 0;
 }
 
 }  // namespace
 }  // namespace mw
 
 int main(int argc, char** argv) {
+  mw::install_stop_signal_handlers();  // Note [Stop signals]
   mw::cli::Parser parser = mw::make_parser();
-  mw::Options options;
+  bool parsed = false;  // a bad command line is exit 2 with the usage; a failed run is exit 1
   try {
     parser.parse(argc, argv);
     if (parser.help_requested()) {
       std::cout << parser.usage();
       return 0;
     }
-    options = mw::parse_options(parser);
+    const mw::Options options = mw::parse_options(parser);
+    parsed = true;
+    return mw::run(options);
+  } catch (const mw::Interrupted& e) {
+    std::cerr << "gpt2_train: " << e.what() << "\n";
+    return e.exit_code();
   } catch (const mw::InvalidArgument& e) {
+    if (parsed) {
+      std::cerr << "gpt2_train: error: " << e.what() << "\n";
+      return 1;
+    }
     std::cerr << parser.usage() << "\ngpt2_train: " << e.what() << "\n";
     return 2;
-  }
-  try {
-    return mw::run(options);
   } catch (const mw::Error& e) {
     std::cerr << "gpt2_train: error: " << e.what() << "\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "gpt2_train: internal error: " << e.what() << "\n";
+    return 1;
+  } catch (...) {
+    std::cerr << "gpt2_train: internal error: an unknown exception\n";
     return 1;
   }
 }

@@ -22,6 +22,8 @@
 
 #include "core/allocator.h"
 #include "core/error.h"
+#include "core/interrupt.h"
+#include "core/numbers.h"
 #include "offload/io/file.h"
 #include "offload/io/io_engine.h"
 
@@ -30,30 +32,6 @@ namespace {
 using mw::InvalidArgument;
 using mw::str;
 namespace io = mw::io;
-
-int64_t parse_bytes(const std::string& text) {
-  size_t pos = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &pos);
-  } catch (const std::exception&) {
-    throw InvalidArgument(str("'", text, "' is not a size; write e.g. 2GiB, 1MiB, 4096"));
-  }
-  std::string unit = text.substr(pos);
-  int64_t mult = 1;
-  if (unit == "" || unit == "B")
-    mult = 1;
-  else if (unit == "K" || unit == "KiB" || unit == "k")
-    mult = int64_t{1} << 10;
-  else if (unit == "M" || unit == "MiB")
-    mult = int64_t{1} << 20;
-  else if (unit == "G" || unit == "GiB")
-    mult = int64_t{1} << 30;
-  else
-    throw InvalidArgument(
-        str("unknown size unit '", unit, "' in '", text, "'; use B, KiB, MiB or GiB"));
-  return static_cast<int64_t>(value * static_cast<double>(mult));
-}
 
 std::string format_bytes(int64_t n) {
   if (n % (int64_t{1} << 30) == 0) return str(n >> 30, "GiB");
@@ -89,20 +67,31 @@ double pass(io::IoEngine& engine, const io::ScratchFile& file, int64_t size_byte
   std::vector<int> batch_slots;
   auto start = std::chrono::steady_clock::now();
   int64_t off = 0;
-  while (off < size_bytes) {
-    engine.wait_any(slots);
-    batch.clear();
-    batch_slots.clear();
-    for (int k = 0; k < depth && off < size_bytes; ++k) {
-      if (!slots[k].done()) continue;
-      slots[k].wait();  // throws its IoError, if any
-      batch.push_back({file.fd(), file.path(), off, bufs[k].data(),
-                       std::min(block_bytes, size_bytes - off), op});
-      batch_slots.push_back(k);
-      off += block_bytes;
+  try {
+    while (off < size_bytes) {
+      mw::throw_if_stop_requested("during a pass");
+      engine.wait_any(slots);
+      batch.clear();
+      batch_slots.clear();
+      for (int k = 0; k < depth && off < size_bytes; ++k) {
+        if (!slots[k].done()) continue;
+        slots[k].wait();  // throws its IoError, if any
+        batch.push_back({file.fd(), file.path(), off, bufs[k].data(),
+                         std::min(block_bytes, size_bytes - off), op});
+        batch_slots.push_back(k);
+        off += block_bytes;
+      }
+      std::vector<io::IoHandle> handles = engine.submit(batch);
+      for (size_t j = 0; j < handles.size(); ++j) slots[batch_slots[j]] = handles[j];
     }
-    std::vector<io::IoHandle> handles = engine.submit(batch);
-    for (size_t j = 0; j < handles.size(); ++j) slots[batch_slots[j]] = handles[j];
+  } catch (...) {  // the buffers outlive no request: wait for those in flight, then rethrow
+    for (auto& h : slots) {
+      try {
+        h.wait();
+      } catch (...) {
+      }
+    }
+    throw;
   }
   for (auto& h : slots) h.wait();
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -115,6 +104,7 @@ Rates run_ours(const std::string& dir, int64_t size_bytes, const Config& c) {
   o.queue_depth = c.depth;
   auto engine = io::IoEngine::create(o);
   io::ScratchFile file(dir, "nvme-bench", /*want_direct=*/true);
+  file.unlink_now();  // nothing left behind, even after kill -9
   MW_CHECK_T(Error, file.direct(), "the file system of '", dir,
              "' refuses O_DIRECT, so this would measure the page cache; use a disk directory");
   file.reserve(size_bytes);  // laid out first, as fio does, so writes do not extend the file
@@ -183,6 +173,7 @@ Rates run_fio_pair(const std::string& dir, int64_t size_bytes, const Config& c) 
     throw;
   }
   ::unlink(file.c_str());
+  mw::throw_if_stop_requested("after a fio run");  // fio's file is gone; stop now
   return r;
 }
 
@@ -208,15 +199,15 @@ int real_main(int argc, char** argv) {
     if (a == "--dir")
       dir = value();
     else if (a == "--size")
-      size_bytes = parse_bytes(value());
+      size_bytes = mw::parse_bytes(value());
     else if (a == "--block")
-      block_bytes = parse_bytes(value());
+      block_bytes = mw::parse_bytes(value());
     else if (a == "--depth")
-      depth = std::atoi(value().c_str());
+      depth = static_cast<int>(mw::parse_integer(value(), "--depth", 1, 1024));
     else if (a == "--backend")
       backend = value();
     else if (a == "--reps")
-      reps = std::atoi(value().c_str());
+      reps = static_cast<int>(mw::parse_integer(value(), "--reps", 1, 1000));
     else if (a == "--json")
       json = true;
     else if (a == "--no-fio")
@@ -255,6 +246,7 @@ int real_main(int argc, char** argv) {
   for (const Config& c : configs) {
     std::vector<double> ow, orr, fw, fr;
     for (int r = 0; r < reps; ++r) {  // alternate ours and fio, so drift hits both alike
+      mw::throw_if_stop_requested("between repetitions");
       Rates ours = run_ours(dir, size_bytes, c);
       ow.push_back(ours.write_GBps);
       orr.push_back(ours.read_GBps);
@@ -313,14 +305,21 @@ int real_main(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  mw::install_stop_signal_handlers();  // Note [Stop signals]: fio's file is removed before exit
   try {
     return real_main(argc, argv);
+  } catch (const mw::Interrupted& e) {
+    std::cerr << "nvme_bench: " << e.what() << "\n";
+    return e.exit_code();
   } catch (const mw::InvalidArgument& e) {
     std::cerr << "nvme_bench: " << e.what() << "\n";
     usage();
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "nvme_bench: " << e.what() << "\n";
+    return 1;
+  } catch (...) {
+    std::cerr << "nvme_bench: internal error: an unknown exception\n";
     return 1;
   }
 }

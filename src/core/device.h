@@ -9,6 +9,8 @@
 #include <functional>
 #include <string>
 
+#include "core/numbers.h"  // parse_bytes, for the callers that parse devices and sizes together
+
 namespace mw {
 
 enum class DeviceKind : uint8_t { CPU, Sim, CUDA };
@@ -33,8 +35,5 @@ struct Device {
 
 // Parses "cpu", "sim", "sim:1", "cuda", "cuda:0". Throws InvalidArgument otherwise.
 Device parse_device(const std::string& text);
-
-// Parses a byte count such as "4GiB", "512MiB", "1.5GB", "4096". Throws InvalidArgument.
-int64_t parse_bytes(const std::string& text);
 
 }  // namespace mw

@@ -301,14 +301,17 @@ std::string SafeTensorsWriter::header() const {
   return text;
 }
 
-void SafeTensorsWriter::write(const std::string& path) const {
+void SafeTensorsWriter::write(const std::string& path, bool atomic) const {
   const std::string text = header();
   const uint64_t n = text.size();
   std::vector<WritePiece> pieces;
   pieces.push_back({&n, 8});
   pieces.push_back({text.data(), static_cast<int64_t>(text.size())});
   for (const Entry& e : entries_) pieces.push_back({e.data, e.nbytes});
-  write_file_atomically(path, pieces, kWriteHint);
+  if (atomic)
+    write_file_atomically(path, pieces, kWriteHint);
+  else
+    write_file(path, pieces, kWriteHint);
 }
 
 }  // namespace mw::data

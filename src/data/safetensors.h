@@ -76,8 +76,9 @@ class SafeTensorsWriter {
   void set_metadata(std::string key, std::string value);
   // The header JSON exactly as write() puts it in the file, padding included.
   std::string header() const;
-  // Writes the file atomically; IoError naming the path (and ENOSPC/EACCES) on failure.
-  void write(const std::string& path) const;
+  // Writes the file atomically (or, with atomic = false, in place: for a file inside a staged
+  // folder, atomic_save.h); IoError naming the path (and ENOSPC/EACCES) on failure.
+  void write(const std::string& path, bool atomic = true) const;
   int64_t num_tensors() const { return static_cast<int64_t>(entries_.size()); }
 
  private:

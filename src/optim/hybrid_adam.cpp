@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "autograd/autograd.h"
+#include "data/file_io.h"
 #include "optim/adam_cuda.h"
 
 namespace mw::optim {
@@ -221,55 +222,46 @@ struct Segment {
   int64_t data_pos = 0;  // file offset of its m (v follows)
 };
 
+// Streams the checkpoint into a temporary sibling (data/file_io.h, AtomicFileWriter), coalescing
+// the small header fields into 1 MiB writes; close() renames it into place. Destroyed without
+// close() (an error, a stop signal), the temporary file is removed and any earlier checkpoint is
+// kept.
 class CheckpointWriter {
  public:
-  explicit CheckpointWriter(std::string path) : path_(std::move(path)) {
-    file_ = std::fopen(path_.c_str(), "wb");
-    if (!file_) {
-      int err = errno;
-      throw IoError(str("cannot create optimizer checkpoint '", path_, "': ", errno_text(err),
-                        "; pass a path in a writable directory"),
-                    path_, 0, 0, err);
-    }
-  }
-  ~CheckpointWriter() {
-    if (file_) std::fclose(file_);
-  }
+  explicit CheckpointWriter(std::string path)
+      : file_(std::move(path), "pass --save-optimizer a path in a writable directory",
+              /*create_parents=*/true) {}
   void put(const void* data, int64_t nbytes) {
-    if (nbytes == 0) return;
-    if (std::fwrite(data, 1, static_cast<size_t>(nbytes), file_) != static_cast<size_t>(nbytes))
-      fail(nbytes);
-    pos_ += nbytes;
+    const char* p = static_cast<const char*>(data);
+    if (buffer_.size() + static_cast<size_t>(nbytes) > kBufferBytes) drain();
+    if (static_cast<size_t>(nbytes) >= kBufferBytes)
+      file_.append(p, nbytes);
+    else
+      buffer_.insert(buffer_.end(), p, p + nbytes);
   }
   void put_i64(int64_t x) { put(&x, 8); }
   void close() {
-    if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0) fail(0);
-    std::FILE* f = file_;
-    file_ = nullptr;
-    if (std::fclose(f) != 0) fail(0);
+    drain();
+    file_.commit();
   }
 
  private:
-  [[noreturn]] void fail(int64_t nbytes) {
-    int err = errno;
-    throw IoError(str("writing optimizer checkpoint '", path_, "' failed at offset ", pos_, ": ",
-                      errno_text(err), err == ENOSPC ? "; free space or save elsewhere" : ""),
-                  path_, pos_, nbytes, err);
+  static constexpr size_t kBufferBytes = size_t{1} << 20;
+  void drain() {
+    if (!buffer_.empty()) file_.append(buffer_.data(), static_cast<int64_t>(buffer_.size()));
+    buffer_.clear();
   }
-  std::string path_;
-  std::FILE* file_ = nullptr;
-  int64_t pos_ = 0;
+  data::AtomicFileWriter file_;
+  std::vector<char> buffer_;
 };
 
 class CheckpointReader {
  public:
   explicit CheckpointReader(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) {
-      int err = errno;
-      throw IoError(str("cannot open optimizer checkpoint '", path_, "': ", errno_text(err)), path_,
-                    0, 0, err);
-    }
+    int64_t size_bytes = 0;
+    fd_ = data::open_regular_file(path_, "optimizer checkpoint",
+                                  "pass --load-optimizer a file written by --save-optimizer",
+                                  &size_bytes);
   }
   ~CheckpointReader() { ::close(fd_); }
   void get_at(int64_t pos, void* data, int64_t nbytes) {

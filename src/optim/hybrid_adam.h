@@ -88,7 +88,9 @@ class HybridAdam : public Optimizer {
   // failure among them; call after the last step. No-op without offload.
   void flush();
   // Writes step count and every state to `path` (IoError on failure). Works while offloaded and
-  // after an I/O failure (Note [NVMe failure guarantee]).
+  // after an I/O failure (Note [NVMe failure guarantee]). Atomic: written to a temporary sibling,
+  // fsynced and renamed (data/file_io.h), so a failure, a stop signal or kill -9 keeps an earlier
+  // checkpoint at `path` whole.
   void save_state(const std::string& path);
   // Restores what save_state wrote, for the same parameter shapes (FormatError otherwise); the
   // offload placement may differ from the one that saved.

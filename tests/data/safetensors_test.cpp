@@ -74,7 +74,7 @@ TEST(SafeTensors, RoundTripsDTypesShapesScalarsAndEmptyTensors) {
   w.set_metadata("format", "pt");
   w.set_metadata("producer", "memwall \"test\"");
   w.write(path);
-  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  EXPECT_FALSE(std::filesystem::exists(temporary_sibling(path)));
 
   SafeTensorsReader r(path);
   ASSERT_EQ(r.tensors().size(), 9u);

@@ -1,11 +1,7 @@
-// GPT-2 presets, validation, and HF config.json reading and writing.
+// GPT-2 presets and validation (config.json is config_json.cpp).
 #include "models/gpt2/config.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "core/error.h"
-#include "data/json.h"
 
 namespace mw::gpt2 {
 
@@ -36,6 +32,7 @@ Config Config::preset(const std::string& name) {
     c.n_embd = 32;
     c.vocab_size = 97;
     c.n_positions = 32;
+    c.bos_token_id = c.eos_token_id = 96;  // the last token, as GPT-2's 50256
     return c;
   }
   throw InvalidArgument(
@@ -49,74 +46,24 @@ void Config::validate() const {
       n_layer, ", ", n_head, ", ", n_embd, ", ", vocab_size, ", ", n_positions, ")");
   MW_CHECK_T(InvalidArgument, n_embd % n_head == 0, "GPT-2 config: n_embd ", n_embd,
              " is not divisible by n_head ", n_head);
-  MW_CHECK_T(InvalidArgument, layer_norm_epsilon > 0,
-             "GPT-2 config: layer_norm_epsilon must be > 0");
+  MW_CHECK_T(InvalidArgument, layer_norm_epsilon > 0 && layer_norm_epsilon < 1,
+             "GPT-2 config: layer_norm_epsilon ", layer_norm_epsilon, " must be in (0, 1)");
+  MW_CHECK_T(InvalidArgument, n_inner >= 0, "GPT-2 config: n_inner ", n_inner,
+             " must be positive (or null for 4 * n_embd)");
+  MW_CHECK_T(InvalidArgument, initializer_range > 0 && initializer_range < 10,
+             "GPT-2 config: initializer_range ", initializer_range, " must be in (0, 10)");
+  // HF's default ids (50256) are kept even for a smaller vocabulary, as HF keeps them.
+  for (int64_t id : {bos_token_id, eos_token_id})
+    MW_CHECK_T(InvalidArgument, id >= -1, "GPT-2 config: token id ", id,
+               " (bos_token_id / eos_token_id) must be >= 0 (or null)");
+  // Bounds that keep every size product far inside int64 (a 2^24-wide model is already absurd);
+  // the memory a shape needs is checked by the run, not here.
+  constexpr int64_t kMaxDim = int64_t{1} << 24;
+  for (int64_t d : {n_layer, n_head, n_embd, vocab_size, n_positions, n_inner})
+    MW_CHECK_T(InvalidArgument, d <= kMaxDim, "GPT-2 config: a size of ", d, " exceeds ", kMaxDim,
+               " (n_layer, n_head, n_embd, n_inner, vocab_size, n_positions)");
   for (double p : {embd_pdrop, attn_pdrop, resid_pdrop})
     MW_CHECK_T(InvalidArgument, p >= 0 && p < 1, "GPT-2 config: dropout ", p, " must be in [0, 1)");
-}
-
-Config Config::from_json_file(const std::string& path) {
-  std::ifstream in(path);
-  MW_CHECK_T(IoError, in.good(), "cannot open '", path,
-             "': expected a HuggingFace GPT-2 config.json there");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json::Value v = json::parse(ss.str(), path);
-  MW_CHECK_T(FormatError, v.is_object(), path, ": expected a JSON object");
-  Config c;
-  auto get_int = [&](const char* key, int64_t& field, bool required) {
-    if (const json::Value* f = v.find(key))
-      field = f->as_int();
-    else
-      MW_CHECK_T(FormatError, !required, path, ": missing \"", key, "\"");
-  };
-  auto get_double = [&](const char* key, double& field) {
-    if (const json::Value* f = v.find(key); f && f->is_number()) field = f->as_double();
-  };
-  get_int("n_layer", c.n_layer, true);
-  get_int("n_head", c.n_head, true);
-  get_int("n_embd", c.n_embd, true);
-  get_int("vocab_size", c.vocab_size, true);
-  get_int("n_positions", c.n_positions, true);
-  get_double("layer_norm_epsilon", c.layer_norm_epsilon);
-  get_double("embd_pdrop", c.embd_pdrop);
-  get_double("attn_pdrop", c.attn_pdrop);
-  get_double("resid_pdrop", c.resid_pdrop);
-  if (const json::Value* f = v.find("activation_function"))
-    MW_CHECK_T(FormatError, f->as_string() == "gelu_new", path, ": activation_function \"",
-               f->as_string(), "\" is not supported; memwall implements GPT-2's gelu_new");
-  try {
-    c.validate();
-  } catch (const InvalidArgument& e) {
-    throw FormatError(str(path, ": ", e.what()));
-  }
-  return c;
-}
-
-void Config::to_json_file(const std::string& path) const {
-  json::Value v = json::Value::object();
-  v.set("model_type", "gpt2");
-  json::Value arch = json::Value::array();
-  arch.push_back("GPT2LMHeadModel");
-  v.set("architectures", arch);
-  v.set("n_layer", n_layer);
-  v.set("n_head", n_head);
-  v.set("n_embd", n_embd);
-  v.set("vocab_size", vocab_size);
-  v.set("n_positions", n_positions);
-  v.set("n_ctx", n_positions);
-  v.set("layer_norm_epsilon", layer_norm_epsilon);
-  v.set("activation_function", "gelu_new");
-  v.set("embd_pdrop", embd_pdrop);
-  v.set("attn_pdrop", attn_pdrop);
-  v.set("resid_pdrop", resid_pdrop);
-  v.set("tie_word_embeddings", true);
-  std::ofstream out(path);
-  MW_CHECK_T(IoError, out.good(), "cannot write '", path, "': ", errno_text(errno),
-             "; pass --save a writable directory");
-  out << v.dump() << "\n";
-  out.close();
-  MW_CHECK_T(IoError, out.good(), "writing '", path, "' failed: ", errno_text(errno));
 }
 
 }  // namespace mw::gpt2

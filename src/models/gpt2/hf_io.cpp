@@ -1,17 +1,131 @@
 // HF folder I/O for GPT-2 (hf_io.h), driven by the tensor table.
 #include "models/gpt2/hf_io.h"
 
-#include <sys/stat.h>
-
-#include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <set>
 
+#include "data/atomic_save.h"
+#include "data/file_io.h"
+#include "data/json.h"
 #include "data/safetensors.h"
 
 namespace mw::gpt2 {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+const char* kSingleFile = "model.safetensors";
+const char* kShardIndex = "model.safetensors.index.json";
+
+// The tensors of a folder: one model.safetensors, or the shards named by its index.
+class WeightFiles {
+ public:
+  explicit WeightFiles(const std::string& dir) {
+    const std::string single = (fs::path(dir) / kSingleFile).string();
+    const std::string index = (fs::path(dir) / kShardIndex).string();
+    std::error_code ec;
+    if (fs::exists(single, ec)) {
+      add(single);
+    } else if (fs::exists(index, ec)) {
+      open_shards(dir, index);
+    } else if (fs::exists(fs::path(dir) / "pytorch_model.bin", ec)) {
+      throw FormatError(
+          str("'", dir,
+              "' holds pytorch_model.bin but no model.safetensors; memwall reads only "
+              "safetensors (pickle files can run code). Convert it with Python: from transformers "
+              "import GPT2LMHeadModel; GPT2LMHeadModel.from_pretrained('",
+              dir, "').save_pretrained('", dir, "', safe_serialization=True)"));
+    } else {
+      throw IoError(str("'", dir, "' has neither ", kSingleFile, " nor ", kShardIndex,
+                        "; expected a HuggingFace GPT-2 folder with its weights"));
+    }
+  }
+  const std::string& where() const { return where_; }
+  // The record named `name` and its reader, or nulls.
+  std::pair<const data::SafeTensorsReader*, const data::TensorRecord*> find(
+      const std::string& name) const {
+    auto it = by_name_.find(name);
+    if (it == by_name_.end()) return {nullptr, nullptr};
+    return it->second;
+  }
+  std::vector<std::string> names() const {
+    std::vector<std::string> n;
+    for (const auto& [name, _] : by_name_) n.push_back(name);
+    return n;
+  }
+
+ private:
+  void add(const std::string& path) {
+    readers_.push_back(std::make_unique<data::SafeTensorsReader>(path));
+    const data::SafeTensorsReader* r = readers_.back().get();
+    for (const auto& rec : r->tensors()) {
+      MW_CHECK_T(FormatError, by_name_.count(rec.name) == 0, "tensor '", rec.name,
+                 "' is in two shards (", by_name_[rec.name].first->path(), " and ", path, ")");
+      by_name_[rec.name] = {r, &rec};
+    }
+    where_ += (where_.empty() ? "" : ", ") + path;
+  }
+  void open_shards(const std::string& dir, const std::string& index_path) {
+    json::Value index =
+        json::parse(data::read_text_file(index_path, "shard index",
+                                         "expected HF's model.safetensors.index.json"),
+                    index_path);
+    MW_CHECK_T(
+        FormatError,
+        index.is_object() && index.contains("weight_map") && index.at("weight_map").is_object(),
+        index_path, ": expected an object with a \"weight_map\" object");
+    const json::Value& map = index.at("weight_map");
+    std::set<std::string> shards;
+    for (int64_t i = 0; i < map.size(); ++i) {
+      const json::Value& file = map.value(i);
+      MW_CHECK_T(FormatError, file.is_string(), index_path, ": weight_map \"", map.key(i),
+                 "\": expected a file name, found ", file.describe());
+      const std::string& name = file.as_string();
+      MW_CHECK_T(
+          FormatError,
+          !name.empty() && name.find('/') == std::string::npos && name != "." && name != "..",
+          index_path, ": weight_map \"", map.key(i), "\" names '", name,
+          "'; expected a file name in the same folder");
+      shards.insert(name);
+    }
+    for (const auto& s : shards) add((fs::path(dir) / s).string());
+    for (int64_t i = 0; i < map.size(); ++i) {
+      auto [reader, rec] = find(map.key(i));
+      MW_CHECK_T(FormatError,
+                 rec && fs::path(reader->path()).filename() == map.value(i).as_string(), index_path,
+                 ": tensor '", map.key(i), "' is not in its shard '", map.value(i).as_string(),
+                 "'");
+    }
+  }
+  std::vector<std::unique_ptr<data::SafeTensorsReader>> readers_;
+  std::map<std::string, std::pair<const data::SafeTensorsReader*, const data::TensorRecord*>>
+      by_name_;
+  std::string where_;
+};
+
+// Index of the first NaN or Inf in a float tensor (on the CPU), or -1.
+int64_t first_non_finite(const Tensor& t) {
+  const float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (!std::isfinite(p[i])) return i;
+  return -1;
+}
+
+// HF GPT-2 files may carry the attention mask buffers "h.N.attn.bias" / "h.N.attn.masked_bias"
+// (not parameters). Those of layers the config has are accounted for.
+bool is_mask_buffer(const std::string& name, const std::string& prefix, int64_t n_layer) {
+  for (int64_t i = 0; i < n_layer; ++i) {
+    const std::string p = str(prefix, "h.", i, ".attn.");
+    if (name == p + "bias" || name == p + "masked_bias") return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 Config load_hf_config(const std::string& dir) {
   MW_CHECK_T(IoError, fs::is_directory(dir), "--init-from '", dir,
@@ -21,17 +135,22 @@ Config load_hf_config(const std::string& dir) {
 }
 
 void load_hf_weights(GPT2& model, const std::string& dir) {
-  const std::string path = (fs::path(dir) / "model.safetensors").string();
-  data::SafeTensorsReader reader(path);
+  WeightFiles files(dir);
+  const std::string& path = files.where();
   // HF checkpoints name tensors "transformer.h.0..." (GPT2LMHeadModel) or "h.0..." (GPT2Model).
-  const bool bare = !reader.find("transformer.wte.weight") && reader.find("wte.weight");
+  const bool bare = !files.find("transformer.wte.weight").second && files.find("wte.weight").second;
+  const std::string prefix = bare ? "" : "transformer.";
   auto file_name = [&](const std::string& hf_name) {
     return bare ? hf_name.substr(std::strlen("transformer.")) : hf_name;
   };
   // Validate everything before touching any parameter, so a bad file changes nothing.
-  std::vector<std::pair<const TensorSpec*, const data::TensorRecord*>> plan;
+  std::vector<std::pair<const TensorSpec*,
+                        std::pair<const data::SafeTensorsReader*, const data::TensorRecord*>>>
+      plan;
+  std::set<std::string> accounted = {"lm_head.weight"};
   for (const auto& spec : model.specs()) {
-    const data::TensorRecord* rec = reader.find(file_name(spec.name));
+    auto found = files.find(file_name(spec.name));
+    const data::TensorRecord* rec = found.second;
     MW_CHECK_T(FormatError, rec, path, ": tensor '", file_name(spec.name),
                "' is missing; expected a GPT-2 checkpoint with n_layer ", model.config().n_layer,
                " and HF parameter names");
@@ -43,19 +162,38 @@ void load_hf_weights(GPT2& model, const std::string& dir) {
                    rec->dtype == DType::F64,
                path, ": tensor '", rec->name, "' has dtype ", dtype_name(rec->dtype),
                ", expected a floating type (F32, F16, BF16 or F64)");
-    plan.emplace_back(&spec, rec);
+    accounted.insert(rec->name);
+    plan.emplace_back(&spec, found);
   }
-  if (const data::TensorRecord* head = reader.find("lm_head.weight")) {
-    const data::TensorRecord& wte = reader.at(file_name("transformer.wte.weight"));
-    MW_CHECK_T(FormatError, head->shape == wte.shape, path, ": lm_head.weight has shape ",
-               shape_str(head->shape), " but the head must be tied to wte ", shape_str(wte.shape));
-    MW_CHECK_T(FormatError, reader.read_as_f32(*head) == reader.read_as_f32(wte), path,
+  std::vector<std::string> extra;
+  for (const auto& name : files.names())
+    if (!accounted.count(name) && !is_mask_buffer(name, prefix, model.config().n_layer))
+      extra.push_back(name);
+  if (!extra.empty()) {
+    std::string list;
+    for (size_t i = 0; i < extra.size() && i < 8; ++i) list += (i ? ", " : "") + extra[i];
+    throw FormatError(str(path, ": ", extra.size(),
+                          " tensors are not accounted for by config.json (", list,
+                          extra.size() > 8 ? ", ..." : "", "); does config.json (n_layer ",
+                          model.config().n_layer, ") match the weights?"));
+  }
+  if (auto [head_reader, head] = files.find("lm_head.weight"); head) {
+    auto [wte_reader, wte] = files.find(file_name("transformer.wte.weight"));
+    MW_CHECK_T(FormatError, head->shape == wte->shape, path, ": lm_head.weight has shape ",
+               shape_str(head->shape), " but the head must be tied to wte ", shape_str(wte->shape));
+    MW_CHECK_T(FormatError, head_reader->read_as_f32(*head) == wte_reader->read_as_f32(*wte), path,
                ": lm_head.weight differs from transformer.wte.weight; memwall's GPT-2 ties them");
   }
   std::vector<Tensor> staged;
-  for (auto [spec, rec] : plan) {
+  for (auto [spec, found] : plan) {
+    auto [reader, rec] = found;
     Tensor raw = Tensor::empty(rec->shape, rec->dtype);
-    reader.read(*rec, raw.raw_data());
+    reader->read(*rec, raw.raw_data());
+    Tensor f32 = raw.to(DType::F32);
+    const int64_t bad = first_non_finite(f32);
+    MW_CHECK_T(FormatError, bad < 0, reader->path(), ": tensor '", rec->name, "' holds ",
+               bad >= 0 ? f32.data<float>()[bad] : 0.f, " at element ", bad,
+               "; weights must be finite (the checkpoint is damaged or diverged)");
     staged.push_back(raw);
   }
   NoGradGuard no_grad;
@@ -66,21 +204,40 @@ void load_hf_weights(GPT2& model, const std::string& dir) {
   }
 }
 
-void save_hf(const GPT2& model, const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  MW_CHECK_T(IoError, !ec && fs::is_directory(dir), "--save '", dir,
-             "' cannot be created: ", ec.message(), "; pass a writable directory");
-  model.config().to_json_file((fs::path(dir) / "config.json").string());
-  data::SafeTensorsWriter writer;
+void save_hf(const GPT2& model, const std::string& dir) { save_hf(model, dir, model.config()); }
+
+void save_hf(const GPT2& model, const std::string& dir, const Config& config) {
+  MW_CHECK_T(InvalidArgument,
+             tensor_specs(config).size() == model.specs().size() &&
+                 num_parameters(config) == model.num_parameters(),
+             "save_hf: the config to write does not describe the model's tensors");
   std::vector<Tensor> keep;  // the writer borrows buffers until write()
+  data::SafeTensorsWriter writer;
   for (const auto& spec : model.specs()) {
     Tensor t = model.parameter(spec.name).to(Device::cpu()).contiguous().to(DType::F32);
+    const int64_t bad = first_non_finite(t);
+    MW_CHECK_T(FormatError, bad < 0, "not saving to '", dir, "': parameter '", spec.name,
+               "' holds ", bad >= 0 ? t.data<float>()[bad] : 0.f, " at element ", bad,
+               "; a model with non-finite weights is never written (any earlier save is kept)");
     keep.push_back(t);
     writer.add(spec.name, DType::F32, spec.shape, t.raw_data());
   }
   writer.set_metadata("format", "pt");
-  writer.write((fs::path(dir) / "model.safetensors").string());
+  const char* hint = "pass --save a folder in a writable directory with room";
+  try {
+    data::StagedDirectory staged(dir, hint);
+    writer.write(staged.file(kSingleFile), /*atomic=*/false);  // the model first
+    const std::string config_json = config.to_json(), generation = config.generation_config_json();
+    data::write_file(staged.file("config.json"),
+                     {{config_json.data(), static_cast<int64_t>(config_json.size())}}, hint);
+    data::write_file(staged.file("generation_config.json"),
+                     {{generation.data(), static_cast<int64_t>(generation.size())}}, hint);
+    staged.commit();
+  } catch (const IoError& e) {  // say what became of the earlier folder
+    throw IoError(str("saving the model to '", dir, "' failed; any earlier '", dir,
+                      "' is kept as it was: ", e.what()),
+                  e.path, e.offset, e.length, e.err);
+  }
 }
 
 }  // namespace mw::gpt2

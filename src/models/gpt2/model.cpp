@@ -11,14 +11,16 @@ namespace {
 
 // Fills t per its Init with draws (seed, offset..offset+numel) of the counter-based generator, so
 // initialisation is deterministic and independent of the thread count.
-void initialise(Tensor& t, Init init, RngState rng, int64_t n_layer) {
-  double stddev =
-      init == Init::NormalResidProj ? 0.02 / std::sqrt(2.0 * static_cast<double>(n_layer)) : 0.02;
+void initialise(Tensor& t, Init init, RngState rng, const Config& c) {
+  const double range = c.initializer_range;  // 0.02 for GPT-2
+  double stddev = init == Init::NormalResidProj
+                      ? range / std::sqrt(2.0 * static_cast<double>(c.n_layer))
+                      : range;
   if (init == Init::Zeros) return t.fill_(0.0);
   if (init == Init::Ones) return t.fill_(1.0);
   if (!t.device().is_host_addressable()) {  // draw on the host, then copy: the same values
     Tensor host = Tensor::empty(t.shape(), t.dtype(), Device::cpu());
-    initialise(host, init, rng, n_layer);
+    initialise(host, init, rng, c);
     return t.copy_(host);
   }
   dispatch_float(t.dtype(), "init", [&]<typename T>() {
@@ -41,7 +43,7 @@ GPT2::GPT2(const Config& config, uint64_t seed, DType dtype, Device device,
     MW_CHECK_T(ShapeError, t.shape() == spec.shape && t.dtype() == dtype && t.is_contiguous(),
                "GPT2: the parameter factory made ", t.desc(), " for '", spec.name, "' (",
                shape_str(spec.shape), ")");
-    initialise(t, spec.init, gen.reserve(static_cast<uint64_t>(t.numel())), config_.n_layer);
+    initialise(t, spec.init, gen.reserve(static_cast<uint64_t>(t.numel())), config_);
     if (factory.ready) factory.ready(spec);
     by_name_.emplace(spec.name, t);
   }

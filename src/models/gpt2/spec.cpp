@@ -4,7 +4,7 @@
 namespace mw::gpt2 {
 
 std::vector<TensorSpec> tensor_specs(const Config& c) {
-  const int64_t C = c.n_embd;
+  const int64_t C = c.n_embd, F = c.mlp_width();  // F: the MLP's inner width
   std::vector<TensorSpec> s;
   s.push_back({"transformer.wte.weight", {c.vocab_size, C}, Init::Normal});
   s.push_back({"transformer.wpe.weight", {c.n_positions, C}, Init::Normal});
@@ -18,9 +18,9 @@ std::vector<TensorSpec> tensor_specs(const Config& c) {
     s.push_back({p + "attn.c_proj.bias", {C}, Init::Zeros});
     s.push_back({p + "ln_2.weight", {C}, Init::Ones});
     s.push_back({p + "ln_2.bias", {C}, Init::Zeros});
-    s.push_back({p + "mlp.c_fc.weight", {C, 4 * C}, Init::Normal});
-    s.push_back({p + "mlp.c_fc.bias", {4 * C}, Init::Zeros});
-    s.push_back({p + "mlp.c_proj.weight", {4 * C, C}, Init::NormalResidProj});
+    s.push_back({p + "mlp.c_fc.weight", {C, F}, Init::Normal});
+    s.push_back({p + "mlp.c_fc.bias", {F}, Init::Zeros});
+    s.push_back({p + "mlp.c_proj.weight", {F, C}, Init::NormalResidProj});
     s.push_back({p + "mlp.c_proj.bias", {C}, Init::Zeros});
   }
   s.push_back({"transformer.ln_f.weight", {C}, Init::Ones});

@@ -77,13 +77,17 @@ ScratchFile::~ScratchFile() { release(); }
 void ScratchFile::release() noexcept {
   if (fd_ >= 0) {
     ::close(fd_);
-    ::unlink(path_.c_str());
+    if (linked_) ::unlink(path_.c_str());
     fd_ = -1;
   }
 }
 
 ScratchFile::ScratchFile(ScratchFile&& o) noexcept
-    : fd_(o.fd_), path_(std::move(o.path_)), direct_(o.direct_), size_bytes_(o.size_bytes_) {
+    : fd_(o.fd_),
+      path_(std::move(o.path_)),
+      direct_(o.direct_),
+      linked_(o.linked_),
+      size_bytes_(o.size_bytes_) {
   o.fd_ = -1;
 }
 
@@ -93,10 +97,21 @@ ScratchFile& ScratchFile::operator=(ScratchFile&& o) noexcept {
     fd_ = o.fd_;
     path_ = std::move(o.path_);
     direct_ = o.direct_;
+    linked_ = o.linked_;
     size_bytes_ = o.size_bytes_;
     o.fd_ = -1;
   }
   return *this;
+}
+
+void ScratchFile::unlink_now() {
+  if (!linked_) return;
+  if (::unlink(path_.c_str()) != 0) {
+    int err = errno;
+    throw IoError(str("cannot unlink scratch file '", path_, "': ", errno_text(err)), path_, 0, 0,
+                  err);
+  }
+  linked_ = false;
 }
 
 void ScratchFile::reserve(int64_t nbytes) {

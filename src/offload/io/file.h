@@ -35,6 +35,9 @@ class ScratchFile {
   // Makes the file at least `nbytes` long with real blocks (fallocate), so that later writes do
   // not extend it. Throws IoError on ENOSPC/EFBIG; silently skips file systems without fallocate.
   void reserve(int64_t nbytes);
+  // Removes the file's name now, keeping it open: nothing is left behind even if the process is
+  // killed. path() stays for messages. Throws IoError when unlink fails.
+  void unlink_now();
   // Cuts the file to `nbytes` (ftruncate), returning space at the tail to the file system.
   void truncate(int64_t nbytes);
   int64_t size_bytes() const { return size_bytes_; }
@@ -44,6 +47,7 @@ class ScratchFile {
   int fd_ = -1;
   std::string path_;
   bool direct_ = false;
+  bool linked_ = true;  // false after unlink_now()
   int64_t size_bytes_ = 0;
 };
 
