@@ -52,6 +52,9 @@ void* CachingHostAllocator::allocate(int64_t nbytes) {
     stats_.cached_bytes -= block;
     ++stats_.cache_hits;
   } else {
+    if (stats_.capacity_bytes > 0 &&
+        stats_.current_bytes + stats_.cached_bytes + rounded > stats_.capacity_bytes)
+      free_cached_locked(rounded);  // the cache lives inside the capacity (deallocate below)
     ptr = std::aligned_alloc(kHostAlignment, rounded);
     if (!ptr) {
       free_cached_locked(rounded);
@@ -77,7 +80,12 @@ void CachingHostAllocator::deallocate(void* ptr, int64_t /*nbytes*/) {
   const int64_t block = found->second;
   live_.erase(found);
   stats_.current_bytes -= block;
-  if (stats_.cached_bytes + block <= max_cached_bytes_) {
+  // A capped (sim) device's cache lives inside its capacity, as a GPU caching allocator's does, so
+  // the bytes a sim device holds (in use + cached) never exceed what it was given.
+  const bool within_capacity =
+      stats_.capacity_bytes == 0 ||
+      stats_.current_bytes + stats_.cached_bytes + block <= stats_.capacity_bytes;
+  if (within_capacity && stats_.cached_bytes + block <= max_cached_bytes_) {
     cache_[block].push_back(ptr);
     stats_.cached_bytes += block;
   } else {

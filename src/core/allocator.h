@@ -15,7 +15,8 @@
 //
 // Note [The sim device]: a sim allocator is the same host allocator with its own hard capacity and
 // its own statistics. Exceeding the capacity raises OutOfMemory with the requested, free and
-// capacity bytes, exactly where a GPU would fail.
+// capacity bytes, exactly where a GPU would fail. Its cache lives inside the capacity (in use +
+// cached never exceed it), so a sim device never holds more host memory than it was given.
 #pragma once
 
 #include <cstdint>

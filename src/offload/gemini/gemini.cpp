@@ -336,6 +336,7 @@ void Gemini::track_host(int64_t delta) {
 }
 
 void Gemini::gather(Chunk& c, const std::string& why) {
+  close_interval();  // Note [Non-model memory]
   const double t0 = now_us();
   Allocator& a = allocator_for(options_.device);
   const AllocatorStats st = a.stats();
@@ -374,9 +375,9 @@ void Gemini::gather(Chunk& c, const std::string& why) {
 }
 
 void Gemini::forget_gathered(Chunk& c) {
+  close_interval();  // Note [Non-model memory]
   gathered_.erase(std::find(gathered_.begin(), gathered_.end(), c.index()));
   gathered_bytes_ -= c.nbytes();
-  period_min_model_bytes_ = std::min(period_min_model_bytes_, device_model_bytes());
 }
 
 void Gemini::release(Chunk& c, bool eviction) {
@@ -435,8 +436,6 @@ void Gemini::pre_op(nn::Module& m, bool backward) {
     else
       wait_inflight(chunk);
   }
-  // The period that starts now holds at least these chunks (sample_nonmodel subtracts them).
-  period_min_model_bytes_ = device_model_bytes();
   if (!recording_ && !off_plan_ && options_.policy != Policy::kStatic) prefetch_after(t);
 }
 
@@ -637,12 +636,24 @@ void Gemini::poll_pending(bool wait) {
   }
 }
 
-void Gemini::sample_nonmodel() {
+// Note [Non-model memory]: the warmup measures, for each period between two ops, the most device
+// memory that was not chunks. A period is cut into intervals at every change of the chunk bytes on
+// the device (a gather, a release); within an interval the chunk bytes are constant, so the
+// allocator's peak over the interval minus them is exactly its non-model peak. The period's
+// reserve is the largest over its intervals.
+void Gemini::close_interval() {
   if (!recording_ || options_.policy != Policy::kAuto) return;
   Allocator& a = allocator_for(options_.device);
   const int64_t peak = a.stats().peak_bytes;
   a.reset_peak();
-  if (op_ > 0) nonmodel_.push_back(std::max<int64_t>(0, peak - period_min_model_bytes_));
+  period_nonmodel_bytes_ = std::max(period_nonmodel_bytes_, peak - device_model_bytes());
+}
+
+void Gemini::sample_nonmodel() {
+  if (!recording_ || options_.policy != Policy::kAuto) return;
+  close_interval();
+  if (op_ > 0) nonmodel_.push_back(std::max<int64_t>(0, period_nonmodel_bytes_));
+  period_nonmodel_bytes_ = 0;
 }
 
 void Gemini::build_plan() {

@@ -153,6 +153,7 @@ class Gemini : public optim::Optimizer {
   void make_room(const ModuleInfo& info, const std::vector<int>& need, int64_t t);
   bool pinned(const Chunk& c) const;
   void sample_nonmodel();
+  void close_interval();
   void build_plan();
   void plan_tiers(optim::HybridAdamOptions& adam);
   void bring_home(Chunk& c);
@@ -191,7 +192,7 @@ class Gemini : public optim::Optimizer {
   std::vector<TraceOp> trace_;
   std::vector<std::pair<const nn::Module*, bool>> trace_keys_;
   std::vector<int64_t> nonmodel_, avail_;
-  int64_t period_min_model_bytes_ = 0;
+  int64_t period_nonmodel_bytes_ = 0;  // Note [Non-model memory]
   std::unique_ptr<NextUse> next_;
   int64_t lower_bound_bytes_ = 0;
   double margin_ = 0;
