@@ -71,6 +71,10 @@ class HybridAdam : public Optimizer {
   // updater thread steps it while the caller goes on; `p` must stay where it is until then).
   uint64_t step_param(size_t i);
   bool update_done(uint64_t ticket) const { return ticket == 0 || !nvme_ || nvme_->done(ticket); }
+  // Blocks until that update ran.
+  void wait_update(uint64_t ticket) {
+    if (ticket != 0 && nvme_) nvme_->wait(ticket);
+  }
   std::string name() const override { return "hybridadam"; }
   int64_t state_bytes_in_memory() const override;
   Isa isa() const { return isa_; }

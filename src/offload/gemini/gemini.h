@@ -158,6 +158,7 @@ class Gemini : public optim::Optimizer {
   void plan_tiers(optim::HybridAdamOptions& adam);
   void bring_home(Chunk& c);
   void poll_pending(bool wait);
+  void write_back_front();
   void forget_gathered(Chunk& c);
   void prefetch_after(int64_t t);
   void wait_inflight(Chunk& c);
