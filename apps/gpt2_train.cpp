@@ -265,6 +265,9 @@ int run(const Options& o) {
   // Under Gemini the model is built on the host; Gemini packs it into chunks and places them.
   // Under Gemini the parameters are made in their chunks, which may live on disk (Note [Streaming
   // construction]); otherwise on the device.
+  // The documents' unit: 2^30 parameters ("0.116 B" for GPT-2 small's 124,439,808).
+  std::printf("Model numel: %.3f B\n",
+              static_cast<double>(gpt2::num_parameters(config)) / (1 << 30));
   std::unique_ptr<gemini::Gemini> gemini_owned;
   gpt2::ParameterFactory factory;
   if (!o.gemini.empty()) {
@@ -287,7 +290,6 @@ int run(const Options& o) {
   gpt2::GPT2 model(config, o.seed, DType::F32, o.gemini.empty() ? o.device : Device::cpu(),
                    factory);
   if (!o.init_from.empty()) gpt2::load_hf_weights(model, o.init_from);
-  std::printf("Model numel: %.3f B\n", static_cast<double>(model.num_parameters()) / (1 << 30));
 
   std::unique_ptr<data::TokenShard> shard;
   if (!o.data.empty()) {
@@ -454,7 +456,7 @@ int run(const Options& o) {
   if (hybrid) hybrid->flush();  // the last write-backs, and any failure among them
   const double total_s = std::chrono::duration<double>(clock::now() - t_start).count();
   if (!o.save.empty()) {  // the model first, before anything optional
-    if (gem)  // disk-homed chunks are read in for the save
+    if (gem)              // disk-homed chunks are read in for the save
       gem->with_parameters_readable([&] { gpt2::save_hf(model, o.save, saved_config); });
     else
       gpt2::save_hf(model, o.save, saved_config);
