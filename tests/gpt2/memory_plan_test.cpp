@@ -61,6 +61,7 @@ Config tiny() {
 
 struct Peaks {
   int64_t host_bytes = 0, device_bytes = 0;
+  int64_t disk_bytes = 0;  // the NVMe states' file
 };
 
 // Two training steps as gpt2_train runs them (the second with the Adam states in place).
@@ -76,12 +77,15 @@ Peaks measure(const PlanInputs& in) {
   }
   std::unique_ptr<optim::Optimizer> opt;
   std::unique_ptr<gemini::Gemini> gem_owned;
+  int64_t disk_bytes = 0;
   ParameterFactory factory;
   if (in.gemini) {  // streaming construction, as gpt2_train does
     gemini::GeminiOptions g = in.gemini_options;
     g.device = dev;
     g.verbose = false;
     g.search.interval_numel = in.config.n_embd;
+    g.adam.nvme.window_bytes = in.nvme_window_bytes;  // as gpt2_train passes --nvme-window
+    g.adam.nvme.slice_numel = 1024;                   // small slices: a small model streams too
     std::vector<std::pair<std::string, Shape>> tensors;
     for (const auto& spec : tensor_specs(in.config)) tensors.emplace_back(spec.name, spec.shape);
     gem_owned = std::make_unique<gemini::Gemini>(g, tensors);
@@ -96,7 +100,11 @@ Peaks measure(const PlanInputs& in) {
     } else if (in.adamw) {
       opt = std::make_unique<optim::AdamW>(model.parameters(), optim::AdamHyper{});
     } else {
-      optim::HybridAdamOptions o{optim::AdamHyper{}};
+      optim::NvmeOffloadOptions nvme;
+      nvme.fraction = in.nvme_fraction;
+      nvme.window_bytes = in.nvme_window_bytes;
+      nvme.slice_numel = 1024;
+      optim::HybridAdamOptions o{optim::AdamHyper{}, -1.f, nvme};
       o.update_in_backward = in.update_in_backward;
       opt = std::make_unique<optim::HybridAdam>(model.parameters(), o);
     }
@@ -122,9 +130,13 @@ Peaks measure(const PlanInputs& in) {
       backward(loss);
       opt->step();
     }
+    optim::HybridAdam* adam = in.gemini ? &static_cast<gemini::Gemini*>(opt.get())->adam()
+                                        : dynamic_cast<optim::HybridAdam*>(opt.get());
+    if (adam && adam->nvme()) disk_bytes = adam->nvme()->stats().file_bytes;
     opt.reset();
   }
   Peaks p;
+  p.disk_bytes = disk_bytes;
   p.host_bytes = host.stats().peak_bytes - host_base;
   if (dev.is_sim()) {
     p.device_bytes = allocator_for(dev).stats().peak_bytes;
@@ -145,12 +157,19 @@ void expect_within(int64_t predicted, int64_t measured, const char* what) {
   EXPECT_LE(std::abs(error), kTolerance) << what;
 }
 
-void check(const PlanInputs& in) {
+// check_host = false only where the host peak depends on timing (printed, not compared).
+void check(const PlanInputs& in, bool check_host = true) {
   const MemoryPlan plan = plan_memory(in);
   std::printf("%s", plan.table().c_str());
   const Peaks measured = measure(in);
-  expect_within(plan.host_bytes, measured.host_bytes, "host");
+  if (check_host)
+    expect_within(plan.host_bytes, measured.host_bytes, "host");
+  else
+    std::printf("host (not compared): plan %.2f MiB, measured %.2f MiB\n",
+                static_cast<double>(plan.host_bytes) / (1 << 20),
+                static_cast<double>(measured.host_bytes) / (1 << 20));
   if (!in.device.is_cpu()) expect_within(plan.device_bytes, measured.device_bytes, "sim");
+  if (plan.disk_bytes > 0) expect_within(plan.disk_bytes, measured.disk_bytes, "disk");
 }
 
 PlanInputs inputs(const Config& c, int64_t batch, int64_t seq) {
@@ -183,6 +202,13 @@ TEST(MemoryPlan, SmallIshOnSimWithAdamW) {  // no update in backward: every grad
   check(in);
 }
 
+TEST(MemoryPlan, SmallIshOnSimWithHalfTheAdamStatesOnNvme) {
+  PlanInputs in = on_sim(inputs(small_ish(), 4, 128));
+  in.nvme_fraction = 0.5;
+  in.nvme_window_bytes = 1 << 20;
+  check(in);
+}
+
 TEST(MemoryPlan, WideOnTheCpu) { check(inputs(wide(), 4, 128)); }
 
 TEST(MemoryPlan, WideOnTheCpuWithRecomputation) {
@@ -206,6 +232,19 @@ PlanInputs gemini_auto(const Config& c, int64_t chunk_numel) {
 TEST(MemoryPlan, SmallIshOnSimWithGeminiAuto) { check(gemini_auto(small_ish(), 300000)); }
 
 TEST(MemoryPlan, WideOnSimWithGeminiAuto) { check(gemini_auto(wide(), 0)); }
+
+TEST(MemoryPlan, SmallIshOnSimWithGeminiThreeTiers) {
+  // 20 MiB of host RAM: the Adam states (28.8 MiB) go to disk, the chunks (14.4 MiB) stay.
+  PlanInputs in = gemini_auto(small_ish(), 300000);
+  in.gemini_options.host_capacity_bytes = 20 << 20;
+  in.nvme_window_bytes = 1 << 20;
+  const MemoryPlan plan = plan_memory(in);
+  EXPECT_GT(plan.disk_bytes, 28 << 20);
+  // The host peak is not compared: gradients queue on the host behind the disk-bound updater for
+  // as long as the disk takes, so it varies run to run (measured 19.6 to 26.6 MiB over six runs
+  // against 21.0 planned). The device and the disk are deterministic.
+  check(in, /*check_host=*/false);
+}
 
 TEST(MemoryPlan, RefusesWhatDoesNotFitNamingTheNumbersAndTheOptions) {
   PlanInputs in = inputs(Config::preset("small"), 100000, 128);

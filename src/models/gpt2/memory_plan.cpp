@@ -187,15 +187,22 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, const std::vector<int64_t>
   add(p, "parameter chunks", dev, device_chunks, chunk_note);
   add(p, "Adam m, v", dev, device_states, "chunks whose states stay on the device");
   add(p, "activations + head", dev, act_peak, "Note [Activation arithmetic]");
-  int64_t host_need = host_chunks + host_states + largest;
-  if (g.host_capacity_bytes > 0 && host_need > g.host_capacity_bytes) {
-    const int64_t overflow = host_need - g.host_capacity_bytes;
-    add(p, "chunks and Adam states", "disk", overflow, "beyond --host-capacity (three tiers)");
-    add(p, "NVMe window", "host", in.nvme_window_bytes, "states streamed through it");
-    host_need = g.host_capacity_bytes;
+  const int64_t host_need = host_chunks + host_states + largest;
+  if (g.host_capacity_bytes <= 0 || host_need <= g.host_capacity_bytes) {
+    add(p, "chunk homes + Adam m, v + gradient buffers", "host", host_need,
+        "the largest chunk for gradients");
+    return;
   }
-  add(p, "chunk homes + Adam m, v + gradient buffers", "host", host_need,
-      "the largest chunk for gradients");
+  // Note [Three tiers] (docs/gemini.md): the Adam states go to disk first, streamed through the
+  // window; then chunks are homed on disk until the rest fits beside three of the largest chunk
+  // kept free for gradient buffers.
+  add(p, "Adam m, v (NVMe)", "disk", host_states, "beyond --host-capacity (three tiers)");
+  add(p, "NVMe window", "host", in.nvme_window_bytes, "Adam states streamed through it");
+  const int64_t room = std::max<int64_t>(0, g.host_capacity_bytes - 3 * largest);
+  const int64_t chunks_on_disk = std::max<int64_t>(0, host_chunks - room);
+  add(p, "parameter chunks (NVMe)", "disk", chunks_on_disk, "homed on disk, last chunk first");
+  add(p, "chunk homes", "host", host_chunks - chunks_on_disk, "");
+  add(p, "gradient buffers", "host", 3 * largest, "3 x the largest chunk, kept free");
 }
 
 }  // namespace
