@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 
@@ -278,14 +279,38 @@ TEST(MemoryPlan, ADeviceTooSmallIsRefusedWithGeminiSuggested) {
   }
 }
 
-TEST(MemoryPlan, AHugeModelIsPlannedQuicklyWithoutOverflow) {
+TEST(MemoryPlan, TheLargestConfigIsPlannedQuicklyWithoutOverflow) {
+  // Every size at the config's limit (2^24): the plan neither overflows nor lists 200 million
+  // tensors, so an absurd config.json is refused at once.
+  const int64_t max_dim = int64_t{1} << 24;
   PlanInputs in = inputs(Config::preset("small"), 1 << 20, 1024);
-  in.config.n_layer = 100000;
+  in.config.n_layer = max_dim;
+  in.config.n_embd = max_dim;
+  in.config.n_head = 1;
+  in.config.vocab_size = max_dim;
+  const auto t0 = std::chrono::steady_clock::now();
   const MemoryPlan plan = plan_memory(in);
-  EXPECT_GT(plan.host_bytes, int64_t{1} << 50);  // saturated, not wrapped negative
   in.gemini = true;
   in.device = Device::sim(0);
-  EXPECT_GT(plan_memory(in).host_bytes, int64_t{1} << 40);
+  const MemoryPlan gemini_plan = plan_memory(in);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(seconds, 0.5);                       // two tables of at most two layers each
+  EXPECT_GE(plan.host_bytes, int64_t{1} << 60);  // saturated, not wrapped negative
+  EXPECT_GE(gemini_plan.host_bytes, int64_t{1} << 60);
+  // Past kListedLayers the per-block arithmetic equals the listed table's.
+  PlanInputs listed = inputs(Config::preset("small"), 4, 128), derived = listed;
+  listed.config.n_layer = 4096;
+  derived.config.n_layer = 4097;
+  const MemoryPlan a = plan_memory(listed), b = plan_memory(derived);
+  EXPECT_EQ(b.host_bytes - a.host_bytes,
+            plan_memory(inputs(Config::preset("small"), 4, 128)).host_bytes -
+                plan_memory([] {
+                  PlanInputs eleven = inputs(Config::preset("small"), 4, 128);
+                  eleven.config.n_layer = 11;
+                  return eleven;
+                }())
+                    .host_bytes);
 }
 
 }  // namespace

@@ -103,10 +103,29 @@ std::vector<int64_t> parameter_numels(const Config& config) {
   return sizes;
 }
 
-int64_t parameter_bytes(const PlanInputs& in, const std::vector<int64_t>& numels) {
-  int64_t total = 0;
-  for (int64_t numel : numels) total += round_up(numel * in.dtype_bytes, kHostAlignment);
-  return total;
+// Past this many layers the table is not listed tensor by tensor (a config.json may say 16
+// million layers: 200 million entries, gigabytes of names): every block has the same tensors, so
+// the tables of one and of two layers give the rest, still from spec.h alone.
+constexpr int64_t kListedLayers = 4096;
+
+Config with_layers(Config c, int64_t n_layer) {
+  c.n_layer = n_layer;
+  return c;
+}
+
+// In double, clamped by the caller: an absurd model must not overflow.
+double parameter_bytes(const PlanInputs& in) {
+  auto bytes_of = [&](const Config& c) {
+    double total = 0;
+    for (int64_t numel : parameter_numels(c))
+      total += static_cast<double>(round_up(numel * in.dtype_bytes, kHostAlignment));
+    return total;
+  };
+  const int64_t L = in.config.n_layer;
+  if (L <= kListedLayers) return bytes_of(in.config);
+  const double first = bytes_of(with_layers(in.config, 1));
+  const double block = bytes_of(with_layers(in.config, 2)) - first;
+  return first + static_cast<double>(L - 1) * block;
 }
 
 // Byte counts past 2^60 (1 EiB) are clamped there: they fit nowhere, and sums of a few stay in
@@ -128,21 +147,24 @@ void add(MemoryPlan& p, const std::string& what, const std::string& tier, int64_
 }
 
 // The largest Gemini chunk in bytes, from the tensor table alone (Note [Chunk-size search]):
-// chunks allocate only what their tensors use. Past 4096 tensors (an absurd n_layer) the search
-// would be slow, and the capacity is taken as max(min chunk, largest tensor): the plan refuses
-// such a run anyway.
-int64_t largest_chunk_bytes(const PlanInputs& in, const std::vector<int64_t>& sizes) {
+// chunks allocate only what their tensors use. Past kListedLayers the search would be slow, and the
+// capacity is taken as max(min chunk, largest tensor): chunks of many layers fill it.
+int64_t largest_chunk_bytes(const PlanInputs& in) {
+  const bool listed = in.config.n_layer <= kListedLayers;
+  const std::vector<int64_t> sizes =
+      parameter_numels(listed ? in.config : with_layers(in.config, 2));
   gemini::ChunkSearchOptions search = in.gemini_options.search;
   search.interval_numel = in.config.n_embd;  // as gpt2_train sets it
   int64_t capacity = in.gemini_options.chunk_numel;
   std::vector<bool> alone(sizes.size(), false);
-  if (capacity <= 0 && sizes.size() <= 4096) {
+  if (capacity <= 0 && listed) {
     const gemini::ChunkSearchResult r = gemini::search_chunk_size(sizes, search);
     capacity = r.chunk_numel;
     alone = r.outlier;
   } else if (capacity <= 0) {
     capacity = std::max(search.min_chunk_numel, *std::max_element(sizes.begin(), sizes.end()));
   }
+  if (!listed) return round_up(capacity * in.dtype_bytes, kHostAlignment);
   const std::vector<int> chunk_of = gemini::pack_chunks(sizes, capacity, alone);
   std::vector<int64_t> chunk_numel;
   for (size_t i = 0; i < sizes.size(); ++i) {
@@ -157,9 +179,8 @@ int64_t largest_chunk_bytes(const PlanInputs& in, const std::vector<int64_t>& si
 // Gemini (docs/gemini.md): chunks hold the parameters; gradients and Adam states of a chunk live
 // where its placement says. Update in backward keeps one chunk's gradient buffer on the host at a
 // time (measured: the host chunk peak is the homes plus the largest chunk).
-void plan_gemini(MemoryPlan& p, const PlanInputs& in, const std::vector<int64_t>& numels,
-                 int64_t params, int64_t act_peak) {
-  const int64_t largest = largest_chunk_bytes(in, numels);
+void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t params, int64_t act_peak) {
+  const int64_t largest = largest_chunk_bytes(in);
   const auto& g = in.gemini_options;
   const std::string dev = p.device_name;
   const int64_t states = 2 * params;
@@ -215,11 +236,10 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   p.activation_bytes =
       clamp_bytes(static_cast<double>(in.config.n_layer) * a.block + a.head + a.logits);
   const int64_t act_peak = clamp_bytes(activation_peak(in, a, &p.recompute));
-  const std::vector<int64_t> numels = parameter_numels(in.config);
-  const int64_t params = parameter_bytes(in, numels);
+  const int64_t params = clamp_bytes(parameter_bytes(in));
   const int64_t io_bytes = 2 * round_up(in.batch * in.seq * 4, kHostAlignment);  // ids + copy
   if (in.gemini) {
-    plan_gemini(p, in, numels, params, act_peak);
+    plan_gemini(p, in, params, act_peak);
     add(p, "token ids", p.device_name, io_bytes, "");
     return p;
   }
