@@ -504,7 +504,7 @@ int run(const Options& o) {
   if (hybrid) hybrid->flush();  // the last write-backs, and any failure among them
   const double total_s = std::chrono::duration<double>(clock::now() - t_start).count();
   if (!o.save.empty()) {  // the model first, before anything optional
-    if (gem)              // disk-homed chunks are read in for the save
+    if (gem)  // disk-homed chunks are read in for the save
       gem->with_parameters_readable([&] { gpt2::save_hf(model, o.save, saved_config); });
     else
       gpt2::save_hf(model, o.save, saved_config);
