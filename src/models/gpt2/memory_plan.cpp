@@ -146,10 +146,26 @@ void add(MemoryPlan& p, const std::string& what, const std::string& tier, int64_
     p.device_bytes += bytes;
 }
 
-// The largest Gemini chunk in bytes, from the tensor table alone (Note [Chunk-size search]):
-// chunks allocate only what their tensors use. Past kListedLayers the search would be slow, and the
+struct ChunkBytes {
+  int64_t largest = 0;
+  int64_t first = 0;  // the chunk of wte (first in parameter order): the LM head's, at the peak
+  std::vector<int64_t> each;  // in chunk order; empty past kListedLayers
+};
+
+// Static placement's rule (docs/gemini.md): walking chunks in order, a chunk is offloaded while the
+// bytes offloaded so far are below fraction x total. Past kListedLayers: fraction x total.
+int64_t offloaded_bytes(const ChunkBytes& chunks, double fraction, int64_t total) {
+  if (chunks.each.empty()) return static_cast<int64_t>(fraction * static_cast<double>(total));
+  int64_t offloaded = 0;
+  for (int64_t bytes : chunks.each)
+    if (static_cast<double>(offloaded) < fraction * static_cast<double>(total)) offloaded += bytes;
+  return offloaded;
+}
+
+// Gemini's chunks in bytes, from the tensor table alone (Note [Chunk-size search]): chunks
+// allocate only what their tensors use. Past kListedLayers the search would be slow, and the
 // capacity is taken as max(min chunk, largest tensor): chunks of many layers fill it.
-int64_t largest_chunk_bytes(const PlanInputs& in) {
+ChunkBytes chunk_bytes(const PlanInputs& in) {
   const bool listed = in.config.n_layer <= kListedLayers;
   const std::vector<int64_t> sizes =
       parameter_numels(listed ? in.config : with_layers(in.config, 2));
@@ -164,7 +180,10 @@ int64_t largest_chunk_bytes(const PlanInputs& in) {
   } else if (capacity <= 0) {
     capacity = std::max(search.min_chunk_numel, *std::max_element(sizes.begin(), sizes.end()));
   }
-  if (!listed) return round_up(capacity * in.dtype_bytes, kHostAlignment);
+  if (!listed) {
+    const int64_t bytes = round_up(capacity * in.dtype_bytes, kHostAlignment);
+    return {bytes, bytes, {}};
+  }
   const std::vector<int> chunk_of = gemini::pack_chunks(sizes, capacity, alone);
   std::vector<int64_t> chunk_numel;
   for (size_t i = 0; i < sizes.size(); ++i) {
@@ -172,35 +191,45 @@ int64_t largest_chunk_bytes(const PlanInputs& in) {
     if (chunk_numel.size() <= c) chunk_numel.resize(c + 1, 0);
     chunk_numel[c] += sizes[i];
   }
-  const int64_t largest = *std::max_element(chunk_numel.begin(), chunk_numel.end());
-  return round_up(largest * in.dtype_bytes, kHostAlignment);
+  ChunkBytes out;
+  for (int64_t numel : chunk_numel)
+    out.each.push_back(round_up(numel * in.dtype_bytes, kHostAlignment));
+  out.largest = *std::max_element(out.each.begin(), out.each.end());
+  out.first = out.each.front();
+  return out;
 }
 
 // Gemini (docs/gemini.md): chunks hold the parameters; gradients and Adam states of a chunk live
 // where its placement says. Update in backward keeps one chunk's gradient buffer on the host at a
-// time (measured: the host chunk peak is the homes plus the largest chunk).
+// time (measured: the host chunk peak is the homes plus the largest chunk). The device peaks at
+// the LM head's backward (Note [Activation arithmetic]), which needs wte's chunk: an offloaded
+// placement holds that chunk then, and a budget fills with more chunks while they fit.
 void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t params, int64_t act_peak) {
-  const int64_t largest = largest_chunk_bytes(in);
+  const ChunkBytes chunks = chunk_bytes(in);
+  const int64_t largest = chunks.largest;
   const auto& g = in.gemini_options;
   const std::string dev = p.device_name;
   const int64_t states = 2 * params;
   int64_t device_chunks = 0, host_chunks = params, host_states = states, device_states = 0;
   if (g.policy == gemini::Policy::kStatic) {
-    device_chunks = static_cast<int64_t>((1.0 - g.offload_param_frac) * params) +
-                    (g.offload_param_frac > 0 ? largest : 0);
-    host_states = static_cast<int64_t>(g.offload_optim_frac * states);
+    // Offloaded chunks (wte's first) are gathered one op at a time: wte's at the peak.
+    const int64_t param_off = offloaded_bytes(chunks, g.offload_param_frac, params);
+    device_chunks = params - param_off + (param_off > 0 ? chunks.first : 0);
+    host_chunks = param_off;  // a resident chunk has no home on the host
+    host_states = 2 * offloaded_bytes(chunks, g.offload_optim_frac, params);
     device_states = states - host_states;
   } else if (g.policy == gemini::Policy::kConst) {
-    device_chunks = std::min(g.const_budget_bytes, params);
+    const int64_t more = std::max<int64_t>(0, g.const_budget_bytes - chunks.first) / largest;
+    device_chunks = std::min(params, chunks.first + more * largest);
   } else {
     device_chunks = params;  // auto keeps what fits, below
   }
   int64_t device_total = device_chunks + device_states + act_peak;
-  std::string chunk_note = "chunks gathered on the device";
+  std::string chunk_note = "chunks on the device at the peak";
   if (g.policy == gemini::Policy::kAuto && in.device_capacity_bytes > 0) {
     const double margin = g.auto_margin >= 0 ? g.auto_margin : 0.02;
     const auto cap = static_cast<int64_t>(in.device_capacity_bytes * (1.0 - margin));
-    const int64_t floor = act_peak + largest;  // one op's chunks plus non-model memory
+    const int64_t floor = act_peak + chunks.first;  // the op's chunk plus non-model memory
     const int64_t fitted = std::max(std::min(device_total, cap), floor);
     device_chunks = std::max<int64_t>(0, fitted - act_peak - device_states);
     chunk_note = "auto: what fits in capacity x (1 - margin)";
