@@ -23,6 +23,7 @@
 #include "data/random_tokens.h"
 #include "data/token_shard.h"
 #include "models/gpt2/hf_io.h"
+#include "models/gpt2/memory_plan.h"
 #include "models/gpt2/model.h"
 #include "nn/checkpoint.h"
 #include "offload/activation/activation_offload.h"
@@ -53,6 +54,8 @@ struct Options {
   std::string gemini, trace;
   gemini::GeminiOptions gemini_options;
   int64_t gemini_nvme_window_bytes = 0;
+  // The memory plan (docs/reliability.md): print it and exit; run without checking it.
+  bool plan_only = false, skip_memory_check = false;
 };
 
 cli::Parser make_parser() {
@@ -125,6 +128,10 @@ cli::Parser make_parser() {
            "--gemini: host RAM for chunks and optimizer states; what does not fit goes to disk "
            "under --nvme-dir (three tiers)");
   p.option("trace", "", "write a Chrome/Perfetto trace (JSON) of the run's memory and moves");
+  p.flag("plan", "print the memory plan (host, device, disk) and exit without allocating");
+  p.flag("skip-memory-check",
+         "expert: run even when the memory plan exceeds what the machine has (the plan is an "
+         "estimate within about 10%, docs/reliability.md)");
   return p;
 }
 
@@ -213,6 +220,8 @@ Options parse_options(const cli::Parser& p) {
   o.save_optimizer = p.str("save-optimizer");
   o.load_optimizer = p.str("load-optimizer");
   o.nvme_timeline = p.str("nvme-timeline");
+  o.plan_only = p.has("plan");
+  o.skip_memory_check = p.has("skip-memory-check");
   MW_CHECK_T(cli::UsageError,
              o.optimizer == "hybridadam" || (o.save_optimizer.empty() && o.load_optimizer.empty()),
              "--save-optimizer/--load-optimizer need --optimizer hybridadam");
@@ -235,6 +244,46 @@ json::Value device_peaks(const Options& o) {
   peaks.set("cpu", allocator_for(Device::cpu()).stats().peak_bytes);
   if (!o.device.is_cpu()) peaks.set(o.device.str(), allocator_for(o.device).stats().peak_bytes);
   return peaks;
+}
+
+// Prints the memory plan; stops before anything is allocated when it does not fit (Note
+// [Activation arithmetic], models/gpt2/memory_plan.h). Returns true for --plan.
+bool memory_plan(const Options& o, const gpt2::Config& config) {
+  gpt2::PlanInputs in;
+  in.config = config;
+  in.batch = o.batch, in.seq = o.seq;
+  in.adamw = o.optimizer == "adamw";
+  in.update_in_backward = o.update_in_backward;
+  in.states_on_host = o.states_on_host;
+  in.nvme_fraction = o.nvme.fraction;
+  in.nvme_window_bytes = o.gemini.empty() ? o.nvme.window_bytes : o.gemini_nvme_window_bytes;
+  in.nvme_dir = o.gemini.empty() ? o.nvme.dir : o.gemini_options.nvme_dir;
+  in.device = o.device;
+  in.device_capacity_bytes = o.sim_capacity_bytes;
+  in.checkpoint_every_block = o.checkpoint_every_block;
+  in.checkpoint_segments = o.checkpoint_segments;
+  in.offload_activations = o.offload_activations;
+  in.gemini = !o.gemini.empty();
+  in.gemini_options = o.gemini_options;
+  const gpt2::MemoryPlan plan = gpt2::plan_memory(in);
+  std::printf("%s", plan.table().c_str());
+  const gpt2::AvailableMemory avail = gpt2::available_memory(in.nvme_dir);
+  std::printf("  available: host %.1f MiB (%s) | disk %.1f MiB at '%s'\n", mib(avail.host_bytes),
+              avail.host_source.c_str(), mib(avail.disk_bytes), avail.disk_path.c_str());
+  std::fflush(stdout);
+  if (o.plan_only) {
+    try {
+      gpt2::check_plan_fits(plan, in, avail);
+    } catch (const OutOfMemory& e) {
+      std::printf("  does not fit: %s\n", e.what());
+    }
+    return true;
+  }
+  if (o.skip_memory_check)
+    std::printf("  --skip-memory-check: not checked against what the machine has\n");
+  else
+    gpt2::check_plan_fits(plan, in, avail);
+  return false;
 }
 
 int run(const Options& o) {
@@ -260,6 +309,7 @@ int run(const Options& o) {
   if (o.dropout >= 0) config.set_dropout(o.dropout);
   MW_CHECK_T(InvalidArgument, o.seq <= config.n_positions, "--seq ", o.seq, " exceeds the model's ",
              config.n_positions, " positions; lower --seq");
+  if (memory_plan(o, config)) return 0;
   default_generator().manual_seed(o.seed);
 
   // Under Gemini the model is built on the host; Gemini packs it into chunks and places them.

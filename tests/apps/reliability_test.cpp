@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <thread>
 
 #include "../data/temp_dir.h"
@@ -409,6 +410,69 @@ TEST(Reliability, NonFiniteWeightsOrLossStopTheRunWithoutSaving) {
   EXPECT_EQ(n.exit_code, 1) << n.output;
   EXPECT_TRUE(has(n.output, "must be finite")) << n.output;
   expect_kept(tmp, s);
+}
+
+// Issue #17 item 1: an absurd size is refused from the memory plan, before anything is allocated,
+// in under 2 s (it used to grow to 24 GB until the OOM killer came after 85-90 s).
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void expect_refused_from_the_plan(const Outcome& o, double seconds) {
+  EXPECT_EQ(o.exit_code, 1) << o.output;
+  EXPECT_LT(seconds, 2.0) << o.output;  // the issue's bar: whatever the sizes
+  EXPECT_TRUE(has(o.output, "Memory plan")) << o.output;
+  EXPECT_TRUE(has(o.output, "stopped before allocating")) << o.output;
+  EXPECT_TRUE(has(o.output, "MiB available")) << o.output;  // needed and available, in numbers
+  EXPECT_TRUE(has(o.output, "--checkpoint-activations")) << o.output;
+  EXPECT_TRUE(has(o.output, "--skip-memory-check")) << o.output;
+  EXPECT_FALSE(has(o.output, "Model numel")) << o.output;  // the model was never built
+}
+
+TEST(Reliability, AHugeBatchIsRefusedFromTheMemoryPlanAtOnce) {
+  TempDir tmp;
+  const auto t0 = std::chrono::steady_clock::now();
+  Outcome o = run_app(tmp, "gpt2_train", {"--batch", "100000", "--threads", "2"});
+  expect_refused_from_the_plan(o, seconds_since(t0));
+  EXPECT_TRUE(has(o.output, "a smaller --batch")) << o.output;
+}
+
+TEST(Reliability, AConfigWithAHugeNLayerIsRefusedFromTheMemoryPlanAtOnce) {
+  TempDir tmp;
+  first_save(tmp);
+  std::string config = read_bytes(tmp.file("m/config.json"));
+  config = std::regex_replace(config, std::regex("\"n_layer\": *[0-9]+"), "\"n_layer\": 16777216");
+  config = std::regex_replace(config, std::regex("\"n_embd\": *[0-9]+"), "\"n_embd\": 1024");
+  ASSERT_TRUE(has(config, "16777216")) << config;  // the config's limit, 2^24
+  write_bytes(tmp.file("m/config.json"), config);
+  const auto t0 = std::chrono::steady_clock::now();
+  Outcome o = run_app(tmp, "gpt2_train", tiny({"--init-from", tmp.file("m")}));
+  expect_refused_from_the_plan(o, seconds_since(t0));
+}
+
+TEST(Reliability, PlanPrintsTheTablesAndAllocatesNothing) {
+  TempDir tmp;
+  const auto t0 = std::chrono::steady_clock::now();
+  // 10 TiB of activations: --plan only prints, says it does not fit, and exits 0 at once.
+  Outcome o = run_app(tmp, "gpt2_train", {"--plan", "--batch", "100000"});
+  EXPECT_LT(seconds_since(t0), 2.0) << o.output;
+  EXPECT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_TRUE(has(o.output, "total: host")) << o.output;
+  EXPECT_TRUE(has(o.output, "does not fit")) << o.output;
+  EXPECT_FALSE(has(o.output, "Model numel")) << o.output;
+  Outcome g = run_app(tmp, "gpt2_train", {"--plan", "--device", "sim:768MiB", "--gemini", "auto"});
+  EXPECT_EQ(g.exit_code, 0) << g.output;
+  EXPECT_TRUE(has(g.output, "parameter chunks")) << g.output;
+  EXPECT_FALSE(has(g.output, "does not fit")) << g.output;
+  // The expert override runs what the plan refuses (a 256 KiB sim device, below GPT-2 tiny's 0.4
+  // MiB).
+  Outcome s = run_app(tmp, "gpt2_train",
+                      tiny({"--steps", "1", "--device", "sim:256KiB", "--skip-memory-check"}));
+  EXPECT_TRUE(has(s.output, "--skip-memory-check: not checked")) << s.output;
+  Outcome r = run_app(tmp, "gpt2_train", tiny({"--steps", "1", "--device", "sim:256KiB"}));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(has(r.output, "sim:0: needs")) << r.output;
+  EXPECT_TRUE(has(r.output, "--gemini auto")) << r.output;
 }
 
 TEST(Reliability, NvmeBenchLeavesNoScratchFileEvenWhileRunningAndStopsOnSigterm) {

@@ -1,0 +1,410 @@
+// The memory plan (memory_plan.h, Note [Activation arithmetic]) and the check against what the
+// machine has: /proc/meminfo, the cgroup's memory.max and memory.current, statvfs.
+#include "models/gpt2/memory_plan.h"
+
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+
+#include "core/allocator.h"
+#include "core/error.h"
+#include "models/gpt2/spec.h"
+#include "nn/checkpoint.h"
+#include "offload/gemini/chunk_search.h"
+
+namespace mw::gpt2 {
+
+namespace {
+
+double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+// "1234.5 MiB", fixed-point whatever the size.
+std::string mib_text(int64_t bytes) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.1f MiB", mib(bytes));
+  return text;
+}
+
+// Saved tensors of the forward pass, each rounded to the allocator's granule.
+// In double: an absurd B x T x T must not overflow (the plan refuses it); doubles are exact for
+// byte counts up to 2^53 (8 PiB).
+struct Activations {
+  double block = 0;  // one block's saved tensors, its input included
+  double input = 0;  // [N, C]: what a checkpointed block keeps
+  double head = 0;   // ln_f's input and output, mean, rstd, log-sum-exp (the logits apart)
+  double logits = 0;
+  double backward_extra = 0;  // at the LM head's backward: dx [N, C] and wte's gradient [V, C]
+  double mlp_grad = 0;        // [N, F]: the gradient inside a block's MLP backward
+};
+
+Activations activations(const PlanInputs& in) {
+  const Config& c = in.config;
+  const double e = static_cast<double>(in.dtype_bytes), C = static_cast<double>(c.n_embd);
+  const double B = static_cast<double>(in.batch), T = static_cast<double>(in.seq), N = B * T;
+  auto r = [](double bytes) { return std::ceil(bytes / kHostAlignment) * kHostAlignment; };
+  Activations a;
+  a.input = r(N * C * e);
+  const double stats = 4 * r(N * e);  // two layernorms, mean and rstd each
+  a.block = 5 * a.input + r(3 * N * C * e) + 2 * r(N * static_cast<double>(c.mlp_width()) * e) +
+            stats + r(B * static_cast<double>(c.n_head) * T * T * e);
+  a.head = 2 * a.input + 3 * r(N * e);
+  a.logits = r(N * static_cast<double>(c.vocab_size) * e);
+  a.backward_extra = a.input + r(static_cast<double>(c.vocab_size) * C * e);
+  a.mlp_grad = r(N * static_cast<double>(c.mlp_width()) * e);
+  return a;
+}
+
+// Peak bytes of activations (and the gradients in flight with them) over one step.
+double activation_peak(const PlanInputs& in, const Activations& a, std::string* recompute) {
+  const int64_t L = in.config.n_layer;
+  const double Ld = static_cast<double>(L);
+  const double at_head = a.head + a.logits + a.backward_extra;
+  if (!in.checkpoint_every_block && in.checkpoint_segments < 0) {
+    *recompute = "none";
+    return Ld * a.block + at_head;
+  }
+  std::vector<nn::Segment> segments;
+  if (in.checkpoint_segments >= 0) {
+    const int64_t k =
+        in.checkpoint_segments == 0 ? nn::sqrt_segments(L) : std::min(in.checkpoint_segments, L);
+    segments = nn::plan_segments(L, k);
+    *recompute = str(segments.size(), " segments");
+  } else {
+    for (int64_t i = 0; i < L; ++i) segments.push_back({i, i + 1, true});
+    *recompute = "every block";
+  }
+  double stored = 0, longest = 0;
+  for (const auto& s : segments) {
+    if (s.checkpointed) {
+      stored += a.input;
+      longest = std::max(longest, static_cast<double>(s.end - s.begin));
+    } else {
+      stored += static_cast<double>(s.end - s.begin) * a.block;
+    }
+  }
+  // Recomputing a segment rebuilds its blocks' saved tensors (its input is already stored), with
+  // wte's gradient, the incoming gradient [N, C] and, in the MLP's backward, one [N, F] alive.
+  const double recomputing = stored + longest * a.block - a.input + a.backward_extra + a.mlp_grad;
+  return std::max(stored + at_head, recomputing);
+}
+
+// Elements of each parameter, in the tensor table's order (spec.h).
+std::vector<int64_t> parameter_numels(const Config& config) {
+  std::vector<int64_t> sizes;
+  for (const auto& spec : tensor_specs(config)) {
+    int64_t numel = 1;
+    for (int64_t d : spec.shape) numel *= d;
+    sizes.push_back(numel);
+  }
+  return sizes;
+}
+
+// Past this many layers the table is not listed tensor by tensor (a config.json may say 16
+// million layers: 200 million entries, gigabytes of names): every block has the same tensors, so
+// the tables of one and of two layers give the rest, still from spec.h alone.
+constexpr int64_t kListedLayers = 4096;
+
+Config with_layers(Config c, int64_t n_layer) {
+  c.n_layer = n_layer;
+  return c;
+}
+
+// In double, clamped by the caller: an absurd model must not overflow.
+double parameter_bytes(const PlanInputs& in) {
+  auto bytes_of = [&](const Config& c) {
+    double total = 0;
+    for (int64_t numel : parameter_numels(c))
+      total += static_cast<double>(round_up(numel * in.dtype_bytes, kHostAlignment));
+    return total;
+  };
+  const int64_t L = in.config.n_layer;
+  if (L <= kListedLayers) return bytes_of(in.config);
+  const double first = bytes_of(with_layers(in.config, 1));
+  const double block = bytes_of(with_layers(in.config, 2)) - first;
+  return first + static_cast<double>(L - 1) * block;
+}
+
+// Byte counts past 2^60 (1 EiB) are clamped there: they fit nowhere, and sums of a few stay in
+// range.
+int64_t clamp_bytes(double bytes) {
+  return static_cast<int64_t>(std::min(bytes, 1152921504606846976.0));
+}
+
+void add(MemoryPlan& p, const std::string& what, const std::string& tier, int64_t bytes,
+         const std::string& note) {
+  if (bytes <= 0) return;
+  p.rows.push_back({what, tier, bytes, note});
+  if (tier == "host")
+    p.host_bytes += bytes;
+  else if (tier == "disk")
+    p.disk_bytes += bytes;
+  else
+    p.device_bytes += bytes;
+}
+
+struct ChunkBytes {
+  int64_t largest = 0;
+  int64_t first = 0;  // the chunk of wte (first in parameter order): the LM head's, at the peak
+  std::vector<int64_t> each;  // in chunk order; empty past kListedLayers
+};
+
+// Static placement's rule (docs/gemini.md): walking chunks in order, a chunk is offloaded while the
+// bytes offloaded so far are below fraction x total. Past kListedLayers: fraction x total.
+int64_t offloaded_bytes(const ChunkBytes& chunks, double fraction, int64_t total) {
+  if (chunks.each.empty()) return static_cast<int64_t>(fraction * static_cast<double>(total));
+  int64_t offloaded = 0;
+  for (int64_t bytes : chunks.each)
+    if (static_cast<double>(offloaded) < fraction * static_cast<double>(total)) offloaded += bytes;
+  return offloaded;
+}
+
+// Gemini's chunks in bytes, from the tensor table alone (Note [Chunk-size search]): chunks
+// allocate only what their tensors use. Past kListedLayers the search would be slow, and the
+// capacity is taken as max(min chunk, largest tensor): chunks of many layers fill it.
+ChunkBytes chunk_bytes(const PlanInputs& in) {
+  const bool listed = in.config.n_layer <= kListedLayers;
+  const std::vector<int64_t> sizes =
+      parameter_numels(listed ? in.config : with_layers(in.config, 2));
+  gemini::ChunkSearchOptions search = in.gemini_options.search;
+  search.interval_numel = in.config.n_embd;  // as gpt2_train sets it
+  int64_t capacity = in.gemini_options.chunk_numel;
+  std::vector<bool> alone(sizes.size(), false);
+  if (capacity <= 0 && listed) {
+    const gemini::ChunkSearchResult r = gemini::search_chunk_size(sizes, search);
+    capacity = r.chunk_numel;
+    alone = r.outlier;
+  } else if (capacity <= 0) {
+    capacity = std::max(search.min_chunk_numel, *std::max_element(sizes.begin(), sizes.end()));
+  }
+  if (!listed) {
+    const int64_t bytes = round_up(capacity * in.dtype_bytes, kHostAlignment);
+    return {bytes, bytes, {}};
+  }
+  const std::vector<int> chunk_of = gemini::pack_chunks(sizes, capacity, alone);
+  std::vector<int64_t> chunk_numel;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const auto c = static_cast<size_t>(chunk_of[i]);
+    if (chunk_numel.size() <= c) chunk_numel.resize(c + 1, 0);
+    chunk_numel[c] += sizes[i];
+  }
+  ChunkBytes out;
+  for (int64_t numel : chunk_numel)
+    out.each.push_back(round_up(numel * in.dtype_bytes, kHostAlignment));
+  out.largest = *std::max_element(out.each.begin(), out.each.end());
+  out.first = out.each.front();
+  return out;
+}
+
+// Gemini (docs/gemini.md): chunks hold the parameters; gradients and Adam states of a chunk live
+// where its placement says. Update in backward keeps one chunk's gradient buffer on the host at a
+// time (measured: the host chunk peak is the homes plus the largest chunk). The device peaks at
+// the LM head's backward (Note [Activation arithmetic]), which needs wte's chunk: an offloaded
+// placement holds that chunk then, and a budget fills with more chunks while they fit.
+void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t params, int64_t act_peak) {
+  const ChunkBytes chunks = chunk_bytes(in);
+  const int64_t largest = chunks.largest;
+  const auto& g = in.gemini_options;
+  const std::string dev = p.device_name;
+  const int64_t states = 2 * params;
+  int64_t device_chunks = 0, host_chunks = params, host_states = states, device_states = 0;
+  if (g.policy == gemini::Policy::kStatic) {
+    // Offloaded chunks (wte's first) are gathered one op at a time: wte's at the peak.
+    const int64_t param_off = offloaded_bytes(chunks, g.offload_param_frac, params);
+    device_chunks = params - param_off + (param_off > 0 ? chunks.first : 0);
+    host_chunks = param_off;  // a resident chunk has no home on the host
+    host_states = 2 * offloaded_bytes(chunks, g.offload_optim_frac, params);
+    device_states = states - host_states;
+  } else if (g.policy == gemini::Policy::kConst) {
+    const int64_t more = std::max<int64_t>(0, g.const_budget_bytes - chunks.first) / largest;
+    device_chunks = std::min(params, chunks.first + more * largest);
+  } else {
+    device_chunks = params;  // auto keeps what fits, below
+  }
+  int64_t device_total = device_chunks + device_states + act_peak;
+  std::string chunk_note = "chunks on the device at the peak";
+  if (g.policy == gemini::Policy::kAuto && in.device_capacity_bytes > 0) {
+    const double margin = g.auto_margin >= 0 ? g.auto_margin : 0.02;
+    const auto cap = static_cast<int64_t>(in.device_capacity_bytes * (1.0 - margin));
+    const int64_t floor = act_peak + chunks.first;  // the op's chunk plus non-model memory
+    const int64_t fitted = std::max(std::min(device_total, cap), floor);
+    device_chunks = std::max<int64_t>(0, fitted - act_peak - device_states);
+    chunk_note = "auto: what fits in capacity x (1 - margin)";
+  }
+  add(p, "parameter chunks", dev, device_chunks, chunk_note);
+  add(p, "Adam m, v", dev, device_states, "chunks whose states stay on the device");
+  add(p, "activations + head", dev, act_peak, "Note [Activation arithmetic]");
+  const int64_t host_need = host_chunks + host_states + largest;
+  if (g.host_capacity_bytes <= 0 || host_need <= g.host_capacity_bytes) {
+    add(p, "chunk homes + Adam m, v + gradient buffers", "host", host_need,
+        "the largest chunk for gradients");
+    return;
+  }
+  // Note [Three tiers] (docs/gemini.md): the Adam states go to disk first, streamed through the
+  // window; then chunks are homed on disk until the rest fits beside three of the largest chunk
+  // kept free for gradient buffers.
+  add(p, "Adam m, v (NVMe)", "disk", host_states, "beyond --host-capacity (three tiers)");
+  add(p, "NVMe window", "host", in.nvme_window_bytes, "Adam states streamed through it");
+  const int64_t room = std::max<int64_t>(0, g.host_capacity_bytes - 3 * largest);
+  const int64_t chunks_on_disk = std::max<int64_t>(0, host_chunks - room);
+  add(p, "parameter chunks (NVMe)", "disk", chunks_on_disk, "homed on disk, last chunk first");
+  add(p, "chunk homes", "host", host_chunks - chunks_on_disk, "");
+  add(p, "gradient buffers", "host", 3 * largest, "3 x the largest chunk, kept free");
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const PlanInputs& in) {
+  MemoryPlan p;
+  const bool on_device = !in.device.is_cpu();
+  p.device_name = on_device ? in.device.str() : "host";
+  const Activations a = activations(in);
+  p.activation_bytes =
+      clamp_bytes(static_cast<double>(in.config.n_layer) * a.block + a.head + a.logits);
+  const int64_t act_peak = clamp_bytes(activation_peak(in, a, &p.recompute));
+  const int64_t params = clamp_bytes(parameter_bytes(in));
+  const int64_t io_bytes = 2 * round_up(in.batch * in.seq * 4, kHostAlignment);  // ids + copy
+  if (in.gemini) {
+    plan_gemini(p, in, params, act_peak);
+    add(p, "token ids", p.device_name, io_bytes, "");
+    return p;
+  }
+  const std::string dev = p.device_name;
+  add(p, "parameters", dev, params, "");
+  std::string act_note = str("B", in.batch, " T", in.seq, ", recompute: ", p.recompute);
+  if (in.offload_activations && on_device) {
+    // Offloaded saved tensors live on the host; the device keeps the head and what is in flight.
+    const int64_t kept_bytes = clamp_bytes(a.logits + a.backward_extra + a.head + 2 * a.block);
+    add(p, "activations (offloaded)", "host", act_peak - kept_bytes, act_note);
+    add(p, "head, logits, two blocks in flight", dev, kept_bytes, "");
+  } else {
+    add(p, "activations + logits at the LM head's backward", dev, act_peak, act_note);
+  }
+  if (in.adamw || !in.update_in_backward) {
+    // Every gradient exists at the end of backward, when the activations are gone: the peak is
+    // the larger of the two moments.
+    add(p, "gradients beyond the activations' peak", dev, std::max<int64_t>(0, params - act_peak),
+        "no update in backward: all gradients at the end of backward");
+  }
+  // HybridAdam keeps a sim device's states on the host unless told otherwise; AdamW beside the
+  // parameters.
+  const std::string states_tier = (!on_device || (in.states_on_host && !in.adamw)) ? "host" : dev;
+  const auto on_disk = static_cast<int64_t>(in.nvme_fraction * 2 * params);
+  add(p, "Adam m, v", states_tier, 2 * params - on_disk, "");
+  if (in.nvme_fraction > 0) {
+    add(p, "Adam m, v (NVMe)", "disk", on_disk, str("--fraction ", in.nvme_fraction));
+    add(p, "NVMe window", "host", in.nvme_window_bytes, "staging");
+  }
+  add(p, "token ids", dev, io_bytes, "");
+  return p;
+}
+
+std::string MemoryPlan::table() const {
+  std::string out = "Memory plan (MiB):\n";
+  char line[256];
+  for (const auto& r : rows) {
+    std::snprintf(line, sizeof line, "  %-48s %-6s %10.1f  %s\n", r.what.c_str(), r.tier.c_str(),
+                  mib(r.bytes), r.note.c_str());
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "  total: host %.1f MiB | %s %.1f MiB | disk %.1f MiB\n",
+                mib(host_bytes), device_name == "host" ? "device" : device_name.c_str(),
+                mib(device_bytes), mib(disk_bytes));
+  return out + line;
+}
+
+namespace {
+
+int64_t read_int_file(const std::string& path) {  // -1: absent or "max"
+  std::ifstream f(path);
+  std::string s;
+  if (!(f >> s) || s == "max") return -1;
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  return (end && *end == 0 && v >= 0) ? v : -1;
+}
+
+int64_t mem_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (f >> key >> kib) {
+    std::getline(f, unit);
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return -1;
+}
+
+// memory.max - memory.current of this process's cgroup (v2), -1 when unlimited or unknown.
+int64_t cgroup_free_bytes() {
+  std::ifstream f("/proc/self/cgroup");
+  std::string line, path;
+  while (std::getline(f, line))
+    if (line.rfind("0::", 0) == 0) path = line.substr(3);
+  if (path.empty()) return -1;
+  const std::string dir = "/sys/fs/cgroup" + path;
+  const int64_t max = read_int_file(dir + "/memory.max");
+  if (max < 0) return -1;
+  return std::max<int64_t>(0, max - std::max<int64_t>(0, read_int_file(dir + "/memory.current")));
+}
+
+}  // namespace
+
+AvailableMemory available_memory(const std::string& nvme_dir) {
+  AvailableMemory a;
+  a.host_bytes = mem_available_bytes();
+  a.host_source = "MemAvailable";
+  const int64_t cg = cgroup_free_bytes();
+  if (cg >= 0 && (a.host_bytes < 0 || cg < a.host_bytes)) {
+    a.host_bytes = cg;
+    a.host_source = "cgroup memory.max - memory.current";
+  }
+  a.disk_path = nvme_dir;
+  if (a.disk_path.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    a.disk_path = tmp && *tmp ? tmp : "/tmp";
+  }
+  struct statvfs s {};
+  if (statvfs(a.disk_path.c_str(), &s) == 0)
+    a.disk_bytes = static_cast<int64_t>(s.f_bavail) * static_cast<int64_t>(s.f_frsize);
+  return a;
+}
+
+void check_plan_fits(const MemoryPlan& plan, const PlanInputs& in, const AvailableMemory& avail) {
+  std::string problems;
+  int64_t need = 0, have = 0, cap = 0;
+  const std::string act_advice = "a smaller --batch or --seq, --checkpoint-activations";
+  if (avail.host_bytes >= 0 && plan.host_bytes > avail.host_bytes) {
+    problems += str("host RAM: needs ", mib_text(plan.host_bytes), ", ", mib_text(avail.host_bytes),
+                    " available (", avail.host_source, "); to fit: ", act_advice,
+                    in.device.is_cpu() ? "" : ", --offload-activations",
+                    ", --offload nvme --fraction 1 (Adam states on disk)",
+                    in.device.is_cpu() ? "" : ", --gemini auto --host-capacity SIZE",
+                    ", or a smaller model. ");
+    need = plan.host_bytes, have = avail.host_bytes;
+  }
+  if (in.device_capacity_bytes > 0 && plan.device_bytes > in.device_capacity_bytes) {
+    problems +=
+        str(plan.device_name, ": needs ", mib_text(plan.device_bytes), ", capacity ",
+            mib_text(in.device_capacity_bytes), "; to fit: ", act_advice, ", --offload-activations",
+            in.gemini ? ", a larger capacity" : ", --gemini auto (parameters in chunks)", ". ");
+    need = plan.device_bytes, cap = in.device_capacity_bytes;
+  }
+  if (avail.disk_bytes >= 0 && plan.disk_bytes > avail.disk_bytes) {
+    problems += str("disk at '", avail.disk_path, "': needs ", mib_text(plan.disk_bytes), ", ",
+                    mib_text(avail.disk_bytes),
+                    " free; to fit: --nvme-dir on a larger disk, a smaller --fraction or a "
+                    "larger --host-capacity. ");
+    need = plan.disk_bytes, have = avail.disk_bytes;
+  }
+  if (!problems.empty())
+    throw OutOfMemory(str("the run does not fit, stopped before allocating: ", problems,
+                          "--skip-memory-check runs anyway"),
+                      need, have, cap);
+}
+
+}  // namespace mw::gpt2

@@ -1,0 +1,85 @@
+// The memory plan of a GPT-2 training run (docs/reliability.md, "A memory plan before the first
+// allocation"): from the config, B x T and the optimizer / offload / placement options, what the
+// run needs in each tier (host RAM, the device, disk at the NVMe directory), computed without
+// allocating anything, in time independent of the model's size beyond one pass over its tensor
+// table.
+//
+// Note [Activation arithmetic]: the activation estimate counts exactly what the ops save for
+// backward (autograd/functions.cpp), each tensor rounded up to the allocator's 4096-byte granule
+// (Note [Allocator statistics]). Per block with N = B*T rows, C = n_embd, F = mlp width, H heads:
+//   ln_1: its input x [N,C] and per-row mean, rstd [N]; c_attn: ln_1's output [N,C];
+//   attention: qkv [N,3C] and the probabilities [B,H,T,T]; attn.c_proj: the attention output
+//   [N,C]; ln_2: h = x + attn [N,C] and mean, rstd; c_fc: ln_2's output [N,C]; GELU: c_fc's
+//   output [N,F]; mlp.c_proj: GELU's output [N,F]. Dropout saves only its RNG state, adds save
+//   nothing. So 5 [N,C] + [N,3C] + 2 [N,F] + 4 [N] + [B,H,T,T] per block.
+// The head saves ln_f's input and output [N,C], mean, rstd, the logits [N,V] and the log-sum-exp
+// [N]. The peak of a step is at the LM head's backward: every saved tensor, dlogits written into
+// the logits buffer, plus dx [N,C] and wte's gradient [V,C] (held until the embedding's backward
+// adds into it). With recomputation a checkpointed block keeps only its input and the peak moves to
+// the recomputation of the longest checkpointed segment.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "models/gpt2/config.h"
+#include "offload/gemini/gemini.h"
+
+namespace mw::gpt2 {
+
+struct PlanInputs {
+  Config config;
+  int64_t batch = 4, seq = 128;
+  int64_t dtype_bytes = 4;  // f32 today
+  bool adamw = false;       // the scalar reference (no update in backward)
+  bool update_in_backward = true;
+  bool states_on_host = true;  // HybridAdam's m and v for a sim device
+  double nvme_fraction = 0;    // of parameter elements whose m and v live on disk; 0 = none
+  int64_t nvme_window_bytes = 0;
+  std::string nvme_dir;  // "" = a private directory under $TMPDIR or /tmp
+  Device device = Device::cpu();
+  int64_t device_capacity_bytes = 0;  // sim:CAP; 0 = unlimited
+  bool checkpoint_every_block = false;
+  int64_t checkpoint_segments = -1;  // -1: none; 0: round(sqrt(n_layer))
+  bool offload_activations = false;
+  bool gemini = false;
+  gemini::GeminiOptions gemini_options;  // policy, fractions, budget, margin, host capacity
+};
+
+struct PlanRow {
+  std::string what;
+  std::string tier;  // "host", the device's name, or "disk"
+  int64_t bytes = 0;
+  std::string note;
+};
+
+struct MemoryPlan {
+  std::vector<PlanRow> rows;  // the parts, for the table
+  int64_t host_bytes = 0;     // predicted peak of the host allocator
+  int64_t device_bytes = 0;   // predicted peak of the device allocator (0 on cpu)
+  int64_t disk_bytes = 0;     // files under the NVMe directory
+  int64_t activation_bytes = 0;
+  std::string recompute;  // "none", "every block", "K segments"
+  std::string device_name;
+  std::string table() const;  // one table, MiB, the three totals last
+};
+
+MemoryPlan plan_memory(const PlanInputs& in);
+
+// What the machine has: the smaller of MemAvailable (/proc/meminfo) and the cgroup's memory.max
+// minus memory.current; free disk at dir (statvfs; "" = $TMPDIR or /tmp). -1 = unknown.
+struct AvailableMemory {
+  int64_t host_bytes = -1;
+  std::string host_source;
+  int64_t disk_bytes = -1;
+  std::string disk_path;
+};
+AvailableMemory available_memory(const std::string& nvme_dir);
+
+// Throws OutOfMemory naming, per tier that does not fit, the bytes needed and available and the
+// options that would make it fit. A device capacity of 0 (unlimited) always fits.
+void check_plan_fits(const MemoryPlan& plan, const PlanInputs& in, const AvailableMemory& avail);
+
+}  // namespace mw::gpt2

@@ -1,0 +1,327 @@
+// The memory plan (models/gpt2/memory_plan.h) against the allocators' measured peaks after real
+// training steps in this process: host and sim, with and without recomputation, with and without
+// Gemini; and the refusal of a run that cannot fit.
+#include "models/gpt2/memory_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "autograd/functions.h"
+#include "core/allocator.h"
+#include "core/error.h"
+#include "core/random.h"
+#include "data/random_tokens.h"
+#include "models/gpt2/model.h"
+#include "models/gpt2/spec.h"
+#include "nn/checkpoint.h"
+#include "optim/hybrid_adam.h"
+#include "optim/optimizer.h"
+
+namespace mw::gpt2 {
+namespace {
+
+constexpr int kSim = 5;  // a sim device of its own (capacity and peak are per index)
+
+// The bar. The sim allocator reuses only exact sizes, so its peak is the bytes the ops
+// asked for, which the plan counts; short-lived outputs (dropout, the residual adds, gradients
+// inside a block's backward) overlap the peak by a tensor or two that it does not.
+constexpr double kTolerance = 0.10;
+
+// Note [Host caching]: on the cpu device the allocator hands a request a cached block of up to
+// twice its size (1/8 more from 32 MiB on) and counts the whole block, and a run's activations,
+// gradients and lazily made Adam states trade blocks. The plan does not model that slack: at GPT-2
+// small's widths it is 0-3% of the peak (docs/reliability.md), at a 256-wide model 20-45%. So
+// the cpu tests use GPT-2 small's widths (C 768, V 50257) with two blocks.
+Config wide() {
+  Config c = Config::preset("small");
+  c.n_layer = 2;
+  return c;
+}
+
+Config small_ish() {  // big enough that the 4096-byte granule does not dominate
+  Config c = Config::preset("tiny");
+  c.n_layer = 4;
+  c.n_embd = 256;
+  c.n_head = 4;
+  c.vocab_size = 2048;
+  c.n_positions = 256;
+  return c;
+}
+
+Config tiny() {
+  Config c = Config::preset("tiny");
+  c.n_layer = 2;
+  c.n_embd = 64;
+  c.n_head = 2;
+  c.vocab_size = 257;
+  return c;
+}
+
+struct Peaks {
+  int64_t host_bytes = 0, device_bytes = 0;
+  int64_t disk_bytes = 0;  // the NVMe states' file
+};
+
+// Two training steps as gpt2_train runs them (the second with the Adam states in place).
+Peaks measure(const PlanInputs& in) {
+  const Device dev = in.device.is_cpu() ? Device::cpu() : Device::sim(kSim);
+  Allocator& host = allocator_for(Device::cpu());
+  host.empty_cache();
+  const int64_t host_base = host.stats().current_bytes;
+  host.reset_peak();
+  if (dev.is_sim()) {
+    set_sim_capacity(kSim, in.device_capacity_bytes);
+    allocator_for(dev).reset_peak();
+  }
+  std::unique_ptr<optim::Optimizer> opt;
+  std::unique_ptr<gemini::Gemini> gem_owned;
+  int64_t disk_bytes = 0;
+  ParameterFactory factory;
+  if (in.gemini) {  // streaming construction, as gpt2_train does
+    gemini::GeminiOptions g = in.gemini_options;
+    g.device = dev;
+    g.verbose = false;
+    g.search.interval_numel = in.config.n_embd;
+    g.adam.nvme.window_bytes = in.nvme_window_bytes;  // as gpt2_train passes --nvme-window
+    g.adam.nvme.slice_numel = 1024;                   // small slices: a small model streams too
+    std::vector<std::pair<std::string, Shape>> tensors;
+    for (const auto& spec : tensor_specs(in.config)) tensors.emplace_back(spec.name, spec.shape);
+    gem_owned = std::make_unique<gemini::Gemini>(g, tensors);
+    factory.make = [&](const TensorSpec& spec) { return gem_owned->make_parameter(spec.name); };
+    factory.ready = [&](const TensorSpec& spec) { gem_owned->parameter_ready(spec.name); };
+  }
+  {
+    GPT2 model(in.config, 3, DType::F32, in.gemini ? Device::cpu() : dev, factory);
+    if (in.gemini) {
+      gem_owned->attach(model);
+      opt = std::move(gem_owned);
+    } else if (in.adamw) {
+      opt = std::make_unique<optim::AdamW>(model.parameters(), optim::AdamHyper{});
+    } else {
+      optim::NvmeOffloadOptions nvme;
+      nvme.fraction = in.nvme_fraction;
+      nvme.window_bytes = in.nvme_window_bytes;
+      nvme.slice_numel = 1024;
+      optim::HybridAdamOptions o{optim::AdamHyper{}, -1.f, nvme};
+      o.update_in_backward = in.update_in_backward;
+      opt = std::make_unique<optim::HybridAdam>(model.parameters(), o);
+    }
+    if (in.checkpoint_every_block) {
+      std::vector<nn::Segment> plan;
+      for (int64_t i = 0; i < in.config.n_layer; ++i) plan.push_back({i, i + 1, true});
+      auto runner = std::make_shared<nn::SegmentedRunner>(
+          std::vector<std::shared_ptr<nn::Module>>(model.blocks().begin(), model.blocks().end()),
+          plan);
+      model.run_block = [runner](nn::Block&, int64_t i, const Tensor& x) {
+        return (*runner)(i, x);
+      };
+    }
+    model.train();
+    for (int step = 0; step < 2; ++step) {
+      std::vector<int32_t> tokens(static_cast<size_t>(in.batch * in.seq));
+      data::random_tokens(9, step, in.batch, in.seq, in.config.vocab_size, tokens.data());
+      Tensor ids = Tensor::from_vector(tokens, {in.batch, in.seq}, dev);
+      opt->zero_grad();
+      Tensor logits = model(ids);
+      Tensor loss = shifted_cross_entropy(logits, ids);
+      logits = Tensor();
+      backward(loss);
+      opt->step();
+    }
+    optim::HybridAdam* adam = in.gemini ? &static_cast<gemini::Gemini*>(opt.get())->adam()
+                                        : dynamic_cast<optim::HybridAdam*>(opt.get());
+    if (adam && adam->nvme()) disk_bytes = adam->nvme()->stats().file_bytes;
+    opt.reset();
+  }
+  Peaks p;
+  p.disk_bytes = disk_bytes;
+  p.host_bytes = host.stats().peak_bytes - host_base;
+  if (dev.is_sim()) {
+    p.device_bytes = allocator_for(dev).stats().peak_bytes;
+    set_sim_capacity(kSim, 0);
+  }
+  return p;
+}
+
+void expect_within(int64_t predicted, int64_t measured, const char* what) {
+  if (measured < (1 << 20)) {  // a tier that holds next to nothing: a ratio would mean nothing
+    EXPECT_LT(predicted, 1 << 20) << what;
+    return;
+  }
+  const double error = static_cast<double>(predicted - measured) / static_cast<double>(measured);
+  std::printf("%s: plan %.2f MiB, measured %.2f MiB, error %+.1f%%\n", what,
+              static_cast<double>(predicted) / (1 << 20), static_cast<double>(measured) / (1 << 20),
+              100 * error);
+  EXPECT_LE(std::abs(error), kTolerance) << what;
+}
+
+// check_host = false only where the host peak depends on timing (printed, not compared).
+void check(const PlanInputs& in, bool check_host = true) {
+  const MemoryPlan plan = plan_memory(in);
+  std::printf("%s", plan.table().c_str());
+  const Peaks measured = measure(in);
+  if (check_host)
+    expect_within(plan.host_bytes, measured.host_bytes, "host");
+  else
+    std::printf("host (not compared): plan %.2f MiB, measured %.2f MiB\n",
+                static_cast<double>(plan.host_bytes) / (1 << 20),
+                static_cast<double>(measured.host_bytes) / (1 << 20));
+  if (!in.device.is_cpu()) expect_within(plan.device_bytes, measured.device_bytes, "sim");
+  if (plan.disk_bytes > 0) expect_within(plan.disk_bytes, measured.disk_bytes, "disk");
+}
+
+PlanInputs inputs(const Config& c, int64_t batch, int64_t seq) {
+  PlanInputs in;
+  in.config = c;
+  in.config.set_dropout(0.1);
+  in.batch = batch;
+  in.seq = seq;
+  return in;
+}
+
+PlanInputs on_sim(PlanInputs in) {
+  in.device = Device::sim(kSim);
+  return in;
+}
+
+TEST(MemoryPlan, TinyOnSim) { check(on_sim(inputs(tiny(), 4, 32))); }
+
+TEST(MemoryPlan, SmallIshOnSim) { check(on_sim(inputs(small_ish(), 4, 128))); }
+
+TEST(MemoryPlan, SmallIshOnSimWithRecomputation) {
+  PlanInputs in = on_sim(inputs(small_ish(), 4, 128));
+  in.checkpoint_every_block = true;
+  check(in);
+}
+
+TEST(MemoryPlan, SmallIshOnSimWithAdamW) {  // no update in backward: every gradient at once
+  PlanInputs in = on_sim(inputs(small_ish(), 2, 64));
+  in.adamw = true;
+  check(in);
+}
+
+TEST(MemoryPlan, SmallIshOnSimWithHalfTheAdamStatesOnNvme) {
+  PlanInputs in = on_sim(inputs(small_ish(), 4, 128));
+  in.nvme_fraction = 0.5;
+  in.nvme_window_bytes = 1 << 20;
+  check(in);
+}
+
+TEST(MemoryPlan, WideOnTheCpu) { check(inputs(wide(), 4, 128)); }
+
+TEST(MemoryPlan, WideOnTheCpuWithRecomputation) {
+  PlanInputs in = inputs(wide(), 4, 128);
+  in.checkpoint_every_block = true;
+  check(in);
+}
+
+// Auto below the plain run's need, so it must evict: the device peak is capacity x (1 - margin).
+PlanInputs gemini_auto(const Config& c, int64_t chunk_numel) {
+  PlanInputs in = on_sim(inputs(c, 4, 128));
+  in.gemini = true;
+  in.gemini_options.policy = gemini::Policy::kAuto;
+  in.gemini_options.chunk_numel = chunk_numel;
+  PlanInputs plain = in;
+  plain.gemini = false;
+  in.device_capacity_bytes = round_up(plan_memory(plain).device_bytes * 9 / 10, kHostAlignment);
+  return in;
+}
+
+TEST(MemoryPlan, SmallIshOnSimWithGeminiAuto) { check(gemini_auto(small_ish(), 300000)); }
+
+TEST(MemoryPlan, WideOnSimWithGeminiAuto) { check(gemini_auto(wide(), 0)); }
+
+TEST(MemoryPlan, SmallIshOnSimWithGeminiStaticHalfOffloaded) {
+  PlanInputs in = on_sim(inputs(small_ish(), 4, 128));
+  in.gemini = true;
+  in.gemini_options.policy = gemini::Policy::kStatic;
+  in.gemini_options.chunk_numel = 300000;
+  in.gemini_options.offload_param_frac = 0.5;
+  in.gemini_options.offload_optim_frac = 0.5;
+  check(in);
+}
+
+TEST(MemoryPlan, SmallIshOnSimWithGeminiThreeTiers) {
+  // 20 MiB of host RAM: the Adam states (28.8 MiB) go to disk, the chunks (14.4 MiB) stay.
+  PlanInputs in = gemini_auto(small_ish(), 300000);
+  in.gemini_options.host_capacity_bytes = 20 << 20;
+  in.nvme_window_bytes = 1 << 20;
+  const MemoryPlan plan = plan_memory(in);
+  EXPECT_GT(plan.disk_bytes, 28 << 20);
+  // The host peak is not compared: gradients queue on the host behind the disk-bound updater for
+  // as long as the disk takes, so it varies run to run (measured 19.6 to 26.6 MiB over six runs
+  // against 21.0 planned). The device and the disk are deterministic.
+  check(in, /*check_host=*/false);
+}
+
+TEST(MemoryPlan, RefusesWhatDoesNotFitNamingTheNumbersAndTheOptions) {
+  PlanInputs in = inputs(Config::preset("small"), 100000, 128);
+  const MemoryPlan plan = plan_memory(in);
+  AvailableMemory avail;
+  avail.host_bytes = int64_t{16} << 30;
+  avail.host_source = "MemAvailable";
+  try {
+    check_plan_fits(plan, in, avail);
+    FAIL() << "a 10 TiB plan was accepted";
+  } catch (const OutOfMemory& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("16384.0 MiB available"), std::string::npos) << what;
+    EXPECT_NE(what.find("--batch"), std::string::npos) << what;
+    EXPECT_NE(what.find("--checkpoint-activations"), std::string::npos) << what;
+    EXPECT_NE(what.find("--skip-memory-check"), std::string::npos) << what;
+  }
+  in.batch = 4;  // GPT-2 small at B4 T128 fits in 16 GiB
+  EXPECT_NO_THROW(check_plan_fits(plan_memory(in), in, avail));
+}
+
+TEST(MemoryPlan, ADeviceTooSmallIsRefusedWithGeminiSuggested) {
+  PlanInputs in = inputs(Config::preset("small"), 4, 128);
+  in.device = Device::sim(0);
+  in.device_capacity_bytes = int64_t{768} << 20;
+  try {
+    check_plan_fits(plan_memory(in), in, AvailableMemory{});
+    FAIL() << "GPT-2 small on 768 MiB without Gemini was accepted";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("--gemini auto"), std::string::npos) << e.what();
+  }
+}
+
+TEST(MemoryPlan, TheLargestConfigIsPlannedQuicklyWithoutOverflow) {
+  // Every size at the config's limit (2^24): the plan neither overflows nor lists 200 million
+  // tensors, so an absurd config.json is refused at once.
+  const int64_t max_dim = int64_t{1} << 24;
+  PlanInputs in = inputs(Config::preset("small"), 1 << 20, 1024);
+  in.config.n_layer = max_dim;
+  in.config.n_embd = max_dim;
+  in.config.n_head = 1;
+  in.config.vocab_size = max_dim;
+  const auto t0 = std::chrono::steady_clock::now();
+  const MemoryPlan plan = plan_memory(in);
+  in.gemini = true;
+  in.device = Device::sim(0);
+  const MemoryPlan gemini_plan = plan_memory(in);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(seconds, 0.5);                                // two tables of at most two layers each
+  EXPECT_GE(plan.host_bytes, int64_t{1} << 60);           // saturated, not wrapped negative
+  EXPECT_GE(gemini_plan.device_bytes, int64_t{1} << 60);  // static, nothing offloaded
+  // Past kListedLayers the per-block arithmetic equals the listed table's.
+  PlanInputs listed = inputs(Config::preset("small"), 4, 128), derived = listed;
+  listed.config.n_layer = 4096;
+  derived.config.n_layer = 4097;
+  const MemoryPlan a = plan_memory(listed), b = plan_memory(derived);
+  EXPECT_EQ(b.host_bytes - a.host_bytes,
+            plan_memory(inputs(Config::preset("small"), 4, 128)).host_bytes -
+                plan_memory([] {
+                  PlanInputs eleven = inputs(Config::preset("small"), 4, 128);
+                  eleven.config.n_layer = 11;
+                  return eleven;
+                }())
+                    .host_bytes);
+}
+
+}  // namespace
+}  // namespace mw::gpt2
