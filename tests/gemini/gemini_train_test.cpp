@@ -2,8 +2,8 @@
 // for static placement at several fractions, auto and const, with dropout on and with activation
 // checkpointing; the device capacity is never exceeded; no illegal state transition happens.
 #include <dirent.h>
-#include <unistd.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <functional>

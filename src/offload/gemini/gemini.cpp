@@ -1,15 +1,12 @@
 // Gemini's chunks, hooks and policies (gemini.h; docs/gemini.md).
 #include "offload/gemini/gemini.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 
 #include "autograd/autograd.h"
 #include "core/allocator.h"
 #include "nn/layers.h"
-#include "offload/io/scratch_dir.h"
 
 namespace mw::gemini {
 
@@ -194,95 +191,6 @@ void Gemini::attach(nn::Module& model) {
   install_hooks(model);
 }
 
-// Note [Three tiers]: with a host budget, chunks and optimizer states share host RAM; what does not
-// fit goes to disk. Adam states go first (they are two thirds of the model data and are streamed
-// through a fixed window by NvmeAdamStates), then parameter chunks, last chunk first, are homed on
-// disk (Note [NVMe-homed chunks], chunk.h). Kept free for transients: three of the largest chunk
-// (the gradient buffers of the chunk being reduced and of the first chunk, which completes last in
-// backward, and a chunk on its way home for its update). The budget plans the homes; transients
-// are reported (host_chunk_peak_bytes), not enforced.
-void Gemini::plan_tiers(optim::HybridAdamOptions& adam) {
-  const int64_t cap = options_.host_capacity_bytes;
-  int64_t params = 0, states = 0, largest = 0;
-  for (size_t c = 0; c < chunks_.size(); ++c) {
-    if (params_off_[c]) params += chunks_[c]->nbytes();
-    if (optim_on_host_[c]) states += 2 * chunks_[c]->nbytes();
-    largest = std::max(largest, chunks_[c]->nbytes());
-  }
-  const int64_t reserve = 3 * largest;
-  if (params + states + reserve > cap && adam.nvme.fraction == 0) adam.nvme.fraction = 1.0;
-  if (adam.nvme.fraction > 0)
-    states = static_cast<int64_t>(static_cast<double>(states) * (1.0 - adam.nvme.fraction)) +
-             adam.nvme.window_bytes;
-  std::vector<int> to_disk;
-  int64_t disk_bytes = 0;
-  for (int c = static_cast<int>(chunks_.size()) - 1; c >= 0; --c) {
-    if (params + states + reserve <= cap) break;
-    if (!params_off_[static_cast<size_t>(c)]) continue;
-    disk_bytes += chunks_[static_cast<size_t>(c)]->nbytes();
-    to_disk.push_back(c);
-    params -= chunks_[static_cast<size_t>(c)]->nbytes();
-  }
-  MW_CHECK_T(InvalidArgument, params + states + reserve <= cap, "--host-capacity ", cap,
-             " bytes cannot hold Gemini's host data: ", params, " bytes of chunks on the host, ",
-             states, " of Adam states and staging, and ", reserve,
-             " for gradient buffers in flight (three of the largest chunk). Raise "
-             "--host-capacity to at least ",
-             params + states + reserve, " or pass a smaller --chunk-size");
-  // A budget means RSS: the host cache keeps at most one chunk's worth of freed blocks (gradient
-  // buffers and update copies recur every step at chunk sizes) instead of up to 4 GiB.
-  static_cast<CachingHostAllocator&>(allocator_for(Device::cpu())).set_max_cached_bytes(largest);
-  if (to_disk.empty()) return;
-  const bool private_dir = options_.nvme_dir.empty();
-  const std::string dir = private_dir ? io::make_private_dir("gemini") : options_.nvme_dir;
-  try {
-    engine_ = io::IoEngine::create(adam.nvme.io);
-    io::SwapOptions swap_options;
-    swap_options.file_stem = "memwall-chunks";
-    swap_ = std::make_unique<io::SwapSpace>(std::vector<std::string>{dir}, *engine_, swap_options);
-  } catch (...) {
-    if (private_dir) ::rmdir(dir.c_str());
-    throw;
-  }
-  // Note [NVMe files] (optim/nvme_states.h): nothing stays behind, whatever way the process ends.
-  for (const std::string& path : swap_->file_paths()) ::unlink(path.c_str());
-  if (private_dir) ::rmdir(dir.c_str());
-  for (int c : to_disk) to_disk_[static_cast<size_t>(c)] = true;  // written once filled
-  if (options_.verbose)
-    std::printf(
-        "Gemini three tiers: host budget %.0f MiB: %zu of %zu chunks (%.0f MiB) homed on "
-        "disk%s, Adam states %s\n",
-        mib(cap), to_disk.size(), chunks_.size(), mib(disk_bytes),
-        private_dir ? "" : str(" in ", dir).c_str(),
-        adam.nvme.fraction > 0 ? "on disk (NVMe offload)" : "in RAM");
-}
-
-void Gemini::with_parameters_readable(const std::function<void()>& fn) {
-  MW_CHECK(pending_.empty() && gathered_.empty(),
-           "with_parameters_readable must be called between steps");
-  std::vector<Chunk*> read;
-  struct Drop {  // frees the RAM copies on every exit path
-    std::vector<Chunk*>& chunks;
-    ~Drop() {
-      for (Chunk* c : chunks) c->drop_ram();
-    }
-  } drop{read};
-  for (auto& c : chunks_)
-    if (c->on_nvme()) {
-      c->bring_home_to_ram();
-      read.push_back(c.get());
-      swap_->read(str("chunk.", c->index()), c->storage()->data()).wait();
-    }
-  fn();
-}
-
-int64_t Gemini::nvme_chunk_bytes() const {
-  int64_t n = 0;
-  for (auto& c : chunks_)
-    if (c->on_nvme()) n += c->nbytes();
-  return n;
-}
-
 void Gemini::install_hooks(nn::Module& model) {
   std::unordered_map<const TensorImpl*, size_t> index;
   for (size_t i = 0; i < params_.size(); ++i) index[params_[i].impl()] = i;
@@ -439,62 +347,6 @@ void Gemini::pre_op(nn::Module& m, bool backward) {
   if (!recording_ && !off_plan_ && options_.policy != Policy::kStatic) prefetch_after(t);
 }
 
-// Note [Prefetch]: with a plan, the disk-homed chunks of the next two ops are read into their
-// device copies while op t computes (io_uring does the work; no thread of ours), when the room that
-// both periods' budgets leave allows it without evicting anything. The op that needs a chunk waits
-// for its read (prefetch_wait_ms); an eviction of an in-flight chunk waits too. RAM-homed chunks
-// are not prefetched: on sim their gather is a memcpy on the compute thread, and a worker copying
-// beside two compute threads on two cores only moves the same work around (measured:
-// docs/gemini.md).
-void Gemini::prefetch_after(int64_t t) {
-  if (!swap_) return;
-  const int64_t n = static_cast<int64_t>(trace_.size());
-  const AllocatorStats st = allocator_for(options_.device).stats();
-  int64_t room = avail_[static_cast<size_t>(t)];
-  for (int64_t u = t + 1; u < std::min(n, t + 3); ++u) {
-    room = std::min(room, avail_[static_cast<size_t>(u)]);
-    for (int c : trace_[static_cast<size_t>(u)].chunks) {
-      Chunk& chunk = *chunks_[static_cast<size_t>(c)];
-      if (!chunk.on_nvme() || chunk.gathered()) continue;
-      if (gathered_bytes_ + chunk.nbytes() > room) return;
-      if (st.capacity_bytes > 0 &&
-          allocator_for(options_.device).stats().current_bytes + chunk.nbytes() > st.capacity_bytes)
-        return;
-      const double t0 = now_us();
-      void* bytes = chunk.gather_uninitialized(options_.device);
-      inflight_[c] = swap_->read(str("chunk.", c), bytes);
-      gathered_.push_back(c);
-      gathered_bytes_ += chunk.nbytes();
-      iter_.nvme_read_bytes += chunk.nbytes();
-      run_.nvme_read_bytes += chunk.nbytes();
-      ++iter_.gathers;
-      ++run_.gathers;
-      if (trace_out_) trace_out_->slice(str("prefetch chunk ", c), "move", t0, now_us() - t0, 1);
-    }
-  }
-}
-
-void Gemini::wait_inflight(Chunk& c) {
-  auto it = inflight_.find(c.index());
-  if (it == inflight_.end()) return;
-  io::IoHandle handle = it->second;
-  inflight_.erase(it);
-  const double t0 = now_us();
-  const auto w0 = std::chrono::steady_clock::now();
-  try {
-    handle.wait();
-  } catch (...) {
-    c.release_copy();
-    forget_gathered(c);
-    throw;
-  }
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
-  iter_.prefetch_wait_ms += ms;
-  run_.prefetch_wait_ms += ms;
-  if (trace_out_) trace_out_->slice(str("prefetch wait chunk ", c.index()), "wait", t0, ms * 1e3);
-}
-
 void Gemini::make_room(const ModuleInfo& info, const std::vector<int>& need, int64_t t) {
   const bool planned = !recording_ && !off_plan_ && options_.policy != Policy::kStatic;
   if (!planned) {  // Note [Minimal residency]
@@ -602,64 +454,6 @@ void Gemini::finish_chunk(Chunk& c) {
       write_back_front();
     }
     if (trace_out_) trace_out_->slice("wait for chunk updates", "wait", w0, now_us() - w0);
-  }
-}
-
-// The oldest stepped disk-homed chunk: written back (waiting for the write) and its RAM freed.
-void Gemini::write_back_front() {
-  PendingWrite& w = pending_.front();
-  Chunk& c = *chunks_[static_cast<size_t>(w.chunk)];
-  if (!w.writing) {
-    w.write = swap_->write(str("chunk.", w.chunk), c.storage()->data(), c.nbytes());
-    w.writing = true;
-    iter_.nvme_write_bytes += c.nbytes();
-    run_.nvme_write_bytes += c.nbytes();
-  }
-  w.write.wait();  // throws the IoError naming the file, offset and errno
-  c.drop_ram();
-  track_host(-c.nbytes());
-  pending_.erase(pending_.begin());
-}
-
-// Note [NVMe-homed chunks]: RAM bytes for the update, from the device copy when it is still there.
-void Gemini::bring_home(Chunk& c) {
-  wait_inflight(c);
-  const bool was_gathered = c.gathered();
-  if (c.bring_home_to_ram()) {
-    forget_gathered(c);
-  } else {
-    swap_->read(str("chunk.", c.index()), c.storage()->data()).wait();
-    iter_.nvme_read_bytes += c.nbytes();
-    run_.nvme_read_bytes += c.nbytes();
-  }
-  (void)was_gathered;
-  track_host(c.nbytes());
-}
-
-// Stepped NVMe-homed chunks go back to disk once their update ran, and free their RAM once
-// written. wait: finish every one (the end of step()).
-void Gemini::poll_pending(bool wait) {
-  for (size_t k = 0; k < pending_.size();) {
-    PendingWrite& w = pending_[k];
-    Chunk& c = *chunks_[static_cast<size_t>(w.chunk)];
-    if (!w.writing) {
-      if (!wait && !adam_->update_done(w.update_ticket)) {
-        ++k;
-        continue;
-      }
-      w.write = swap_->write(str("chunk.", w.chunk), c.storage()->data(), c.nbytes());
-      w.writing = true;
-      iter_.nvme_write_bytes += c.nbytes();
-      run_.nvme_write_bytes += c.nbytes();
-    }
-    if (!wait && !w.write.done()) {
-      ++k;
-      continue;
-    }
-    w.write.wait();  // throws the IoError naming the file, offset and errno
-    c.drop_ram();
-    track_host(-c.nbytes());
-    pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(k));
   }
 }
 
