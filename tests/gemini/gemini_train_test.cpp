@@ -128,6 +128,14 @@ TrainRun train(const Variant& v, int steps = 4) {
   return r;
 }
 
+// The documents' placement_policy='cpu': every chunk and every Adam state on the host.
+Variant static_cpu() {
+  Variant v;
+  v.gemini = true;
+  v.param_frac = v.optim_frac = 1;
+  return v;
+}
+
 void expect_bitwise(const TrainRun& plain, const TrainRun& run, const char* what) {
   ASSERT_EQ(plain.losses.size(), run.losses.size());
   for (size_t s = 0; s < plain.losses.size(); ++s)
@@ -168,10 +176,7 @@ TEST(GeminiTrain, StaticAtSeveralFractionsIsBitwiseThePlainRun) {
 
 TEST(GeminiTrain, StaticCpuHoldsLessOnTheDeviceThanThePlainRun) {
   const TrainRun plain = train({});
-  Variant v;
-  v.gemini = true;
-  v.param_frac = v.optim_frac = 1;
-  const TrainRun cpu = train(v);
+  const TrainRun cpu = train(static_cpu());
   // Parameters are 0.63 MiB of the plain peak; the cpu placement keeps only one op's chunks.
   EXPECT_LT(cpu.sim_peak_bytes, plain.sim_peak_bytes);
 }
@@ -181,10 +186,7 @@ TEST(GeminiTrain, StaticCpuHoldsLessOnTheDeviceThanThePlainRun) {
 // bytes to the device than static cpu, which re-gathers every chunk in every pass.
 TEST(GeminiTrain, AutoFitsACapacityBelowThePlainPeakAndMovesLessThanStaticCpu) {
   const TrainRun plain = train({});
-  Variant cpu_v;
-  cpu_v.gemini = true;
-  cpu_v.param_frac = cpu_v.optim_frac = 1;
-  const TrainRun cpu = train(cpu_v);
+  const TrainRun cpu = train(static_cpu());
   Variant v;
   v.gemini = true;
   v.policy = Policy::kAuto;
@@ -202,10 +204,7 @@ TEST(GeminiTrain, AutoFitsACapacityBelowThePlainPeakAndMovesLessThanStaticCpu) {
 
 // Auto at exactly the capacity static cpu needs still trains: it degrades to minimal residency.
 TEST(GeminiTrain, AutoNeverFailsWhereStaticCpuFits) {
-  Variant cpu_v;
-  cpu_v.gemini = true;
-  cpu_v.param_frac = cpu_v.optim_frac = 1;
-  const TrainRun cpu = train(cpu_v);
+  const TrainRun cpu = train(static_cpu());
   Variant v;
   v.gemini = true;
   v.policy = Policy::kAuto;

@@ -332,7 +332,7 @@ void Gemini::pre_op(nn::Module& m, bool backward) {
                    "residency until the next step\n",
                    static_cast<long long>(t), info.name.c_str(), backward ? "backward" : "forward");
   }
-  make_room(info, need, t);
+  make_room(need, t);
   info.op_start_us = now_us();
   if (trace_out_)
     trace_out_->counter("device in use", info.op_start_us,
@@ -347,7 +347,7 @@ void Gemini::pre_op(nn::Module& m, bool backward) {
   if (!recording_ && !off_plan_ && options_.policy != Policy::kStatic) prefetch_after(t);
 }
 
-void Gemini::make_room(const ModuleInfo& info, const std::vector<int>& need, int64_t t) {
+void Gemini::make_room(const std::vector<int>& need, int64_t t) {
   const bool planned = !recording_ && !off_plan_ && options_.policy != Policy::kStatic;
   if (!planned) {  // Note [Minimal residency]
     for (int c : std::vector<int>(gathered_)) {
@@ -369,7 +369,6 @@ void Gemini::make_room(const ModuleInfo& info, const std::vector<int>& need, int
   for (int c : choose_evictions(gathered_, keep, bytes, gathered_bytes_, need_bytes,
                                 avail_[static_cast<size_t>(t)], *next_, t))
     release(*chunks_[static_cast<size_t>(c)], true);
-  (void)info;
 }
 
 void Gemini::end_use(nn::Module& m, TensorState after) {
@@ -449,10 +448,7 @@ void Gemini::finish_chunk(Chunk& c) {
   // 1.8 GB of queued gradients), so backward waits for the oldest once more than one is pending.
   if (pending_.size() > 1) {
     const double w0 = now_us();
-    while (pending_.size() > 1) {
-      adam_->wait_update(pending_.front().update_ticket);
-      write_back_front();
-    }
+    while (pending_.size() > 1) settle_pending(0, /*block=*/true);
     if (trace_out_) trace_out_->slice("wait for chunk updates", "wait", w0, now_us() - w0);
   }
 }

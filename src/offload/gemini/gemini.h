@@ -150,7 +150,7 @@ class Gemini : public optim::Optimizer {
   void finish_chunk(Chunk& c);
   void gather(Chunk& c, const std::string& why);
   void release(Chunk& c, bool eviction);
-  void make_room(const ModuleInfo& info, const std::vector<int>& need, int64_t t);
+  void make_room(const std::vector<int>& need, int64_t t);
   bool pinned(const Chunk& c) const;
   void sample_nonmodel();
   void close_interval();
@@ -158,7 +158,7 @@ class Gemini : public optim::Optimizer {
   void plan_tiers(optim::HybridAdamOptions& adam);
   void bring_home(Chunk& c);
   void poll_pending(bool wait);
-  void write_back_front();
+  bool settle_pending(size_t k, bool block);
   void forget_gathered(Chunk& c);
   void prefetch_after(int64_t t);
   void wait_inflight(Chunk& c);

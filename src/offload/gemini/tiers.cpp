@@ -160,26 +160,9 @@ void Gemini::wait_inflight(Chunk& c) {
   if (trace_out_) trace_out_->slice(str("prefetch wait chunk ", c.index()), "wait", t0, ms * 1e3);
 }
 
-// The oldest stepped disk-homed chunk: written back (waiting for the write) and its RAM freed.
-void Gemini::write_back_front() {
-  PendingWrite& w = pending_.front();
-  Chunk& c = *chunks_[static_cast<size_t>(w.chunk)];
-  if (!w.writing) {
-    w.write = swap_->write(str("chunk.", w.chunk), c.storage()->data(), c.nbytes());
-    w.writing = true;
-    iter_.nvme_write_bytes += c.nbytes();
-    run_.nvme_write_bytes += c.nbytes();
-  }
-  w.write.wait();  // throws the IoError naming the file, offset and errno
-  c.drop_ram();
-  track_host(-c.nbytes());
-  pending_.erase(pending_.begin());
-}
-
 // Note [NVMe-homed chunks]: RAM bytes for the update, from the device copy when it is still there.
 void Gemini::bring_home(Chunk& c) {
   wait_inflight(c);
-  const bool was_gathered = c.gathered();
   if (c.bring_home_to_ram()) {
     forget_gathered(c);
   } else {
@@ -187,35 +170,36 @@ void Gemini::bring_home(Chunk& c) {
     iter_.nvme_read_bytes += c.nbytes();
     run_.nvme_read_bytes += c.nbytes();
   }
-  (void)was_gathered;
   track_host(c.nbytes());
 }
 
-// Stepped NVMe-homed chunks go back to disk once their update ran, and free their RAM once
-// written. wait: finish every one (the end of step()).
-void Gemini::poll_pending(bool wait) {
-  for (size_t k = 0; k < pending_.size();) {
-    PendingWrite& w = pending_[k];
-    Chunk& c = *chunks_[static_cast<size_t>(w.chunk)];
-    if (!w.writing) {
-      if (!wait && !adam_->update_done(w.update_ticket)) {
-        ++k;
-        continue;
-      }
-      w.write = swap_->write(str("chunk.", w.chunk), c.storage()->data(), c.nbytes());
-      w.writing = true;
-      iter_.nvme_write_bytes += c.nbytes();
-      run_.nvme_write_bytes += c.nbytes();
-    }
-    if (!wait && !w.write.done()) {
-      ++k;
-      continue;
-    }
-    w.write.wait();  // throws the IoError naming the file, offset and errno
-    c.drop_ram();
-    track_host(-c.nbytes());
-    pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(k));
+// A stepped disk-homed chunk goes back to disk once its update ran, and frees its RAM once written.
+// block: wait for both; else only move on what is done. Returns true when pending_[k] is finished
+// (and erased).
+bool Gemini::settle_pending(size_t k, bool block) {
+  PendingWrite& w = pending_[k];
+  Chunk& c = *chunks_[static_cast<size_t>(w.chunk)];
+  if (!w.writing) {
+    if (block)
+      adam_->wait_update(w.update_ticket);
+    else if (!adam_->update_done(w.update_ticket))
+      return false;
+    w.write = swap_->write(str("chunk.", w.chunk), c.storage()->data(), c.nbytes());
+    w.writing = true;
+    iter_.nvme_write_bytes += c.nbytes();
+    run_.nvme_write_bytes += c.nbytes();
   }
+  if (!block && !w.write.done()) return false;
+  w.write.wait();  // throws the IoError naming the file, offset and errno
+  c.drop_ram();
+  track_host(-c.nbytes());
+  pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(k));
+  return true;
+}
+
+void Gemini::poll_pending(bool wait) {
+  for (size_t k = 0; k < pending_.size();)
+    if (!settle_pending(k, wait)) ++k;
 }
 
 }  // namespace mw::gemini
