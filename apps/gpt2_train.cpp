@@ -328,18 +328,21 @@ int run(const Options& o) {
     std::vector<std::pair<std::string, Shape>> tensors;
     for (const auto& spec : gpt2::tensor_specs(config)) tensors.emplace_back(spec.name, spec.shape);
     gemini_owned = std::make_unique<gemini::Gemini>(g, tensors);
-    if (o.init_from.empty()) {  // with --init-from the weights are copied in by attach()
-      factory.make = [&](const gpt2::TensorSpec& spec) {
-        return gemini_owned->make_parameter(spec.name);
-      };
-      factory.ready = [&](const gpt2::TensorSpec& spec) {
-        gemini_owned->parameter_ready(spec.name);
-      };
-    }
+    factory.make = [&](const gpt2::TensorSpec& spec) {
+      return gemini_owned->make_parameter(spec.name);
+    };
+    factory.ready = [&](const gpt2::TensorSpec& spec) { gemini_owned->parameter_ready(spec.name); };
+  }
+  // --init-from streams each tensor from the file into its parameter as the model is built (Note
+  // [Streaming load], models/gpt2/hf_io.h); the file is checked against the config first.
+  std::unique_ptr<gpt2::HfWeights> weights;
+  if (!o.init_from.empty()) {
+    weights = std::make_unique<gpt2::HfWeights>(o.init_from, config);
+    factory.fill = weights->filler();
   }
   gpt2::GPT2 model(config, o.seed, DType::F32, o.gemini.empty() ? o.device : Device::cpu(),
                    factory);
-  if (!o.init_from.empty()) gpt2::load_hf_weights(model, o.init_from);
+  weights.reset();
 
   std::unique_ptr<data::TokenShard> shard;
   if (!o.data.empty()) {
@@ -506,8 +509,10 @@ int run(const Options& o) {
   if (hybrid) hybrid->flush();  // the last write-backs, and any failure among them
   const double total_s = std::chrono::duration<double>(clock::now() - t_start).count();
   if (!o.save.empty()) {  // the model first, before anything optional
-    if (gem)              // disk-homed chunks are read in for the save
-      gem->with_parameters_readable([&] { gpt2::save_hf(model, o.save, saved_config); });
+    if (gem)              // disk-homed chunks are read in one at a time (Note [Streaming save])
+      gem->with_parameters_streamed([&](const gemini::Gemini::Touch& touch) {
+        gpt2::save_hf(model, o.save, saved_config, touch);
+      });
     else
       gpt2::save_hf(model, o.save, saved_config);
     std::printf("Saved to %s\n", o.save.c_str());

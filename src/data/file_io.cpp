@@ -291,29 +291,46 @@ void AtomicFileWriter::commit() {
   fsync_directory(parent_directory(path_));
 }
 
-void write_file_atomically(const std::string& path, const std::vector<WritePiece>& pieces,
+namespace {
+ByteProducer from_pieces(const std::vector<WritePiece>& pieces) {
+  return [&pieces](const ByteSink& emit) {
+    for (const WritePiece& piece : pieces) emit(piece.data, piece.nbytes);
+  };
+}
+}  // namespace
+
+void write_file_atomically(const std::string& path, const ByteProducer& produce,
                            const std::string& hint) {
   AtomicFileWriter writer(path, hint);
-  for (const WritePiece& piece : pieces) writer.append(piece.data, piece.nbytes);
+  produce([&](const void* data, int64_t nbytes) { writer.append(data, nbytes); });
   writer.commit();
 }
 
-void write_file(const std::string& path, const std::vector<WritePiece>& pieces,
-                const std::string& hint) {
+void write_file_atomically(const std::string& path, const std::vector<WritePiece>& pieces,
+                           const std::string& hint) {
+  write_file_atomically(path, from_pieces(pieces), hint);
+}
+
+void write_file(const std::string& path, const ByteProducer& produce, const std::string& hint) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw_write_error("create", path, 0, 0, errno, hint);
   try {
     int64_t offset = 0;
-    for (const WritePiece& piece : pieces) {
-      write_exact(fd, path, piece.data, piece.nbytes, offset, hint);
-      offset += piece.nbytes;
-    }
+    produce([&](const void* data, int64_t nbytes) {
+      write_exact(fd, path, data, nbytes, offset, hint);
+      offset += nbytes;
+    });
     if (::fsync(fd) != 0) throw_write_error("fsync", path, 0, offset, errno, hint);
   } catch (...) {
     ::close(fd);
     throw;
   }
   if (::close(fd) != 0) throw_write_error("close", path, 0, 0, errno, hint);
+}
+
+void write_file(const std::string& path, const std::vector<WritePiece>& pieces,
+                const std::string& hint) {
+  write_file(path, from_pieces(pieces), hint);
 }
 
 }  // namespace mw::data

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,11 @@ class AtomicFileWriter {
   int64_t offset_ = 0;
 };
 
+// A file's bytes produced in order: the producer calls the sink as often as it likes, each piece
+// valid only during that call (a model streamed out of its tiers one tensor at a time).
+using ByteSink = std::function<void(const void* data, int64_t nbytes)>;
+using ByteProducer = std::function<void(const ByteSink& emit)>;
+
 // See the invariants above. `hint` is appended to IoError messages ("pass --save a writable dir").
 void write_file_atomically(const std::string& path, const std::vector<WritePiece>& pieces,
                            const std::string& hint);
@@ -95,6 +101,9 @@ void write_file_atomically(const std::string& path, const std::vector<WritePiece
 // directory (atomic_save.h), which is what makes them appear atomically.
 void write_file(const std::string& path, const std::vector<WritePiece>& pieces,
                 const std::string& hint);
+void write_file_atomically(const std::string& path, const ByteProducer& produce,
+                           const std::string& hint);
+void write_file(const std::string& path, const ByteProducer& produce, const std::string& hint);
 
 // The temporary sibling of a file or directory to be replaced: "DIR/.NAME.tmp-PID".
 std::string temporary_sibling(const std::string& path, const char* kind = "tmp");

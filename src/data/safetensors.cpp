@@ -248,8 +248,8 @@ std::vector<float> SafeTensorsReader::read_as_f32(const TensorRecord& record) co
 // ---------------------------------------------------------------------------------------------
 // Writer
 
-void SafeTensorsWriter::add(std::string name, DType dtype, std::vector<int64_t> shape,
-                            const void* data) {
+int64_t SafeTensorsWriter::check_new(const std::string& name, DType dtype,
+                                     const std::vector<int64_t>& shape) const {
   MW_CHECK_T(InvalidArgument, name != "__metadata__",
              "safetensors: \"__metadata__\" is reserved and cannot name a tensor");
   for (const Entry& e : entries_) {
@@ -266,9 +266,24 @@ void SafeTensorsWriter::add(std::string name, DType dtype, std::vector<int64_t> 
   MW_CHECK_T(InvalidArgument,
              numel >= 0 && !__builtin_mul_overflow(numel, dtype_size(dtype), &nbytes),
              "safetensors: tensor \"", name, "\" shape ", shape_text(shape), " is too large");
+  return nbytes;
+}
+
+void SafeTensorsWriter::add(std::string name, DType dtype, std::vector<int64_t> shape,
+                            const void* data) {
+  const int64_t nbytes = check_new(name, dtype, shape);
   MW_CHECK_T(InvalidArgument, data != nullptr || nbytes == 0, "safetensors: tensor \"", name,
              "\" has ", nbytes, " bytes but null data");
-  entries_.push_back({std::move(name), dtype, std::move(shape), data, nbytes});
+  entries_.push_back({std::move(name), dtype, std::move(shape), data, nbytes, {}});
+}
+
+void SafeTensorsWriter::add_streamed(std::string name, DType dtype, std::vector<int64_t> shape,
+                                     ByteProducer produce) {
+  MW_CHECK_T(InvalidArgument, produce != nullptr, "safetensors: tensor \"", name,
+             "\" has no producer");
+  const int64_t nbytes = check_new(name, dtype, shape);
+  entries_.push_back(
+      {std::move(name), dtype, std::move(shape), nullptr, nbytes, std::move(produce)});
 }
 
 void SafeTensorsWriter::set_metadata(std::string key, std::string value) {
@@ -304,14 +319,29 @@ std::string SafeTensorsWriter::header() const {
 void SafeTensorsWriter::write(const std::string& path, bool atomic) const {
   const std::string text = header();
   const uint64_t n = text.size();
-  std::vector<WritePiece> pieces;
-  pieces.push_back({&n, 8});
-  pieces.push_back({text.data(), static_cast<int64_t>(text.size())});
-  for (const Entry& e : entries_) pieces.push_back({e.data, e.nbytes});
+  ByteProducer produce = [&](const ByteSink& emit) {
+    emit(&n, 8);
+    emit(text.data(), static_cast<int64_t>(text.size()));
+    for (const Entry& e : entries_) {
+      if (!e.produce) {
+        emit(e.data, e.nbytes);
+        continue;
+      }
+      int64_t emitted = 0;
+      e.produce([&](const void* data, int64_t nbytes) {
+        MW_CHECK_T(InvalidArgument, emitted + nbytes <= e.nbytes, "safetensors: tensor \"", e.name,
+                   "\" produced more than its ", e.nbytes, " bytes");
+        emit(data, nbytes);
+        emitted += nbytes;
+      });
+      MW_CHECK_T(InvalidArgument, emitted == e.nbytes, "safetensors: tensor \"", e.name,
+                 "\" produced ", emitted, " of its ", e.nbytes, " bytes");
+    }
+  };
   if (atomic)
-    write_file_atomically(path, pieces, kWriteHint);
+    write_file_atomically(path, produce, kWriteHint);
   else
-    write_file(path, pieces, kWriteHint);
+    write_file(path, produce, kWriteHint);
 }
 
 }  // namespace mw::data

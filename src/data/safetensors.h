@@ -73,6 +73,11 @@ class SafeTensorsWriter {
   // copied: they must stay valid and unchanged until write() returns. InvalidArgument for a
   // repeated or reserved name, a negative dimension, or null data with a non-empty shape.
   void add(std::string name, DType dtype, std::vector<int64_t> shape, const void* data);
+  // Adds a tensor whose bytes are produced only when write() reaches it (Note [Streaming save] in
+  // models/gpt2/hf_io.h): `produce` must emit exactly numel * dtype size bytes, in order; an
+  // exception it throws abandons the file.
+  void add_streamed(std::string name, DType dtype, std::vector<int64_t> shape,
+                    ByteProducer produce);
   void set_metadata(std::string key, std::string value);
   // The header JSON exactly as write() puts it in the file, padding included.
   std::string header() const;
@@ -88,7 +93,10 @@ class SafeTensorsWriter {
     std::vector<int64_t> shape;
     const void* data;
     int64_t nbytes;
+    ByteProducer produce;  // set for add_streamed
   };
+  // The tensor's byte count; InvalidArgument for a bad name, dtype or shape.
+  int64_t check_new(const std::string& name, DType dtype, const std::vector<int64_t>& shape) const;
   std::vector<Entry> entries_;
   std::map<std::string, std::string> metadata_;
 };

@@ -332,5 +332,52 @@ TEST(SafeTensors, WriterRejectsBadInputAndFailedWritesLeaveNothing) {
   }
 }
 
+// Note [Streaming save]: a tensor whose bytes are produced when the writer reaches it gives the
+// same file as one added from memory, in pieces of any size; a producer that emits too few or too
+// many bytes, or throws, leaves no file.
+TEST(SafeTensors, StreamedTensorsWriteTheSameBytesAndAWrongCountLeavesNothing) {
+  TempDir dir;
+  std::vector<float> a(1000), b(37);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i) * 0.5f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = -static_cast<float>(i);
+  SafeTensorsWriter plain;
+  plain.add("a", DType::F32, {10, 100}, a.data());
+  plain.add("b", DType::F32, {37}, b.data());
+  plain.write(dir.file("plain.safetensors"));
+  int produced = 0;
+  SafeTensorsWriter streamed;
+  streamed.add_streamed("a", DType::F32, {10, 100}, [&](const ByteSink& emit) {
+    ++produced;
+    emit(a.data(), 1200);  // in three uneven pieces
+    emit(reinterpret_cast<const char*>(a.data()) + 1200, 1);
+    emit(reinterpret_cast<const char*>(a.data()) + 1201, 4000 - 1201);
+  });
+  streamed.add("b", DType::F32, {37}, b.data());
+  EXPECT_EQ(produced, 0) << "a producer ran before write()";
+  streamed.write(dir.file("streamed.safetensors"));
+  EXPECT_EQ(produced, 1);
+  EXPECT_EQ(read_bytes(dir.file("plain.safetensors")),
+            read_bytes(dir.file("streamed.safetensors")));
+
+  for (int64_t emit_bytes : {int64_t{3996}, int64_t{4004}}) {
+    SafeTensorsWriter wrong;
+    wrong.add_streamed("a", DType::F32, {10, 100}, [&](const ByteSink& emit) {
+      std::vector<char> bytes(static_cast<size_t>(emit_bytes));
+      emit(bytes.data(), emit_bytes);
+    });
+    expect_throw_with<InvalidArgument>([&] { wrong.write(dir.file("wrong.safetensors")); },
+                                       {"\"a\"", "4000"});
+  }
+  SafeTensorsWriter failing;
+  failing.add_streamed("a", DType::F32, {10, 100},
+                       [](const ByteSink&) { throw IoError("the tier's read failed"); });
+  expect_throw_with<IoError>([&] { failing.write(dir.file("failing.safetensors")); },
+                             {"the tier's read failed"});
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()),
+                          std::filesystem::directory_iterator()),
+            2)
+      << "a failed streamed write left a file or a .tmp behind";
+}
+
 }  // namespace
 }  // namespace mw::data

@@ -17,9 +17,9 @@ namespace mw::gpt2 {
 namespace fs = std::filesystem;
 
 namespace {
-
 const char* kSingleFile = "model.safetensors";
 const char* kShardIndex = "model.safetensors.index.json";
+}  // namespace
 
 // The tensors of a folder: one model.safetensors, or the shards named by its index.
 class WeightFiles {
@@ -107,6 +107,8 @@ class WeightFiles {
   std::string where_;
 };
 
+namespace {
+
 // Index of the first NaN or Inf in a float tensor (on the CPU), or -1.
 int64_t first_non_finite(const Tensor& t) {
   const float* p = t.data<float>();
@@ -134,25 +136,18 @@ Config load_hf_config(const std::string& dir) {
   return Config::from_json_file((fs::path(dir) / "config.json").string());
 }
 
-void load_hf_weights(GPT2& model, const std::string& dir) {
-  WeightFiles files(dir);
+HfWeights::HfWeights(const std::string& dir, const Config& config)
+    : files_(std::make_unique<WeightFiles>(dir)) {
+  const WeightFiles& files = *files_;
   const std::string& path = files.where();
   // HF checkpoints name tensors "transformer.h.0..." (GPT2LMHeadModel) or "h.0..." (GPT2Model).
   const bool bare = !files.find("transformer.wte.weight").second && files.find("wte.weight").second;
-  const std::string prefix = bare ? "" : "transformer.";
-  auto file_name = [&](const std::string& hf_name) {
-    return bare ? hf_name.substr(std::strlen("transformer.")) : hf_name;
-  };
-  // Validate everything before touching any parameter, so a bad file changes nothing.
-  std::vector<std::pair<const TensorSpec*,
-                        std::pair<const data::SafeTensorsReader*, const data::TensorRecord*>>>
-      plan;
+  prefix_ = bare ? "" : "transformer.";
   std::set<std::string> accounted = {"lm_head.weight"};
-  for (const auto& spec : model.specs()) {
-    auto found = files.find(file_name(spec.name));
-    const data::TensorRecord* rec = found.second;
+  for (const auto& spec : tensor_specs(config)) {
+    const data::TensorRecord* rec = files.find(file_name(spec.name)).second;
     MW_CHECK_T(FormatError, rec, path, ": tensor '", file_name(spec.name),
-               "' is missing; expected a GPT-2 checkpoint with n_layer ", model.config().n_layer,
+               "' is missing; expected a GPT-2 checkpoint with n_layer ", config.n_layer,
                " and HF parameter names");
     MW_CHECK_T(FormatError, rec->shape == spec.shape, path, ": tensor '", rec->name, "' has shape ",
                shape_str(rec->shape), ", expected ", shape_str(spec.shape),
@@ -163,11 +158,10 @@ void load_hf_weights(GPT2& model, const std::string& dir) {
                path, ": tensor '", rec->name, "' has dtype ", dtype_name(rec->dtype),
                ", expected a floating type (F32, F16, BF16 or F64)");
     accounted.insert(rec->name);
-    plan.emplace_back(&spec, found);
   }
   std::vector<std::string> extra;
   for (const auto& name : files.names())
-    if (!accounted.count(name) && !is_mask_buffer(name, prefix, model.config().n_layer))
+    if (!accounted.count(name) && !is_mask_buffer(name, prefix_, config.n_layer))
       extra.push_back(name);
   if (!extra.empty()) {
     std::string list;
@@ -175,7 +169,7 @@ void load_hf_weights(GPT2& model, const std::string& dir) {
     throw FormatError(str(path, ": ", extra.size(),
                           " tensors are not accounted for by config.json (", list,
                           extra.size() > 8 ? ", ..." : "", "); does config.json (n_layer ",
-                          model.config().n_layer, ") match the weights?"));
+                          config.n_layer, ") match the weights?"));
   }
   if (auto [head_reader, head] = files.find("lm_head.weight"); head) {
     auto [wte_reader, wte] = files.find(file_name("transformer.wte.weight"));
@@ -184,43 +178,79 @@ void load_hf_weights(GPT2& model, const std::string& dir) {
     MW_CHECK_T(FormatError, head_reader->read_as_f32(*head) == wte_reader->read_as_f32(*wte), path,
                ": lm_head.weight differs from transformer.wte.weight; memwall's GPT-2 ties them");
   }
+}
+
+HfWeights::~HfWeights() = default;
+
+const std::string& HfWeights::where() const { return files_->where(); }
+
+std::string HfWeights::file_name(const std::string& hf_name) const {
+  return prefix_.empty() ? hf_name.substr(std::strlen("transformer.")) : hf_name;
+}
+
+void HfWeights::read(const std::string& hf_name, const Tensor& dst) const {
+  auto [reader, rec] = files_->find(file_name(hf_name));
+  MW_CHECK_T(InvalidArgument, rec && rec->shape == dst.shape(), "HfWeights::read: '", hf_name,
+             "' is not a table entry of shape ", dst.desc());
+  // Straight into dst when it is host memory of the file's dtype; else through one staged tensor.
+  const bool direct = dst.device().is_cpu() && dst.dtype() == rec->dtype && dst.is_contiguous();
+  Tensor raw = direct ? dst : Tensor::empty(rec->shape, rec->dtype);
+  reader->read(*rec, raw.raw_data());
+  Tensor f32 = raw.dtype() == DType::F32 ? raw : raw.to(DType::F32);
+  const int64_t bad = first_non_finite(f32);
+  MW_CHECK_T(FormatError, bad < 0, reader->path(), ": tensor '", rec->name, "' holds ",
+             bad >= 0 ? f32.data<float>()[bad] : 0.f, " at element ", bad,
+             "; weights must be finite (the checkpoint is damaged or diverged)");
+  if (direct) return;
+  NoGradGuard no_grad;
+  Tensor(dst).copy_(f32);
+}
+
+std::function<bool(const TensorSpec&, const Tensor&)> HfWeights::filler() const {
+  return [this](const TensorSpec& spec, const Tensor& t) {
+    read(spec.name, t);
+    return true;
+  };
+}
+
+void load_hf_weights(GPT2& model, const std::string& dir) {
+  HfWeights weights(dir, model.config());
+  // Everything is read (and checked) before any parameter changes, so a bad file changes nothing.
   std::vector<Tensor> staged;
-  for (auto [spec, found] : plan) {
-    auto [reader, rec] = found;
-    Tensor raw = Tensor::empty(rec->shape, rec->dtype);
-    reader->read(*rec, raw.raw_data());
-    Tensor f32 = raw.to(DType::F32);
-    const int64_t bad = first_non_finite(f32);
-    MW_CHECK_T(FormatError, bad < 0, reader->path(), ": tensor '", rec->name, "' holds ",
-               bad >= 0 ? f32.data<float>()[bad] : 0.f, " at element ", bad,
-               "; weights must be finite (the checkpoint is damaged or diverged)");
-    staged.push_back(raw);
+  for (const auto& spec : model.specs()) {
+    staged.push_back(Tensor::empty(spec.shape, model.parameter(spec.name).dtype()));
+    weights.read(spec.name, staged.back());
   }
   NoGradGuard no_grad;
-  for (size_t i = 0; i < plan.size(); ++i) {
-    Tensor p = model.parameter(plan[i].first->name);
-    Tensor converted = staged[i].to(p.dtype()).to(p.device());
-    p.copy_(converted);
+  for (size_t i = 0; i < staged.size(); ++i) {
+    Tensor p = model.parameter(model.specs()[i].name);
+    p.copy_(staged[i].to(p.device()));
   }
 }
 
 void save_hf(const GPT2& model, const std::string& dir) { save_hf(model, dir, model.config()); }
 
-void save_hf(const GPT2& model, const std::string& dir, const Config& config) {
+// Note [Streaming save]: each parameter is read (and checked finite) only when the writer reaches
+// it, converted to f32 on the host, and dropped after its bytes are written, so a save holds one
+// tensor (and, under Gemini's three tiers, one chunk: before_read) beyond the model. A non-finite
+// weight found midway throws, the staged folder is removed, and any earlier save is kept.
+void save_hf(const GPT2& model, const std::string& dir, const Config& config,
+             const std::function<void(const std::string& hf_name)>& before_read) {
   MW_CHECK_T(InvalidArgument,
              tensor_specs(config).size() == model.specs().size() &&
                  num_parameters(config) == model.num_parameters(),
              "save_hf: the config to write does not describe the model's tensors");
-  std::vector<Tensor> keep;  // the writer borrows buffers until write()
   data::SafeTensorsWriter writer;
   for (const auto& spec : model.specs()) {
-    Tensor t = model.parameter(spec.name).to(Device::cpu()).contiguous().to(DType::F32);
-    const int64_t bad = first_non_finite(t);
-    MW_CHECK_T(FormatError, bad < 0, "not saving to '", dir, "': parameter '", spec.name,
-               "' holds ", bad >= 0 ? t.data<float>()[bad] : 0.f, " at element ", bad,
-               "; a model with non-finite weights is never written (any earlier save is kept)");
-    keep.push_back(t);
-    writer.add(spec.name, DType::F32, spec.shape, t.raw_data());
+    writer.add_streamed(spec.name, DType::F32, spec.shape, [&](const data::ByteSink& emit) {
+      if (before_read) before_read(spec.name);
+      Tensor t = model.parameter(spec.name).to(Device::cpu()).contiguous().to(DType::F32);
+      const int64_t bad = first_non_finite(t);
+      MW_CHECK_T(FormatError, bad < 0, "not saving to '", dir, "': parameter '", spec.name,
+                 "' holds ", bad >= 0 ? t.data<float>()[bad] : 0.f, " at element ", bad,
+                 "; a model with non-finite weights is never written (any earlier save is kept)");
+      emit(t.raw_data(), t.nbytes());
+    });
   }
   writer.set_metadata("format", "pt");
   const char* hint = "pass --save a folder in a writable directory with room";

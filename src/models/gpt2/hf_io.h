@@ -3,11 +3,44 @@
 // the head is tied to transformer.wte.weight (the only layout GPT-2 uses).
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "models/gpt2/model.h"
 
 namespace mw::gpt2 {
+
+class WeightFiles;
+
+// A folder's weights, checked against a config's tensor table before anything is read: every
+// table entry present with its exact shape and a floating dtype, no tensor the config does not
+// account for (listed), a separate lm_head.weight equal to wte. read() then streams one tensor at a
+// time into its destination (Note [Streaming load]), so nothing but that tensor is staged in RAM.
+//
+// Note [Streaming load]: a model larger than RAM is loaded as it is built: the model's parameter
+// factory (model.h) fills each parameter straight from the file (into its chunk, for Gemini, which
+// writes a disk-homed chunk out once it is full). A bad value found midway (NaN, a read error)
+// fails the construction, so no half-loaded model is ever trained or saved.
+class HfWeights {
+ public:
+  HfWeights(const std::string& dir, const Config& config);
+  ~HfWeights();
+  HfWeights(const HfWeights&) = delete;
+  HfWeights& operator=(const HfWeights&) = delete;
+  // Reads table entry `hf_name` into dst (any device and floating dtype, the table's shape),
+  // converting as needed; FormatError naming the file and tensor for a NaN or Inf. Thread-safe.
+  void read(const std::string& hf_name, const Tensor& dst) const;
+  // A ParameterFactory::fill that loads every parameter from these weights.
+  std::function<bool(const TensorSpec&, const Tensor&)> filler() const;
+  const std::string& where() const;
+
+ private:
+  std::string file_name(const std::string& hf_name) const;  // the name in the file
+
+  std::unique_ptr<WeightFiles> files_;
+  std::string prefix_;  // "transformer." unless the file uses GPT2Model's bare names
+};
 
 // Reads DIR/config.json.
 Config load_hf_config(const std::string& dir);
@@ -23,7 +56,12 @@ void load_hf_weights(GPT2& model, const std::string& dir);
 // record (the user's, without a run's --dropout override); it must describe the model's tensors. A
 // model with a NaN or Inf weight is refused (FormatError naming the parameter) before anything is
 // written.
+//
+// Tensors are written one at a time in table order (Note [Streaming save]): `before_read(name)`,
+// when given, is called before a parameter's bytes are read, so a caller whose parameters live on
+// disk (Gemini's three tiers) can bring in one chunk at a time.
 void save_hf(const GPT2& model, const std::string& dir);
-void save_hf(const GPT2& model, const std::string& dir, const Config& config);
+void save_hf(const GPT2& model, const std::string& dir, const Config& config,
+             const std::function<void(const std::string& hf_name)>& before_read = {});
 
 }  // namespace mw::gpt2

@@ -152,16 +152,6 @@ struct ChunkBytes {
   std::vector<int64_t> each;  // in chunk order; empty past kListedLayers
 };
 
-// Static placement's rule (docs/gemini.md): walking chunks in order, a chunk is offloaded while the
-// bytes offloaded so far are below fraction x total. Past kListedLayers: fraction x total.
-int64_t offloaded_bytes(const ChunkBytes& chunks, double fraction, int64_t total) {
-  if (chunks.each.empty()) return static_cast<int64_t>(fraction * static_cast<double>(total));
-  int64_t offloaded = 0;
-  for (int64_t bytes : chunks.each)
-    if (static_cast<double>(offloaded) < fraction * static_cast<double>(total)) offloaded += bytes;
-  return offloaded;
-}
-
 // Gemini's chunks in bytes, from the tensor table alone (Note [Chunk-size search]): chunks
 // allocate only what their tensors use. Past kListedLayers the search would be slow, and the
 // capacity is taken as max(min chunk, largest tensor): chunks of many layers fill it.
@@ -180,9 +170,13 @@ ChunkBytes chunk_bytes(const PlanInputs& in) {
   } else if (capacity <= 0) {
     capacity = std::max(search.min_chunk_numel, *std::max_element(sizes.begin(), sizes.end()));
   }
-  if (!listed) {
+  if (!listed) {  // chunks of `capacity` elements, filled in order
     const int64_t bytes = round_up(capacity * in.dtype_bytes, kHostAlignment);
-    return {bytes, bytes, {}};
+    ChunkBytes out{bytes, bytes, {}};
+    const int64_t total = parameter_bytes(in);
+    for (int64_t done = 0; done < total; done += bytes)
+      out.each.push_back(std::min(bytes, total - done));
+    return out;
   }
   const std::vector<int> chunk_of = gemini::pack_chunks(sizes, capacity, alone);
   std::vector<int64_t> chunk_numel;
@@ -210,24 +204,33 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t params, int64_t ac
   const auto& g = in.gemini_options;
   const std::string dev = p.device_name;
   const int64_t states = 2 * params;
-  int64_t device_chunks = 0, host_chunks = params, host_states = states, device_states = 0;
+  // Homes and state devices as Gemini's constructor chooses them (offload/gemini/placement.h).
+  const size_t n = chunks.each.size();
+  std::vector<bool> params_off(n, true), optim_on_host(n, true);
+  if (g.policy == gemini::Policy::kStatic) {
+    params_off = gemini::choose_offloaded(chunks.each, g.offload_param_frac);
+    const std::vector<bool> optim_off = gemini::choose_offloaded(chunks.each, g.offload_optim_frac);
+    for (size_t c = 0; c < n; ++c) optim_on_host[c] = params_off[c] || optim_off[c];
+  }
+  int64_t host_chunks = 0, host_states = 0;
+  for (size_t c = 0; c < n; ++c) {
+    if (params_off[c]) host_chunks += chunks.each[c];
+    if (optim_on_host[c]) host_states += 2 * chunks.each[c];
+  }
+  const int64_t device_states = states - host_states;
+  int64_t device_chunks = params;  // auto keeps what fits, below
   if (g.policy == gemini::Policy::kStatic) {
     // Offloaded chunks (wte's first) are gathered one op at a time: wte's at the peak.
-    const int64_t param_off = offloaded_bytes(chunks, g.offload_param_frac, params);
-    device_chunks = params - param_off + (param_off > 0 ? chunks.first : 0);
-    host_chunks = param_off;  // a resident chunk has no home on the host
-    host_states = 2 * offloaded_bytes(chunks, g.offload_optim_frac, params);
-    device_states = states - host_states;
+    device_chunks = params - host_chunks + (host_chunks > 0 ? chunks.first : 0);
   } else if (g.policy == gemini::Policy::kConst) {
     const int64_t more = std::max<int64_t>(0, g.const_budget_bytes - chunks.first) / largest;
     device_chunks = std::min(params, chunks.first + more * largest);
-  } else {
-    device_chunks = params;  // auto keeps what fits, below
   }
   int64_t device_total = device_chunks + device_states + act_peak;
   std::string chunk_note = "chunks on the device at the peak";
   if (g.policy == gemini::Policy::kAuto && in.device_capacity_bytes > 0) {
-    const double margin = g.auto_margin >= 0 ? g.auto_margin : 0.02;
+    const double margin =
+        g.auto_margin >= 0 ? g.auto_margin : gemini::default_auto_margin(in.device.is_cuda());
     const auto cap = static_cast<int64_t>(in.device_capacity_bytes * (1.0 - margin));
     const int64_t floor = act_peak + chunks.first;  // the op's chunk plus non-model memory
     const int64_t fitted = std::max(std::min(device_total, cap), floor);
@@ -237,22 +240,23 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t params, int64_t ac
   add(p, "parameter chunks", dev, device_chunks, chunk_note);
   add(p, "Adam m, v", dev, device_states, "chunks whose states stay on the device");
   add(p, "activations + head", dev, act_peak, "Note [Activation arithmetic]");
-  const int64_t host_need = host_chunks + host_states + largest;
-  if (g.host_capacity_bytes <= 0 || host_need <= g.host_capacity_bytes) {
-    add(p, "chunk homes + Adam m, v + gradient buffers", "host", host_need,
-        "the largest chunk for gradients");
+  // Note [Three tiers] (docs/gemini.md), by Gemini's own arithmetic.
+  gemini::TierPlan t;
+  if (g.host_capacity_bytes > 0)
+    t = gemini::plan_tiers(chunks.each, params_off, optim_on_host, g.host_capacity_bytes,
+                           in.nvme_fraction, in.nvme_window_bytes);
+  if (t.disk_chunk_bytes == 0 && t.disk_state_bytes == 0) {
+    add(p, "chunk homes + Adam m, v + gradient buffers", "host",
+        host_chunks + host_states + largest, "the largest chunk for gradients");
     return;
   }
-  // Note [Three tiers] (docs/gemini.md): the Adam states go to disk first, streamed through the
-  // window; then chunks are homed on disk until the rest fits beside three of the largest chunk
-  // kept free for gradient buffers.
-  add(p, "Adam m, v (NVMe)", "disk", host_states, "beyond --host-capacity (three tiers)");
-  add(p, "NVMe window", "host", in.nvme_window_bytes, "Adam states streamed through it");
-  const int64_t room = std::max<int64_t>(0, g.host_capacity_bytes - 3 * largest);
-  const int64_t chunks_on_disk = std::max<int64_t>(0, host_chunks - room);
-  add(p, "parameter chunks (NVMe)", "disk", chunks_on_disk, "homed on disk, last chunk first");
-  add(p, "chunk homes", "host", host_chunks - chunks_on_disk, "");
-  add(p, "gradient buffers", "host", 3 * largest, "3 x the largest chunk, kept free");
+  if (t.disk_state_bytes > 0)
+    add(p, "Adam m, v (NVMe)", "disk", t.disk_state_bytes, "beyond --host-capacity (three tiers)");
+  add(p, t.nvme_fraction > 0 ? "Adam m, v in RAM + NVMe window" : "Adam m, v", "host",
+      t.host_state_bytes, "");
+  add(p, "parameter chunks (NVMe)", "disk", t.disk_chunk_bytes, "homed on disk, last chunk first");
+  add(p, "chunk homes", "host", t.host_chunk_bytes, "");
+  add(p, "gradient buffers", "host", t.reserve_bytes, "3 x the largest chunk, kept free");
 }
 
 }  // namespace

@@ -43,7 +43,8 @@ GPT2::GPT2(const Config& config, uint64_t seed, DType dtype, Device device,
     MW_CHECK_T(ShapeError, t.shape() == spec.shape && t.dtype() == dtype && t.is_contiguous(),
                "GPT2: the parameter factory made ", t.desc(), " for '", spec.name, "' (",
                shape_str(spec.shape), ")");
-    initialise(t, spec.init, gen.reserve(static_cast<uint64_t>(t.numel())), config_);
+    const RngState rng = gen.reserve(static_cast<uint64_t>(t.numel()));
+    if (!factory.fill || !factory.fill(spec, t)) initialise(t, spec.init, rng, config_);
     if (factory.ready) factory.ready(spec);
     by_name_.emplace(spec.name, t);
   }

@@ -17,10 +17,13 @@
 namespace mw::gpt2 {
 
 // Where GPT2's parameters are made (Note [Streaming construction] in offload/gemini/gemini.h):
-// make returns an uninitialised contiguous tensor for a table entry, ready is called once its
-// values are set. Unset: Tensor::empty on the model's device.
+// make returns an uninitialised contiguous tensor for a table entry (unset: Tensor::empty on the
+// model's device); fill, when set, sets its values (from a checkpoint: Note [Streaming load] in
+// hf_io.h) and returns true, or returns false for the model's own initialisation; ready is called
+// once the values are set.
 struct ParameterFactory {
   std::function<Tensor(const TensorSpec& spec)> make;
+  std::function<bool(const TensorSpec& spec, const Tensor& t)> fill;
   std::function<void(const TensorSpec& spec)> ready;
 };
 

@@ -41,8 +41,8 @@ Gemini::Gemini(GeminiOptions options, const std::vector<std::pair<std::string, S
     : Optimizer({}), options_(std::move(options)) {
   MW_CHECK_T(InvalidArgument, !options_.device.is_cpu(),
              "Gemini needs a device to place chunks on (--device sim:CAPACITY or cuda), got cpu");
-  margin_ =
-      options_.auto_margin >= 0 ? options_.auto_margin : (options_.device.is_cuda() ? 0.10 : 0.02);
+  margin_ = options_.auto_margin >= 0 ? options_.auto_margin
+                                      : default_auto_margin(options_.device.is_cuda());
   MW_CHECK_T(InvalidArgument, margin_ < 1.0, "auto margin ", margin_, " must be below 1");
   layout(tensors);
 }

@@ -149,4 +149,47 @@ std::vector<bool> choose_offloaded(const std::vector<int64_t>& chunk_bytes, doub
   return offloaded;
 }
 
+double default_auto_margin(bool cuda) { return cuda ? 0.10 : 0.02; }
+
+// Note [Three tiers]: Adam states go to disk first (two thirds of the model data, streamed through
+// a fixed window), then parameter chunks, last chunk first, until the rest fits beside the reserve.
+TierPlan plan_tiers(const std::vector<int64_t>& chunk_bytes, const std::vector<bool>& params_off,
+                    const std::vector<bool>& optim_on_host, int64_t host_capacity_bytes,
+                    double nvme_fraction, int64_t window_bytes) {
+  const int64_t cap = host_capacity_bytes;
+  TierPlan t;
+  t.on_disk.assign(chunk_bytes.size(), false);
+  int64_t states = 0, largest = 0;
+  for (size_t c = 0; c < chunk_bytes.size(); ++c) {
+    if (params_off[c]) t.host_chunk_bytes += chunk_bytes[c];
+    if (optim_on_host[c]) states += 2 * chunk_bytes[c];
+    largest = std::max(largest, chunk_bytes[c]);
+  }
+  t.reserve_bytes = 3 * largest;
+  t.nvme_fraction = nvme_fraction;
+  if (t.host_chunk_bytes + states + t.reserve_bytes > cap && t.nvme_fraction == 0)
+    t.nvme_fraction = 1.0;
+  t.host_state_bytes = states;
+  if (t.nvme_fraction > 0) {
+    t.host_state_bytes =
+        static_cast<int64_t>(static_cast<double>(states) * (1.0 - t.nvme_fraction)) + window_bytes;
+    t.disk_state_bytes = states - (t.host_state_bytes - window_bytes);
+  }
+  for (size_t k = chunk_bytes.size(); k-- > 0;) {
+    if (t.host_bytes() <= cap) break;
+    if (!params_off[k]) continue;
+    t.on_disk[k] = true;
+    t.disk_chunk_bytes += chunk_bytes[k];
+    t.host_chunk_bytes -= chunk_bytes[k];
+  }
+  MW_CHECK_T(InvalidArgument, t.host_bytes() <= cap, "--host-capacity ", cap,
+             " bytes cannot hold Gemini's host data: ", t.host_chunk_bytes,
+             " bytes of chunks on the host, ", t.host_state_bytes,
+             " of Adam states and staging, and ", t.reserve_bytes,
+             " for gradient buffers in flight (three of the largest chunk). Raise "
+             "--host-capacity to at least ",
+             t.host_bytes(), " or pass a smaller --chunk-size");
+  return t;
+}
+
 }  // namespace mw::gemini

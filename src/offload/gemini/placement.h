@@ -65,4 +65,26 @@ int64_t brute_force_min_load_bytes(const std::vector<TraceOp>& trace,
 // order, offload a chunk while the bytes offloaded so far are below frac x total. Deterministic.
 std::vector<bool> choose_offloaded(const std::vector<int64_t>& chunk_bytes, double frac);
 
+// Note [Auto margin] (gemini.cpp): the share of the device auto keeps free; 2% on sim, 10% on cuda.
+double default_auto_margin(bool cuda);
+
+// The arithmetic of Note [Three tiers] (tiers.cpp), shared by Gemini and the memory plan
+// (models/gpt2/memory_plan.h) so the plan printed before the run is the run's own: given the
+// chunks' bytes, which are offloaded (homed on the host) and which have their Adam states on the
+// host, a host budget, the requested fraction of Adam states on disk and the NVMe window, which
+// chunks are homed on disk. InvalidArgument, naming the bytes needed, when even that cannot fit.
+struct TierPlan {
+  std::vector<bool> on_disk;     // per chunk: homed on disk
+  double nvme_fraction = 0;      // of Adam states on disk: as asked, or 1 when they do not fit
+  int64_t host_chunk_bytes = 0;  // chunks homed in RAM
+  int64_t host_state_bytes = 0;  // Adam states in RAM, plus the NVMe window when streaming
+  int64_t reserve_bytes = 0;     // three of the largest chunk, for gradient buffers in flight
+  int64_t disk_chunk_bytes = 0;
+  int64_t disk_state_bytes = 0;
+  int64_t host_bytes() const { return host_chunk_bytes + host_state_bytes + reserve_bytes; }
+};
+TierPlan plan_tiers(const std::vector<int64_t>& chunk_bytes, const std::vector<bool>& params_off,
+                    const std::vector<bool>& optim_on_host, int64_t host_capacity_bytes,
+                    double nvme_fraction, int64_t window_bytes);
+
 }  // namespace mw::gemini

@@ -24,32 +24,19 @@ double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0
 // are reported (host_chunk_peak_bytes), not enforced.
 void Gemini::plan_tiers(optim::HybridAdamOptions& adam) {
   const int64_t cap = options_.host_capacity_bytes;
-  int64_t params = 0, states = 0, largest = 0;
-  for (size_t c = 0; c < chunks_.size(); ++c) {
-    if (params_off_[c]) params += chunks_[c]->nbytes();
-    if (optim_on_host_[c]) states += 2 * chunks_[c]->nbytes();
-    largest = std::max(largest, chunks_[c]->nbytes());
+  std::vector<int64_t> bytes;
+  int64_t largest = 0;
+  for (const auto& c : chunks_) {
+    bytes.push_back(c->nbytes());
+    largest = std::max(largest, c->nbytes());
   }
-  const int64_t reserve = 3 * largest;
-  if (params + states + reserve > cap && adam.nvme.fraction == 0) adam.nvme.fraction = 1.0;
-  if (adam.nvme.fraction > 0)
-    states = static_cast<int64_t>(static_cast<double>(states) * (1.0 - adam.nvme.fraction)) +
-             adam.nvme.window_bytes;
+  const TierPlan plan = gemini::plan_tiers(bytes, params_off_, optim_on_host_, cap,
+                                           adam.nvme.fraction, adam.nvme.window_bytes);
+  adam.nvme.fraction = plan.nvme_fraction;
   std::vector<int> to_disk;
-  int64_t disk_bytes = 0;
-  for (int c = static_cast<int>(chunks_.size()) - 1; c >= 0; --c) {
-    if (params + states + reserve <= cap) break;
-    if (!params_off_[static_cast<size_t>(c)]) continue;
-    disk_bytes += chunks_[static_cast<size_t>(c)]->nbytes();
-    to_disk.push_back(c);
-    params -= chunks_[static_cast<size_t>(c)]->nbytes();
-  }
-  MW_CHECK_T(InvalidArgument, params + states + reserve <= cap, "--host-capacity ", cap,
-             " bytes cannot hold Gemini's host data: ", params, " bytes of chunks on the host, ",
-             states, " of Adam states and staging, and ", reserve,
-             " for gradient buffers in flight (three of the largest chunk). Raise "
-             "--host-capacity to at least ",
-             params + states + reserve, " or pass a smaller --chunk-size");
+  for (int c = static_cast<int>(chunks_.size()) - 1; c >= 0; --c)
+    if (plan.on_disk[static_cast<size_t>(c)]) to_disk.push_back(c);
+  const int64_t disk_bytes = plan.disk_chunk_bytes;
   // A budget means RSS: the host cache keeps at most one chunk's worth of freed blocks (gradient
   // buffers and update copies recur every step at chunk sizes) instead of up to 4 GiB.
   static_cast<CachingHostAllocator&>(allocator_for(Device::cpu())).set_max_cached_bytes(largest);
@@ -95,6 +82,29 @@ void Gemini::with_parameters_readable(const std::function<void()>& fn) {
       swap_->read(str("chunk.", c->index()), c->storage()->data()).wait();
     }
   fn();
+}
+
+void Gemini::with_parameters_streamed(const std::function<void(const Touch& touch)>& fn) {
+  MW_CHECK(pending_.empty() && gathered_.empty(),
+           "with_parameters_streamed must be called between steps");
+  Chunk* current = nullptr;
+  struct Drop {  // frees the RAM copy on every exit path
+    Chunk*& chunk;
+    ~Drop() {
+      if (chunk) chunk->drop_ram();
+    }
+  } drop{current};
+  fn([&](const std::string& name) {
+    auto it = index_of_.find(name);
+    MW_CHECK_T(InvalidArgument, it != index_of_.end(), "Gemini: no parameter named '", name, "'");
+    Chunk& c = *chunks_[chunk_of_[it->second]];
+    if (!c.on_nvme() || &c == current) return;
+    if (current) current->drop_ram();
+    current = nullptr;
+    c.bring_home_to_ram();
+    current = &c;
+    swap_->read(str("chunk.", c.index()), c.storage()->data()).wait();
+  });
 }
 
 int64_t Gemini::nvme_chunk_bytes() const {
