@@ -74,7 +74,7 @@ class SafeTensorsWriter {
   // repeated or reserved name, a negative dimension, or null data with a non-empty shape.
   void add(std::string name, DType dtype, std::vector<int64_t> shape, const void* data);
   // Adds a tensor whose bytes are produced only when write() reaches it (Note [Streaming save] in
-  // models/gpt2/hf_io.h): `produce` must emit exactly numel * dtype size bytes, in order; an
+  // models/gpt2/hf_io.cpp): `produce` must emit exactly numel * dtype size bytes, in order; an
   // exception it throws abandons the file.
   void add_streamed(std::string name, DType dtype, std::vector<int64_t> shape,
                     ByteProducer produce);

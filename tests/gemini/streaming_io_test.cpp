@@ -1,7 +1,7 @@
 // Loading and saving stream through Gemini's tiers (Note [Streaming load], Note [Streaming save] in
-// models/gpt2/hf_io.h): a model whose chunks live on disk is built straight from a safetensors file
-// and saved back one chunk at a time, with the same bytes as a plain model, while the host holds
-// far less than the whole model.
+// models/gpt2/hf_io.h, .cpp): a model whose chunks live on disk is built straight from a
+// safetensors file and saved back one chunk at a time, with the same bytes as a plain model, while
+// the host holds far less than the whole model.
 #include <gtest/gtest.h>
 
 #include <cstring>

@@ -132,7 +132,7 @@ class Gemini : public optim::Optimizer {
   // Runs fn with every parameter readable on its home tier: disk-homed chunks are read into RAM
   // for the call and freed after (saving a model, tests). Between steps only.
   void with_parameters_readable(const std::function<void()>& fn);
-  // The same, one disk-homed chunk at a time (Note [Streaming save], models/gpt2/hf_io.h): fn
+  // The same, one disk-homed chunk at a time (Note [Streaming save], models/gpt2/hf_io.cpp): fn
   // gets `touch(name)`, which makes that parameter readable, reading its chunk in and freeing
   // the chunk read before it; RAM holds at most one disk-homed chunk. Between steps only.
   using Touch = std::function<void(const std::string& name)>;
