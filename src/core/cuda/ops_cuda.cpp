@@ -3,7 +3,6 @@
 // allocates outputs on the inputs' device with the caching allocator, and calls a launcher of
 // core/cuda/kernels.h. Everything is enqueued on the legacy default stream; nothing synchronises
 // except copies to the host.
-#include "core/convert.h"
 #include "core/ops_cuda.h"
 
 #include <cublas_v2.h>
@@ -12,6 +11,7 @@
 #include <map>
 #include <mutex>
 
+#include "core/convert.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/tensor_args.h"
 
