@@ -272,6 +272,22 @@ void Tensor::copy_(const Tensor& src) {
     });
     return;
   }
+  if (f32_and_low && dim() >= 1 && stride(-1) == 1 && src.stride(-1) == 1 && size(-1) > 0) {
+    // Row by row: blocks of a matrix (mixed-precision gemm) convert whole row segments.
+    const int64_t row = size(-1), rows = n / row;
+    const Shape outer(shape().begin(), shape().end() - 1);
+    const Shape so(src.strides().begin(), src.strides().end() - 1);
+    const Shape dso(strides().begin(), strides().end() - 1);
+    const char* s = static_cast<const char*>(src.raw_data());
+    char* d = static_cast<char*>(raw_data());
+    const int64_t ssize = dtype_size(src.dtype()), dsize = dtype_size(dtype());
+    parallel_for(rows, std::max<int64_t>(1, (int64_t{1} << 16) / row), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r)
+        convert_floats(src.dtype(), s + strided_offset(r, outer, so) * ssize, dtype(),
+                       d + strided_offset(r, outer, dso) * dsize, row);
+    });
+    return;
+  }
   const void* s = src.raw_data();
   void* d = raw_data();
   const Shape& shape = this->shape();

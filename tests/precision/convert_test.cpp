@@ -192,6 +192,25 @@ TEST(Convert, TensorCastsUseTheKernelsForEveryLengthAndLayout) {
       }
     }
   }
+  // A block of columns (rows of unit stride, not contiguous) converts row by row, both ways.
+  std::vector<float> wide(6 * 40);
+  for (size_t i = 0; i < wide.size(); ++i) wide[i] = std::cos(static_cast<float>(i)) * 3.f;
+  Tensor block = Tensor::from_vector(wide, {6, 40}).narrow(1, 3, 33);
+  ASSERT_FALSE(block.is_contiguous());
+  for (DType t : {DType::BF16, DType::F16}) {
+    Tensor low = Tensor::empty({6, 40}, t).narrow(1, 5, 33);
+    low.copy_(block);
+    Tensor back = Tensor::zeros({6, 40}).narrow(1, 2, 33);
+    back.copy_(low);
+    for (int64_t r = 0; r < 6; ++r)
+      for (int64_t c = 0; c < 33; ++c) {
+        const float v = wide[r * 40 + 3 + c];
+        const uint16_t h = static_cast<const uint16_t*>(low.raw_data())[r * 40 + c];
+        ASSERT_EQ(h, t == DType::BF16 ? float_to_bf16(v) : float_to_half(v)) << r << "," << c;
+        ASSERT_EQ(back.data<float>()[r * 40 + c],
+                  t == DType::BF16 ? bf16_to_float(h) : half_to_float(h));
+      }
+  }
   // A transposed (strided) view takes the element-wise path and agrees.
   Tensor m = Tensor::from_vector(std::vector<float>{1.1f, 2.2f, 3.3f, 4.4f, 5.5f, 6.6f}, {2, 3});
   Tensor mt = m.transpose(0, 1).to(DType::BF16).to(DType::F32);

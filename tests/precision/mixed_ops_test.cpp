@@ -18,6 +18,7 @@
 #include "core/convert.h"
 #include "core/ops.h"
 #include "nn/checkpoint.h"
+#include "offload/activation/activation_offload.h"
 
 namespace mw {
 namespace {
@@ -254,6 +255,29 @@ TEST(Autocast, Gpt2StepKeepsLowPrecisionActivationsAndCheckpointsExactly) {
   };
   auto ckpt = test::run_step(model, ids, in_bf16);
   test::expect_same_step(bf16, ckpt, "bf16 with checkpointing");
+}
+
+// Activation offload on the simulated accelerator moves bf16 saved tensors like any others: the
+// bf16 step's loss and gradients are bitwise those without offload.
+TEST(Autocast, ActivationOffloadOfBf16TensorsIsBitwiseExact) {
+  set_sim_capacity(5, 0);
+  auto config = test::small_config(2);
+  gpt2::GPT2 model(config, 3, DType::F32, Device::sim(5));
+  Tensor ids = test::token_batch(config, 2, 16, Device::sim(5));
+  auto in_bf16 = [](const std::function<void()>& fwd) {
+    AutocastGuard guard(DType::BF16);
+    fwd();
+  };
+  auto plain = test::run_step(model, ids, in_bf16);
+  offload::ActivationOffloadOptions opts;
+  opts.background = false;
+  offload::ActivationOffloader off(opts);
+  auto r = test::run_step(model, ids, [&](const std::function<void()>& fwd) {
+    offload::OffloadScope scope(off);
+    in_bf16(fwd);
+  });
+  test::expect_same_step(plain, r, "bf16 with activation offload");
+  EXPECT_GT(off.stats().offloaded, 0);
 }
 
 }  // namespace
