@@ -12,6 +12,7 @@
 #include <iostream>
 #include <memory>
 
+#include "autograd/autocast.h"
 #include "autograd/autograd.h"
 #include "autograd/functions.h"
 #include "cli.h"
@@ -29,6 +30,7 @@
 #include "offload/activation/activation_offload.h"
 #include "offload/gemini/gemini.h"
 #include "optim/hybrid_adam.h"
+#include "optim/loss_scaler.h"
 
 namespace mw {
 namespace {
@@ -56,6 +58,8 @@ struct Options {
   int64_t gemini_nvme_window_bytes = 0;
   // The memory plan (docs/reliability.md): print it and exit; run without checking it.
   bool plan_only = false, skip_memory_check = false;
+  // Mixed precision (docs/precision.md): F32, or the autocast dtype BF16/F16 (F16: loss scaling).
+  DType precision = DType::F32;
 };
 
 cli::Parser make_parser() {
@@ -108,6 +112,9 @@ cli::Parser make_parser() {
            "host|device: where HybridAdam keeps m and v of parameters "
            "on the sim device");
   p.option("nvme-timeline", "", "write per-slice read/compute/write times of the last step (CSV)");
+  p.option("precision", "fp32",
+           "fp32|bf16|fp16: matmuls and attention in bf16/fp16 with f32 masters (fp16 with a "
+           "dynamic loss scaler, and updates after backward) (docs/precision.md)");
   p.option("gemini", "none",
            "none|static|auto|const: chunk-based placement of the parameters between the device "
            "(--device sim:CAPACITY) and the host (docs/gemini.md)");
@@ -225,6 +232,14 @@ Options parse_options(const cli::Parser& p) {
   MW_CHECK_T(cli::UsageError,
              o.optimizer == "hybridadam" || (o.save_optimizer.empty() && o.load_optimizer.empty()),
              "--save-optimizer/--load-optimizer need --optimizer hybridadam");
+  o.precision = parse_precision(p.choice("precision", {"fp32", "bf16", "fp16"}));
+  MW_CHECK_T(cli::UsageError, o.precision != DType::F16 || o.gemini.empty(),
+             "--precision fp16 with --gemini is not supported yet (Gemini updates chunks inside "
+             "backward, so an overflowing step cannot be skipped); use --precision bf16");
+  if (o.precision == DType::F16) {  // a skipped step must not have updated anything in backward
+    o.update_in_backward = false;
+    o.nvme.overlap_backward = false;
+  }
   return o;
 }
 
@@ -422,6 +437,11 @@ int run(const Options& o) {
   }
 
   std::vector<int32_t> tokens(static_cast<size_t>(o.batch * o.seq));
+  std::unique_ptr<optim::DynamicLossScaler> scaler;  // fp16 only (Note [Dynamic loss scaling])
+  if (o.precision == DType::F16) scaler = std::make_unique<optim::DynamicLossScaler>();
+  if (o.precision != DType::F32)
+    std::printf("Precision: %s autocast (matmuls and attention), f32 masters%s\n",
+                precision_name(o.precision), scaler ? ", dynamic loss scale 65536" : "");
   std::vector<double> step_ms, forward_ms, backward_ms, step_cpu_ms;  // forward includes the loss
   std::vector<std::pair<std::string, double>> phase_ms;
   const int64_t first_step = opt->step_count();  // > 0 after --load-optimizer
@@ -451,16 +471,22 @@ int run(const Options& o) {
     {
       std::unique_ptr<offload::OffloadScope> offload_scope;
       if (offloader) offload_scope = std::make_unique<offload::OffloadScope>(*offloader);
+      AutocastGuard autocast(o.precision);
       logits = model(ids);
       loss = shifted_cross_entropy(logits, ids);
     }
     logits = Tensor();  // the loss node holds the only reference: backward reuses the buffer
     mark("backward_start");
     const auto t_bwd = clock::now();
-    backward(loss);
+    backward(loss, scaler ? scaler->backward_seed(loss) : Tensor());
     mark("step_start");
     const auto t_opt = clock::now();
-    opt->step();
+    if (!scaler) {
+      opt->step();
+    } else if (!scaler->step(*opt)) {
+      std::printf("[%lld] skipped: inf/nan gradients; weights unchanged, loss scale now %g\n",
+                  static_cast<long long>(step), scaler->scale());
+    }
     mark("step_end");
     forward_ms.push_back(std::chrono::duration<double, std::milli>(t_bwd - t_fwd).count());
     backward_ms.push_back(std::chrono::duration<double, std::milli>(t_opt - t_bwd).count());

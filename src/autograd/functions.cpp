@@ -4,6 +4,7 @@
 
 #include <numeric>
 
+#include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "autograd/saved_tensor.h"
 #include "core/ops.h"
@@ -16,6 +17,12 @@ using ops::BinaryOp;
 
 // A fresh handle onto x's data, so recording a grad_fn on it never touches x's own metadata.
 Tensor fresh_view(const Tensor& x) { return x.detach(); }
+
+// The gradient of an input in that input's dtype: an f32 + bf16 sum is f32 (Note [Autocast
+// policy]), and the bf16 side gets a bf16 gradient.
+Tensor in_dtype(const Tensor& g, DType dtype) {
+  return g.defined() && g.dtype() != dtype ? g.to(dtype) : g;
+}
 }  // namespace
 
 // ---------------- elementwise ----------------
@@ -24,9 +31,10 @@ Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = ops::binary(BinaryOp::Add, a, b);
   return record("AddBackward", out, {a, b}, [&](const std::vector<bool>& needs) -> BackwardFn {
     Shape sa = a.shape(), sb = b.shape();
-    return [needs, sa, sb](const Grads& g) -> Grads {
-      return {needs[0] ? ops::sum_to_shape(g[0], sa) : Tensor(),
-              needs[1] ? ops::sum_to_shape(g[0], sb) : Tensor()};
+    DType da = a.dtype(), db = b.dtype();
+    return [needs, sa, sb, da, db](const Grads& g) -> Grads {
+      return {needs[0] ? in_dtype(ops::sum_to_shape(g[0], sa), da) : Tensor(),
+              needs[1] ? in_dtype(ops::sum_to_shape(g[0], sb), db) : Tensor()};
     };
   });
 }
@@ -35,9 +43,11 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   Tensor out = ops::binary(BinaryOp::Sub, a, b);
   return record("SubBackward", out, {a, b}, [&](const std::vector<bool>& needs) -> BackwardFn {
     Shape sa = a.shape(), sb = b.shape();
-    return [needs, sa, sb](const Grads& g) -> Grads {
-      return {needs[0] ? ops::sum_to_shape(g[0], sa) : Tensor(),
-              needs[1] ? ops::sum_to_shape(ops::affine_scalar(g[0], -1.0, 0.0), sb) : Tensor()};
+    DType da = a.dtype(), db = b.dtype();
+    return [needs, sa, sb, da, db](const Grads& g) -> Grads {
+      return {needs[0] ? in_dtype(ops::sum_to_shape(g[0], sa), da) : Tensor(),
+              needs[1] ? in_dtype(ops::sum_to_shape(ops::affine_scalar(g[0], -1.0, 0.0), sb), db)
+                       : Tensor()};
     };
   });
 }
@@ -48,12 +58,15 @@ Tensor mul(const Tensor& a, const Tensor& b) {
     SavedTensor sa(needs[1] ? a : Tensor(), "mul input a"),
         sb(needs[0] ? b : Tensor(), "mul input b");
     Shape shape_a = a.shape(), shape_b = b.shape();
+    DType da = a.dtype(), db = b.dtype();
     return [=](const Grads& g) -> Grads {
       Grads r(2);
       if (needs[0])
-        r[0] = ops::sum_to_shape(ops::binary(BinaryOp::Mul, g[0], sb.unpack()), shape_a);
+        r[0] =
+            in_dtype(ops::sum_to_shape(ops::binary(BinaryOp::Mul, g[0], sb.unpack()), shape_a), da);
       if (needs[1])
-        r[1] = ops::sum_to_shape(ops::binary(BinaryOp::Mul, g[0], sa.unpack()), shape_b);
+        r[1] =
+            in_dtype(ops::sum_to_shape(ops::binary(BinaryOp::Mul, g[0], sa.unpack()), shape_b), db);
       return r;
     };
   });
@@ -159,6 +172,8 @@ Tensor contiguous(const Tensor& x) {
 // ---------------- layers ----------------
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (autocast::applies({a, b}) && (a.dtype() == DType::F32 || b.dtype() == DType::F32))
+    return matmul(cast(a, autocast_dtype()), cast(b, autocast_dtype()));
   Tensor out = ops::matmul(a, b);
   return record("MatmulBackward", out, {a, b}, [&](const std::vector<bool>& needs) -> BackwardFn {
     SavedTensor sa(needs[1] ? a : Tensor(), "matmul input a");
@@ -190,6 +205,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  if (autocast::applies({x, w, bias})) return autocast::linear(x, w, bias, autocast_dtype());
   Tensor out = ops::linear(x, w, bias);
   return record(
       "LinearBackward", out, {x, w, bias}, [&](const std::vector<bool>& needs) -> BackwardFn {
@@ -211,6 +227,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
 Tensor lm_head(const Tensor& x, const Tensor& table) {
   MW_CHECK_T(ShapeError, table.dim() == 2 && x.size(-1) == table.size(1), "lm_head: input ",
              x.desc(), " does not fit table ", table.desc());
+  if (autocast::applies({x, table})) return autocast::lm_head(x, table, autocast_dtype());
   const int64_t V = table.size(0), C = table.size(1);
   Tensor x2 = x.reshape({-1, C});
   Tensor out = Tensor::empty({x2.size(0), V}, x.dtype(), x.device());
@@ -303,6 +320,8 @@ Tensor dropout(const Tensor& x, double p, Generator& gen) {
 
 Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, double attn_dropout,
                              Generator& gen) {
+  if (qkv.dtype() == DType::F32 && autocast::applies({qkv}))
+    return causal_self_attention(cast(qkv, autocast_dtype()), n_head, attn_dropout, gen);
   RngState rng{};
   if (attn_dropout > 0) {
     const int64_t T = qkv.size(1);

@@ -1,4 +1,6 @@
-// IEEE half <-> float conversions (round-to-nearest-even), used by gradient and storage casts.
+// IEEE half <-> float conversions (round-to-nearest-even), used by gradient and storage casts. The
+// bulk, SIMD versions are in convert.h; these are their reference (Note [Low-precision
+// conversions]).
 #include "core/dtype.h"
 
 namespace mw {
@@ -20,8 +22,8 @@ float half_to_float(uint16_t h) {
       mant &= 0x3ffu;
       bits = sign | (exp << 23) | (mant << 13);
     }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (mant << 13);
+  } else if (exp == 31) {  // inf, or NaN made quiet as F16C's vcvtph2ps does
+    bits = sign | 0x7f800000u | (mant << 13) | (mant != 0 ? 0x400000u : 0u);
   } else {
     bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
   }
@@ -37,7 +39,8 @@ uint16_t float_to_half(float f) {
   int32_t exp = static_cast<int32_t>((bits >> 23) & 0xff) - 127 + 15;
   uint32_t mant = bits & 0x7fffffu;
   if (((bits >> 23) & 0xff) == 0xff)
-    return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0));
+    // inf stays inf; a NaN keeps its top payload bits and is made quiet (as F16C's vcvtps2ph).
+    return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u | (mant >> 13) : 0u));
   if (exp >= 31) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
   if (exp <= 0) {
     if (exp < -10) return static_cast<uint16_t>(sign);

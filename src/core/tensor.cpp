@@ -6,6 +6,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "core/convert.h"
 #include "core/ops_cuda.h"
 #include "core/parallel.h"
 
@@ -257,6 +258,33 @@ void Tensor::copy_(const Tensor& src) {
     const int64_t esize = dtype_size(dtype());
     parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
       std::memcpy(d + b * esize, s + b * esize, static_cast<size_t>((e - b) * esize));
+    });
+    return;
+  }
+  const bool f32_and_low = (dtype() == DType::F32 && is_low_precision(src.dtype())) ||
+                           (is_low_precision(dtype()) && src.dtype() == DType::F32);
+  if (f32_and_low && is_contiguous() && src.is_contiguous()) {  // the SIMD kernels (convert.h)
+    const char* s = static_cast<const char*>(src.raw_data());
+    char* d = static_cast<char*>(raw_data());
+    const int64_t ssize = dtype_size(src.dtype()), dsize = dtype_size(dtype());
+    parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+      convert_floats(src.dtype(), s + b * ssize, dtype(), d + b * dsize, e - b);
+    });
+    return;
+  }
+  if (f32_and_low && dim() >= 1 && stride(-1) == 1 && src.stride(-1) == 1 && size(-1) > 0) {
+    // Row by row: blocks of a matrix (mixed-precision gemm) convert whole row segments.
+    const int64_t row = size(-1), rows = n / row;
+    const Shape outer(shape().begin(), shape().end() - 1);
+    const Shape so(src.strides().begin(), src.strides().end() - 1);
+    const Shape dso(strides().begin(), strides().end() - 1);
+    const char* s = static_cast<const char*>(src.raw_data());
+    char* d = static_cast<char*>(raw_data());
+    const int64_t ssize = dtype_size(src.dtype()), dsize = dtype_size(dtype());
+    parallel_for(rows, std::max<int64_t>(1, (int64_t{1} << 16) / row), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r)
+        convert_floats(src.dtype(), s + strided_offset(r, outer, so) * ssize, dtype(),
+                       d + strided_offset(r, outer, dso) * dsize, row);
     });
     return;
   }

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "autograd/autocast.h"
 #include "core/random.h"
 
 namespace mw::nn {
@@ -20,7 +21,8 @@ struct Frame {
   std::vector<bool> input_requires_grad;
   std::vector<std::weak_ptr<Storage>> input_origins;  // for the in-place check
   std::vector<uint64_t> input_versions;
-  RngState rng;  // default_generator() before the forward
+  RngState rng;                 // default_generator() before the forward
+  DType autocast = DType::F32;  // autocast_dtype() at the forward (Note [Autocast policy])
   // Shapes of the tensors the forward saved, in order (the recomputation must match).
   std::vector<Shape> saved_shapes;
   // Tensors saved by the last recomputation; an entry is emptied when it is served.
@@ -76,6 +78,7 @@ void recompute(Frame& f) {
   {
     RngRestore restore_callers_rng;
     default_generator().set_state(f.rng);
+    AutocastGuard same_precision(f.autocast);
     std::vector<Tensor> inputs = restore_inputs(f);
     EnableGradGuard grad;
     SavedTensorHooksGuard record(
@@ -118,6 +121,7 @@ Tensor checkpoint(const CheckpointFunction& fn, const std::vector<Tensor>& input
   auto frame = std::make_shared<Frame>();
   frame->fn = fn;
   frame->rng = default_generator().state();
+  frame->autocast = autocast_dtype();
   const bool use_hooks = options.pack_input && options.unpack_input;
   if (use_hooks) frame->unpack_input = options.unpack_input;
   for (const Tensor& x : inputs) {

@@ -76,6 +76,11 @@ class HybridAdam : public Optimizer {
     if (ticket != 0 && nvme_) nvme_->wait(ticket);
   }
   std::string name() const override { return "hybridadam"; }
+  // Whether some parameter is updated inside backward (update_in_backward, or NVMe offload with
+  // overlap_backward): then a step cannot be skipped after backward (Note [Dynamic loss scaling]).
+  bool updates_in_backward() const {
+    return options_.update_in_backward || (nvme_ && options_.nvme.overlap_backward);
+  }
   int64_t state_bytes_in_memory() const override;
   Isa isa() const { return isa_; }
   // In-memory states (undefined for offloaded parameters and before the first step).

@@ -153,5 +153,25 @@ TEST(NvmeStepBench, TrainsBothModelsSideBySideWithEqualLosses) {
   EXPECT_NE(bad.output.find("--fraction"), std::string::npos) << bad.output;
 }
 
+TEST(Gpt2Train, PrecisionBf16AndFp16TrainLikeFp32) {
+  const std::string args = std::string(kTiny) + "--steps 3 ";
+  Result f = run(args), b = run(args + "--precision bf16"), h = run(args + "--precision fp16");
+  for (const Result* r : {&f, &b, &h}) ASSERT_EQ(r->exit_code, 0) << r->output;
+  EXPECT_NE(h.output.find("Precision: fp16 autocast"), std::string::npos) << h.output;
+  auto fl = loss_lines(f.output), bl = loss_lines(b.output), hl = loss_lines(h.output);
+  ASSERT_EQ(bl.size(), 3u) << b.output;
+  ASSERT_EQ(hl.size(), 3u) << h.output;
+  for (size_t i = 0; i < 3; ++i) {
+    const double lf = std::stod(fl[i].substr(fl[i].find("loss: ") + 6));
+    // 1e-2: bf16's worst case on the tiny model (tests/precision/parity_test.cpp); fp16 is closer.
+    EXPECT_NEAR(std::stod(bl[i].substr(bl[i].find("loss: ") + 6)), lf, 1e-2) << bl[i];
+    EXPECT_NEAR(std::stod(hl[i].substr(hl[i].find("loss: ") + 6)), lf, 1e-2) << hl[i];
+  }
+  for (const char* bad : {"--precision fp8", "--precision fp16 --gemini auto --device sim:64MiB"}) {
+    Result r = run(std::string(kTiny) + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad << "\n" << r.output;
+  }
+}
+
 }  // namespace
 }  // namespace mw

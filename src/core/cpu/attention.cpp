@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/cpu/blas.h"
+#include "core/mixed_ops.h"
 #include "core/ops.h"
 #include "core/ops_cuda.h"
 #include "core/parallel.h"
@@ -39,6 +40,7 @@ inline uint64_t att_index(const Dims& d, int64_t b, int64_t h, int64_t t, int64_
 }  // namespace
 
 AttentionOut attention(const Tensor& qkv_in, int64_t n_head, double attn_dropout, RngState rng) {
+  if (mixed::any_low({&qkv_in})) return mixed::attention(qkv_in, n_head, attn_dropout, rng);
   check_float("attention", qkv_in);
   if (qkv_in.device().is_cuda()) return cuda::attention(qkv_in, n_head, attn_dropout, rng);
   Tensor qkv = qkv_in.contiguous();
@@ -90,6 +92,8 @@ AttentionOut attention(const Tensor& qkv_in, int64_t n_head, double attn_dropout
 
 Tensor attention_backward(const Tensor& dout_in, const Tensor& qkv_in, const Tensor& att_in,
                           int64_t n_head, double attn_dropout, RngState rng) {
+  if (mixed::any_low({&dout_in, &qkv_in, &att_in}))
+    return mixed::attention_backward(dout_in, qkv_in, att_in, n_head, attn_dropout, rng);
   if (qkv_in.device().is_cuda())
     return cuda::attention_backward(dout_in, qkv_in, att_in, n_head, attn_dropout, rng);
   Tensor qkv = qkv_in.contiguous(), dout = dout_in.contiguous(), att_all = att_in.contiguous();

@@ -2,6 +2,7 @@
 // broadcasting in backward. Float tensors only (f32, f64).
 #include <algorithm>
 
+#include "core/mixed_ops.h"
 #include "core/ops.h"
 #include "core/ops_cuda.h"
 #include "core/parallel.h"
@@ -72,6 +73,7 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
 }
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  if (mixed::any_low({&a, &b})) return mixed::binary(op, a, b);
   check_float("binary op", a);
   MW_CHECK_T(ShapeError, a.dtype() == b.dtype(), "binary op: dtypes differ: ", a.desc(), " vs ",
              b.desc());
@@ -107,6 +109,7 @@ Tensor affine_scalar(const Tensor& a_in, double alpha, double beta) {
 }
 
 void axpy_(Tensor& y, const Tensor& x_in, double alpha) {
+  if (mixed::any_low({&y, &x_in})) return mixed::axpy_(y, x_in, alpha);
   check_same_shape("axpy_", y, x_in);
   MW_CHECK_T(ShapeError, y.is_contiguous() && y.dtype() == x_in.dtype(), "axpy_: ", y.desc(),
              " must be contiguous and of ", x_in.desc(), "'s dtype");
@@ -127,6 +130,7 @@ void axpy_(Tensor& y, const Tensor& x_in, double alpha) {
 }
 
 Tensor sum_to_shape(const Tensor& grad_in, const Shape& shape) {
+  if (mixed::any_low({&grad_in})) return mixed::sum_to_shape(grad_in, shape);
   if (grad_in.shape() == shape) return grad_in;
   if (grad_in.device().is_cuda()) return cuda::sum_to_shape(grad_in, shape);
   Tensor grad = grad_in.contiguous();

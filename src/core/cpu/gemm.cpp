@@ -10,6 +10,7 @@
 
 #include "core/allocator.h"
 #include "core/cpu/blas.h"
+#include "core/mixed_ops.h"
 #include "core/ops.h"
 #include "core/ops_cuda.h"
 #include "core/parallel.h"
@@ -73,6 +74,7 @@ void tiled_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, i
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& out,
           bool accumulate) {
+  if (mixed::any_low({&a, &b, &out})) return mixed::gemm(a, trans_a, b, trans_b, out, accumulate);
   check_float("gemm", a);
   MW_CHECK_T(ShapeError, a.dtype() == b.dtype() && a.dtype() == out.dtype(),
              "gemm: dtypes differ: ", a.desc(), ", ", b.desc(), ", ", out.desc());
@@ -147,6 +149,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  if (mixed::any_low({&x, &w, &bias})) return mixed::linear(x, w, bias);
   MW_CHECK_T(ShapeError, w.dim() == 2 && x.size(-1) == w.size(0), "linear: input ", x.desc(),
              " does not fit weight ", w.desc(), " ([in, out], HF Conv1D layout)");
   const int64_t K = w.size(0), N = w.size(1);
@@ -177,6 +180,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
 
 LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, bool need_dx,
                             bool need_dw, bool need_dbias) {
+  if (mixed::any_low({&dy, &x, &w}))
+    return mixed::linear_backward(dy, x, w, need_dx, need_dw, need_dbias);
   const int64_t K = w.size(0), N = w.size(1);
   Tensor dy2 = dy.reshape({-1, N}), x2 = x.reshape({-1, K});
   const int64_t R = dy2.size(0);

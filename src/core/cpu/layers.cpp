@@ -16,6 +16,7 @@
 #include <cmath>
 
 #include "core/cpu/fast_math.h"
+#include "core/mixed_ops.h"
 #include "core/ops.h"
 #include "core/ops_cuda.h"
 #include "core/parallel.h"
@@ -217,6 +218,7 @@ constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2/pi)
 }
 
 Tensor gelu(const Tensor& x_in) {
+  if (mixed::any_low({&x_in})) return mixed::gelu(x_in);
   check_float("gelu", x_in);
   if (x_in.device().is_cuda()) return cuda::gelu(x_in);
   Tensor x = x_in.contiguous();
@@ -238,6 +240,7 @@ Tensor gelu(const Tensor& x_in) {
 }
 
 Tensor gelu_backward(const Tensor& dout_in, const Tensor& x_in) {
+  if (mixed::any_low({&dout_in, &x_in})) return mixed::gelu_backward(dout_in, x_in);
   if (x_in.device().is_cuda()) return cuda::gelu_backward(dout_in, x_in);
   Tensor x = x_in.contiguous(), dout = dout_in.contiguous();
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
@@ -316,6 +319,7 @@ Tensor softmax_backward(const Tensor& dout_in, const Tensor& y_in) {
 // ---------------- dropout ----------------
 
 Tensor dropout(const Tensor& x_in, double p, RngState rng) {
+  if (mixed::any_low({&x_in})) return mixed::dropout(x_in, p, rng);
   check_float("dropout", x_in);
   MW_CHECK_T(InvalidArgument, p >= 0 && p < 1, "dropout: probability ", p, " must be in [0, 1)");
   if (x_in.device().is_cuda()) return cuda::dropout(x_in, p, rng);

@@ -8,8 +8,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "core/cuda/common.cuh"
 #include "core/dtype.h"
+#include "core/error.h"
 
 namespace mw::ops::cuda_kernels {
 namespace {
@@ -125,6 +128,26 @@ __global__ void copy_convert_kernel(void* dst, StridedShape dv, int dt, const vo
   }
 }
 
+template <typename Low>
+__global__ void f32_to_low_kernel(Low* dst, const float* src, int64_t n) {
+  MW_GRID_STRIDE(i, n) {
+    if constexpr (std::is_same_v<Low, __half>)
+      dst[i] = __float2half_rn(src[i]);
+    else
+      dst[i] = __float2bfloat16_rn(src[i]);
+  }
+}
+
+template <typename Low>
+__global__ void low_to_f32_kernel(float* dst, const Low* src, int64_t n) {
+  MW_GRID_STRIDE(i, n) {
+    if constexpr (std::is_same_v<Low, __half>)
+      dst[i] = __half2float(src[i]);
+    else
+      dst[i] = __bfloat162float(src[i]);
+  }
+}
+
 __global__ void fill_kernel(void* dst, StridedShape dv, int dt, double value, int64_t n) {
   MW_GRID_STRIDE(i, n) store_from_double(dst, strided_offset(i, dv), dt, value);
 }
@@ -182,6 +205,28 @@ void expand_dim(const T* g, int64_t outer, int64_t n, int64_t inner, T* out) {
   if (outer * n * inner == 0) return;
   expand_dim_kernel<T><<<grid_for(outer * n * inner), kThreads>>>(g, outer, n, inner, out);
   check_kernel_launch("expand");
+}
+
+void convert_floats(void* dst, int dst_dtype, const void* src, int src_dtype, int64_t n) {
+  if (n == 0) return;
+  const DType dt = static_cast<DType>(dst_dtype), st = static_cast<DType>(src_dtype);
+  if (st == DType::F32 && dt == DType::BF16) {
+    f32_to_low_kernel<<<grid_for(n), kThreads>>>(static_cast<__nv_bfloat16*>(dst),
+                                                 static_cast<const float*>(src), n);
+  } else if (st == DType::F32 && dt == DType::F16) {
+    f32_to_low_kernel<<<grid_for(n), kThreads>>>(static_cast<__half*>(dst),
+                                                 static_cast<const float*>(src), n);
+  } else if (st == DType::BF16 && dt == DType::F32) {
+    low_to_f32_kernel<<<grid_for(n), kThreads>>>(static_cast<float*>(dst),
+                                                 static_cast<const __nv_bfloat16*>(src), n);
+  } else if (st == DType::F16 && dt == DType::F32) {
+    low_to_f32_kernel<<<grid_for(n), kThreads>>>(static_cast<float*>(dst),
+                                                 static_cast<const __half*>(src), n);
+  } else {
+    throw InvalidArgument(str("convert_floats (CUDA): converts f32 to bf16/f16 and back, not ",
+                              dtype_name(st), " to ", dtype_name(dt)));
+  }
+  check_kernel_launch("convert_floats");
 }
 
 void copy_strided(void* dst, StridedShape dv, int dt, const void* src, StridedShape sv, int st,

@@ -55,6 +55,10 @@ void expand_dim(const T* g, int64_t outer, int64_t n, int64_t inner, T* out);
 void copy_strided(void* dst, StridedShape dst_view, int dst_dtype, const void* src,
                   StridedShape src_view, int src_dtype, int64_t n);
 void fill(void* dst, StridedShape dst_view, int dtype, double value, int64_t n);
+// Contiguous f32 <-> bf16/f16 (Note [Low-precision conversions], core/convert.h): one element
+// per thread, __float2bfloat16_rn / __float2half_rn (nearest even, subnormals kept) and exact
+// widening. dtype codes as above; one side F32, the other BF16 or F16.
+void convert_floats(void* dst, int dst_dtype, const void* src, int src_dtype, int64_t n);
 
 // ---- layers (layers.cu) ----
 // out[r, :] = table[rows[r], :] for r < n_rows (rows validated by the caller).

@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 
+#include "core/convert.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/tensor_args.h"
 
@@ -187,6 +188,13 @@ void copy_(Tensor& dst, const Tensor& src) {
   Tensor on_dst = src.device() == dst.device() ? src : src.to(dst.device());
   use_device_of("copy_", dst, {&on_dst});
   dst.bump_version();
+  const bool f32_and_low = (dst.dtype() == DType::F32 && is_low_precision(on_dst.dtype())) ||
+                           (is_low_precision(dst.dtype()) && on_dst.dtype() == DType::F32);
+  if (f32_and_low && dst.is_contiguous() && on_dst.is_contiguous()) {
+    cuda_kernels::convert_floats(dst.raw_data(), static_cast<int>(dst.dtype()), on_dst.raw_data(),
+                                 static_cast<int>(on_dst.dtype()), dst.numel());
+    return;
+  }
   cuda_kernels::copy_strided(
       dst.raw_data(), strided_view("copy_", dst), static_cast<int>(dst.dtype()), on_dst.raw_data(),
       strided_view("copy_", on_dst), static_cast<int>(on_dst.dtype()), dst.numel());

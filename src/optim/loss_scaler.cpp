@@ -1,0 +1,100 @@
+// DynamicLossScaler (Note [Dynamic loss scaling], loss_scaler.h).
+#include "optim/loss_scaler.h"
+
+#include <atomic>
+#include <cmath>
+
+#include "autograd/autograd.h"
+#include "core/ops.h"
+#include "core/parallel.h"
+#include "optim/hybrid_adam.h"
+
+namespace mw::optim {
+
+namespace {
+bool all_finite(const Tensor& g) {
+  Tensor h = g.to(Device::cpu());
+  if (h.dtype() != DType::F32) h = h.to(DType::F32);
+  h = h.contiguous();
+  const float* p = h.data<float>();
+  std::atomic<bool> finite{true};
+  parallel_for(h.numel(), 1 << 16, [&](int64_t b, int64_t e) {
+    bool ok = true;
+    for (int64_t i = b; i < e; ++i) ok &= std::isfinite(p[i]);
+    if (!ok) finite.store(false, std::memory_order_relaxed);
+  });
+  return finite.load();
+}
+}  // namespace
+
+DynamicLossScaler::DynamicLossScaler(LossScalerOptions options) : options_(options) {
+  MW_CHECK_T(InvalidArgument,
+             options.initial_scale > 0 && options.growth >= 1 && options.backoff > 0 &&
+                 options.backoff < 1 && options.growth_interval > 0 && options.hysteresis > 0,
+             "loss scaler: expected initial_scale > 0, growth >= 1, 0 < backoff < 1, "
+             "growth_interval > 0 and hysteresis > 0");
+  state_.scale = options.initial_scale;
+  state_.hysteresis_left = options.hysteresis;
+}
+
+Tensor DynamicLossScaler::backward_seed(const Tensor& loss) const {
+  return Tensor::full(loss.shape(), state_.scale, loss.dtype(), loss.device());
+}
+
+bool DynamicLossScaler::unscale_and_check(const std::vector<Tensor>& params) {
+  for (const Tensor& p : params) {
+    Tensor g = grad(p);
+    if (g.defined() && !all_finite(g)) return false;
+  }
+  const double inverse = 1.0 / state_.scale;
+  for (const Tensor& p : params) {
+    Tensor g = grad(p);
+    if (!g.defined()) continue;
+    g.copy_(ops::affine_scalar(g, inverse, 0.0));
+  }
+  return true;
+}
+
+void DynamicLossScaler::update(bool found_inf) {
+  if (found_inf) {
+    ++state_.skipped_steps;
+    state_.growth_tracker = 0;
+    if (--state_.hysteresis_left <= 0)
+      state_.scale = std::max(state_.scale * options_.backoff, options_.min_scale);
+    return;
+  }
+  if (++state_.growth_tracker == options_.growth_interval) {
+    state_.growth_tracker = 0;
+    state_.hysteresis_left = options_.hysteresis;
+    state_.scale = std::min(state_.scale * options_.growth, options_.max_scale);
+  }
+}
+
+bool DynamicLossScaler::step(Optimizer& opt) {
+  if (const auto* hybrid = dynamic_cast<const HybridAdam*>(&opt))
+    MW_CHECK_T(
+        InvalidArgument, !hybrid->updates_in_backward(),
+        "fp16 loss scaling skips steps whose gradients overflow, but this HybridAdam updates "
+        "parameters inside backward, before every gradient is known; turn "
+        "update_in_backward and nvme.overlap_backward off (gpt2_train does for --precision "
+        "fp16)");
+  const bool finite = unscale_and_check(opt.params());
+  if (finite)
+    opt.step();
+  else
+    opt.zero_grad();
+  update(!finite);
+  return finite;
+}
+
+void DynamicLossScaler::load_state(const LossScalerState& state) {
+  MW_CHECK_T(InvalidArgument,
+             std::isfinite(state.scale) && state.scale > 0 && state.growth_tracker >= 0 &&
+                 state.skipped_steps >= 0,
+             "loss scaler state: expected a finite scale > 0 and counters >= 0, got scale ",
+             state.scale, ", growth_tracker ", state.growth_tracker, ", skipped_steps ",
+             state.skipped_steps);
+  state_ = state;
+}
+
+}  // namespace mw::optim

@@ -1,0 +1,71 @@
+// The dynamic loss scaler of fp16 training (Megatron-LM's and ColossalAI's DynamicGradScaler;
+// PyTorch's GradScaler without hysteresis).
+//
+// Note [Dynamic loss scaling]: fp16 gradients underflow below 2^-24, so the loss is multiplied by
+// scale() before backward and the gradients divided by it before the update. A scale too large
+// overflows some gradient to inf/nan; that step is then skipped: no parameter changes (every
+// gradient is checked before any is used, so the optimizer must not update inside backward) and
+// the gradients are dropped. State and rules:
+//  - scale starts at 2^16; growth_tracker counts consecutive good steps, hysteresis_left starts at
+//    `hysteresis` (2);
+//  - an overflowing step: growth_tracker = 0, hysteresis_left -= 1, and once it is <= 0 the scale
+//    is multiplied by backoff (0.5; not below min_scale). hysteresis_left is not refilled by the
+//    backoff, so further overflows back off at once until the scale grows again;
+//  - a good step: growth_tracker += 1; at growth_interval (1000): scale *= growth (2; not above
+//    max_scale), growth_tracker = 0, hysteresis_left = hysteresis.
+// bf16 has f32's exponent range and needs no scaler.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "optim/optimizer.h"
+
+namespace mw::optim {
+
+struct LossScalerOptions {
+  double initial_scale = 65536.0;
+  double growth = 2.0;
+  double backoff = 0.5;
+  int64_t growth_interval = 1000;
+  int64_t hysteresis = 2;
+  double min_scale = 1.0;
+  double max_scale = 16777216.0;  // 2^24
+};
+
+// Everything a checkpoint must keep to resume the same scale schedule.
+struct LossScalerState {
+  double scale = 65536.0;
+  int64_t growth_tracker = 0;
+  int64_t hysteresis_left = 2;
+  int64_t skipped_steps = 0;
+};
+
+class DynamicLossScaler {
+ public:
+  explicit DynamicLossScaler(LossScalerOptions options = {});
+  double scale() const { return state_.scale; }
+  // The seed gradient for backward: d(scale * loss)/d(loss), a scalar like `loss`.
+  Tensor backward_seed(const Tensor& loss) const;
+  // Checks every defined gradient of `params` for inf/nan; when all are finite, divides them by
+  // scale() in place (exact for a power-of-two scale) and returns true. Returns false otherwise
+  // and leaves them as they were.
+  bool unscale_and_check(const std::vector<Tensor>& params);
+  // Advances the schedule after a step that found_inf or not.
+  void update(bool found_inf);
+  // The whole fp16 step: unscale_and_check, then opt.step() when finite, else opt.zero_grad()
+  // (skipped); then update(). Returns whether the optimizer stepped.
+  bool step(Optimizer& opt);
+
+  LossScalerState state() const { return state_; }
+  // Restores state(); InvalidArgument for a non-positive or non-finite scale or negative counters.
+  void load_state(const LossScalerState& state);
+  const LossScalerOptions& options() const { return options_; }
+
+ private:
+  LossScalerOptions options_;
+  LossScalerState state_;
+};
+
+}  // namespace mw::optim
