@@ -37,6 +37,21 @@ void* CachingHostAllocator::allocate(int64_t nbytes) {
   }
   void* ptr = nullptr;
   int64_t block = rounded;
+  if (arena_mode_) {  // Note [Sim arena]
+    ptr = arenas_.back()->allocate(rounded);
+    if (!ptr) {
+      ++stats_.arena_fallbacks;
+      ptr = std::aligned_alloc(kHostAlignment, rounded);
+      if (!ptr)
+        throw OutOfMemory(str(device_.str(), ": the system refused ", rounded,
+                              " bytes of host memory; lower the batch or offload more"),
+                          rounded, 0, stats_.capacity_bytes);
+    }
+    live_[ptr] = block;
+    stats_.current_bytes += block;
+    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
+    return ptr;
+  }
   auto it = cache_.lower_bound(rounded);  // best fit: the smallest cached block that is big enough
   while (it != cache_.end() && it->second.empty()) ++it;
   // A sim device reuses only exact sizes, so its accounting is exactly what was asked for.
@@ -82,6 +97,11 @@ void CachingHostAllocator::deallocate(void* ptr, int64_t /*nbytes*/) {
   const int64_t block = found->second;
   live_.erase(found);
   stats_.current_bytes -= block;
+  if (arena_free_locked(ptr, block)) return;
+  if (arena_mode_) {  // a heap block of a fragmented arena, or one from before the arena
+    std::free(ptr);
+    return;
+  }
   // A capped (sim) device's cache lives inside its capacity, as a GPU caching allocator's does, so
   // the bytes a sim device holds (in use + cached) never exceed what it was given.
   const bool within_capacity =
@@ -139,9 +159,29 @@ void CachingHostAllocator::set_max_cached_bytes(int64_t bytes) {
   if (stats_.cached_bytes > bytes) free_cached_locked(stats_.cached_bytes - bytes);
 }
 
+bool CachingHostAllocator::arena_free_locked(void* ptr, int64_t block) {
+  for (size_t a = 0; a < arenas_.size(); ++a) {
+    if (!arenas_[a]->owns(ptr)) continue;
+    arenas_[a]->deallocate(ptr, block);
+    const bool current = arena_mode_ && a + 1 == arenas_.size();
+    if (!current && arenas_[a]->in_use_bytes() == 0)
+      arenas_.erase(arenas_.begin() + static_cast<std::ptrdiff_t>(a));
+    return true;
+  }
+  return false;
+}
+
 void CachingHostAllocator::set_capacity(int64_t capacity_bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.capacity_bytes = capacity_bytes;
+  if (!device_.is_sim()) return;
+  free_cached_locked(-1);  // cached heap blocks: the arena replaces the cache, or a new one starts
+  const int64_t bytes = round_up(capacity_bytes, kHostAlignment);
+  const bool reuse = arena_mode_ && capacity_bytes > 0 && arenas_.back()->size_bytes() == bytes;
+  if (!reuse && arena_mode_ && arenas_.back()->in_use_bytes() == 0) arenas_.pop_back();
+  if (!reuse && capacity_bytes > 0)
+    arenas_.push_back(std::make_unique<Arena>(bytes, kHostAlignment));
+  arena_mode_ = capacity_bytes > 0;
 }
 
 namespace {

@@ -17,6 +17,17 @@
 // its own statistics. Exceeding the capacity raises OutOfMemory with the requested, free and
 // capacity bytes, exactly where a GPU would fail. Its cache lives inside the capacity (in use +
 // cached never exceed it), so a sim device never holds more host memory than it was given.
+//
+// Note [Sim arena]: a sim device with a capacity is one reserved range of that many bytes, carved
+// best fit with freed neighbours merged (core/arena.h), as a GPU's memory is one fixed pool. Its
+// pages stay backed once touched, so a block reused at another size costs nothing, where the exact-
+// size cache had to free blocks of other sizes and fault fresh pages in: Gemini on a tight device
+// allocates new sizes every step (measured: 685 MiB of misses per GPT-2 small step on
+// sim:768MiB, 1.38M minor faults in 4 steps against the plain run's 0.56M). Accounting stays
+// exact (the rounded request), and the arena never makes a run fail: when fragmentation leaves no
+// run large enough, the block comes from the host heap instead, still counted against the
+// capacity. A new capacity starts a new arena; an old one is unmapped once its last block is
+// freed.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +37,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/arena.h"
 #include "core/device.h"
 
 namespace mw {
@@ -37,12 +49,13 @@ inline int64_t round_up(int64_t n, int64_t granule) {
 }
 
 struct AllocatorStats {
-  int64_t current_bytes = 0;   // in use now
-  int64_t peak_bytes = 0;      // max in use since reset_peak()
-  int64_t cached_bytes = 0;    // freed, kept for reuse
-  int64_t capacity_bytes = 0;  // hard cap on in-use bytes; 0 = unlimited
-  int64_t alloc_count = 0;     // allocate() calls
-  int64_t cache_hits = 0;      // allocate() calls served from the cache
+  int64_t current_bytes = 0;    // in use now
+  int64_t peak_bytes = 0;       // max in use since reset_peak()
+  int64_t cached_bytes = 0;     // freed, kept for reuse
+  int64_t capacity_bytes = 0;   // hard cap on in-use bytes; 0 = unlimited
+  int64_t alloc_count = 0;      // allocate() calls
+  int64_t cache_hits = 0;       // allocate() calls served from the cache
+  int64_t arena_fallbacks = 0;  // sim: blocks from the heap because the arena was fragmented
 };
 
 class Allocator {
@@ -78,12 +91,16 @@ class CachingHostAllocator final : public Allocator {
  private:
   // Frees cached blocks worth at least needed_bytes (Note [Freeing just enough]); -1: all.
   void free_cached_locked(int64_t needed_bytes);
+  // Returns an arena's block, unmapping an old arena once it is empty; false if no arena owns ptr.
+  bool arena_free_locked(void* ptr, int64_t block);
   Device device_;
   int64_t max_cached_bytes_;
   mutable std::mutex mutex_;
   AllocatorStats stats_;
   std::map<int64_t, std::vector<void*>> cache_;  // block size -> free blocks
   std::unordered_map<void*, int64_t> live_;      // block in use -> its size
+  std::vector<std::unique_ptr<Arena>> arenas_;   // Note [Sim arena]; the current one last
+  bool arena_mode_ = false;
 };
 
 // The allocator of a device. cpu and sim are always available; cuda only when built with CUDA.
