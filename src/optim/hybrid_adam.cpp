@@ -90,7 +90,7 @@ std::function<void()> HybridAdam::update_offloaded_except_rows(size_t i, const T
     return {};  // the whole parameter is then stepped by its grad-ready hook
   Tensor& p = params_[i];
   p.bump_version();
-  const uint64_t ticket = nvme_->update_except_rows_async(
+  const uint64_t ticket = nvme_->update_except_rows(
       nvme_index_[i], make_adam_step_scalars(options_.hyper, step_ + 1, options_.div_scale),
       p.data<float>(), partial.raw_data(), partial.dtype(), p.size(1), rows);
   return [weak, ticket] {
@@ -114,12 +114,7 @@ uint64_t HybridAdam::update_offloaded(size_t i, bool in_backward) {
   // it here, so that the job holds the only reference and can lend the buffer when done.
   if (in_backward) set_grad(p, Tensor());
   g = Tensor();
-  const int k = nvme_index_[i];
-  if (nvme_->rows_pending(k)) {
-    nvme_->update_rows_async(k, s, p.data<float>(), std::move(gc));
-    return 0;
-  }
-  return nvme_->update_async(k, s, p.data<float>(), std::move(gc));
+  return nvme_->update(nvme_index_[i], s, p.data<float>(), std::move(gc));
 }
 
 void HybridAdam::update_in_memory(size_t i, const AdamStepScalars& s) {
@@ -159,8 +154,7 @@ void HybridAdam::step() {
   const AdamStepScalars s = make_adam_step_scalars(options_.hyper, step_ + 1, options_.div_scale);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (nvme_index_[i] >= 0) {
-      const int k = nvme_index_[i];
-      if (!nvme_->updated_this_step(k) || nvme_->rows_pending(k)) update_offloaded(i, false);
+      if (nvme_->awaits_update(nvme_index_[i])) update_offloaded(i, false);
       continue;
     }
     if (updated_in_backward_[i]) continue;
