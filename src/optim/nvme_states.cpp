@@ -132,9 +132,11 @@ uint64_t NvmeAdamStates::update(int k, const AdamStepScalars& scalars, float* pa
   if (window_->failed()) return 0;
   const bool in_range = k >= 0 && k < param_count();
   if (in_range && splits_[k].active) {  // the rows a row split deferred
-    if (!admit(grad.is_contiguous(), str("NVMe-offloaded parameter ", k,
-                                         ": the gradient for its deferred rows is not contiguous")))
+    if (!admit(grad.is_contiguous() && !splits_[k].rows_submitted,
+               str("NVMe-offloaded parameter ", k,
+                   ": its deferred rows were updated twice, or their gradient is not contiguous")))
       return 0;
+    splits_[k].rows_submitted = true;
     return submit_locked(Job::holding(Job::Kind::kRows, k, scalars, param, std::move(grad)));
   }
   if (!admit(in_range && !submitted_[k] && grad.is_contiguous(),
@@ -150,7 +152,7 @@ uint64_t NvmeAdamStates::update(int k, const AdamStepScalars& scalars, float* pa
 
 bool NvmeAdamStates::awaits_update(int k) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return !submitted_[k] || splits_[k].active;
+  return !submitted_[k] || (splits_[k].active && !splits_[k].rows_submitted);
 }
 
 bool NvmeAdamStates::updated_this_step(int k) const {

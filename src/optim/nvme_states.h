@@ -215,6 +215,7 @@ class NvmeAdamStates {
   };
   struct RowSplit {  // Note [Row-split update], per parameter, during one step
     bool active = false;
+    bool rows_submitted = false;                      // update() handed over the pending rows
     std::vector<std::pair<int64_t, int64_t>> ranges;  // pending elements [lo, hi), sorted
     std::vector<std::pair<int64_t, std::vector<Pages>>> set_aside;  // slice -> its pending pages
   };
