@@ -67,6 +67,10 @@ struct Fixture {
     fill_pattern(lease.data, nbytes, seed_of(i, round));
     window->write_back(lease);
   }
+  // step() on every item, in the expected order of the first round.
+  void whole_round(int64_t n, int round) {
+    for (int64_t i = 0; i < n; ++i) step(i, n, round);
+  }
   std::unique_ptr<IoEngine> engine;
   std::unique_ptr<SwapSpace> swap;
   std::unique_ptr<StagingWindow> window;  // destroyed first
@@ -101,7 +105,7 @@ TEST_P(StagingTest, ItemsComeBackInTheExpectedOrderRoundAfterRound) {
         EXPECT_TRUE(eventually([&] { return f.window->times(i).read_done_ms >= round_end_ms; }))
             << "round " << round << " item " << i;
     }
-    for (int64_t i = 0; i < n; ++i) f.step(i, n, round);
+    f.whole_round(n, round);
     round_end_ms = f.window->now_ms();
     f.window->end_round();
   }
@@ -125,7 +129,7 @@ TEST_P(StagingTest, NextRoundExpectsTheOrderThisOneAcquiredIn) {
   TempDir dir;
   const int64_t n = 8;
   Fixture f(GetParam(), n, 2, dir.path());
-  for (int64_t i = 0; i < n; ++i) f.step(i, n, 0);
+  f.whole_round(n, 0);
   f.window->end_round();
   // Round 1 acquires back to front: slots hold items 0 and 1, so item 7 goes through the spare.
   const std::vector<int64_t> backwards = {7, 6, 5, 4, 3, 2, 1, 0};
@@ -148,7 +152,7 @@ TEST_P(StagingTest, OutOfOrderAcquireTakesTheSpareWithoutDeadlock) {
   TempDir dir;
   const int64_t n = 6;
   Fixture f(GetParam(), n, 2, dir.path());
-  for (int64_t i = 0; i < n; ++i) f.step(i, n, 0);
+  f.whole_round(n, 0);
   f.window->end_round();
   ASSERT_TRUE(eventually([&] {
     return f.window->times(0).read_done_ms >= 0 && f.window->times(1).read_done_ms >= 0;
@@ -164,7 +168,7 @@ TEST_P(StagingTest, OutOfOrderAcquireTakesTheSpareWithoutDeadlock) {
   f.window->write_back(far);
   for (int64_t i : {1, 2, 3, 4}) f.step(i, n, 1);
   f.window->end_round();
-  for (int64_t i = 0; i < n; ++i) f.step(i, n, 2);  // round 1's bytes, the spare's included
+  f.whole_round(n, 2);  // round 1's bytes, the spare's included
   f.window->end_round();
   EXPECT_FALSE(f.window->failed());
 }
@@ -175,7 +179,7 @@ TEST_P(StagingTest, FailedReadIsReportedByItsLeaseAndStopsReadAhead) {
   TempDir dir;
   const int64_t n = 6;
   Fixture f(GetParam(), n, 2, dir.path());
-  for (int64_t i = 0; i < n; ++i) f.step(i, n, 0);
+  f.whole_round(n, 0);
   f.window->await_write_backs();
   f.engine->set_fault_injector([](const IoRequest& r, int64_t) {
     return r.op == IoOp::kRead ? Fault{EIO, -1} : Fault{};
@@ -209,7 +213,7 @@ TEST_P(StagingTest, FailedWriteKeepsTheNewBytesInRam) {
   TempDir dir;
   const int64_t n = 4;
   Fixture f(GetParam(), n, 2, dir.path());
-  for (int64_t i = 0; i < n; ++i) f.step(i, n, 0);
+  f.whole_round(n, 0);
   f.window->end_round();
   f.window->await_write_backs();
   f.engine->set_fault_injector([](const IoRequest& r, int64_t) {
@@ -232,17 +236,17 @@ TEST_P(StagingTest, LentSlotsCarryItemsUntilTheRoundEnds) {
   TempDir dir;
   const int64_t n = 10;
   Fixture f(GetParam(), n, 2, dir.path());
-  for (int64_t i = 0; i < n; ++i) f.step(i, n, 0);
+  f.whole_round(n, 0);
   f.window->end_round();
   {
     AlignedBuffer lent(5 * kSlotBytes + 100);
     EXPECT_TRUE(f.window->lend(lent.data(), lent.size(), 4 * kSlotBytes));  // capped at 4 slots
     EXPECT_EQ(f.window->stats().lent_bytes_max, 4 * kSlotBytes);
     EXPECT_FALSE(f.window->lend(lent.data(), lent.size(), 4 * kSlotBytes));  // cap reached
-    for (int64_t i = 0; i < n; ++i) f.step(i, n, 1);
+    f.whole_round(n, 1);
     f.window->end_round();  // after it the buffer may go
   }
-  for (int64_t i = 0; i < n; ++i) f.step(i, n, 2);
+  f.whole_round(n, 2);
   f.window->end_round();
   EXPECT_FALSE(f.window->failed());
 }
@@ -255,7 +259,7 @@ TEST_P(StagingTest, ReleasesEverythingWithTransfersInFlight) {
   {
     const int64_t n = 12;
     Fixture f(GetParam(), n, 4, dir.path());
-    for (int64_t i = 0; i < n; ++i) f.step(i, n, 0);
+    f.whole_round(n, 0);
     f.window->end_round();  // reads start, the last writes may still be going
   }
   EXPECT_EQ(dir.file_count(), 0);
