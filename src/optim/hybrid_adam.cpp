@@ -90,7 +90,7 @@ std::function<void()> HybridAdam::update_offloaded_except_rows(size_t i, const T
     return {};  // the whole parameter is then stepped by its grad-ready hook
   Tensor& p = params_[i];
   p.bump_version();
-  const uint64_t ticket = nvme_->update_except_rows_async(
+  const uint64_t ticket = nvme_->update_except_rows(
       nvme_index_[i], make_adam_step_scalars(options_.hyper, step_ + 1, options_.div_scale),
       p.data<float>(), partial.raw_data(), partial.dtype(), p.size(1), rows);
   return [weak, ticket] {
@@ -114,12 +114,7 @@ uint64_t HybridAdam::update_offloaded(size_t i, bool in_backward) {
   // it here, so that the job holds the only reference and can lend the buffer when done.
   if (in_backward) set_grad(p, Tensor());
   g = Tensor();
-  const int k = nvme_index_[i];
-  if (nvme_->rows_pending(k)) {
-    nvme_->update_rows_async(k, s, p.data<float>(), std::move(gc));
-    return 0;
-  }
-  return nvme_->update_async(k, s, p.data<float>(), std::move(gc));
+  return nvme_->update(nvme_index_[i], s, p.data<float>(), std::move(gc));
 }
 
 void HybridAdam::update_in_memory(size_t i, const AdamStepScalars& s) {
@@ -159,8 +154,7 @@ void HybridAdam::step() {
   const AdamStepScalars s = make_adam_step_scalars(options_.hyper, step_ + 1, options_.div_scale);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (nvme_index_[i] >= 0) {
-      const int k = nvme_index_[i];
-      if (!nvme_->updated_this_step(k) || nvme_->rows_pending(k)) update_offloaded(i, false);
+      if (nvme_->awaits_update(nvme_index_[i])) update_offloaded(i, false);
       continue;
     }
     if (updated_in_backward_[i]) continue;
@@ -352,25 +346,29 @@ void HybridAdam::save_state(const std::string& path) {
   w.close();
 }
 
-void HybridAdam::load_state(const std::string& path) {
-  CheckpointReader r(path);
+namespace {
+// Reads the header of a checkpoint (Note [Optimizer checkpoint format]) written for `params`:
+// returns its step and, per parameter, its segments with their data positions.
+std::vector<std::vector<Segment>> read_segments(CheckpointReader& r,
+                                                const std::vector<Tensor>& params, int64_t& step) {
+  const std::string& path = r.path();
   char magic[8];
   r.get_at(0, magic, 8);
   r.skip(8);
   MW_CHECK_T(FormatError, std::memcmp(magic, kMagic, 8) == 0, "'", path,
              "' is not a memwall optimizer checkpoint (bad magic); pass a file written by "
              "HybridAdam::save_state / --save-optimizer");
-  const int64_t step = r.get_i64();
+  step = r.get_i64();
   const int64_t nparams = r.get_i64();
-  MW_CHECK_T(FormatError, nparams == static_cast<int64_t>(params_.size()), "optimizer checkpoint '",
-             path, "' has ", nparams, " parameters, this model has ", params_.size(),
+  MW_CHECK_T(FormatError, nparams == static_cast<int64_t>(params.size()), "optimizer checkpoint '",
+             path, "' has ", nparams, " parameters, this model has ", params.size(),
              "; load a checkpoint of the same model");
-  std::vector<std::vector<Segment>> segs(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) {
+  std::vector<std::vector<Segment>> segs(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
     const int64_t numel = r.get_i64();
-    MW_CHECK_T(FormatError, numel == params_[i].numel(), "optimizer checkpoint '", path,
-               "': parameter ", i, " has ", numel, " elements, the model's has ",
-               params_[i].numel(), "; load a checkpoint of the same model");
+    MW_CHECK_T(FormatError, numel == params[i].numel(), "optimizer checkpoint '", path,
+               "': parameter ", i, " has ", numel, " elements, the model's has ", params[i].numel(),
+               "; load a checkpoint of the same model");
     const int64_t nseg = r.get_i64();
     MW_CHECK_T(FormatError, nseg >= 0 && nseg <= numel, "optimizer checkpoint '", path,
                "': bad segment count ", nseg, " for parameter ", i);
@@ -393,6 +391,14 @@ void HybridAdam::load_state(const std::string& path) {
       s.data_pos = pos;
       pos += 8 * s.numel;
     }
+  return segs;
+}
+}  // namespace
+
+void HybridAdam::load_state(const std::string& path) {
+  CheckpointReader r(path);
+  int64_t step = 0;
+  const std::vector<std::vector<Segment>> segs = read_segments(r, params_, step);
   // Reads elements [off, off + n) of parameter i's m and v; returns their step (0: no state).
   auto read_range = [&](size_t i, int64_t off, int64_t n, float* m, float* v) -> int64_t {
     int64_t range_step = -1;

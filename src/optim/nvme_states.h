@@ -7,34 +7,32 @@
 // changes nothing in the result: a slice is updated by the same kernel as the whole parameter
 // (Note [Adam math]), bit for bit.
 //
-// Note [NVMe pipeline]: a fixed pool of slots (window_bytes of RAM; the only state memory) is
-// cycled by one pump thread and the consumer (the thread calling update(), i.e. the backward pass
-// through grad-ready hooks, or step()):
-//  - the pump reads slices ahead into free slots in the *expected order* (the order in which the
-//    previous step consumed them; parameters last-to-first before any step ran), and reaps
-//    completions in issue order: a finished read makes its slot Ready, a finished write makes it
-//    Free again, and a free slot takes the next read. Reads of step s+1 start as soon as step s
-//    finished, so they overlap the forward pass; a slice is only read after its own last write
-//    completed.
-//  - the updater thread runs the updates, in submission order: for each slice it waits until the
-//    slice is Ready, runs the Adam kernel on it in the slot, and submits the write-back. A slice
-//    never written is zero-filled instead of read (the first step reads nothing). Grad-ready hooks
-//    only *submit* (update_async), so backward never waits for the disk; the gradient is held by
-//    the job until its update ran.
+// Note [NVMe pipeline]: the slices' m and v move through an io::StagingWindow (Note [Staging
+// window], offload/io/staging_window.h): window_bytes of slots, the only state memory, read ahead
+// by its pump thread in the expected order (the order the previous step consumed them; parameters
+// last-to-first before any step ran) and written back behind. This file keeps only the optimizer:
+//  - HybridAdam meets the store through one narrow interface: update(k, ...) hands over
+//    parameter k's step with its final gradient and returns a ticket; awaits_update(k) says
+//    whether k still needs one this step. The store decides how (whole, or a row split's rows).
+//  - the updater thread runs the updates in submission order: for each slice it acquires the
+//    slice's slot from the window (waiting for its read), runs the Adam kernel on it in the slot,
+//    and writes it back. Grad-ready hooks only *submit*, so backward never waits for the disk;
+//    the gradient is held by the job until its update ran.
 //  - finish_step() waits for the updater to finish this step's jobs, not for the last
 //    write-backs: those complete while the next forward runs (their slots are part of the fixed
 //    window, so this costs no memory), and any failure among them is thrown by the next
-//    finish_step() or checkpoint call.
+//    finish_step() or checkpoint call. It ends the window's round, so the next step's reads
+//    start at once and overlap the forward pass.
 //  - Note [Row-split update]: the tied embedding's gradient is final for every row that the
 //    batch's tokens do not touch as soon as the LM head's backward is done (Note [Rows-ready
 //    hooks], autograd.h); only the at most B*T touched rows wait for the embedding's backward at
-//    the very end. update_except_rows_async() streams the parameter through the slots then,
+//    the very end. update_except_rows() streams the parameter through the slots then,
 //    stepping all but the pending rows and setting aside, for each slice, the 4096-byte pages of
 //    its blob that hold pending rows' m and v (copied from the slot before its write-back).
-//    update_rows_async() later steps the pending rows in those pages, with no I/O at all, and
+//    update(k, ...) later steps the pending rows in those pages, with no I/O at all, and
 //    keeps the pages in RAM as *held* pages: newer than the disk, they are laid over the slice
-//    every time it is read (read-ahead, the spare path, checkpoints), and dropped when the slice
-//    is next written in full. So the largest parameter's 309 MiB of states stream during the
+//    every time it is taken from the window (for its update, or a checkpoint), and dropped when the
+//    slice is next written in full. So the largest parameter's 309 MiB of states stream during the
 //    blocks' backward instead of after it, for at most 2 x B*T x row pages of RAM (8 MiB at B4
 //    T128). Adam is elementwise, so the split changes no bit.
 //  - Note [Borrowed gradient slots] (optional, off by default): with updates inside backward, a
@@ -43,16 +41,16 @@
 //    the memory is there anyway (all gradients would be alive at the end of a plain backward).
 //    Before the row split this is what hid the tied embedding's states; with it, borrowing buys no
 //    measurable speed and holds up to the largest parameter's m+v at the peak, so it is off.
-//    Borrowed slots are returned (dropped) by finish_step().
+//    Borrowed slots are the window's lent slots, returned (dropped) by finish_step().
 //  - A slice consumed out of the expected order while every slot holds another slice's prefetch
-//    goes through one spare slot synchronously, so the pipeline never deadlocks.
+//    goes through the window's spare slot synchronously, so the pipeline never deadlocks.
 //
 // Note [NVMe failure guarantee]: per-slice atomicity. A slice's p, m and v change together or not
 // at all in memory: a failed read skips the slice (p, m, v keep their old values); a failed
-// write-back keeps the new m and v in RAM (moved out of the slot into a "dirty" buffer) alongside
-// the new p, so nothing is half-updated or lost. Each slice records the last step applied to all
-// of its elements (slice_step), so a failed step is "partially applied, per-slice counters say
-// where". With a row split, a slice is two parts, each all-old or all-new: if the step fails
+// write-back keeps the new m and v in RAM (the window's dirty copy, Note [Staging failures])
+// alongside the new p, so nothing is half-updated or lost. Each slice records the last step applied
+// to all of its elements (slice_step), so a failed step is "partially applied, per-slice counters
+// say where". With a row split, a slice is two parts, each all-old or all-new: if the step fails
 // between them, the rows the batch did not touch are one step ahead of the slice's counter (their
 // p, m and v together). After any I/O failure, finish_step() throws it (mw::IoError with file,
 // offset, errno), further updates are refused, and the states can still be saved (read_slice
@@ -64,7 +62,6 @@
 // gives is never removed; only our own (already unlinked) file was in it.
 #pragma once
 
-#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -81,6 +78,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "offload/io/io_engine.h"
+#include "offload/io/staging_window.h"
 #include "offload/io/swap_space.h"
 #include "optim/adam_cpu.h"
 
@@ -144,28 +142,29 @@ class NvmeAdamStates {
   NvmeAdamStates(const NvmeAdamStates&) = delete;
   NvmeAdamStates& operator=(const NvmeAdamStates&) = delete;
 
-  // One Adam step of parameter k with the given scalars, on the updater thread after the jobs
-  // submitted before it; returns at once. param[numel] f32 is updated in place: it must stay alive
-  // and unused by others until finish_step(). `grad` (contiguous, f32/f16/bf16) is held until the
-  // update ran, then released, or lent as slots when nobody else holds it (Note [Borrowed gradient
-  // slots]). Never throws: a failure or misuse is recorded and thrown by finish_step().
-  // Returns its ticket (0 when refused: the failure is thrown by finish_step()).
-  uint64_t update_async(int k, const AdamStepScalars& scalars, float* param, Tensor grad);
+  // The narrow interface (Note [NVMe pipeline]). Hands over parameter k's Adam step with the
+  // given scalars and its final gradient, to run on the updater thread after the jobs submitted
+  // before it; returns at once. If a row split of k waits for its rows (Note [Row-split update]),
+  // this steps those rows; otherwise the whole parameter. param[numel] f32 is updated in place: it
+  // must stay alive and unused by others until the ticket is done. `grad` (contiguous,
+  // f32/f16/bf16) is held until the update ran, then released, or lent as slots when nobody else
+  // holds it (Note [Borrowed gradient slots]). Never throws: a failure or misuse is recorded and
+  // thrown by finish_step(). Returns its ticket (0 when refused).
+  uint64_t update(int k, const AdamStepScalars& scalars, float* param, Tensor grad);
+  // True while parameter k still needs update() this step: none was submitted, or a row split
+  // waits for its rows.
+  bool awaits_update(int k) const;
   // Note [Row-split update]: steps parameter k ([numel / row_numel] rows) except the sorted,
-  // distinct `pending_rows`. `grad` must stay alive and unchanged outside those rows until
-  // wait(ticket) returned.
-  uint64_t update_except_rows_async(int k, const AdamStepScalars& scalars, float* param,
-                                    const void* grad, DType grad_dtype, int64_t row_numel,
-                                    std::vector<int64_t> pending_rows);
-  // Steps the rows deferred by update_except_rows_async (grad: the final gradient, held as above).
-  void update_rows_async(int k, const AdamStepScalars& scalars, float* param, Tensor grad);
+  // distinct `pending_rows`; update(k, ...) steps those later. `grad` must stay alive and
+  // unchanged outside those rows until wait(ticket) returned.
+  uint64_t update_except_rows(int k, const AdamStepScalars& scalars, float* param, const void* grad,
+                              DType grad_dtype, int64_t row_numel,
+                              std::vector<int64_t> pending_rows);
   void wait(uint64_t ticket);
   // True once the job of `ticket` (and every earlier one) has run. Never blocks.
   bool done(uint64_t ticket) const;
   // An update of k was submitted this step (a row split counts).
   bool updated_this_step(int k) const;
-  // A row split of k waits for update_rows_async.
-  bool rows_pending(int k) const;
   // Lends a dead gradient's buffer as extra slots until finish_step() when borrowing is on and it
   // is f32, on the host, 4096-aligned, at least a slot, and held by nobody else (Note [Borrowed
   // gradient slots]); otherwise drops it.
@@ -203,25 +202,11 @@ class NvmeAdamStates {
   const std::string& dir() const { return dir_; }
 
  private:
-  enum class SlotState { kFree, kReading, kReady, kBusy, kWriting };
-  struct Slot {
-    float* data() { return borrowed ? borrowed : static_cast<float*>(buf.data()); }
-    AlignedBuffer buf;
-    float* borrowed = nullptr;  // a slice of a donated gradient (Note [Borrowed gradient slots])
-    SlotState state = SlotState::kFree;
-    int64_t slice = -1;
-    io::IoHandle handle;
-    std::exception_ptr read_error;
-  };
   struct Slice {
     int param = 0;
     int64_t offset = 0, numel = 0;
-    std::string key;
-    bool on_disk = false;   // written at least once
-    int64_t step = 0;       // last step applied to all elements (Note [NVMe failure guarantee])
-    int slot = -1;          // slot holding it, or -1
-    bool consumed = false;  // updated (or taken by the spare path) this step
-    int64_t timing = -1;    // index into timeline_ this step
+    int64_t step = 0;     // last step applied to all elements (Note [NVMe failure guarantee])
+    int64_t timing = -1;  // index into timeline_ this step
   };
   // Bytes [offset, offset + bytes.size()) of a slice's blob, whole 4096-byte pages.
   struct Pages {
@@ -230,6 +215,7 @@ class NvmeAdamStates {
   };
   struct RowSplit {  // Note [Row-split update], per parameter, during one step
     bool active = false;
+    bool rows_submitted = false;                      // update() handed over the pending rows
     std::vector<std::pair<int64_t, int64_t>> ranges;  // pending elements [lo, hi), sorted
     std::vector<std::pair<int64_t, std::vector<Pages>>> set_aside;  // slice -> its pending pages
   };
@@ -270,8 +256,12 @@ class NvmeAdamStates {
   uint64_t submit_locked(Job job);
   void mark_done_locked(uint64_t ticket);
   void updater();
+  void run_job(const Job& job);
   void finish_rows(const Job& job);
   void drain_locked(std::unique_lock<std::mutex>& lock);
+  // Records a misuse as the step's failure (thrown by finish_step) rather than throwing into a
+  // hook, as an I/O failure is. Returns ok.
+  bool admit(bool ok, const std::string& why);
   // Adam on one slice whose m, v sit at m (v at m + numel); with a row split, all but the pending
   // rows, whose pages are returned.
   std::vector<Pages> step_slice(int64_t id, const Job& job, float* m);
@@ -279,21 +269,11 @@ class NvmeAdamStates {
   // (the tied embedding comes first). Until a parameter has been written once, a submission moves
   // its slices up to just after those submitted before it.
   void promote_locked(int k);
-  // The next slice to read in one stream (row-split parameters' or the others'), from `cursor`;
-  // -1 when the stream is done or its next slice still waits for its write-back.
-  int64_t next_in_stream_locked(size_t& cursor, bool split);
   // After a slice's Adam step, before its write-back: its step counter, or its pages set aside.
   void stepped_locked(int64_t id, const Job& job, std::vector<Pages> pages);
-  void await_write_backs_locked(std::unique_lock<std::mutex>& lock) const;
   void overlay_held_locked(int64_t id, float* m);
   void drop_held_locked(int64_t id);
-  void pump();
-  void start_read_locked(int64_t slice, int slot);
-  int free_slot_locked() const;
-  void record_error_locked(std::exception_ptr e);
-  void finish_write_locked(int slot, std::exception_ptr error);
   void update_slice(int64_t id, const Job& job);
-  void quiesce_locked(std::unique_lock<std::mutex>& lock);
   SliceTiming& timing_locked(int64_t slice);
 
   NvmeOffloadOptions options_;
@@ -304,26 +284,15 @@ class NvmeAdamStates {
   std::string dir_;
   std::unique_ptr<io::IoEngine> engine_;
   std::unique_ptr<io::SwapSpace> swap_;
+  std::unique_ptr<io::StagingWindow> window_;  // Note [NVMe pipeline]
 
   mutable std::mutex mutex_;
   mutable std::condition_variable cv_;
-  std::deque<Slot> slots_;  // owned slots first, then borrowed ones; a deque keeps references valid
-  size_t owned_slots_ = 0;
-  int reaping_slot_ = -1;  // slot whose transfer the pump is waiting on, unlocked
-  std::vector<Tensor> donors_;
-  int64_t borrowed_bytes_ = 0;
-  AlignedBuffer spare_;
-  std::vector<std::pair<int64_t, AlignedBuffer>> dirty_;  // slice -> new m, v after a failed write
-  std::deque<int> io_fifo_;                               // slots with I/O in flight, issue order
-  std::vector<int64_t> order_, consumed_order_;
-  size_t cursor_ = 0;
-  bool prefetch_enabled_ = true;
+  std::vector<Tensor> donors_;  // gradients lent as slots this step
   bool stop_ = false;
-  std::exception_ptr error_;
-  bool failed_ = false;
   NvmeStats stats_;
   std::vector<SliceTiming> timeline_, last_timeline_;
-  std::chrono::steady_clock::time_point t0_;
+  std::vector<int64_t> last_timeline_ids_;  // slice of each last_timeline_ entry
   // The updater (Note [NVMe pipeline]) and the row splits (Note [Row-split update]).
   std::deque<Job> jobs_;
   std::deque<SplitWork> split_work_;
@@ -331,11 +300,10 @@ class NvmeAdamStates {
   std::set<uint64_t> completed_;                // finished tickets above done_ticket_
   std::vector<char> submitted_;                 // per parameter, this step
   std::vector<int> promoted_;                   // promote_locked, this step
-  std::vector<char> split_param_;  // per parameter: row-split in some step (a read stream)
-  size_t split_cursor_ = 0;
-  std::vector<RowSplit> splits_;                          // per parameter
+  std::vector<char> split_param_;  // per parameter: row-split in some step (read stream 1)
+  std::vector<RowSplit> splits_;   // per parameter
   std::unordered_map<int64_t, std::vector<Pages>> held_;  // slice -> pages newer than the disk
-  std::thread pump_thread_, updater_thread_;
+  std::thread updater_thread_;
 };
 
 }  // namespace mw::optim
