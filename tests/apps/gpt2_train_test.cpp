@@ -199,6 +199,18 @@ TEST(Gpt2Train, ValidationScheduleClippingAndEvalOnly) {
   EXPECT_NE(shaped.output.find("Parameters: 96,048"), std::string::npos) << shaped.output;
 }
 
+// Issue #12 item 6: a config.json starts a model from random weights; tiny runs with the default
+// sequence length (its 32 positions, not 128).
+TEST(Gpt2Train, ConfigJsonAndTinyWithDefaults) {
+  Result c = run("--config " + std::string(MW_SOURCE_DIR) +
+                 "/tests/fixtures/gpt2_tiny/config.json --steps 1 --threads 2 --batch 1");
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  EXPECT_NE(c.output.find("Parameters: 29,600"), std::string::npos) << c.output;
+  Result t = run("--model tiny --steps 1 --threads 2");
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  EXPECT_NE(t.output.find("B4 T32"), std::string::npos) << t.output;  // the plan's shape
+}
+
 TEST(Gpt2Train, OptionsThatWouldDoNothingAreRefused) {
   for (const char* args :
        {"--fraction 0.5", "--nvme-dir /tmp", "--eval-every 2", "--checkpoint-every 2",
