@@ -173,6 +173,7 @@ struct ResumeCase {
   const char* name;
   bool nvme, shuffle, clip;
   int64_t grad_accum;
+  bool gemini = false;  // Gemini auto on a sim device (no evaluation: Gemini refuses it)
 };
 
 class ExactResume : public ::testing::TestWithParam<ResumeCase> {};
@@ -195,6 +196,15 @@ TEST_P(ExactResume, ResumedRunEqualsTheUninterruptedOneBitForBit) {
   if (c.nvme) {
     o.nvme.fraction = 1.0;
     o.nvme.dir = tmp.file("nvme");
+  }
+  if (c.gemini) {
+    o.val_data.clear();
+    o.device = Device::sim(0);
+    o.sim_capacity_bytes = int64_t{1} << 30;
+    o.gemini = "auto";
+    o.gemini_options.policy = gemini::Policy::kAuto;
+    o.gemini_options.device = o.device;
+    o.gemini_options.verbose = false;
   }
   auto run = [&](TrainOptions opts, int64_t stop_after, std::vector<double>* losses) {
     Trainer t(opts, nullptr);
@@ -223,12 +233,13 @@ TEST_P(ExactResume, ResumedRunEqualsTheUninterruptedOneBitForBit) {
   EXPECT_EQ(list_checkpoints(first.checkpoint_dir).size(), 3u);  // steps 2, 4, 6
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, ExactResume,
-                         ::testing::Values(ResumeCase{"dropout", false, false, false, 1},
-                                           ResumeCase{"nvme_dropout", true, false, false, 1},
-                                           ResumeCase{"shuffle_accum_clip_nvme", true, true, true,
-                                                      2}),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Modes, ExactResume,
+    ::testing::Values(ResumeCase{"dropout", false, false, false, 1},
+                      ResumeCase{"nvme_dropout", true, false, false, 1},
+                      ResumeCase{"shuffle_accum_clip_nvme", true, true, true, 2},
+                      ResumeCase{"gemini_auto_dropout", false, false, false, 1, true}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Trainer, ResumeRefusesADifferentBatchNamingTheOption) {
   TempDir tmp;
