@@ -219,32 +219,8 @@ cli::Parser make_parser() {
   return p;
 }
 
-Options parse_options(const cli::Parser& p) {
-  Options o;
-  o.init_from = p.str("init-from");
-  o.config_path = p.str("config");
-  o.model = p.choice("model", {"tiny", "small", "medium", "large", "xl"});
-  MW_CHECK_T(cli::UsageError, o.init_from.empty() || o.config_path.empty(),
-             "--init-from and --config both choose the model: pass one of them");
-  if (p.given("model") && (!o.init_from.empty() || !o.config_path.empty()))
-    std::fprintf(stderr, "gpt2_train: warning: --model is ignored: the model comes from %s\n",
-                 o.init_from.empty() ? "--config" : "--init-from");
-  parse_shape(p, o);
-  o.batch = p.integer("batch", 1, 1 << 20);
-  o.seq = p.given("seq") ? p.integer("seq", 2, 1 << 20) : 0;  // 0: the Trainer's default
-  o.steps = p.integer("steps", 0, int64_t{1} << 40);
-  o.seed = static_cast<uint64_t>(p.integer("seed", 0, INT64_MAX));
-  o.threads = p.integer("threads", 0, 4096);
-  o.hyper.lr = static_cast<float>(p.real("lr", 0, 10));
-  parse_loop(p, o);
-  o.hyper.beta1 = static_cast<float>(p.real("beta1", 0, 0.999999));
-  o.hyper.beta2 = static_cast<float>(p.real("beta2", 0, 0.999999999));
-  o.hyper.eps = static_cast<float>(p.real("eps", 0, 1));
-  o.hyper.weight_decay = static_cast<float>(p.real("weight-decay", 0, 10));
-  if (p.given("dropout")) o.dropout = p.real("dropout", 0, 0.99);
-  o.optimizer = p.choice("optimizer", {"hybridadam", "adamw"});
-  o.update_in_backward = p.choice("update-in-backward", {"on", "off"}) == "on";
-  o.states_on_host = p.choice("optimizer-states", {"host", "device"}) == "host";
+// --device cpu | sim[:CAPACITY] | cuda[:N].
+void parse_device_option(const cli::Parser& p, Options& o) {
   std::string dev = p.str("device");
   std::string kind = dev.substr(0, dev.find(':'));
   if (kind == "sim") {
@@ -267,16 +243,10 @@ Options parse_options(const cli::Parser& p) {
     throw cli::UsageError(
         str("--device '", dev, "': expected cpu, sim[:CAPACITY] such as sim:4GiB, or cuda[:N]"));
   }
-  o.checkpoint_every_block = p.has("checkpoint-activations");
-  if (p.given("checkpoint-segments"))
-    o.checkpoint_segments = p.integer("checkpoint-segments", 0, 1 << 20);
-  o.offload_activations = p.has("offload-activations");
-  parse_data(p, o);
-  o.log = p.str("log");
-  o.save = p.str("save");
-  const bool nvme = p.choice("offload", {"none", "nvme"}) == "nvme";
-  const std::string policy = p.choice("gemini", {"none", "static", "auto", "const"});
-  check_mode_options(p, o, nvme, policy != "none");
+}
+
+// --offload nvme (HybridAdam's states on disk) and --gemini (chunks between device, host, disk).
+void parse_offload(const cli::Parser& p, Options& o, bool nvme, const std::string& policy) {
   if (nvme) {
     MW_CHECK_T(cli::UsageError, o.optimizer == "hybridadam",
                "--offload nvme needs --optimizer hybridadam");
@@ -308,13 +278,10 @@ Options parse_options(const cli::Parser& p) {
                              "const-budget", "auto-margin", "host-capacity"})
       MW_CHECK_T(cli::UsageError, !p.given(name), "--", name, " needs --gemini");
   }
-  o.trace = p.str("trace");
-  MW_CHECK_T(cli::UsageError, o.trace.empty() || policy != "none", "--trace needs --gemini");
-  o.save_optimizer = p.str("save-optimizer");
-  o.load_optimizer = p.str("load-optimizer");
-  o.nvme_timeline = p.str("nvme-timeline");
-  o.plan_only = p.has("plan");
-  o.skip_memory_check = p.has("skip-memory-check");
+}
+
+// Options that cannot work together, found once everything is parsed.
+void check_combinations(const Options& o) {
   MW_CHECK_T(cli::UsageError,
              o.optimizer == "hybridadam" || (o.save_optimizer.empty() && o.load_optimizer.empty()),
              "--save-optimizer/--load-optimizer need --optimizer hybridadam");
@@ -331,6 +298,54 @@ Options parse_options(const cli::Parser& p) {
              "--grad-clip and --grad-accum are not supported with --gemini yet: Gemini steps each "
              "chunk during backward, before the global norm is known (Note [Updates after "
              "backward])");
+}
+
+Options parse_options(const cli::Parser& p) {
+  Options o;
+  o.init_from = p.str("init-from");
+  o.config_path = p.str("config");
+  o.model = p.choice("model", {"tiny", "small", "medium", "large", "xl"});
+  MW_CHECK_T(cli::UsageError, o.init_from.empty() || o.config_path.empty(),
+             "--init-from and --config both choose the model: pass one of them");
+  if (p.given("model") && (!o.init_from.empty() || !o.config_path.empty()))
+    std::fprintf(stderr, "gpt2_train: warning: --model is ignored: the model comes from %s\n",
+                 o.init_from.empty() ? "--config" : "--init-from");
+  parse_shape(p, o);
+  o.batch = p.integer("batch", 1, 1 << 20);
+  o.seq = p.given("seq") ? p.integer("seq", 2, 1 << 20) : 0;  // 0: the Trainer's default
+  o.steps = p.integer("steps", 0, int64_t{1} << 40);
+  o.seed = static_cast<uint64_t>(p.integer("seed", 0, INT64_MAX));
+  o.threads = p.integer("threads", 0, 4096);
+  o.hyper.lr = static_cast<float>(p.real("lr", 0, 10));
+  parse_loop(p, o);
+  o.hyper.beta1 = static_cast<float>(p.real("beta1", 0, 0.999999));
+  o.hyper.beta2 = static_cast<float>(p.real("beta2", 0, 0.999999999));
+  o.hyper.eps = static_cast<float>(p.real("eps", 0, 1));
+  o.hyper.weight_decay = static_cast<float>(p.real("weight-decay", 0, 10));
+  if (p.given("dropout")) o.dropout = p.real("dropout", 0, 0.99);
+  o.optimizer = p.choice("optimizer", {"hybridadam", "adamw"});
+  o.update_in_backward = p.choice("update-in-backward", {"on", "off"}) == "on";
+  o.states_on_host = p.choice("optimizer-states", {"host", "device"}) == "host";
+  parse_device_option(p, o);
+  o.checkpoint_every_block = p.has("checkpoint-activations");
+  if (p.given("checkpoint-segments"))
+    o.checkpoint_segments = p.integer("checkpoint-segments", 0, 1 << 20);
+  o.offload_activations = p.has("offload-activations");
+  parse_data(p, o);
+  o.log = p.str("log");
+  o.save = p.str("save");
+  const bool nvme = p.choice("offload", {"none", "nvme"}) == "nvme";
+  const std::string policy = p.choice("gemini", {"none", "static", "auto", "const"});
+  check_mode_options(p, o, nvme, policy != "none");
+  parse_offload(p, o, nvme, policy);
+  o.trace = p.str("trace");
+  MW_CHECK_T(cli::UsageError, o.trace.empty() || policy != "none", "--trace needs --gemini");
+  o.save_optimizer = p.str("save-optimizer");
+  o.load_optimizer = p.str("load-optimizer");
+  o.nvme_timeline = p.str("nvme-timeline");
+  o.plan_only = p.has("plan");
+  o.skip_memory_check = p.has("skip-memory-check");
+  check_combinations(o);
   return o;
 }
 
