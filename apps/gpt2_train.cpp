@@ -352,9 +352,26 @@ Options parse_options(const cli::Parser& p) {
 // One JSON object per line: the step's figures, or an evaluation's.
 class JsonLog {
  public:
-  JsonLog(const std::string& path, bool append) : path_(path) {
+  // A resumed run (first_step > 0) keeps the records of steps before first_step and drops the
+  // rest: those of the killed run after its checkpoint, and a line torn by kill -9. So the log
+  // reads as one run whose step continues.
+  JsonLog(const std::string& path, int64_t first_step) : path_(path) {
     if (path.empty()) return;
-    out_ = std::make_unique<std::ofstream>(path, append ? std::ios::app : std::ios::trunc);
+    std::string kept;
+    if (first_step > 0) {
+      std::ifstream in(path);
+      for (std::string line; std::getline(in, line);) {
+        try {
+          const json::Value v = json::parse(line, path);
+          // An evaluation after update k has step k; the checkpoint at k came after it.
+          const int64_t last = v.contains("val_loss") ? first_step : first_step - 1;
+          if (v.is_object() && v.contains("step") && v.get_int("step") <= last) kept += line + "\n";
+        } catch (const Error&) {  // a torn line: dropped
+        }
+      }
+    }
+    out_ = std::make_unique<std::ofstream>(path, std::ios::trunc);
+    *out_ << kept;
     MW_CHECK_T(IoError, out_->good(), "--log '", path, "' cannot be written: ", errno_text(errno),
                "; pass a path in a writable directory");
   }
@@ -434,7 +451,7 @@ int run(const Options& o) {
 
   train::Trainer t(o, print);
   if (t.planned_only()) return 0;
-  JsonLog log(o.log, /*append=*/!o.resume.empty());  // a resumed run's steps continue the log
+  JsonLog log(o.log, t.first_step());
   const bool tty = ::isatty(STDOUT_FILENO) == 1;
   if (o.eval_only) {
     report_eval(t, log, false);

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "../data/temp_dir.h"
@@ -507,7 +508,8 @@ TEST(Reliability, KillNineDuringACheckpointThenResumeEqualsTheUninterruptedRun) 
   ASSERT_EQ(full.exit_code, 0) << full.output;
 
   std::vector<std::string> ck = base;
-  ck.insert(ck.end(), {"--checkpoint-dir", tmp.file("ck"), "--checkpoint-every", "1"});
+  ck.insert(ck.end(), {"--checkpoint-dir", tmp.file("ck"), "--checkpoint-every", "1", "--log",
+                       tmp.file("ck.jsonl")});
   Child c("gpt2_train", ck, tmp.file("c.log"), {"MW_WRITE_FAULT=stall@50"});
   const std::string staging = tmp.file(str("ck/.step_000002.tmp-", c.pid()));
   ASSERT_TRUE(c.wait_for([&] { return fs::exists(staging); })) << c.output();
@@ -530,6 +532,12 @@ TEST(Reliability, KillNineDuringACheckpointThenResumeEqualsTheUninterruptedRun) 
     EXPECT_EQ(full.output.substr(a, 20), r.output.substr(b, 20));
   }
   EXPECT_FALSE(has(r.output, "[0] loss: "));  // step numbers continue
+  // The log reads as one run: the killed run's step 0, then the resumed run's 1 and 2 (the killed
+  // run's own step 1, logged before it died, was dropped on resume).
+  std::string steps;
+  std::istringstream log(read_bytes(tmp.file("ck.jsonl")));
+  for (std::string line; std::getline(log, line);) steps += line.substr(0, line.find(',')) + ";";
+  EXPECT_EQ(steps, "{\"step\":0;{\"step\":1;{\"step\":2;");
   EXPECT_EQ(read_bytes(tmp.file("resumed/model.safetensors")),
             read_bytes(tmp.file("full/model.safetensors")));
 
