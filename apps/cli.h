@@ -13,16 +13,12 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/numbers.h"
 
 namespace mw::cli {
 
-// The median of a sample (0 for an empty one): benchmarks report medians, machines here are noisy.
-inline double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+// The median of a sample (core/numbers.h), under the name the apps use.
+inline double median(std::vector<double> v) { return mw::median(std::move(v)); }
 
 class UsageError : public InvalidArgument {
  public:

@@ -2,8 +2,10 @@
 // expected form, then strtoll/strtod convert it with their range errors checked.
 #include "core/numbers.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -92,6 +94,30 @@ int64_t parse_bytes(const std::string& text) {
   MW_CHECK_T(InvalidArgument, std::isfinite(bytes) && bytes <= static_cast<double>(kMaxParsedBytes),
              "byte count '", text, "' is too large: the limit is 4EiB (2^62 bytes)");
   return static_cast<int64_t>(std::llround(bytes));
+}
+
+std::string format_fixed(double value, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, value);
+  return buf;
+}
+
+std::string format_thousands(int64_t value) {
+  const std::string digits =
+      std::to_string(value < 0 ? -static_cast<uint64_t>(value) : static_cast<uint64_t>(value));
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return value < 0 ? "-" + out : out;
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
 }  // namespace mw

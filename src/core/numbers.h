@@ -1,4 +1,5 @@
-// Strict parsing of numbers typed by a user (command-line options, byte sizes).
+// Strict parsing of numbers typed by a user (command-line options, byte sizes), and the two
+// formatters the apps print numbers with.
 //
 // Invariants: the whole text must be the number (no leading or trailing spaces, no trailing
 // garbage, no empty text); a value outside [min, max], or one that does not fit int64 / a finite
@@ -9,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace mw {
 
@@ -21,5 +23,12 @@ double parse_real(const std::string& text, const std::string& what, double min, 
 // far beyond any memory or disk yet well inside int64 for the sums callers make.
 int64_t parse_bytes(const std::string& text);
 inline constexpr int64_t kMaxParsedBytes = int64_t{1} << 62;
+
+// "%.{decimals}f": format_fixed(0.1157, 3) == "0.116".
+std::string format_fixed(double value, int decimals);
+// Digits grouped by commas: format_thousands(124439808) == "124,439,808".
+std::string format_thousands(int64_t value);
+// The median of a sample (0 for an empty one): benchmarks report medians, machines here are noisy.
+double median(std::vector<double> values);
 
 }  // namespace mw

@@ -76,6 +76,19 @@ void TokenShard::batch(int64_t step, int64_t B, int64_t T, int32_t* out) const {
   }
 }
 
+void TokenShard::read(int64_t first, int64_t count, int32_t* out) const {
+  MW_CHECK_T(InvalidArgument, first >= 0 && count >= 0 && count <= num_tokens_ - first,
+             "token shard '", path(), "': tokens [", first, ", ", first + count,
+             ") requested; the shard holds ", num_tokens_);
+  std::vector<uint16_t> scratch(static_cast<size_t>(std::min(count, kScanChunkTokens)));
+  for (int64_t done = 0; done < count;) {
+    const int64_t n = std::min(count - done, static_cast<int64_t>(scratch.size()));
+    file_.read_exact(scratch.data(), 2 * n, kTokenShardHeaderBytes + 2 * (first + done));
+    for (int64_t i = 0; i < n; ++i) out[done + i] = scratch[i];
+    done += n;
+  }
+}
+
 int32_t TokenShard::max_token() const {
   std::vector<uint16_t> chunk(static_cast<size_t>(std::min(num_tokens_, kScanChunkTokens)));
   uint16_t max_id = 0;

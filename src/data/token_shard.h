@@ -33,6 +33,9 @@ class TokenShard {
   const std::string& path() const { return file_.path(); }
   // out holds B*T int32, row-major [B, T]. InvalidArgument for step < 0, B < 1 or T < 1.
   void batch(int64_t step, int64_t B, int64_t T, int32_t* out) const;
+  // Tokens [first, first + count) into out; InvalidArgument unless 0 <= first and
+  // first + count <= num_tokens() (callers wrap; train/token_stream.h spans several shards).
+  void read(int64_t first, int64_t count, int32_t* out) const;
   // Largest token id in the shard (reads the whole file once, 1 MiB at a time).
   int32_t max_token() const;
   // FormatError naming the file, the first offending token and its index when any token is

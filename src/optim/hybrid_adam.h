@@ -81,6 +81,11 @@ class HybridAdam : public Optimizer {
   bool updates_in_backward() const {
     return options_.update_in_backward || (nvme_ && options_.nvme.overlap_backward);
   }
+  // Per-step settings of a training loop (train/trainer.h): the LR of the coming updates (a
+  // schedule), and the gradient divisor (1/K of accumulation times the clip factor; <= 0: none).
+  // Updates made in backward use the values set before that backward.
+  void set_lr(float lr) { options_.hyper.lr = lr; }
+  void set_div_scale(float div_scale) { options_.div_scale = div_scale; }
   int64_t state_bytes_in_memory() const override;
   Isa isa() const { return isa_; }
   // In-memory states (undefined for offloaded parameters and before the first step).

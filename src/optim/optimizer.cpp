@@ -24,7 +24,7 @@ AdamW::AdamW(std::vector<Tensor> params, AdamHyper hyper)
 
 void AdamW::step() {
   ++step_;
-  const AdamStepScalars s = make_adam_step_scalars(hyper_, step_, -1.f);
+  const AdamStepScalars s = make_adam_step_scalars(hyper_, step_, div_scale_);
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     Tensor g = grad(p);

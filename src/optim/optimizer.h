@@ -40,9 +40,13 @@ class AdamW : public Optimizer {
   int64_t state_bytes_in_memory() const override;
   const Tensor& exp_avg(size_t i) const { return exp_avg_[i]; }
   const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_[i]; }
+  // As HybridAdam's: the LR of the next step, and a gradient divisor (<= 0: none).
+  void set_lr(float lr) { hyper_.lr = lr; }
+  void set_div_scale(float div_scale) { div_scale_ = div_scale; }
 
  private:
   AdamHyper hyper_;
+  float div_scale_ = -1.f;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
 };
 

@@ -45,6 +45,12 @@ std::vector<std::string> loss_lines(const std::string& out) {
 
 const char* kTiny = "--model tiny --seq 16 --batch 2 --threads 2 ";
 
+std::string format_val(double v) {  // as gpt2_train prints it
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", v);
+  return buf;
+}
+
 TEST(Gpt2Train, BadFlagsPrintUsageWithTheReasonAndExit2) {
   for (const char* args : {"--no-such-flag", "--batch abc", "--model huge", "--steps",
                            "--device gpu", "--dropout 1.5", "--lr -1"}) {
@@ -140,6 +146,80 @@ TEST(Gpt2Train, MissingOrCorruptInputsGiveAClearErrorAndExit1) {
   Result d = run(std::string(kTiny) + "--data " + tmp.file("missing.bin"));
   EXPECT_EQ(d.exit_code, 1);
   EXPECT_NE(d.output.find("missing.bin"), std::string::npos) << d.output;
+}
+
+// Issue #12: validation on a directory of shards with a schedule and clipping (val loss in the
+// output and the log, with lr and grad_norm), then --eval-only on the saved model gives the same
+// val loss, and a model of any shape from the shape options.
+TEST(Gpt2Train, ValidationScheduleClippingAndEvalOnly) {
+  TempDir tmp;
+  std::vector<uint16_t> tokens(2000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7) % 97);
+  data::write_token_shard(tmp.file("train_000000.bin"), tokens);
+  data::write_token_shard(tmp.file("train_000001.bin"), tokens);
+  data::write_token_shard(tmp.file("val_000000.bin"), tokens);
+  const std::string args =
+      std::string(kTiny) + "--steps 4 --data " + tmp.path() + " --val-data " + tmp.path() +
+      " --eval-every 2 --eval-batches 3 --lr-schedule linear --warmup-steps 1 --grad-clip 0.1 ";
+  Result r = run(args + "--log " + tmp.file("log.jsonl") + " --save " + tmp.file("m"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[2] val loss: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[4] val loss: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 4/4 | loss "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(clipped)"), std::string::npos) << r.output;  // norms are ~2
+  std::ifstream log(tmp.file("log.jsonl"));
+  int steps = 0, evals = 0;
+  std::string last_val;
+  for (std::string line; std::getline(log, line);) {
+    const json::Value v = json::parse(line, "log");
+    if (v.contains("val_loss")) {
+      ++evals;
+      last_val = format_val(v.get_double("val_loss"));
+      continue;
+    }
+    EXPECT_EQ(v.get_int("step"), steps);
+    // linear, W = 1, N = 4: 0, then lr * (4 - s) / 3.
+    EXPECT_NEAR(v.get_double("lr"), steps == 0 ? 0.0 : 1e-3 * (4 - steps) / 3.0, 1e-9);
+    EXPECT_GT(v.get_double("grad_norm"), 0.1);
+    EXPECT_TRUE(v.get_bool("clipped"));
+    ++steps;
+  }
+  EXPECT_EQ(steps, 4);
+  EXPECT_EQ(evals, 2);
+  Result e = run(std::string(kTiny) + "--eval-only --init-from " + tmp.file("m") + " --val-data " +
+                 tmp.path() + " --eval-batches 3");
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  EXPECT_NE(e.output.find("val loss: " + last_val), std::string::npos) << e.output << last_val;
+
+  Result shaped =
+      run("--model tiny --n-layer 3 --n-embd 48 --n-head 6 --vocab-size 200 --steps 1 "
+          "--threads 2 --batch 1");
+  ASSERT_EQ(shaped.exit_code, 0) << shaped.output;
+  // wte 200*48 + wpe 32*48 + 3 blocks of (12*48^2 + 13*48) + ln_f 2*48 = 96,048.
+  EXPECT_NE(shaped.output.find("Parameters: 96,048"), std::string::npos) << shaped.output;
+}
+
+// Issue #12 item 6: a config.json starts a model from random weights; tiny runs with the default
+// sequence length (its 32 positions, not 128).
+TEST(Gpt2Train, ConfigJsonAndTinyWithDefaults) {
+  Result c = run("--config " + std::string(MW_SOURCE_DIR) +
+                 "/tests/fixtures/gpt2_tiny/config.json --steps 1 --threads 2 --batch 1");
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  EXPECT_NE(c.output.find("Parameters: 29,600"), std::string::npos) << c.output;
+  Result t = run("--model tiny --steps 1 --threads 2");
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  EXPECT_NE(t.output.find("B4 T32"), std::string::npos) << t.output;  // the plan's shape
+}
+
+TEST(Gpt2Train, OptionsThatWouldDoNothingAreRefused) {
+  for (const char* args :
+       {"--fraction 0.5", "--nvme-dir /tmp", "--eval-every 2", "--checkpoint-every 2",
+        "--min-lr 0.0001", "--shuffle", "--eval-only --val-data x", "--keep 2",
+        "--gemini auto --device sim:1GiB --grad-clip 1"}) {
+    SCOPED_TRACE(args);
+    Result r = run(std::string(kTiny) + args);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+  }
 }
 
 // The side-by-side offload bench: both models must see the same losses, bit for bit, or it fails.

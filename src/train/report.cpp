@@ -1,0 +1,134 @@
+// What the Trainer reports: the progress line, the memory per tier, and the closing lines of a run
+// (time, memory, NVMe, Gemini, activation offload) with the optional outputs they come with.
+#include <fstream>
+
+#include "core/allocator.h"
+#include "core/numbers.h"
+#include "core/parallel.h"
+#include "train/progress.h"
+#include "train/trainer.h"
+
+namespace mw::train {
+
+namespace {
+double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+std::string mib_text(int64_t bytes) { return format_fixed(mib(bytes), 0) + " MiB"; }
+}  // namespace
+
+std::string format_duration(double seconds) {
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  char buf[48];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(s / 3600),
+                  static_cast<long long>(s % 3600 / 60));
+  else if (s >= 60)
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(s / 60),
+                  static_cast<long long>(s % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(s));
+  return buf;
+}
+
+std::string progress_text(const StepResult& r, int64_t total_steps, double median_step_ms,
+                          const std::string& memory) {
+  char lr[32];
+  std::snprintf(lr, sizeof lr, "%.2e", r.lr);
+  std::string t =
+      str("step ", r.step + 1, "/", total_steps, " | loss ", format_fixed(r.loss, 3), " | lr ", lr);
+  if (r.grad_norm >= 0)
+    t += str(" | grad norm ", format_fixed(r.grad_norm, 3), r.clipped ? " (clipped)" : "");
+  const double tok_s = r.step_ms > 0 ? 1000.0 * static_cast<double>(r.tokens) / r.step_ms : 0;
+  const double eta_s = median_step_ms * 1e-3 * static_cast<double>(total_steps - r.step - 1);
+  return t +
+         str(" | ", format_fixed(tok_s, 0), " tok/s | ETA ", format_duration(eta_s), " | ", memory);
+}
+
+std::string Trainer::memory_text() const {
+  std::string t = "RSS " + mib_text(current_rss_bytes());
+  if (!o_.device.is_cpu())
+    t += str(" | ", o_.device.str(), " peak ",
+             mib_text(allocator_for(o_.device).stats().peak_bytes));
+  int64_t disk_bytes = 0;
+  if (hybrid_ && hybrid_->nvme()) disk_bytes += hybrid_->nvme()->stats().file_bytes;
+  if (gem_) disk_bytes += gem_->nvme_chunk_bytes();
+  if (disk_bytes > 0) t += " | NVMe " + mib_text(disk_bytes);
+  return t;
+}
+
+std::string Trainer::finish_report(double total_s) {
+  std::string out = str("Time: ", format_fixed(total_s, 3), " s\n");
+  out += str("Mem usage: ", format_fixed(mib(current_rss_bytes()), 0), " MB\n");
+  const double med = median(step_ms_);
+  const int64_t tokens = o_.batch * o_.seq * o_.grad_accum;
+  out += str("Peak RSS: ", mib_text(peak_rss_bytes()), " | median step: ", format_fixed(med, 1),
+             " ms | ", format_fixed(med > 0 ? 1000.0 * static_cast<double>(tokens) / med : 0.0, 0),
+             " tokens/s | threads: ", num_threads(), "\n");
+  const AllocatorStats host = allocator_for(Device::cpu()).stats();
+  out += str("Host allocator: peak ", mib_text(host.peak_bytes), " in use, ",
+             mib_text(host.current_bytes), " in use now, ", mib_text(host.cached_bytes),
+             " cached | optimizer state in memory: ", mib_text(opt_->state_bytes_in_memory()), " (",
+             opt_->name(), ")\n");
+  if (o_.device.is_sim()) {
+    const AllocatorStats sim = allocator_for(o_.device).stats();
+    out += str(o_.device.str(), ": peak ", mib_text(sim.peak_bytes), " of ",
+               mib_text(sim.capacity_bytes), " capacity\n");
+  }
+  if (gem_) {
+    const gemini::GeminiStats& g = gem_->run_stats();
+    out += str("Gemini: ", format_fixed(mib(g.h2d_bytes), 1), " MiB host->device (", g.gathers,
+               " gathers), ", format_fixed(mib(g.d2h_bytes), 1), " MiB device->host, ", g.evictions,
+               " evictions, host chunk peak ", format_fixed(mib(g.host_chunk_peak_bytes), 1),
+               " MiB, ", gem_->illegal_transitions(), " illegal state transitions\n");
+    if (trace_) {
+      trace_->write(o_.trace);
+      out += str("Trace: ", trace_->size(), " events in ", o_.trace, "\n");
+    }
+  }
+  if (hybrid_ && hybrid_->nvme()) {
+    const optim::NvmeStats st = hybrid_->nvme()->stats();
+    const double gb = 1e9;
+    auto f = [](double v, int d) { return format_fixed(v, d); };
+    out += str(
+        "NVMe: read ", f(st.bytes_read / gb, 3), " GB, written ", f(st.bytes_written / gb, 3),
+        " GB | ", f(st.bytes_read / gb / total_s, 2), " GB/s read, ",
+        f(st.bytes_written / gb / total_s, 2), " GB/s written over the run | updater waited for ",
+        "reads ", f(st.consumer_wait_ms, 0), " ms (hidden behind backward), step() waited for the ",
+        "updater ", f(st.flush_wait_ms, 0), " ms, backward waited for the row split ",
+        f(st.join_wait_ms, 0), " ms (both exposed) | staging ", mib_text(st.staging_bytes),
+        ", file ", mib_text(st.file_bytes), ", borrowed gradient slots ",
+        mib_text(st.borrowed_bytes_max), ", ", st.spare_slices, " spare-slot slices, ",
+        st.fixed_transfers, " transfers into registered slots | row split: ", st.split_rows,
+        " rows, held pages ", f(mib(st.held_bytes_max), 1), " MiB max | gradients waiting for ",
+        "the updater ", mib_text(st.queued_grad_bytes_max), " max\n");
+    if (!o_.nvme_timeline.empty()) {
+      std::ofstream csv(o_.nvme_timeline);
+      MW_CHECK_T(IoError, csv.good(), "--nvme-timeline '", o_.nvme_timeline, "' cannot be written");
+      csv << "param,offset,numel,read_issue_ms,read_done_ms,compute_start_ms,compute_end_ms,"
+             "write_issue_ms,write_done_ms,spare\n";
+      for (const auto& t : hybrid_->nvme()->last_timeline())
+        csv << t.param << ',' << t.offset << ',' << t.numel << ',' << t.read_issue_ms << ','
+            << t.read_done_ms << ',' << t.compute_start_ms << ',' << t.compute_end_ms << ','
+            << t.write_issue_ms << ',' << t.write_done_ms << ',' << t.spare << '\n';
+      for (const auto& [name, ms] : phase_ms_) csv << "# " << name << ' ' << ms << '\n';
+    }
+  }
+  if (!o_.save_optimizer.empty()) {
+    hybrid_->save_state(o_.save_optimizer);
+    out += str("Saved optimizer state to ", o_.save_optimizer, "\n");
+  }
+  out += str("Median forward (with loss): ", format_fixed(median(forward_ms_), 1),
+             " ms | backward: ", format_fixed(median(backward_ms_), 1),
+             " ms | step CPU time: ", format_fixed(median(step_cpu_ms_), 1), " ms\n");
+  if (offloader_) {
+    offloader_->wait_idle();
+    const auto st = offloader_->stats();
+    out += str("Activation offload: ", mib_text(st.to_host_bytes), " to host, ",
+               mib_text(st.to_device_bytes), " back | ", st.offloaded, " offloaded, ", st.kept,
+               " kept, ", st.prefetch_hits, " prefetch hits, ", st.prefetch_waits, " waits, ",
+               st.sync_fetches, " sync fetches, ", st.cancelled, " cancelled | unpack wait ",
+               format_fixed(st.unpack_wait_ms, 0), " ms\n");
+  }
+  return out;
+}
+
+}  // namespace mw::train

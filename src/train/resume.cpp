@@ -1,0 +1,113 @@
+// The Trainer's checkpoints: writing one, and resuming from one exactly (Note [Exact resume],
+// checkpoint.h).
+#include <cmath>
+#include <filesystem>
+
+#include "autograd/autocast.h"
+#include "core/error.h"
+#include "train/trainer.h"
+
+namespace mw::train {
+
+namespace {
+
+// Options that decide which tokens each update sees: a different value cannot resume.
+constexpr const char* kMustMatch[] = {"batch",   "seq",       "grad_accum", "data",
+                                      "shuffle", "data_seed", "seed"};
+
+std::string describe(const json::Value* v) { return v ? v->dump() : "(absent)"; }
+
+}  // namespace
+
+json::Value Trainer::run_fingerprint() const {
+  json::Value r = json::Value::object();
+  r.set("batch", o_.batch);
+  r.set("seq", o_.seq);
+  r.set("grad_accum", o_.grad_accum);
+  r.set("data", o_.data.empty() ? "random tokens" : o_.data);
+  r.set("shuffle", o_.shuffle);
+  r.set("data_seed", std::to_string(o_.data_seed));
+  r.set("seed", std::to_string(o_.seed));
+  r.set("steps", total_steps_);
+  r.set("lr_schedule", lr_schedule_name(o_.lr_schedule));
+  r.set("lr", static_cast<double>(o_.hyper.lr));
+  r.set("warmup_steps", o_.warmup_steps);
+  r.set("min_lr", o_.min_lr);
+  r.set("grad_clip", o_.grad_clip);
+  r.set("precision", precision_name(o_.precision));
+  r.set("beta1", static_cast<double>(o_.hyper.beta1));
+  r.set("beta2", static_cast<double>(o_.hyper.beta2));
+  r.set("eps", static_cast<double>(o_.hyper.eps));
+  r.set("weight_decay", static_cast<double>(o_.hyper.weight_decay));
+  r.set("dropout", config_.resid_pdrop);
+  r.set("optimizer", o_.gemini.empty() ? o_.optimizer : "gemini");
+  return r;
+}
+
+void Trainer::check_fingerprint(const json::Value& saved, const std::string& path) const {
+  const json::Value now = run_fingerprint();
+  for (int64_t i = 0; i < now.size(); ++i) {
+    const std::string& key = now.key(i);
+    const json::Value* before = saved.find(key);
+    if (before && *before == now.value(i)) continue;
+    bool must = false;
+    for (const char* k : kMustMatch) must = must || key == k;
+    const std::string option = "--" + std::string(key == "grad_accum"  ? "grad-accum"
+                                                  : key == "data_seed" ? "data-seed"
+                                                                       : key);
+    if (must)
+      throw InvalidArgument(str("--resume '", path, "': the checkpoint was written with ", key,
+                                " = ", describe(before), " and this run has ", now.value(i).dump(),
+                                "; pass the same ", option,
+                                " to resume (it decides the data of "
+                                "every step)"));
+    print_(str("gpt2_train: warning: resuming '", path, "' with ", key, " = ", now.value(i).dump(),
+               " (the checkpoint's run had ", describe(before),
+               "): the run goes on, but it is no longer the uninterrupted run's\n"));
+  }
+}
+
+void Trainer::resume_from(const std::string& path) {
+  MW_CHECK_T(InvalidArgument, hybrid_ != nullptr, "--resume needs --optimizer hybridadam (AdamW, ",
+             "the scalar reference, has no checkpoint format)");
+  const TrainState state = verify_checkpoint(path);
+  // The total is this run's --steps: check_fingerprint compares it with the checkpoint's.
+  total_steps_ = o_.steps;
+  check_fingerprint(state.run, path);
+  // Weights came in with the model (weights_from_); now the optimizer, the data and the RNG.
+  hybrid_->load_state((std::filesystem::path(path) / "optimizer.bin").string());
+  MW_CHECK_T(FormatError, hybrid_->step_count() == state.step, "checkpoint '", path,
+             "': optimizer.bin is at step ", hybrid_->step_count(), " but trainer.json at step ",
+             state.step, "; the checkpoint is inconsistent, resume from another one");
+  first_step_ = step_ = state.step;
+  micro_ = state.micro_batch;
+  default_generator().set_state(state.dropout_rng);
+  if (scaler_) scaler_->load_state(state.scaler);
+  print_(str("Resumed from ", path, " at step ", step_, " (", total_steps_ - step_,
+             " steps to go)\n"));
+}
+
+bool Trainer::checkpoint_due() const {
+  if (o_.checkpoint_dir.empty()) return false;
+  return (o_.checkpoint_every > 0 && step_ % o_.checkpoint_every == 0) || step_ == total_steps_;
+}
+
+std::string Trainer::save_checkpoint() {
+  MW_CHECK_T(InvalidArgument, hybrid_ != nullptr,
+             "checkpoints need --optimizer hybridadam (AdamW, the scalar reference, has no "
+             "checkpoint format)");
+  flush();  // the offloaded states' last write-backs land before they are streamed out
+  TrainState s;
+  s.step = step_;
+  s.micro_batch = micro_;
+  s.dropout_rng = default_generator().state();
+  if (scaler_) s.scaler = scaler_->state();
+  s.run = run_fingerprint();
+  const std::string path = write_checkpoint(
+      o_.checkpoint_dir, s, [&](const std::string& dir) { save_model(dir); },
+      [&](const std::string& file) { hybrid_->save_state(file); });
+  prune_checkpoints(o_.checkpoint_dir, o_.keep);
+  return path;
+}
+
+}  // namespace mw::train

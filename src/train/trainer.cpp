@@ -1,0 +1,442 @@
+// The Trainer: setup, one optimizer update, evaluation, checkpoints and resume (trainer.h).
+#include "train/trainer.h"
+
+#include <sys/resource.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "autograd/autocast.h"
+#include "autograd/autograd.h"
+#include "autograd/functions.h"
+#include "core/allocator.h"
+#include "core/interrupt.h"
+#include "core/numbers.h"
+#include "core/parallel.h"
+#include "data/random_tokens.h"
+#include "models/gpt2/hf_io.h"
+#include "models/gpt2/memory_plan.h"
+#include "models/gpt2/spec.h"
+#include "nn/checkpoint.h"
+
+namespace mw::train {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+double ms_since(clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(clock::now() - t).count();
+}
+
+// CPU time of the whole process (all threads), in ms. On a shared machine the wall time of a step
+// depends on other jobs; its CPU time much less so (docs/recompute.md compares modes by both).
+double process_cpu_ms() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto ms = [](const timeval& t) { return t.tv_sec * 1e3 + t.tv_usec * 1e-3; };
+  return ms(u.ru_utime) + ms(u.ru_stime);
+}
+
+double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+// Prints the memory plan; stops before anything is allocated when it does not fit (Note
+// [Activation arithmetic], models/gpt2/memory_plan.h). Returns true for --plan.
+bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Trainer::Print& print) {
+  gpt2::PlanInputs in;
+  in.config = config;
+  in.batch = o.batch, in.seq = o.seq;
+  in.adamw = o.optimizer == "adamw";
+  in.update_in_backward = o.update_in_backward && !o.updates_after_backward();
+  in.states_on_host = o.states_on_host;
+  in.nvme_fraction = o.nvme.fraction;
+  in.nvme_window_bytes = o.gemini.empty() ? o.nvme.window_bytes : o.gemini_nvme_window_bytes;
+  in.nvme_dir = o.gemini.empty() ? o.nvme.dir : o.gemini_options.nvme_dir;
+  in.device = o.device;
+  in.device_capacity_bytes = o.sim_capacity_bytes;
+  in.checkpoint_every_block = o.checkpoint_every_block;
+  in.checkpoint_segments = o.checkpoint_segments;
+  in.offload_activations = o.offload_activations;
+  in.gemini = !o.gemini.empty();
+  in.gemini_options = o.gemini_options;
+  const gpt2::MemoryPlan plan = gpt2::plan_memory(in);
+  const gpt2::AvailableMemory avail = gpt2::available_memory(in.nvme_dir);
+  print(plan.table() + str("  available: host ", format_fixed(mib(avail.host_bytes), 1), " MiB (",
+                           avail.host_source, ") | disk ", format_fixed(mib(avail.disk_bytes), 1),
+                           " MiB at '", avail.disk_path, "'\n"));
+  if (o.plan_only) {
+    try {
+      gpt2::check_plan_fits(plan, in, avail);
+    } catch (const OutOfMemory& e) {
+      print(str("  does not fit: ", e.what(), "\n"));
+    }
+    return true;
+  }
+  if (o.skip_memory_check)
+    print("  --skip-memory-check: not checked against what the machine has\n");
+  else
+    gpt2::check_plan_fits(plan, in, avail);
+  return false;
+}
+
+}  // namespace
+
+gpt2::Config resolve_config(const TrainOptions& o, const std::function<void(std::string)>& warn) {
+  gpt2::Config c = !o.init_from.empty()     ? gpt2::load_hf_config(o.init_from)
+                   : !o.config_path.empty() ? gpt2::Config::from_json_file(o.config_path)
+                                            : gpt2::Config::preset(o.model);
+  const std::string source = !o.init_from.empty() ? o.init_from + "/config.json" : o.config_path;
+  for (const auto& key : c.unknown_fields)
+    warn(str("warning: ", source, ": field \"", key, "\" is not a GPT2Config field; ignored"));
+  if (o.n_layer > 0) c.n_layer = o.n_layer;
+  if (o.n_head > 0) c.n_head = o.n_head;
+  if (o.n_embd > 0) c.n_embd = o.n_embd;
+  if (o.vocab_size > 0) c.vocab_size = o.vocab_size;
+  if (o.n_positions > 0) c.n_positions = o.n_positions;
+  if (o.vocab_size > 0) {  // the last token is <|endoftext|>, as GPT-2's 50256
+    c.bos_token_id = std::min(c.bos_token_id, o.vocab_size - 1);
+    c.eos_token_id = std::min(c.eos_token_id, o.vocab_size - 1);
+  }
+  c.validate();
+  return c;
+}
+
+double global_grad_norm(const std::vector<Tensor>& params) {
+  double sum_sq = 0;
+  for (const Tensor& p : params) {
+    Tensor g = grad(p);
+    if (!g.defined()) continue;
+    if (g.device().is_cuda()) g = g.to(Device::cpu());
+    g = g.contiguous();
+    const float* x = g.data<float>();
+    constexpr int64_t kBlock = int64_t{1} << 16;  // fixed: the sum does not depend on threads
+    for (double part : parallel_reduce_blocks<double>(g.numel(), kBlock, [&](int64_t b, int64_t e) {
+           double s = 0;
+           for (int64_t i = b; i < e; ++i) s += static_cast<double>(x[i]) * x[i];
+           return s;
+         }))
+      sum_sq += part;
+  }
+  return std::sqrt(sum_sq);
+}
+
+Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), print_(print) {
+  if (!print_) print_ = [](const std::string&) {};
+  set_num_threads(static_cast<int>(o_.threads));
+  if (o_.device.is_sim()) set_sim_capacity(o_.device.index, o_.sim_capacity_bytes);
+
+  config_ = resolve_config(o_, [&](const std::string& w) { print_("gpt2_train: " + w + "\n"); });
+  saved_config_ = config_;  // what --save records: not the run's --dropout
+  if (o_.dropout >= 0) config_.set_dropout(o_.dropout);
+  if (o_.seq == 0) o_.seq = std::min<int64_t>(128, config_.n_positions);  // every preset runs
+  MW_CHECK_T(InvalidArgument, o_.seq <= config_.n_positions, "--seq ", o_.seq,
+             " exceeds the model's ", config_.n_positions, " positions; lower --seq");
+  if (memory_plan(o_, config_, print_)) {
+    planned_only_ = true;
+    return;
+  }
+  if (!o_.resume.empty()) {
+    resumed_path_ = find_checkpoint(o_.resume);
+    weights_from_ = (std::filesystem::path(resumed_path_) / "model").string();
+  } else {
+    weights_from_ = o_.init_from;
+  }
+  default_generator().manual_seed(o_.seed);
+  // The documents' unit: 2^30 parameters ("0.116 B" for GPT-2 small's 124,439,808).
+  const int64_t numel = gpt2::num_parameters(config_);
+  print_(str("Model numel: ", format_fixed(static_cast<double>(numel) / (1 << 30), 3), " B\n"));
+  print_(str("Parameters: ", format_thousands(numel), " (B above is 2^30 parameters, the ",
+             "ColossalAI documents' unit)\n"));
+  build_model();
+  if (!o_.data.empty()) {
+    train_data_ = std::make_unique<TokenStream>(resolve_shards(o_.data, "train", "--data"),
+                                                o_.shuffle, o_.data_seed);
+    train_data_->check_vocab(config_.vocab_size);
+  }
+  if (!o_.val_data.empty()) {
+    val_ =
+        std::make_unique<TokenStream>(resolve_shards(o_.val_data, "val", "--val-data"), false, 0);
+    val_->check_vocab(config_.vocab_size);
+  }
+  build_optimizer();
+  build_recomputation();
+  if (o_.precision == DType::F16) scaler_ = std::make_unique<optim::DynamicLossScaler>();
+  if (o_.precision != DType::F32)
+    print_(str("Precision: ", precision_name(o_.precision),
+               " autocast (matmuls and attention), f32 masters",
+               scaler_ ? ", dynamic loss scale 65536" : "", "\n"));
+  first_step_ = step_ = opt_->step_count();  // > 0 after --load-optimizer
+  micro_ = step_ * o_.grad_accum;
+  // --steps is this run's count after --load-optimizer (which restores no data position), and the
+  // run's total with --resume (resume_from).
+  total_steps_ = step_ + o_.steps;
+  if (!resumed_path_.empty()) resume_from(resumed_path_);
+  schedule_ = {o_.lr_schedule, o_.hyper.lr, o_.min_lr, o_.warmup_steps, total_steps_};
+  model_->train();
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::build_model() {
+  // Under Gemini the parameters are made in their chunks, which may live on disk (Note [Streaming
+  // construction]); otherwise on the device.
+  gpt2::ParameterFactory factory;
+  if (!o_.gemini.empty()) {
+    gemini::GeminiOptions g = o_.gemini_options;
+    g.search.interval_numel = config_.n_embd;  // ColossalAI's hidden_dim
+    g.adam = optim::HybridAdamOptions(o_.hyper, -1.f, o_.nvme);
+    g.adam.nvme.window_bytes = o_.gemini_nvme_window_bytes;
+    std::vector<std::pair<std::string, Shape>> tensors;
+    for (const auto& spec : gpt2::tensor_specs(config_))
+      tensors.emplace_back(spec.name, spec.shape);
+    gemini_owned_ = std::make_unique<gemini::Gemini>(g, tensors);
+    factory.make = [this](const gpt2::TensorSpec& spec) {
+      return gemini_owned_->make_parameter(spec.name);
+    };
+    factory.ready = [this](const gpt2::TensorSpec& spec) {
+      gemini_owned_->parameter_ready(spec.name);
+    };
+  }
+  // Weights stream from the file into each parameter as the model is built (Note [Streaming
+  // load], models/gpt2/hf_io.h); the file is checked against the config first.
+  std::unique_ptr<gpt2::HfWeights> weights;
+  if (!weights_from_.empty()) {
+    weights = std::make_unique<gpt2::HfWeights>(weights_from_, config_);
+    factory.fill = weights->filler();
+  }
+  model_ = std::make_unique<gpt2::GPT2>(config_, o_.seed, DType::F32,
+                                        o_.gemini.empty() ? o_.device : Device::cpu(), factory);
+}
+
+void Trainer::build_optimizer() {
+  if (gemini_owned_) {
+    gemini_owned_->attach(*model_);
+    gem_ = gemini_owned_.get();
+    opt_ = std::move(gemini_owned_);
+    print_(gem_->describe() + "\n");
+    if (!o_.trace.empty()) {
+      trace_ = std::make_unique<gemini::Trace>();
+      gem_->set_trace(trace_.get());
+    }
+    hybrid_ = &gem_->adam();
+  } else if (o_.optimizer == "adamw") {
+    opt_ = std::make_unique<optim::AdamW>(model_->parameters(), o_.hyper);
+  } else {
+    optim::HybridAdamOptions h(o_.hyper, -1.f, o_.nvme);
+    h.update_in_backward = o_.update_in_backward && !o_.updates_after_backward();
+    if (o_.updates_after_backward()) h.nvme.overlap_backward = false;
+    h.states_on_host = o_.states_on_host;
+    auto owned = std::make_unique<optim::HybridAdam>(model_->parameters(), h);
+    hybrid_ = owned.get();
+    opt_ = std::move(owned);
+  }
+  if (o_.updates_after_backward() && o_.optimizer == "hybridadam")
+    print_(
+        "Updates after backward: --grad-clip/--grad-accum need every gradient first, so update "
+        "in backward and the NVMe overlap with backward are off (Note [Updates after backward])\n");
+  if (hybrid_ && hybrid_->nvme())
+    print_(str("NVMe offload: ",
+               format_fixed(static_cast<double>(hybrid_->offloaded_numel()) / (1 << 30), 3),
+               " B of ", format_fixed(static_cast<double>(model_->num_parameters()) / (1 << 30), 3),
+               " B parameters' Adam states in '",
+               o_.nvme.dir.empty() ? "private temporary directory" : o_.nvme.dir, "' (",
+               hybrid_->nvme()->stats().direct ? "O_DIRECT" : "buffered", "), window ",
+               format_fixed(mib(o_.nvme.window_bytes), 0), " MiB\n"));
+  if (!o_.load_optimizer.empty()) {
+    hybrid_->load_state(o_.load_optimizer);
+    print_(str("Loaded optimizer state (step ", hybrid_->step_count(), ") from ", o_.load_optimizer,
+               "\n"));
+  }
+}
+
+void Trainer::build_recomputation() {
+  // Activation offload and recomputation: run_block maps block i through its segment.
+  if (o_.offload_activations) offloader_ = std::make_unique<offload::ActivationOffloader>();
+  if (!o_.checkpoint_every_block && o_.checkpoint_segments < 0) return;
+  const int64_t n = static_cast<int64_t>(model_->blocks().size());
+  std::vector<nn::Segment> plan;
+  if (o_.checkpoint_segments >= 0) {
+    const int64_t k = o_.checkpoint_segments == 0 ? nn::sqrt_segments(n) : o_.checkpoint_segments;
+    MW_CHECK_T(InvalidArgument, k <= n, "--checkpoint-segments ", k, " exceeds the ", n,
+               " blocks; use at most ", n, " (or 0 for sqrt)");
+    plan = nn::plan_segments(n, k);
+  } else {
+    for (int64_t i = 0; i < n; ++i) plan.push_back({i, i + 1, true});
+  }
+  nn::CheckpointOptions copts;
+  if (offloader_) {
+    copts.pack_input = offloader_->pack_hook();
+    copts.unpack_input = offloader_->unpack_hook();
+  }
+  std::string desc;
+  for (const auto& seg : plan)
+    desc += str(" [", seg.begin, ",", seg.end, ")", seg.checkpointed ? "" : "*");
+  print_(str("Checkpointing ", plan.size(), " segments:", desc, " (* = not checkpointed)\n"));
+  auto runner = std::make_shared<nn::SegmentedRunner>(
+      std::vector<std::shared_ptr<nn::Module>>(model_->blocks().begin(), model_->blocks().end()),
+      plan, copts);
+  model_->run_block = [runner](nn::Block&, int64_t i, const Tensor& x) { return (*runner)(i, x); };
+}
+
+void Trainer::micro_batch(int64_t index, std::vector<int32_t>& tokens) const {
+  tokens.resize(static_cast<size_t>(o_.batch * o_.seq));
+  if (train_data_)
+    train_data_->batch(index, o_.batch, o_.seq, tokens.data());
+  else
+    data::random_tokens(o_.seed, index, o_.batch, o_.seq, config_.vocab_size, tokens.data());
+}
+
+void Trainer::set_step_scalars(double lr, float div_scale) {
+  if (hybrid_) {
+    hybrid_->set_lr(static_cast<float>(lr));
+    hybrid_->set_div_scale(div_scale);
+  } else if (auto* adamw = dynamic_cast<optim::AdamW*>(opt_.get())) {
+    adamw->set_lr(static_cast<float>(lr));
+    adamw->set_div_scale(div_scale);
+  }
+}
+
+StepResult Trainer::train_step() {
+  throw_if_stop_requested(str("before step ", step_).c_str());
+  StepResult r;
+  r.step = step_;
+  r.lr = schedule_.lr_at(step_);
+  const auto t0 = clock::now();
+  const double cpu0 = process_cpu_ms();
+  // The LR is set before backward: updates in backward (and Gemini's chunks) use it there.
+  set_step_scalars(r.lr, -1.f);
+  auto mark = [&](const char* phase) {  // on the offload clock, for --nvme-timeline
+    if (hybrid_ && hybrid_->nvme()) phase_ms_.emplace_back(phase, hybrid_->nvme()->now_ms());
+  };
+  phase_ms_.clear();
+  opt_->zero_grad();
+  std::vector<int32_t> tokens;
+  double loss_sum = 0;
+  for (int64_t k = 0; k < o_.grad_accum; ++k) {
+    micro_batch(micro_, tokens);
+    if (train_data_) r.epoch = train_data_->epoch_of(micro_, o_.batch, o_.seq);
+    ++micro_;
+    Tensor ids = Tensor::from_vector(tokens, {o_.batch, o_.seq}, o_.device);
+    mark("forward_start");
+    const auto t_fwd = clock::now();
+    Tensor logits, loss;
+    {
+      std::unique_ptr<offload::OffloadScope> scope;
+      if (offloader_) scope = std::make_unique<offload::OffloadScope>(*offloader_);
+      AutocastGuard autocast(o_.precision);
+      logits = (*model_)(ids);
+      loss = shifted_cross_entropy(logits, ids);
+    }
+    logits = Tensor();  // the loss node holds the only reference: backward reuses the buffer
+    r.forward_ms += ms_since(t_fwd);
+    mark("backward_start");
+    const auto t_bwd = clock::now();
+    backward(loss, scaler_ ? scaler_->backward_seed(loss) : Tensor());
+    r.backward_ms += ms_since(t_bwd);
+    loss_sum += loss.item();
+  }
+  r.loss = loss_sum / static_cast<double>(o_.grad_accum);
+  // Note [Updates after backward]: 1/K and the clip factor become one divisor of the gradients.
+  const bool grads_kept = o_.optimizer == "adamw" ||
+                          (o_.gemini.empty() && !o_.update_in_backward) ||
+                          o_.updates_after_backward();
+  // fp16: gradients are unscaled in place (and checked) before they are measured or used.
+  const bool finite = !scaler_ || scaler_->unscale_and_check(opt_->params());
+  if (grads_kept && finite) {
+    r.grad_norm = global_grad_norm(opt_->params()) / static_cast<double>(o_.grad_accum);
+    double divisor = static_cast<double>(o_.grad_accum);
+    // torch.nn.utils.clip_grad_norm_: g *= max_norm / (norm + 1e-6) when that is below 1.
+    const double clip_coef = o_.grad_clip > 0 ? o_.grad_clip / (r.grad_norm + 1e-6) : 1.0;
+    if (clip_coef < 1.0) {
+      r.clipped = true;
+      divisor /= clip_coef;
+    }
+    set_step_scalars(r.lr, divisor != 1.0 ? static_cast<float>(divisor) : -1.f);
+  }
+  mark("step_start");
+  if (finite) {
+    opt_->step();
+  } else {  // Note [Dynamic loss scaling]: no parameter changes, the gradients are dropped
+    opt_->zero_grad();
+    r.skipped = true;
+  }
+  if (scaler_) {
+    scaler_->update(!finite);
+    r.loss_scale = scaler_->scale();
+  }
+  mark("step_end");
+  MW_CHECK(std::isfinite(r.loss), "the loss is ", r.loss, " at step ", step_,
+           ": training diverged (lower --lr, check the data and --init-from weights); stopped "
+           "without saving, any earlier save is kept");
+  r.step_ms = ms_since(t0);
+  r.step_cpu_ms = process_cpu_ms() - cpu0;
+  r.tokens = o_.batch * o_.seq * o_.grad_accum;
+  step_ms_.push_back(r.step_ms);
+  forward_ms_.push_back(r.forward_ms);
+  backward_ms_.push_back(r.backward_ms);
+  step_cpu_ms_.push_back(r.step_cpu_ms);
+  ++step_;
+  return r;
+}
+
+bool Trainer::eval_due() const {
+  if (!val_) return false;
+  return (o_.eval_every > 0 && step_ % o_.eval_every == 0) || step_ == total_steps_;
+}
+
+EvalResult Trainer::evaluate() {
+  MW_CHECK_T(InvalidArgument, val_ != nullptr, "evaluation needs --val-data");
+  // Evaluation draws no random numbers in eval mode; the generator is restored anyway, so that
+  // evaluating can never change the training run (Note [Exact resume]).
+  const RngState rng = default_generator().state();
+  model_->eval();
+  EvalResult r;
+  std::vector<int32_t> tokens(static_cast<size_t>(o_.batch * o_.seq));
+  double sum = 0;
+  {
+    NoGradGuard no_grad;
+    AutocastGuard autocast(o_.precision);
+    for (int64_t b = 0; b < o_.eval_batches; ++b) {
+      throw_if_stop_requested("during evaluation");
+      val_->batch(b, o_.batch, o_.seq, tokens.data());
+      Tensor ids = Tensor::from_vector(tokens, {o_.batch, o_.seq}, o_.device);
+      sum += shifted_cross_entropy((*model_)(ids), ids).item();
+    }
+  }
+  model_->train();
+  default_generator().set_state(rng);
+  r.batches = o_.eval_batches;
+  r.loss = sum / static_cast<double>(std::max<int64_t>(1, r.batches));
+  r.perplexity = std::exp(r.loss);
+  return r;
+}
+
+void Trainer::flush() {
+  if (hybrid_) hybrid_->flush();  // the last write-backs, and any failure among them
+}
+
+void Trainer::save_model(const std::string& dir) {
+  if (gem_)  // disk-homed chunks are read in one at a time (Note [Streaming save])
+    gem_->with_parameters_streamed([&](const gemini::Gemini::Touch& touch) {
+      gpt2::save_hf(*model_, dir, saved_config_, touch);
+    });
+  else
+    gpt2::save_hf(*model_, dir, saved_config_);
+}
+
+json::Value Trainer::take_gemini_step_stats() {
+  json::Value rec = json::Value::object();
+  if (!gem_) return rec;
+  const gemini::GeminiStats g = gem_->take_step_stats();
+  rec.set("host_chunk_peak_bytes", g.host_chunk_peak_bytes);
+  rec.set("h2d_bytes", g.h2d_bytes);
+  rec.set("d2h_bytes", g.d2h_bytes);
+  rec.set("nvme_read_bytes", g.nvme_read_bytes);
+  rec.set("nvme_write_bytes", g.nvme_write_bytes);
+  rec.set("evictions", g.evictions);
+  rec.set("prefetch_wait_ms", g.prefetch_wait_ms);
+  rec.set("illegal_transitions", gem_->illegal_transitions());
+  return rec;
+}
+
+}  // namespace mw::train

@@ -1,0 +1,190 @@
+// The training loop of gpt2_train as a library: a Trainer builds the model, the optimizer
+// (AdamW, HybridAdam with NVMe offload, or Gemini), the data streams and the recomputation plan
+// from TrainOptions, then runs one optimizer update per train_step(), evaluates, and writes and
+// resumes checkpoints. The app (apps/gpt2_train.cpp) parses options and prints; tests drive this
+// directly.
+//
+// Note [Updates after backward]: --grad-clip needs the global gradient norm before any parameter
+// is updated, and --grad-accum K needs gradients to survive K backwards. HybridAdam's update in
+// backward (Note [Update in backward]) and its NVMe pipeline overlapped with backward (Note
+// [Overlapped step contract]) update parameters before the norm is known, so either option turns
+// both off: backward keeps every gradient, the norm is computed once over all of them in double,
+// and step() applies 1/K and the clip factor as one divisor (div_scale, Note [Adam math]) to
+// in-memory and NVMe-offloaded states alike. The memory plan counts the gradients accordingly.
+// Gemini steps each chunk inside backward and has no such switch yet: it refuses both options.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "models/gpt2/config.h"
+#include "models/gpt2/model.h"
+#include "offload/activation/activation_offload.h"
+#include "offload/gemini/gemini.h"
+#include "optim/hybrid_adam.h"
+#include "optim/loss_scaler.h"
+#include "train/checkpoint.h"
+#include "train/schedule.h"
+#include "train/token_stream.h"
+
+namespace mw::train {
+
+struct TrainOptions {
+  // The model: a preset, an HF folder, or a config.json, then any shape overrides (0 = keep).
+  std::string model = "small", init_from, config_path;
+  int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab_size = 0, n_positions = 0;
+  std::string optimizer = "hybridadam";
+  int64_t batch = 4, seq = 128, steps = 3, threads = 0;  // seq 0: min(128, n_positions)
+  uint64_t seed = 0;
+  double dropout = -1;  // < 0: the config's
+  optim::AdamHyper hyper;
+  Device device = Device::cpu();
+  int64_t sim_capacity_bytes = 0;
+  // The training loop (Note [LR schedule], Note [Updates after backward]).
+  LrScheduleKind lr_schedule = LrScheduleKind::kConstant;
+  int64_t warmup_steps = 0;
+  double min_lr = 0;
+  double grad_clip = 0;  // > 0: clip the global L2 norm to this
+  int64_t grad_accum = 1;
+  // Data (Note [Data position]): "" = seeded random tokens.
+  std::string data, val_data;
+  bool shuffle = false;
+  uint64_t data_seed = 0;
+  int64_t eval_every = 0, eval_batches = 20;
+  bool eval_only = false;
+  // Checkpoints (Note [Checkpoint layout]).
+  std::string checkpoint_dir, resume;
+  int64_t checkpoint_every = 0, keep = 0;
+  std::string log, save;
+  // NVMe offload of the optimizer states (HybridAdam only).
+  optim::NvmeOffloadOptions nvme;
+  std::string save_optimizer, load_optimizer, nvme_timeline;
+  bool update_in_backward = true;
+  bool states_on_host = true;
+  // Recomputation and activation offload (docs/recompute.md).
+  bool checkpoint_every_block = false;
+  int64_t checkpoint_segments = -1;  // -1: not segmented; 0: round(sqrt(n_layer))
+  bool offload_activations = false;
+  // Gemini (docs/gemini.md): "" = off.
+  std::string gemini, trace;
+  gemini::GeminiOptions gemini_options;
+  int64_t gemini_nvme_window_bytes = 0;
+  // The memory plan (docs/reliability.md): print it and stop; run without checking it.
+  bool plan_only = false, skip_memory_check = false;
+  // Mixed precision (docs/precision.md): F32, or the autocast dtype BF16/F16 (F16: loss scaling).
+  DType precision = DType::F32;
+
+  // True when parameters are updated after backward (Note [Updates after backward]); fp16 too: a
+  // step with overflowing gradients must be skippable (Note [Dynamic loss scaling]).
+  bool updates_after_backward() const {
+    return grad_clip > 0 || grad_accum > 1 || precision == DType::F16;
+  }
+};
+
+// The model's config from the options: preset / --init-from / --config, then the shape overrides,
+// validated. Warnings (unknown config.json fields) go to `warn`.
+gpt2::Config resolve_config(const TrainOptions& o, const std::function<void(std::string)>& warn);
+
+// The global L2 norm of the parameters' gradients, in double, over fixed blocks combined in order
+// (bitwise reproducible; Note [Deterministic parallelism]). Parameters without a gradient count 0.
+double global_grad_norm(const std::vector<Tensor>& params);
+
+struct StepResult {
+  int64_t step = 0;  // 0-based index of the update just made ("[step] loss: ...")
+  double loss = 0;   // mean over the micro-batches
+  double lr = 0;
+  double grad_norm = -1;  // before clipping; < 0 when not computed (updated in backward)
+  bool clipped = false;
+  bool skipped = false;   // fp16: inf/nan gradients, no update (Note [Dynamic loss scaling])
+  double loss_scale = 0;  // fp16: the scale after this step; 0 otherwise
+  double step_ms = 0, forward_ms = 0, backward_ms = 0, step_cpu_ms = 0;
+  int64_t tokens = 0;  // trained on in this update
+  int64_t epoch = 0;   // of the training data (0 for random tokens)
+};
+
+struct EvalResult {
+  double loss = 0, perplexity = 0;
+  int64_t batches = 0;
+};
+
+class Trainer {
+ public:
+  using Print = std::function<void(const std::string&)>;
+  // Builds everything (printing the setup lines through `print`), or, with plan_only, prints the
+  // memory plan and stops (planned_only()). Resumes from options.resume when set.
+  Trainer(TrainOptions options, Print print);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  bool planned_only() const { return planned_only_; }
+  const TrainOptions& options() const { return o_; }
+  const gpt2::Config& config() const { return config_; }
+  gpt2::GPT2& model() { return *model_; }
+  optim::Optimizer& optimizer() { return *opt_; }
+  optim::HybridAdam* hybrid() { return hybrid_; }
+  gemini::Gemini* gemini() { return gem_; }
+
+  int64_t step() const { return step_; }  // updates done (continues after a resume)
+  int64_t first_step() const { return first_step_; }
+  int64_t total_steps() const { return total_steps_; }
+  bool done() const { return step_ >= total_steps_; }
+  double lr_at(int64_t step) const { return schedule_.lr_at(step); }
+
+  StepResult train_step();
+  bool has_validation() const { return val_ != nullptr; }
+  bool eval_due() const;  // after the update just made (and at the end)
+  EvalResult evaluate();
+  bool checkpoint_due() const;
+  std::string save_checkpoint();  // returns the folder written
+  // Waits for the optimizer's last write-backs; call after the last step.
+  void flush();
+  void save_model(const std::string& dir);
+  // The step's Gemini counters for the log (empty object without Gemini).
+  json::Value take_gemini_step_stats();
+  // The closing lines (time, memory per tier, NVMe, Gemini, activation offload), writing the
+  // --trace, --nvme-timeline and --save-optimizer outputs on the way.
+  std::string finish_report(double total_s);
+  // Memory per tier for the progress line: "RSS 1330 MiB | sim:0 peak 736 MiB | NVMe 474 MiB".
+  std::string memory_text() const;
+  const std::vector<double>& step_ms() const { return step_ms_; }
+
+ private:
+  void build_model();
+  void build_optimizer();
+  void build_recomputation();
+  void resume_from(const std::string& dir);
+  json::Value run_fingerprint() const;
+  void check_fingerprint(const json::Value& saved, const std::string& path) const;
+  void set_step_scalars(double lr, float div_scale);
+  void micro_batch(int64_t index, std::vector<int32_t>& tokens) const;
+
+  TrainOptions o_;
+  Print print_;
+  bool planned_only_ = false;
+  gpt2::Config config_, saved_config_;
+  LrSchedule schedule_;
+  std::string weights_from_;  // --init-from, or the resumed checkpoint's model folder
+  std::string resumed_path_;
+  std::unique_ptr<gemini::Gemini> gemini_owned_;
+  std::unique_ptr<gpt2::GPT2> model_;
+  std::unique_ptr<optim::Optimizer> opt_;
+  gemini::Gemini* gem_ = nullptr;
+  optim::HybridAdam* hybrid_ = nullptr;
+  std::unique_ptr<gemini::Trace> trace_;
+  std::unique_ptr<offload::ActivationOffloader> offloader_;
+  std::unique_ptr<optim::DynamicLossScaler> scaler_;  // fp16 only
+  std::unique_ptr<TokenStream> train_data_, val_;
+  int64_t step_ = 0, first_step_ = 0, total_steps_ = 0;
+  int64_t micro_ = 0;  // next training micro-batch (Note [Data position])
+  std::vector<double> step_ms_, forward_ms_, backward_ms_, step_cpu_ms_;
+  std::vector<std::pair<std::string, double>> phase_ms_;
+};
+
+}  // namespace mw::train

@@ -1,0 +1,264 @@
+// The Trainer against plain references: gradient accumulation against one larger batch, clipping
+// against a hand-written loop, clipping with NVMe-offloaded states, and exact resume (Note [Exact
+// resume]) with dropout, NVMe offload, shuffling, accumulation and a schedule.
+#include "train/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "../data/temp_dir.h"
+#include "autograd/autograd.h"
+#include "autograd/functions.h"
+#include "data/token_shard.h"
+#include "optim/optimizer.h"
+
+namespace mw::train {
+namespace {
+
+using data::testing::TempDir;
+
+// A shard of 4096 random tokens below tiny's vocabulary of 97.
+std::string write_shard(const TempDir& tmp, const std::string& name, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<uint16_t> tokens(4096);
+  for (auto& t : tokens) t = static_cast<uint16_t>(gen() % 97);
+  data::write_token_shard(tmp.file(name), tokens);
+  return tmp.file(name);
+}
+
+TrainOptions tiny(const std::string& data, int64_t steps) {
+  TrainOptions o;
+  o.model = "tiny";
+  o.batch = 2;
+  o.seq = 16;
+  o.threads = 2;
+  o.steps = steps;
+  o.data = data;
+  o.dropout = 0;
+  o.seed = 3;
+  return o;
+}
+
+std::vector<std::vector<float>> weights(Trainer& t) {
+  std::vector<std::vector<float>> w;
+  for (const Tensor& p : t.model().parameters()) w.push_back(p.contiguous().to_vector<float>());
+  return w;
+}
+
+double max_abs_diff(const std::vector<std::vector<float>>& a,
+                    const std::vector<std::vector<float>>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    for (size_t j = 0; j < a[i].size(); ++j)
+      d = std::max(d, std::abs(static_cast<double>(a[i][j]) - b[i][j]));
+  return d;
+}
+
+TEST(Trainer, TwoMicroBatchesEqualOneBatchTwiceAsLarge) {
+  TempDir tmp;
+  const std::string shard = write_shard(tmp, "train.bin", 1);
+  TrainOptions accum = tiny(shard, 3), big = tiny(shard, 3);
+  accum.grad_accum = 2;  // rows [2sB, 2sB + B) and [2sB + B, 2sB + 2B): the big batch's rows
+  big.batch = 4;
+  Trainer a(accum, nullptr), b(big, nullptr);
+  for (int i = 0; i < 3; ++i) {
+    const StepResult ra = a.train_step(), rb = b.train_step();
+    // The mean of two means of 32 token losses vs one mean of 64, in float: a few ulps.
+    EXPECT_NEAR(ra.loss, rb.loss, 1e-5) << i;
+  }
+  // Summed gradients / 2 (div_scale) vs one backward over both halves: fp32 reassociation, ~1e-7
+  // relative in each gradient; after 3 Adam steps of lr 1e-3 the weights differ by far less than
+  // one step (1e-3). 1e-5 leaves room for elements whose v is near zero.
+  const double d = max_abs_diff(weights(a), weights(b));
+  EXPECT_LT(d, 1e-5);
+  EXPECT_GT(d, 0);  // genuinely two different computations
+}
+
+// The plain loop of torch: backward, clip_grad_norm_, AdamW.step().
+std::vector<std::vector<float>> reference_clipped(const std::string& shard, int64_t steps,
+                                                  double max_norm, std::vector<double>* norms) {
+  const gpt2::Config config = gpt2::Config::preset("tiny");
+  gpt2::Config c = config;
+  c.set_dropout(0);
+  default_generator().manual_seed(3);
+  gpt2::GPT2 model(c, 3);
+  optim::AdamW opt(model.parameters(), optim::AdamHyper{});
+  TokenStream data({shard}, false, 0);
+  std::vector<int32_t> tokens(32);
+  model.train();
+  for (int64_t s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    data.batch(s, 2, 16, tokens.data());
+    Tensor ids = Tensor::from_vector(tokens, {2, 16});
+    backward(shifted_cross_entropy(model(ids), ids));
+    double sum_sq = 0;
+    for (const Tensor& p : model.parameters())
+      for (float g : grad(p).to_vector<float>()) sum_sq += static_cast<double>(g) * g;
+    const double norm = std::sqrt(sum_sq);
+    norms->push_back(norm);
+    const double coef = max_norm / (norm + 1e-6);
+    if (coef < 1)
+      for (const Tensor& p : model.parameters()) {
+        float* g = grad(p).data<float>();
+        for (int64_t i = 0; i < p.numel(); ++i) g[i] = static_cast<float>(g[i] * coef);
+      }
+    opt.step();
+  }
+  std::vector<std::vector<float>> w;
+  for (const Tensor& p : model.parameters()) w.push_back(p.contiguous().to_vector<float>());
+  return w;
+}
+
+TEST(Trainer, ClippingMatchesAPlainLoopAndIsTheSameWithStatesOnNvme) {
+  TempDir tmp;
+  const std::string shard = write_shard(tmp, "train.bin", 2);
+  const double max_norm = 0.5;  // tiny's gradient norm is ~2-3: every step is clipped
+  std::vector<double> ref_norms;
+  const auto ref = reference_clipped(shard, 3, max_norm, &ref_norms);
+
+  TrainOptions o = tiny(shard, 3);
+  o.grad_clip = max_norm;
+  o.optimizer = "adamw";
+  Trainer adamw(o, nullptr);
+  for (int i = 0; i < 3; ++i) {
+    const StepResult r = adamw.train_step();
+    EXPECT_TRUE(r.clipped);
+    // Step 0: the same floats summed in double, in fixed blocks vs one pass: 1e-12 relative.
+    // Later steps start from weights one rounding of the clip apart (below): 1e-6 relative.
+    EXPECT_NEAR(r.grad_norm, ref_norms[i], (i == 0 ? 1e-12 : 1e-6) * ref_norms[i]);
+  }
+  // Gradients divided by norm/max_norm (div_scale) vs multiplied by its reciprocal: one rounding
+  // apart per gradient (6e-8 relative), far below a step of lr 1e-3.
+  EXPECT_LT(max_abs_diff(weights(adamw), ref), 1e-6);
+
+  // HybridAdam in memory and with every state on NVMe: bit for bit AdamW's (Note [Adam math]),
+  // since the clip reaches both as the same divisor.
+  o.optimizer = "hybridadam";
+  Trainer in_memory(o, nullptr);
+  o.nvme.fraction = 1.0;
+  o.nvme.dir = tmp.file("nvme");
+  Trainer on_nvme(o, nullptr);
+  ASSERT_NE(on_nvme.hybrid()->nvme(), nullptr);
+  for (int i = 0; i < 3; ++i) {
+    in_memory.train_step();
+    on_nvme.train_step();
+  }
+  on_nvme.flush();
+  EXPECT_EQ(weights(in_memory), weights(adamw));
+  EXPECT_EQ(weights(on_nvme), weights(adamw));
+}
+
+TEST(Trainer, TheLearningRateFollowsTheSchedule) {
+  TempDir tmp;
+  TrainOptions o = tiny(write_shard(tmp, "train.bin", 3), 6);
+  o.lr_schedule = LrScheduleKind::kCosine;
+  o.warmup_steps = 2;
+  o.min_lr = 1e-4;
+  Trainer t(o, nullptr);
+  // Note [LR schedule] with W = 2, N = 6, base = the float nearest 1e-3 (what --lr holds).
+  const double base = static_cast<double>(1e-3f), min = 1e-4;
+  const double expected[] = {0,
+                             base / 2,
+                             base,
+                             min + (base - min) * 0.5 * (1 + std::cos(M_PI / 4)),
+                             min + (base - min) * 0.5 * (1 + std::cos(M_PI / 2)),
+                             min + (base - min) * 0.5 * (1 + std::cos(3 * M_PI / 4))};
+  for (double lr : expected) EXPECT_NEAR(t.train_step().lr, lr, 1e-18);
+  EXPECT_TRUE(t.done());
+}
+
+struct ResumeCase {
+  const char* name;
+  bool nvme, shuffle, clip;
+  int64_t grad_accum;
+  bool gemini = false;  // Gemini auto on a sim device (no evaluation: Gemini refuses it)
+};
+
+class ExactResume : public ::testing::TestWithParam<ResumeCase> {};
+
+// Stopped after step 3 of 6 (checkpoints every 2 steps), resumed from step 2's checkpoint: the
+// losses of steps 2..5 and the final weights equal the uninterrupted run's bit for bit.
+TEST_P(ExactResume, ResumedRunEqualsTheUninterruptedOneBitForBit) {
+  const ResumeCase c = GetParam();
+  TempDir tmp;
+  TrainOptions o = tiny(write_shard(tmp, "train.bin", 4), 6);
+  o.val_data = write_shard(tmp, "val.bin", 5);
+  o.eval_every = 2;
+  o.eval_batches = 2;
+  o.dropout = 0.1;
+  o.shuffle = c.shuffle;
+  o.grad_accum = c.grad_accum;
+  o.grad_clip = c.clip ? 1.0 : 0;
+  o.lr_schedule = LrScheduleKind::kCosine;
+  o.warmup_steps = 1;
+  if (c.nvme) {
+    o.nvme.fraction = 1.0;
+    o.nvme.dir = tmp.file("nvme");
+  }
+  if (c.gemini) {
+    o.val_data.clear();
+    o.device = Device::sim(0);
+    o.sim_capacity_bytes = int64_t{1} << 30;
+    o.gemini = "auto";
+    o.gemini_options.policy = gemini::Policy::kAuto;
+    o.gemini_options.device = o.device;
+    o.gemini_options.verbose = false;
+  }
+  auto run = [&](TrainOptions opts, int64_t stop_after, std::vector<double>* losses) {
+    Trainer t(opts, nullptr);
+    for (int64_t i = 0; i < stop_after && !t.done(); ++i) {
+      const StepResult r = t.train_step();
+      losses->push_back(r.loss);
+      if (t.eval_due()) t.evaluate();
+      if (t.checkpoint_due()) t.save_checkpoint();
+    }
+    t.flush();
+    return weights(t);
+  };
+  std::vector<double> full_losses, first_losses, resumed_losses;
+  const auto full = run(o, 6, &full_losses);
+  TrainOptions first = o;
+  first.checkpoint_dir = tmp.file("ckpt");
+  first.checkpoint_every = 2;
+  run(first, 3, &first_losses);  // "killed" after step 3: the newest checkpoint is step_000002
+  ASSERT_EQ(list_checkpoints(first.checkpoint_dir).size(), 1u);
+  TrainOptions resumed = first;
+  resumed.resume = first.checkpoint_dir;
+  const auto after = run(resumed, 6, &resumed_losses);
+  ASSERT_EQ(resumed_losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed_losses[i], full_losses[i + 2]) << i;
+  EXPECT_EQ(after, full);
+  EXPECT_EQ(list_checkpoints(first.checkpoint_dir).size(), 3u);  // steps 2, 4, 6
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, ExactResume,
+    ::testing::Values(ResumeCase{"dropout", false, false, false, 1},
+                      ResumeCase{"nvme_dropout", true, false, false, 1},
+                      ResumeCase{"shuffle_accum_clip_nvme", true, true, true, 2},
+                      ResumeCase{"gemini_auto_dropout", false, false, false, 1, true}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Trainer, ResumeRefusesADifferentBatchNamingTheOption) {
+  TempDir tmp;
+  TrainOptions o = tiny(write_shard(tmp, "train.bin", 6), 2);
+  o.checkpoint_dir = tmp.file("ckpt");
+  {
+    Trainer t(o, nullptr);
+    t.train_step();
+    t.save_checkpoint();
+  }
+  o.resume = o.checkpoint_dir;
+  o.batch = 3;
+  try {
+    Trainer t(o, nullptr);
+    FAIL() << "resumed with another batch";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--batch"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace mw::train
