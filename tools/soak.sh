@@ -7,8 +7,7 @@
 #           Adam state live on disk (three tiers, docs/gemini.md).
 # It also checks that no offload file is left in the --nvme-dir folders. Not run on every CI run
 # (1000 steps: 105 s here under load 11 on 2 cores: plain 26 s, nvme 41 s, tiers 38 s with 11988
-# evictions); run it after changing the
-# optimizer, the io engine or Gemini:
+# evictions); run it after changing the optimizer, the io engine or Gemini:
 #   tools/soak.sh [BUILD_DIR] [STEPS]          (defaults: build, 1000)
 set -euo pipefail
 build=${1:-build}
