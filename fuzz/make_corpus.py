@@ -65,8 +65,8 @@ config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_siz
           "eos_token_id": 96, "tie_word_embeddings": True}
 put("gpt2_config", "tiny", json.dumps(config, indent=2))
 put("gpt2_config", "minimal", '{"n_layer": 1, "n_head": 1, "n_embd": 8, "vocab_size": 10}')
-# The fuzz target's parameters: numel 5, 6 and 1.
+# The fuzz target's parameters: numel 1030 (two 1024-element slices on disk), 6 and 1.
 put("optim_checkpoint", "one_segment_each",
-    checkpoint(3, [(5, [(0, 5, 3)]), (6, [(0, 6, 3)]), (1, [(0, 1, 3)])]))
-put("optim_checkpoint", "slices", checkpoint(2, [(5, [(0, 4, 2), (4, 1, 1)]), (6, [(0, 4, 2), (4, 2, 2)]),
-                                                 (1, [])]))
+    checkpoint(3, [(1030, [(0, 1030, 3)]), (6, [(0, 6, 3)]), (1, [(0, 1, 3)])]))
+put("optim_checkpoint", "slices",
+    checkpoint(2, [(1030, [(0, 1024, 2), (1024, 6, 1)]), (6, [(0, 4, 2), (4, 2, 2)]), (1, [])]))

@@ -1,7 +1,9 @@
 // libFuzzer target: the optimizer checkpoint reader (HybridAdam::load_state, Note [Optimizer
 // checkpoint format] in src/optim/hybrid_adam.cpp). Two optimizers over the same small parameters
-// load every input: one with its states in memory, one with all of them on disk in 4-element
-// slices, so that segments are mapped onto slices. Loading must succeed or throw a typed error.
+// load every input: one with its states in memory, one with all of them on disk in 1024-element
+// slices (the smallest the store takes), so that segments are mapped onto two slices of the first
+// parameter. Loading must succeed or throw a typed error. fuzz/make_corpus.py writes seeds for
+// these shapes.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -13,7 +15,7 @@
 namespace {
 
 std::vector<mw::Tensor> make_params() {
-  return {mw::Tensor::zeros({5}), mw::Tensor::zeros({2, 3}), mw::Tensor::zeros({1})};
+  return {mw::Tensor::zeros({1030}), mw::Tensor::zeros({2, 3}), mw::Tensor::zeros({1})};
 }
 
 struct Optimizers {
@@ -25,8 +27,8 @@ struct Optimizers {
     mw::optim::NvmeOffloadOptions nvme;
     nvme.fraction = 1.0;
     nvme.dir = mw::fuzz::input_file().dir();
-    nvme.slice_numel = 4;
-    nvme.window_bytes = 4 * 8 * 4;
+    nvme.slice_numel = 1024;
+    nvme.window_bytes = 4 * 8 * 1024;
     on_disk = std::make_unique<mw::optim::HybridAdam>(on_disk_params,
                                                       mw::optim::HybridAdamOptions({}, -1.f, nvme));
   }

@@ -23,7 +23,7 @@ for exe in "${targets[@]}"; do
   name=$(basename "$exe"); name=${name#fuzz_}
   mkdir -p "$scratch/$name" "$findings"
   start=$(date +%s)
-  if "$exe" -max_total_time="$seconds" -timeout=10 -max_len=8192 -print_final_stats=1 \
+  if "$exe" -max_total_time="$seconds" -timeout=10 -max_len=16384 -print_final_stats=1 \
        -artifact_prefix="$findings/$name-" "$scratch/$name" "$root/fuzz/corpus/$name" \
        > "$scratch/$name.log" 2>&1; then
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$scratch/$name.log" | grep -o '[0-9]*$')
