@@ -1,7 +1,7 @@
 // gpt2_train: trains GPT-2 with the shifted cross-entropy loss, reproducing the ColossalAI
-// documents' examples (docs/references.md) and printing their lines: "Model numel", "[i] loss", "Time",
-// "Mem usage". Then peak RSS, median step time and throughput; optionally a JSON-lines log of every
-// step.
+// documents' examples (docs/references.md) and printing their lines: "Model numel", "[i] loss",
+// "Time", "Mem usage". Then peak RSS, median step time and throughput; optionally a JSON-lines log
+// of every step.
 #include <sys/resource.h>
 
 #include <algorithm>
