@@ -1,8 +1,8 @@
 // gpt2_train: trains GPT-2 with the shifted cross-entropy loss, reproducing the ColossalAI
-// documents' examples (REFERENCES.md) and printing their lines: "Model numel", "[i] loss", "Time",
-// "Mem usage". The loop itself is the library's (train/trainer.h): this file parses the options,
-// checks the outputs, drives a Trainer and prints its progress, evaluations and checkpoints, with
-// an optional JSON-lines log of every step.
+// documents' examples (docs/references.md) and printing their lines: "Model numel", "[i] loss",
+// "Time", "Mem usage". The loop itself is the library's (train/trainer.h): this file parses the
+// options, checks the outputs, drives a Trainer and prints its progress, evaluations and
+// checkpoints, with an optional JSON-lines log of every step.
 #include <unistd.h>
 
 #include <chrono>

@@ -16,7 +16,7 @@ Prints one line per step, then a summary; with --json, the last line of stdout i
   {"median_step_ms", "step_ms": [...], "peak_rss_mb" (getrusage ru_maxrss / 1024), "losses": [...],
    "torch": version, "threads": N, plus the run's settings}
 
-How the process is launched matters as much as the script (see REFERENCES.md and
+How the process is launched matters as much as the script (see docs/references.md and
 tools/torch_gpt2_bench.sh, which runs it both "plain" and "tuned": OMP_WAIT_POLICY=PASSIVE and jemalloc
 with decay off).
 """

@@ -5,7 +5,7 @@
 #   tools/torch_gpt2_bench.sh both --model small --batch 4 --seq 128 --steps 10 --threads 2 --json
 #
 # plain: the process as a user would start it; only torch.set_num_threads(--threads).
-# tuned: what REFERENCES.md measured to halve PyTorch's step time on this 2-core machine:
+# tuned: what docs/references.md records to halve PyTorch's step time on this 2-core machine:
 #   OMP_WAIT_POLICY=PASSIVE       OpenMP workers sleep instead of spinning against OpenBLAS's threads;
 #   LD_PRELOAD=libjemalloc.so.2   with MALLOC_CONF dirty/muzzy decay off, so the ~100 MB activation and
 #                                 logits buffers are reused each step instead of unmapped and re-faulted;

@@ -7,11 +7,11 @@
 //
 // Note [Host caching]: a training step allocates the same sizes in the same order every step.
 // Returning those blocks to the OS and faulting them in again costs PyTorch about half its speed on
-// this machine (REFERENCES.md), so freed blocks are cached and reused. A request takes the smallest
-// cached block of at least its size and at most twice it (best fit), so activation-sized and
-// gradient-sized blocks serve each other instead of forming two resident pools: without this, peak
-// RSS was the live peak plus every block ever freed (measured +500 MiB on GPT-2 small). The cache
-// is bounded (max_cached_bytes) and empty_cache() returns everything.
+// this machine (docs/references.md), so freed blocks are cached and reused. A request takes the
+// smallest cached block of at least its size and at most twice it (best fit), so activation-sized
+// and gradient-sized blocks serve each other instead of forming two resident pools: without this,
+// peak RSS was the live peak plus every block ever freed (measured +500 MiB on GPT-2 small). The
+// cache is bounded (max_cached_bytes) and empty_cache() returns everything.
 //
 // Note [The sim device]: a sim allocator is the same host allocator with its own hard capacity and
 // its own statistics. Exceeding the capacity raises OutOfMemory with the requested, free and

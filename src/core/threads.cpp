@@ -1,8 +1,8 @@
 // Note [Threads]: one thread pool, not two. OpenBLAS is told to run single-threaded, and memwall's
 // gemm splits each product into tiles that oneTBB runs in parallel (cpu/gemm.cpp). OpenBLAS's own
 // pthreads busy-wait after every call (about 2^28 cycles by default), so letting both pools run
-// means each steals the cores the other needs: the "spinning threads" cost that REFERENCES.md
-// measures for PyTorch on this machine.
+// means each steals the cores the other needs: the "spinning threads" cost that docs/references.md
+// records for PyTorch on this machine.
 #include <tbb/global_control.h>
 #include <tbb/info.h>
 

@@ -378,7 +378,8 @@ std::vector<std::vector<Segment>> read_segments(CheckpointReader& r,
       s.offset = r.get_i64();
       s.numel = r.get_i64();
       s.step = r.get_i64();
-      MW_CHECK_T(FormatError, s.offset == expect && s.numel > 0 && s.offset + s.numel <= numel,
+      // offset == expect <= numel here, so numel - offset cannot overflow (offset + numel could).
+      MW_CHECK_T(FormatError, s.offset == expect && s.numel > 0 && s.numel <= numel - s.offset,
                  "optimizer checkpoint '", path, "': segments of parameter ", i,
                  " do not tile it (segment at ", s.offset, " of ", s.numel, ")");
       expect += s.numel;

@@ -36,8 +36,11 @@ inline float exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float er = (p * r * r + r) + 1.0f;
-  // k in [-150, 128]; both halves in [-75, 64], so each 2^half is a normal float.
-  const uint32_t ki = static_cast<uint32_t>(static_cast<int32_t>(k));
+  // k in [-150, 128]; both halves in [-75, 64], so each 2^half is a normal float. A NaN k is
+  // converted as 0 (float->int of NaN is undefined behaviour, found by UBSan); r and so the
+  // result are NaN anyway. The select vectorises like the clamps above.
+  const float k_finite = k == k ? k : 0.0f;
+  const uint32_t ki = static_cast<uint32_t>(static_cast<int32_t>(k_finite));
   const uint32_t k1 = static_cast<uint32_t>(static_cast<int32_t>(ki) >> 1), k2 = ki - k1;
   const float s1 = std::bit_cast<float>((k1 + 127u) << 23);
   const float s2 = std::bit_cast<float>((k2 + 127u) << 23);

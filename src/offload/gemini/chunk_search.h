@@ -1,4 +1,4 @@
-// Chunk-size search and chunk packing (docs/gemini.md, REFERENCES.md "Chunk-size search").
+// Chunk-size search and chunk packing (docs/gemini.md, docs/references.md "Gemini").
 //
 // All sizes are in elements, as in ColossalAI: its log line says "MB" but counts 2^20 elements, so
 // GPT-2 small's 124,439,808 parameters print as "used number: 118.68".

@@ -1,5 +1,5 @@
 // Gemini: chunk-based heterogeneous memory management (docs/gemini.md), ColossalAI's design with
-// its bugs designed out (REFERENCES.md).
+// its bugs designed out (docs/references.md, "Gemini").
 //
 // Gemini packs a model's parameters into chunks (chunk.h, chunk_search.h), keeps each chunk at a
 // home tier (the device, or the host when offloaded), gathers offloaded chunks onto the device just

@@ -1,5 +1,5 @@
 // The state of each parameter tensor in a chunk (ColossalAI's TensorState), with the whitelist of
-// legal transitions (REFERENCES.md).
+// legal transitions (docs/references.md, "Gemini").
 //
 // Note [Tensor states]: FREE (no bytes yet) -> HOLD (has values, not in use) -> COMPUTE (an op is
 // using it) -> HOLD (forward done) ... COMPUTE -> HOLD_AFTER_BWD (its backward is done) ->
