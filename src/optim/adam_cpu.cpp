@@ -2,7 +2,6 @@
 // the scalar reference kernel, and the oneTBB parallel split. The math is Note [Adam math].
 #include "optim/adam_cpu.h"
 
-#include <cpuid.h>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
@@ -10,6 +9,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/cpu_features.h"
 #include "core/error.h"
 #include "optim/cpu/adam_kernels.h"
 
@@ -29,13 +29,6 @@ Isa parse_isa(std::string_view name) {
   if (name == "avx2") return Isa::AVX2;
   if (name == "avx512") return Isa::AVX512;
   throw InvalidArgument(str("unknown Adam ISA '", name, "'; expected scalar, avx2 or avx512"));
-}
-
-// F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports does not know "f16c".
-// The OS saves YMM state whenever "avx2" is reported, so the bit alone suffices after that test.
-bool cpu_has_f16c() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
 }
 
 bool isa_supported(Isa isa) {

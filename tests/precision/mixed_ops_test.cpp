@@ -160,7 +160,7 @@ TEST(Autocast, CastIsDifferentiableAndItsGradientIsTheCastBack) {
   backward(y, seed);
   EXPECT_EQ(grad(x).dtype(), DType::F32);
   EXPECT_EQ(grad(x).to_vector<float>(), seed.to(DType::F32).to_vector<float>());
-  EXPECT_THROW(AutocastGuard(DType::F64), InvalidArgument);
+  EXPECT_THROW(AutocastGuard guard{DType::F64}, InvalidArgument);
   EXPECT_THROW(parse_precision("fp8"), InvalidArgument);
 }
 

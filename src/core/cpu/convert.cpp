@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "core/cpu_features.h"
 #include "core/error.h"
 
 namespace mw {
@@ -22,7 +23,7 @@ const char* convert_isa_name(ConvertIsa isa) {
 bool convert_isa_supported(ConvertIsa isa) {
   switch (isa) {
     case ConvertIsa::Scalar: return true;
-    case ConvertIsa::AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    case ConvertIsa::AVX2: return __builtin_cpu_supports("avx2") && cpu_has_f16c();
     case ConvertIsa::AVX512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
   }

@@ -1,0 +1,16 @@
+// CPU features the run-time kernel choice needs beyond __builtin_cpu_supports.
+#pragma once
+
+#include <cpuid.h>
+
+namespace mw {
+
+// F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports (14 and 16) does not know
+// "f16c", so the bf16/f16 conversions and the Adam kernel read it themselves. The OS saves YMM
+// state whenever "avx2" is reported, so the bit alone suffices after that test.
+inline bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+
+}  // namespace mw
