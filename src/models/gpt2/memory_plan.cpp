@@ -107,6 +107,9 @@ std::vector<int64_t> parameter_numels(const Config& config) {
 // million layers: 200 million entries, gigabytes of names): every block has the same tensors, so
 // the tables of one and of two layers give the rest, still from spec.h alone.
 constexpr int64_t kListedLayers = 4096;
+// Past kListedLayers the chunks are equal slices of the parameters, at most this many (a model
+// that large is refused by the plan anyway; the bound keeps planning it under 2 s).
+constexpr int64_t kMaxPlannedChunks = 65536;
 
 Config with_layers(Config c, int64_t n_layer) {
   c.n_layer = n_layer;
@@ -170,10 +173,12 @@ ChunkBytes chunk_bytes(const PlanInputs& in) {
   } else if (capacity <= 0) {
     capacity = std::max(search.min_chunk_numel, *std::max_element(sizes.begin(), sizes.end()));
   }
-  if (!listed) {  // chunks of `capacity` elements, filled in order
-    const int64_t bytes = round_up(capacity * in.dtype_bytes, kHostAlignment);
+  if (!listed) {  // chunks of `capacity` elements, filled in order; at most kMaxPlannedChunks
+    const int64_t total = clamp_bytes(parameter_bytes(in));
+    int64_t bytes = round_up(capacity * in.dtype_bytes, kHostAlignment);
+    if (total / bytes >= kMaxPlannedChunks)  // an absurd model: coarser chunks, planned in time
+      bytes = round_up(total / kMaxPlannedChunks + 1, kHostAlignment);
     ChunkBytes out{bytes, bytes, {}};
-    const int64_t total = parameter_bytes(in);
     for (int64_t done = 0; done < total; done += bytes)
       out.each.push_back(std::min(bytes, total - done));
     return out;
