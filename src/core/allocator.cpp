@@ -41,50 +41,49 @@ void* CachingHostAllocator::allocate(int64_t nbytes) {
     ptr = arenas_.back()->allocate(rounded);
     if (!ptr) {
       ++stats_.arena_fallbacks;
-      ptr = std::aligned_alloc(kHostAlignment, rounded);
-      if (!ptr)
-        throw OutOfMemory(str(device_.str(), ": the system refused ", rounded,
-                              " bytes of host memory; lower the batch or offload more"),
-                          rounded, 0, stats_.capacity_bytes);
+      ptr = heap_allocate_locked(rounded);
     }
-    live_[ptr] = block;
-    stats_.current_bytes += block;
-    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
-    return ptr;
-  }
-  auto it = cache_.lower_bound(rounded);  // best fit: the smallest cached block that is big enough
-  while (it != cache_.end() && it->second.empty()) ++it;
-  // A sim device reuses only exact sizes, so its accounting is exactly what was asked for.
-  // Large blocks (32 MiB and up: logits, the embedding gradient) take at most 1/8 more, so a
-  // 98 MiB logits buffer never takes the 147 MiB block that the embedding gradient needs next,
-  // which would make every step fault in a fresh 147 MiB (measured: 19% of step time in page
-  // clearing).
-  const int64_t slack = rounded >= (int64_t{32} << 20) ? rounded / 8 : rounded;
-  const int64_t max_block = device_.is_sim() ? rounded : rounded + slack;
-  if (it != cache_.end() && it->first <= max_block) {
-    block = it->first;
-    ptr = it->second.back();
-    it->second.pop_back();
-    stats_.cached_bytes -= block;
-    ++stats_.cache_hits;
   } else {
-    if (stats_.capacity_bytes > 0 &&
-        stats_.current_bytes + stats_.cached_bytes + rounded > stats_.capacity_bytes)
-      free_cached_locked(stats_.current_bytes + stats_.cached_bytes + rounded -
-                         stats_.capacity_bytes);  // the cache lives inside the capacity
-    ptr = std::aligned_alloc(kHostAlignment, rounded);
-    if (!ptr) {
-      free_cached_locked(-1);
-      ptr = std::aligned_alloc(kHostAlignment, rounded);
+    // Best fit: the smallest cached block that is big enough.
+    auto it = cache_.lower_bound(rounded);
+    while (it != cache_.end() && it->second.empty()) ++it;
+    // A sim device reuses only exact sizes, so its accounting is exactly what was asked for.
+    // Large blocks (32 MiB and up: logits, the embedding gradient) take at most 1/8 more, so a
+    // 98 MiB logits buffer never takes the 147 MiB block that the embedding gradient needs next,
+    // which would make every step fault in a fresh 147 MiB (measured: 19% of step time in page
+    // clearing).
+    const int64_t slack = rounded >= (int64_t{32} << 20) ? rounded / 8 : rounded;
+    const int64_t max_block = device_.is_sim() ? rounded : rounded + slack;
+    if (it != cache_.end() && it->first <= max_block) {
+      block = it->first;
+      ptr = it->second.back();
+      it->second.pop_back();
+      stats_.cached_bytes -= block;
+      ++stats_.cache_hits;
+    } else {
+      if (stats_.capacity_bytes > 0 &&
+          stats_.current_bytes + stats_.cached_bytes + rounded > stats_.capacity_bytes)
+        free_cached_locked(stats_.current_bytes + stats_.cached_bytes + rounded -
+                           stats_.capacity_bytes);  // the cache lives inside the capacity
+      ptr = heap_allocate_locked(rounded);
     }
-    if (!ptr)
-      throw OutOfMemory(str(device_.str(), ": the system refused ", rounded,
-                            " bytes of host memory; lower the batch or offload more"),
-                        rounded, 0, stats_.capacity_bytes);
   }
   live_[ptr] = block;
   stats_.current_bytes += block;
   stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
+  return ptr;
+}
+
+void* CachingHostAllocator::heap_allocate_locked(int64_t rounded) {
+  void* ptr = std::aligned_alloc(kHostAlignment, rounded);
+  if (!ptr) {
+    free_cached_locked(-1);
+    ptr = std::aligned_alloc(kHostAlignment, rounded);
+  }
+  if (!ptr)
+    throw OutOfMemory(str(device_.str(), ": the system refused ", rounded,
+                          " bytes of host memory; lower the batch or offload more"),
+                      rounded, 0, stats_.capacity_bytes);
   return ptr;
 }
 

@@ -91,6 +91,8 @@ class CachingHostAllocator final : public Allocator {
  private:
   // Frees cached blocks worth at least needed_bytes (Note [Freeing just enough]); -1: all.
   void free_cached_locked(int64_t needed_bytes);
+  // A fresh block from the host heap (emptying the cache and retrying once); OutOfMemory.
+  void* heap_allocate_locked(int64_t rounded);
   // Returns an arena's block, unmapping an old arena once it is empty; false if no arena owns ptr.
   bool arena_free_locked(void* ptr, int64_t block);
   Device device_;
