@@ -57,6 +57,12 @@ void Chunk::set_on_nvme() {
   on_nvme_ = true;
 }
 
+void Chunk::keep_in_ram() {
+  MW_CHECK(on_nvme_ && !gathered_ && !storage_->is_released() && storage_->device().is_cpu(),
+           "chunk ", index_, ": keep_in_ram needs an NVMe-homed chunk with its bytes in RAM");
+  on_nvme_ = false;
+}
+
 void* Chunk::gather_uninitialized(Device device) {
   MW_CHECK(on_nvme_ && !gathered_ && storage_->is_released(), "chunk ", index_,
            ": gather_uninitialized needs a chunk on disk");

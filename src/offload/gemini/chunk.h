@@ -72,6 +72,9 @@ class Chunk {
   bool bring_home_to_ram();
   // Frees the RAM bytes of an NVMe-homed chunk after its write-back.
   void drop_ram() { storage_->release(); }
+  // An NVMe-homed chunk whose RAM bytes are newer than its blob (the write-back failed) becomes
+  // RAM-homed, so that nothing reads the stale blob over them (Note [Abandoning a step]).
+  void keep_in_ram();
 
   Tensor grad;          // [numel] gradient buffer during backward (undefined otherwise)
   int grads_ready = 0;  // members whose gradient is in `grad` this iteration

@@ -309,6 +309,7 @@ void Gemini::pre_op(nn::Module& m, bool backward) {
   auto found = modules_.find(&m);
   if (found == modules_.end()) return;
   ModuleInfo& info = found->second;
+  refuse_if_failed();
   sample_nonmodel();
   if (!pending_.empty()) poll_pending(false);
   for (size_t i : info.tensors)
@@ -439,6 +440,7 @@ void Gemini::finish_chunk(Chunk& c) {
   if (c.grad.device().is_cpu()) track_host(-c.nbytes());
   c.grad = Tensor();
   c.grads_ready = 0;
+  ++stepped_chunks_;
   const uint64_t ticket = adam_->step_param(static_cast<size_t>(c.index()));
   if (c.on_nvme()) pending_.push_back({c.index(), ticket, io::IoHandle(), false});
   if (trace_out_) trace_out_->slice(str("adam chunk ", c.index()), "optim", t0, now_us() - t0);
@@ -509,6 +511,7 @@ void Gemini::build_plan() {
 }
 
 void Gemini::step() {
+  refuse_if_failed();
   // Chunks not stepped inside backward (a member without a gradient, or still in use).
   for (auto& c : chunks_)
     if (c->grad.defined()) {
@@ -527,6 +530,7 @@ void Gemini::step() {
     if (c->gathered()) release(*c, false);
   op_ = 0;
   off_plan_ = false;
+  stepped_chunks_ = 0;
   Optimizer::step_ = adam_->step_count();
 }
 

@@ -132,6 +132,10 @@ class Gemini : public optim::Optimizer {
   // Runs fn with every parameter readable on its home tier: disk-homed chunks are read into RAM
   // for the call and freed after (saving a model, tests). Between steps only.
   void with_parameters_readable(const std::function<void()>& fn);
+  // Note [Abandoning a step]: closes an iteration that an exception left open (abandon.cpp).
+  // Afterwards the parameters can be read and saved, and any further step or op is refused.
+  void abandon_step();
+  bool failed() const { return failed_; }
   // The same, one disk-homed chunk at a time (Note [Streaming save], models/gpt2/hf_io.cpp): fn
   // gets `touch(name)`, which makes that parameter readable, reading its chunk in and freeing
   // the chunk read before it; RAM holds at most one disk-homed chunk. Between steps only.
@@ -167,6 +171,7 @@ class Gemini : public optim::Optimizer {
   void forget_gathered(Chunk& c);
   void prefetch_after(int64_t t);
   void wait_inflight(Chunk& c);
+  void refuse_if_failed() const;
   void track_host(int64_t delta);
   int64_t device_model_bytes() const { return gathered_bytes_ + device_home_bytes_; }
   double now_us() const;
@@ -193,6 +198,8 @@ class Gemini : public optim::Optimizer {
   int64_t gathered_bytes_ = 0, device_home_bytes_ = 0;
   // The plan (Note [OPT eviction]): recorded on the warmup iteration.
   bool recording_ = true;
+  bool failed_ = false;        // Note [Abandoning a step]
+  int64_t stepped_chunks_ = 0;  // chunks handed to HybridAdam this iteration
   bool off_plan_ = false;
   int64_t op_ = 0;  // ops so far this iteration
   std::vector<TraceOp> trace_;

@@ -1,0 +1,88 @@
+// Gemini::abandon_step: closing an iteration that an exception left open.
+//
+// Note [Abandoning a step]: an IoError (a chunk move, a state write), an OutOfMemory or a stop
+// request can escape a forward, a backward or step() with the iteration half done: chunks
+// gathered, reads in flight, gradients half collected, some chunks stepped and on their way back
+// to disk. abandon_step() closes it without stepping anything more:
+//  - every update already handed to HybridAdam is waited for (its failure is not thrown again:
+//    the caller already holds the first one), so each chunk is stepped whole or not at all, and
+//    its Adam states per slice (Note [NVMe failure guarantee], optim/nvme_states.h);
+//  - a stepped disk-homed chunk is written back; when that write fails too, its RAM bytes become
+//    its home (Chunk::keep_in_ram), so the new p stays with its new m and v;
+//  - a disk-homed chunk read into RAM for an update that never ran drops those bytes (its blob
+//    is still the truth), and every gathered copy is released;
+//  - collected gradients and autograd's own are dropped.
+// When no chunk had been stepped (a failure in forward, or in backward before the first chunk's
+// gradients were all in), the model is exactly as before the step and training may go on (a
+// half-recorded warmup is recorded again). Otherwise the model holds a step applied chunk by chunk
+// (docs/gemini.md, "Failure guarantee"): with_parameters_readable() and with_parameters_streamed()
+// work, so it can be inspected or saved, but every further op and step() is refused: training
+// goes on from a checkpoint.
+// tests/faults/fault_sweep_test.cpp fails every request of a three-tier step in turn.
+#include "core/error.h"
+#include "offload/gemini/gemini.h"
+
+namespace mw::gemini {
+
+void Gemini::refuse_if_failed() const {
+  MW_CHECK(!failed_,
+           "Gemini: an earlier step failed after some chunks were stepped, so the model holds a "
+           "partially applied step (Note [Abandoning a step]); restart from the last checkpoint");
+}
+
+void Gemini::abandon_step() {
+  failed_ = failed_ || stepped_chunks_ > 0;
+  for (auto& [c, read] : inflight_) read.join();  // never free bytes a read is filling
+  inflight_.clear();
+  // Stepped disk-homed chunks: their update, then their write-back.
+  for (PendingWrite& w : pending_) {
+    Chunk& c = *chunks_[static_cast<size_t>(w.chunk)];
+    try {
+      adam_->wait_update(w.update_ticket);
+    } catch (const Error&) {  // the state store failed: p was stepped slice by slice, kept below
+    }
+    bool written = false;
+    try {
+      if (!w.writing)
+        w.write = swap_->write(str("chunk.", w.chunk), c.storage()->data(), c.nbytes());
+      w.write.wait();
+      written = true;
+    } catch (const Error&) {
+    }
+    if (written) {
+      c.drop_ram();
+      track_host(-c.nbytes());
+    } else {
+      c.keep_in_ram();
+    }
+  }
+  pending_.clear();
+  try {
+    adam_->flush();  // updates of RAM-homed chunks with states on disk
+  } catch (const Error&) {
+  }
+  for (auto& c : chunks_) {
+    if (c->gathered()) release(*c, false);
+    // Read into RAM for an update that never ran: the blob on disk is still the truth.
+    if (c->on_nvme() && !c->storage()->is_released()) c->drop_ram();
+    c->grad = Tensor();
+    c->grads_ready = 0;
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    set_grad(params_[i], Tensor());
+    in_use_[i] = 0;
+  }
+  gathered_.clear();
+  gathered_bytes_ = 0;
+  op_ = 0;
+  off_plan_ = false;
+  stepped_chunks_ = 0;
+  if (recording_) {  // a half-recorded warmup: the next iteration records again
+    trace_.clear();
+    trace_keys_.clear();
+    nonmodel_.clear();
+    period_nonmodel_bytes_ = 0;
+  }
+}
+
+}  // namespace mw::gemini
