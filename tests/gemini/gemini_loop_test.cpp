@@ -215,6 +215,25 @@ TEST(GeminiLoop, GradAccumIsBitwiseThePlainTrainer) {
   }
 }
 
+// Recomputation fires the forward hooks again inside backward; accumulation, clipping and
+// evaluations still give the plain run's bits (the plain run recomputes too).
+TEST(GeminiLoop, CheckpointedBlocksWithAccumClipAndEvaluation) {
+  TempDir tmp;
+  TrainOptions o = base_options(3);
+  o.grad_accum = 2;
+  o.grad_clip = 1.0;
+  o.checkpoint_every_block = true;
+  o.val_data = write_val_shard(tmp);
+  o.eval_every = 1;
+  o.eval_batches = 2;
+  const LoopRun plain = train(o);
+  for (Mode m : {Mode::kStaticCpu, Mode::kAuto, Mode::kThreeTiers}) {
+    TrainOptions g = o;
+    set_mode(g, m, tmp.file("nvme"));
+    expect_bitwise(plain, train(g), std::string("checkpointed, ") + mode_name(m));
+  }
+}
+
 // Evaluations between steps: the same validation losses, and training after them unchanged.
 // Auto runs under a capacity below the plain run's peak, so the evaluation follows a plan that
 // evicts, and the capacity holds.
