@@ -209,8 +209,10 @@ TEST(GeminiLoop, GradAccumIsBitwiseThePlainTrainer) {
     for (Mode m : kGeminiModes) {
       TrainOptions g = o;
       set_mode(g, m, tmp.file("nvme"));
-      expect_bitwise(plain, train(g),
+      const LoopRun run = train(g);
+      expect_bitwise(plain, run,
                      std::string("accum 3, clip ") + std::to_string(clip) + ", " + mode_name(m));
+      EXPECT_EQ(run.stats.off_plan, 0) << "the plan covers the step's three micro-batches";
     }
   }
 }
@@ -260,6 +262,8 @@ TEST(GeminiLoop, EvaluationBetweenStepsIsBitwiseAndWithinTheCapacity) {
       EXPECT_LE(run.sim_peak_bytes, g.sim_capacity_bytes);
     }
     EXPECT_GT(run.eval_stats.gathers, 0) << "the evaluation gathered no chunk";
+    // Evaluations follow the warmup's forward ops, and training its plan, after every evaluation.
+    EXPECT_EQ(run.stats.off_plan, 0) << mode_name(m);
   }
 }
 

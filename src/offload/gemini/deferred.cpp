@@ -198,7 +198,8 @@ void Gemini::begin_eval() {
     eval_ops_ = static_cast<int64_t>(forward.size());
     eval_next_ = std::make_unique<NextUse>(forward, static_cast<int>(chunks_.size()));
   }
-  off_plan_ = recording_;  // nothing to follow before the first step: minimal residency
+  // Nothing to follow before the first step, or under static: minimal residency.
+  off_plan_ = recording_ || options_.policy == Policy::kStatic;
 }
 
 void Gemini::end_eval() {

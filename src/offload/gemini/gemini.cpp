@@ -330,6 +330,8 @@ void Gemini::pre_op(nn::Module& m, bool backward) {
                             trace_keys_[static_cast<size_t>(t)] !=
                                 std::make_pair(static_cast<const nn::Module*>(&m), backward))) {
     off_plan_ = true;  // another op sequence than the warmup's: minimal residency until step()
+    ++iter_.off_plan;
+    ++run_.off_plan;
     if (options_.verbose)
       std::fprintf(stderr,
                    "gemini: op %lld (%s %s) differs from the recorded iteration; minimal "

@@ -88,6 +88,7 @@ struct GeminiStats {
   int64_t evictions = 0;  // forced by room (releases after a last use are not counted)
   double prefetch_wait_ms = 0;
   int64_t host_chunk_peak_bytes = 0;  // host bytes of chunks: homes, parked, gradient buffers
+  int64_t off_plan = 0;  // iterations (or evaluations) whose ops left the recorded plan
 };
 
 class Gemini : public optim::Optimizer {
