@@ -322,7 +322,7 @@ void Gemini::pre_op(nn::Module& m, bool backward) {
   if (evaluating_ && eval_ops_ > 0 && op_ == eval_ops_) op_ = 0;
   const int64_t t = op_++;
   info.last_op = t;
-  if (!pending_.empty() || !spills_.empty()) poll_spills(false);
+  if (!spills_.empty()) poll_spills(false);  // Note [Deferred updates]
   if (recording_ && !evaluating_) {
     trace_.push_back({need});
     trace_keys_.emplace_back(&m, backward);
