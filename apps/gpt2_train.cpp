@@ -293,15 +293,8 @@ void check_combinations(const Options& o) {
              o.optimizer == "hybridadam" || (o.checkpoint_dir.empty() && o.resume.empty()),
              "--checkpoint-dir/--resume need --optimizer hybridadam (AdamW, the scalar reference, "
              "has no checkpoint format)");
-  MW_CHECK_T(cli::UsageError, o.gemini.empty() || o.val_data.empty(),
-             "--val-data is not supported with --gemini yet: an evaluation's forward without "
-             "backward leaves Gemini's chunks mid-iteration");
   MW_CHECK_T(cli::UsageError, o.resume.empty() || o.load_optimizer.empty(),
              "--resume restores the optimizer itself; drop --load-optimizer");
-  MW_CHECK_T(cli::UsageError, o.gemini.empty() || !o.updates_after_backward(),
-             "--grad-clip and --grad-accum are not supported with --gemini yet: Gemini steps each "
-             "chunk during backward, before the global norm is known (Note [Updates after "
-             "backward])");
 }
 
 Options parse_options(const cli::Parser& p) {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include "autograd/autocast.h"
 #include "autograd/autograd.h"
@@ -18,6 +19,7 @@
 #include "models/gpt2/memory_plan.h"
 #include "models/gpt2/spec.h"
 #include "nn/checkpoint.h"
+#include "optim/grad_norm.h"
 
 namespace mw::train {
 
@@ -103,19 +105,15 @@ gpt2::Config resolve_config(const TrainOptions& o, const std::function<void(std:
 
 double global_grad_norm(const std::vector<Tensor>& params) {
   double sum_sq = 0;
+  std::vector<double> parts;
   for (const Tensor& p : params) {
     Tensor g = grad(p);
     if (!g.defined()) continue;
     if (g.device().is_cuda()) g = g.to(Device::cpu());
     g = g.contiguous();
-    const float* x = g.data<float>();
-    constexpr int64_t kBlock = int64_t{1} << 16;  // fixed: the sum does not depend on threads
-    for (double part : parallel_reduce_blocks<double>(g.numel(), kBlock, [&](int64_t b, int64_t e) {
-           double s = 0;
-           for (int64_t i = b; i < e; ++i) s += static_cast<double>(x[i]) * x[i];
-           return s;
-         }))
-      sum_sq += part;
+    parts.clear();
+    optim::append_block_squares(g.data<float>(), g.numel(), parts);  // Note [Norm order]
+    sum_sq = optim::add_in_order(sum_sq, parts);
   }
   return std::sqrt(sum_sq);
 }
@@ -219,6 +217,12 @@ void Trainer::build_optimizer() {
       gem_->set_trace(trace_.get());
     }
     hybrid_ = &gem_->adam();
+    if (o_.updates_after_backward()) {
+      gem_->set_deferred_updates(true);
+      print_(
+          "Gemini: updates deferred to after backward for --grad-clip/--grad-accum: chunk "
+          "gradients accumulate over the micro-batches (Note [Deferred updates])\n");
+    }
   } else if (o_.optimizer == "adamw") {
     opt_ = std::make_unique<optim::AdamW>(model_->parameters(), o_.hyper);
   } else {
@@ -230,7 +234,7 @@ void Trainer::build_optimizer() {
     hybrid_ = owned.get();
     opt_ = std::move(owned);
   }
-  if (o_.updates_after_backward() && o_.optimizer == "hybridadam")
+  if (o_.updates_after_backward() && o_.optimizer == "hybridadam" && !gem_)
     print_(
         "Updates after backward: --grad-clip/--grad-accum need every gradient first, so update "
         "in backward and the NVMe overlap with backward are off (Note [Updates after backward])\n");
@@ -331,6 +335,7 @@ StepResult Trainer::train_step() {
     r.forward_ms += ms_since(t_fwd);
     mark("backward_start");
     const auto t_bwd = clock::now();
+    if (gem_) gem_->set_final_backward(k + 1 == o_.grad_accum);
     backward(loss, scaler_ ? scaler_->backward_seed(loss) : Tensor());
     r.backward_ms += ms_since(t_bwd);
     loss_sum += loss.item();
@@ -343,7 +348,9 @@ StepResult Trainer::train_step() {
   // fp16: gradients are unscaled in place (and checked) before they are measured or used.
   const bool finite = !scaler_ || scaler_->unscale_and_check(opt_->params());
   if (grads_kept && finite) {
-    r.grad_norm = global_grad_norm(opt_->params()) / static_cast<double>(o_.grad_accum);
+    // Gemini keeps gradients in chunk buffers; its norm sums in the same order (Note [Norm order]).
+    r.grad_norm = (gem_ ? gem_->grad_norm() : global_grad_norm(opt_->params())) /
+                  static_cast<double>(o_.grad_accum);
     double divisor = static_cast<double>(o_.grad_accum);
     // torch.nn.utils.clip_grad_norm_: g *= max_norm / (norm + 1e-6) when that is below 1.
     const double clip_coef = o_.grad_clip > 0 ? o_.grad_clip / (r.grad_norm + 1e-6) : 1.0;
@@ -394,6 +401,9 @@ EvalResult Trainer::evaluate() {
   std::vector<int32_t> tokens(static_cast<size_t>(o_.batch * o_.seq));
   double sum = 0;
   {
+    // Note [Evaluation forward] (offload/gemini/deferred.cpp): Gemini's plan is left as it was.
+    std::optional<gemini::EvalScope> gemini_eval;
+    if (gem_) gemini_eval.emplace(*gem_);
     NoGradGuard no_grad;
     AutocastGuard autocast(o_.precision);
     for (int64_t b = 0; b < o_.eval_batches; ++b) {

@@ -11,7 +11,9 @@
 // both off: backward keeps every gradient, the norm is computed once over all of them in double,
 // and step() applies 1/K and the clip factor as one divisor (div_scale, Note [Adam math]) to
 // in-memory and NVMe-offloaded states alike. The memory plan counts the gradients accordingly.
-// Gemini steps each chunk inside backward and has no such switch yet: it refuses both options.
+// Gemini defers its chunk updates the same way (Note [Deferred updates] in
+// offload/gemini/deferred.cpp): chunk gradient buffers accumulate, the norm is summed in the
+// plain run's order, and step() updates every chunk.
 #pragma once
 
 #include <chrono>

@@ -211,7 +211,7 @@ struct GeminiRun {
   TempDir dir;
   gpt2::GPT2 model{tiny(), 21, DType::F32, Device::cpu()};
   std::unique_ptr<gemini::Gemini> gem;
-  GeminiRun() {
+  explicit GeminiRun(bool deferred = false) {
     gemini::GeminiOptions o;
     o.policy = gemini::Policy::kAuto;
     o.device = Device::sim(kSim);
@@ -222,6 +222,8 @@ struct GeminiRun {
     o.adam.nvme.slice_numel = 1024;
     o.adam.nvme.window_bytes = 8 << 13;
     gem = std::make_unique<gemini::Gemini>(model, o);
+    // Note [Deferred updates] (--grad-clip, --grad-accum): every chunk is stepped in step().
+    gem->set_deferred_updates(deferred);
     model.train();
   }
   void step(int64_t s) { one_step(model, *gem, s, Device::sim(kSim)); }
@@ -254,11 +256,12 @@ Weights plain_weights(int steps) {
   return w;
 }
 
-TEST(FaultSweep, EveryChunkAndStateRequestOfAGeminiStepFailsCleanly) {
+void sweep_gemini(bool deferred, int64_t points) {
+  SCOPED_TRACE(deferred ? "updates deferred to step()" : "updates in backward");
   const std::vector<Weights> ref = {plain_weights(2), plain_weights(3), plain_weights(4)};
   int64_t chunk_requests = 0, state_requests = 0;
   {
-    GeminiRun run;
+    GeminiRun run(deferred);
     ASSERT_NE(run.gem->io_engine(), nullptr) << "no chunk was homed on disk";
     ASSERT_NE(run.gem->adam().nvme(), nullptr) << "no Adam state went to disk";
     for (int s = 0; s < 2; ++s) run.step(s);
@@ -275,12 +278,12 @@ TEST(FaultSweep, EveryChunkAndStateRequestOfAGeminiStepFailsCleanly) {
   int64_t stepped = 0, kept = 0, unused = 0;
   for (int which = 0; which < 2; ++which) {
     const int64_t n = which == 0 ? chunk_requests : state_requests;
-    for (int64_t k : sweep(n, 12)) {
+    for (int64_t k : sweep(n, points)) {
       SCOPED_TRACE(std::string(which == 0 ? "chunk" : "state") + " request " + std::to_string(k) +
                    " of " + std::to_string(n));
       std::string dir;
       {
-        GeminiRun run;
+        GeminiRun run(deferred);
         dir = run.dir.path;
         for (int s = 0; s < 2; ++s) run.step(s);
         Injection fail;
@@ -338,6 +341,11 @@ TEST(FaultSweep, EveryChunkAndStateRequestOfAGeminiStepFailsCleanly) {
   std::printf("  %lld elements stepped, %lld kept; %lld failed reads were of unused copies\n",
               static_cast<long long>(stepped), static_cast<long long>(kept),
               static_cast<long long>(unused));
+}
+
+TEST(FaultSweep, EveryChunkAndStateRequestOfAGeminiStepFailsCleanly) {
+  sweep_gemini(/*deferred=*/false, 12);
+  sweep_gemini(/*deferred=*/true, 8);
 }
 
 // A slow device and short transfers are not failures: bitwise the clean run.

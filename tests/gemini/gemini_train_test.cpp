@@ -1,7 +1,6 @@
 // Gemini trains GPT-2 bitwise like the plain run: the same losses and weights after several steps,
 // for static placement at several fractions, auto and const, with dropout on and with activation
 // checkpointing; the device capacity is never exceeded; no illegal state transition happens.
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,6 +11,7 @@
 #include "core/allocator.h"
 #include "core/random.h"
 #include "data/random_tokens.h"
+#include "dir_entries.h"
 #include "models/gpt2/model.h"
 #include "nn/checkpoint.h"
 #include "offload/gemini/gemini.h"
@@ -238,16 +238,7 @@ TEST(GeminiTrain, CheckpointedBlocksAreBitwiseToo) {
   }
 }
 
-// The names in a directory (without . and ..).
-std::vector<std::string> entries(const std::string& dir) {
-  std::vector<std::string> out;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d))
-      if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") out.push_back(e->d_name);
-    ::closedir(d);
-  }
-  return out;
-}
+using mw::testing::entries;
 
 // Three tiers: a host budget that holds neither the Adam states nor every chunk sends the states
 // to disk (NvmeAdamStates) and homes chunks on disk (Note [NVMe-homed chunks]). Same bits as the

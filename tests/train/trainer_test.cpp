@@ -173,7 +173,7 @@ struct ResumeCase {
   const char* name;
   bool nvme, shuffle, clip;
   int64_t grad_accum;
-  bool gemini = false;  // Gemini auto on a sim device (no evaluation: Gemini refuses it)
+  bool gemini = false;  // Gemini auto on a sim device
 };
 
 class ExactResume : public ::testing::TestWithParam<ResumeCase> {};
@@ -198,7 +198,6 @@ TEST_P(ExactResume, ResumedRunEqualsTheUninterruptedOneBitForBit) {
     o.nvme.dir = tmp.file("nvme");
   }
   if (c.gemini) {
-    o.val_data.clear();
     o.device = Device::sim(0);
     o.sim_capacity_bytes = int64_t{1} << 30;
     o.gemini = "auto";
@@ -238,7 +237,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(ResumeCase{"dropout", false, false, false, 1},
                       ResumeCase{"nvme_dropout", true, false, false, 1},
                       ResumeCase{"shuffle_accum_clip_nvme", true, true, true, 2},
-                      ResumeCase{"gemini_auto_dropout", false, false, false, 1, true}),
+                      ResumeCase{"gemini_auto_dropout", false, false, false, 1, true},
+                      ResumeCase{"gemini_auto_shuffle_accum_clip", false, true, true, 2, true},
+                      ResumeCase{"gemini_auto_accum_clip_nvme", true, false, true, 2, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Trainer, ResumeRefusesADifferentBatchNamingTheOption) {

@@ -250,9 +250,26 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t params, int64_t ac
   if (g.host_capacity_bytes > 0)
     t = gemini::plan_tiers(chunks.each, params_off, optim_on_host, g.host_capacity_bytes,
                            in.nvme_fraction, in.nvme_window_bytes);
+  // Note [Deferred updates] (offload/gemini/deferred.cpp): with --grad-clip/--grad-accum every
+  // chunk's gradient buffer lives until step(), where its Adam states are; those of disk-homed
+  // chunks go to disk (all but the newest, inside the reserve).
+  int64_t deferred_host_grads = 0;
+  if (!in.update_in_backward) {
+    int64_t device_grads = 0;
+    for (size_t c = 0; c < n; ++c)
+      if (!optim_on_host[c])
+        device_grads += chunks.each[c];
+      else if (t.on_disk.empty() || !t.on_disk[c])
+        deferred_host_grads += chunks.each[c];
+    if (device_grads > 0)
+      add(p, "gradient buffers until step()", dev, device_grads,
+          "--grad-clip/--grad-accum: updates after backward");
+  }
   if (t.disk_chunk_bytes == 0 && t.disk_state_bytes == 0) {
     add(p, "chunk homes + Adam m, v + gradient buffers", "host",
-        host_chunks + host_states + largest, "the largest chunk for gradients");
+        host_chunks + host_states + std::max(largest, deferred_host_grads),
+        deferred_host_grads > 0 ? "every chunk's gradients until step()"
+                                : "the largest chunk for gradients");
     return;
   }
   if (t.disk_state_bytes > 0)
@@ -262,6 +279,9 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t params, int64_t ac
   add(p, "parameter chunks (NVMe)", "disk", t.disk_chunk_bytes, "homed on disk, last chunk first");
   add(p, "chunk homes", "host", t.host_chunk_bytes, "");
   add(p, "gradient buffers", "host", t.reserve_bytes, "3 x the largest chunk, kept free");
+  if (deferred_host_grads > 0)  // RAM-homed chunks keep theirs until step(); disk-homed spill
+    add(p, "gradient buffers until step()", "host", deferred_host_grads,
+        "--grad-clip/--grad-accum: RAM-homed chunks' gradients");
 }
 
 }  // namespace

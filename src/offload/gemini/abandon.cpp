@@ -11,7 +11,8 @@
 //    its home (Chunk::keep_in_ram), so the new p stays with its new m and v;
 //  - a disk-homed chunk read into RAM for an update that never ran drops those bytes (its blob
 //    is still the truth), and every gathered copy is released;
-//  - collected gradients and autograd's own are dropped.
+//  - collected gradients and autograd's own are dropped, with deferred updates' spilled and
+//    accumulated gradient buffers (Note [Deferred updates]).
 // When no chunk had been stepped (a failure in forward, or in backward before the first chunk's
 // gradients were all in), the model is exactly as before the step and training may go on (a
 // half-recorded warmup is recorded again). Otherwise the model holds a step applied chunk by chunk
@@ -61,7 +62,15 @@ void Gemini::abandon_step() {
     adam_->flush();  // updates of RAM-homed chunks with states on disk
   } catch (const Error&) {
   }
+  // Deferred updates (Note [Deferred updates]): gradient buffers on their way to disk.
+  for (Spill& s : spills_) s.write.join();
+  spills_.clear();
+  grads_in_ram_.clear();
+  for (auto& parts : norm_parts_) parts.clear();
   for (auto& c : chunks_) {
+    c->grad_on_disk = false;
+    c->backwards_done = 0;
+    c->norm_taken = false;
     if (c->gathered()) release(*c, false);
     // Read into RAM for an update that never ran: the blob on disk is still the truth.
     if (c->on_nvme() && !c->storage()->is_released()) c->drop_ram();

@@ -78,6 +78,11 @@ class Chunk {
 
   Tensor grad;          // [numel] gradient buffer during backward (undefined otherwise)
   int grads_ready = 0;  // members whose gradient is in `grad` this iteration
+  // Note [Deferred updates] (deferred.cpp): backwards whose gradients `grad` has accumulated this
+  // step, whether the norm's partials were taken, and whether the buffer waits on disk.
+  int backwards_done = 0;
+  bool norm_taken = false;
+  bool grad_on_disk = false;
 
  private:
   int index_;

@@ -64,6 +64,7 @@ Gemini::~Gemini() {
   alive_.reset();                           // hooks see the optimizer gone and do nothing
   for (auto& w : pending_) w.write.join();  // never leave I/O into freed memory
   for (auto& [c, read] : inflight_) read.join();
+  for (auto& spill : spills_) spill.write.join();
   for (auto& c : chunks_)
     if (c->gathered()) c->release_copy();
 }
@@ -318,15 +319,20 @@ void Gemini::pre_op(nn::Module& m, bool backward) {
   if (!backward || info.needs_data_in_backward)
     for (int c : info.chunks)
       if (chunks_[static_cast<size_t>(c)]->host_home()) need.push_back(c);
+  // Note [Evaluation forward]: each forward of an evaluation repeats the recorded forward ops.
+  if (evaluating_ && eval_ops_ > 0 && op_ == eval_ops_) op_ = 0;
   const int64_t t = op_++;
   info.last_op = t;
-  if (recording_) {
+  if (!spills_.empty()) poll_spills(false);  // Note [Deferred updates]
+  if (recording_ && !evaluating_) {
     trace_.push_back({need});
     trace_keys_.emplace_back(&m, backward);
-  } else if (!off_plan_ && (t >= static_cast<int64_t>(trace_keys_.size()) ||
+  } else if (!off_plan_ && (t >= plan_ops() ||
                             trace_keys_[static_cast<size_t>(t)] !=
                                 std::make_pair(static_cast<const nn::Module*>(&m), backward))) {
     off_plan_ = true;  // another op sequence than the warmup's: minimal residency until step()
+    ++iter_.off_plan;
+    ++run_.off_plan;
     if (options_.verbose)
       std::fprintf(stderr,
                    "gemini: op %lld (%s %s) differs from the recorded iteration; minimal "
@@ -345,12 +351,20 @@ void Gemini::pre_op(nn::Module& m, bool backward) {
     else
       wait_inflight(chunk);
   }
-  if (!recording_ && !off_plan_ && options_.policy != Policy::kStatic) prefetch_after(t);
+  if (planned()) prefetch_after(t);
+}
+
+// With a plan: the warmup's, or during an evaluation its forward part (Note [Evaluation forward]).
+bool Gemini::planned() const {
+  return !recording_ && !off_plan_ && options_.policy != Policy::kStatic;
+}
+
+int64_t Gemini::plan_ops() const {
+  return evaluating_ ? eval_ops_ : static_cast<int64_t>(trace_keys_.size());
 }
 
 void Gemini::make_room(const std::vector<int>& need, int64_t t) {
-  const bool planned = !recording_ && !off_plan_ && options_.policy != Policy::kStatic;
-  if (!planned) {  // Note [Minimal residency]
+  if (!planned()) {  // Note [Minimal residency]
     for (int c : std::vector<int>(gathered_)) {
       Chunk& chunk = *chunks_[static_cast<size_t>(c)];
       if (std::find(need.begin(), need.end(), c) == need.end() && !pinned(chunk))
@@ -368,7 +382,7 @@ void Gemini::make_room(const std::vector<int>& need, int64_t t) {
   std::vector<int64_t> bytes;
   for (auto& c : chunks_) bytes.push_back(c->nbytes());
   for (int c : choose_evictions(gathered_, keep, bytes, gathered_bytes_, need_bytes,
-                                avail_[static_cast<size_t>(t)], *next_, t))
+                                avail_[static_cast<size_t>(t)], plan_next(), t))
     release(*chunks_[static_cast<size_t>(c)], true);
 }
 
@@ -384,11 +398,11 @@ void Gemini::end_use(nn::Module& m, TensorState after) {
                       info.op_start_us, t - info.op_start_us);
     trace_out_->counter("device in use", t, allocator_for(options_.device).stats().current_bytes);
   }
-  if (recording_ || off_plan_ || options_.policy == Policy::kStatic) return;
+  if (!planned()) return;
   // Released right after the last use in the iteration (Note [Minimal residency]).
   for (int c : info.chunks) {
     Chunk& chunk = *chunks_[static_cast<size_t>(c)];
-    if (chunk.gathered() && !pinned(chunk) && !next_->used_after(c, info.last_op))
+    if (chunk.gathered() && !pinned(chunk) && !plan_next().used_after(c, info.last_op))
       release(chunk, false);
   }
 }
@@ -403,9 +417,11 @@ void Gemini::on_grad_ready(size_t i) {
   states_.set(i, TensorState::kReadyForReduce);
   Chunk& c = *chunks_[chunk_of_[i]];
   const Device grad_device = optim_on_host_[chunk_of_[i]] ? Device::cpu() : options_.device;
+  if (c.grad_on_disk) restore_grad(c);  // Note [Deferred updates]: a later micro-batch
   if (!c.grad.defined()) {
     c.grad = Tensor::zeros({c.numel()}, DType::F32, grad_device);
     if (grad_device.is_cpu()) track_host(c.nbytes());
+    if (deferred_ && c.on_nvme()) grads_in_ram_.push_back(c.index());
   }
   const ChunkMember* member = nullptr;
   for (const ChunkMember& mm : c.members())
@@ -415,13 +431,7 @@ void Gemini::on_grad_ready(size_t i) {
     MW_CHECK_T(ShapeError, g.numel() == member->numel && g.dtype() == DType::F32,
                "Gemini: gradient of '", names_[i], "' is ", g.desc(), ", expected f32 with ",
                member->numel, " elements");
-    Tensor gc = g.contiguous();
-    copy_bytes(static_cast<float*>(c.grad.raw_data()) + member->offset, grad_device, gc.raw_data(),
-               gc.device(), gc.nbytes());
-    if (!gc.device().is_cpu() && grad_device.is_cpu()) {
-      iter_.d2h_bytes += gc.nbytes();
-      run_.d2h_bytes += gc.nbytes();
-    }
+    add_gradient(c, *member, g, grad_device);
     set_grad(params_[i], Tensor());  // autograd keeps no separate .grad
   }
   states_.set(i, TensorState::kHold);
@@ -429,6 +439,7 @@ void Gemini::on_grad_ready(size_t i) {
 }
 
 void Gemini::finish_chunk(Chunk& c) {
+  if (deferred_ && !updating_) return complete_deferred(c);
   if (c.gathered() && pinned(c)) return;  // still in use: step() updates it
   // Its last use in the iteration: the update needs the home bytes.
   if (c.on_nvme())
@@ -461,7 +472,7 @@ void Gemini::finish_chunk(Chunk& c) {
 // allocator's peak over the interval minus them is exactly its non-model peak. The period's
 // reserve is the largest over its intervals.
 void Gemini::close_interval() {
-  if (!recording_ || options_.policy != Policy::kAuto) return;
+  if (!recording_ || evaluating_ || options_.policy != Policy::kAuto) return;
   Allocator& a = allocator_for(options_.device);
   const int64_t peak = a.stats().peak_bytes;
   a.reset_peak();
@@ -469,7 +480,7 @@ void Gemini::close_interval() {
 }
 
 void Gemini::sample_nonmodel() {
-  if (!recording_ || options_.policy != Policy::kAuto) return;
+  if (!recording_ || evaluating_ || options_.policy != Policy::kAuto) return;
   close_interval();
   if (op_ > 0) nonmodel_.push_back(std::max<int64_t>(0, period_nonmodel_bytes_));
   period_nonmodel_bytes_ = 0;
@@ -512,12 +523,17 @@ void Gemini::build_plan() {
 
 void Gemini::step() {
   refuse_if_failed();
-  // Chunks not stepped inside backward (a member without a gradient, or still in use).
-  for (auto& c : chunks_)
-    if (c->grad.defined()) {
-      if (c->gathered()) release(*c, false);
-      finish_chunk(*c);
-    }
+  MW_CHECK(!evaluating_, "Gemini::step inside an evaluation (end_eval first)");
+  if (deferred_) {
+    step_deferred();
+  } else {
+    // Chunks not stepped inside backward (a member without a gradient, or still in use).
+    for (auto& c : chunks_)
+      if (c->grad.defined()) {
+        if (c->gathered()) release(*c, false);
+        finish_chunk(*c);
+      }
+  }
   adam_->step();  // waits for the updates of NVMe-offloaded Adam states
   poll_pending(true);
   if (recording_) {

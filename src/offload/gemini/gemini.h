@@ -29,10 +29,11 @@
 // chunk is kept between uses as long as room allows and released right after its last use in the
 // iteration (ColossalAI keeps gathered chunks until memory pressure: its #2650).
 //
-// Contract (Note [Overlapped step contract], optim/hybrid_adam.h): one backward per step(), no
-// gradient changes between backward and step(). Every parameter should receive a gradient in each
-// backward: a chunk is stepped with a zero gradient for a member that got none (a plain AdamW
-// would skip that parameter).
+// Contract (Note [Overlapped step contract], optim/hybrid_adam.h): one backward per step() (or K
+// with deferred updates, Note [Deferred updates]), no gradient changes between backward and
+// step(). Evaluation forwards run inside an EvalScope (Note [Evaluation forward]). Every parameter
+// should receive a gradient in each backward: a chunk is stepped with a zero gradient for a member
+// that got none (a plain AdamW would skip that parameter).
 #pragma once
 
 #include <chrono>
@@ -87,6 +88,7 @@ struct GeminiStats {
   int64_t evictions = 0;  // forced by room (releases after a last use are not counted)
   double prefetch_wait_ms = 0;
   int64_t host_chunk_peak_bytes = 0;  // host bytes of chunks: homes, parked, gradient buffers
+  int64_t off_plan = 0;  // iterations (or evaluations) whose ops left the recorded plan
 };
 
 class Gemini : public optim::Optimizer {
@@ -129,6 +131,23 @@ class Gemini : public optim::Optimizer {
   // The engine moving NVMe-homed chunks (null without them), for fault-injection tests.
   io::IoEngine* io_engine() { return engine_.get(); }
   int64_t nvme_chunk_bytes() const;
+
+  // Note [Deferred updates] (deferred.cpp): with --grad-clip or --grad-accum, no chunk is stepped
+  // in backward; chunk gradient buffers accumulate over the step's backwards and step() updates
+  // every chunk. Set between steps.
+  void set_deferred_updates(bool on);
+  bool deferred_updates() const { return deferred_; }
+  // Whether the coming backward is the step's last (default true): then each chunk's gradient is
+  // final when complete, and its share of the norm is taken at once.
+  void set_final_backward(bool final) { final_backward_ = final; }
+  // After the step's last backward, deferred mode: the global L2 norm of every gradient, summed
+  // in the plain run's order (Note [Norm order], optim/grad_norm.h).
+  double grad_norm();
+  // Note [Evaluation forward]: forwards without backward (no_grad) between steps.
+  void begin_eval();
+  void end_eval();
+  // Counters of the last evaluation (kept out of the steps' counters).
+  const GeminiStats& eval_stats() const { return eval_stats_; }
   // Runs fn with every parameter readable on its home tier: disk-homed chunks are read into RAM
   // for the call and freed after (saving a model, tests). Between steps only.
   void with_parameters_readable(const std::function<void()>& fn);
@@ -173,6 +192,17 @@ class Gemini : public optim::Optimizer {
   void wait_inflight(Chunk& c);
   void refuse_if_failed() const;
   void track_host(int64_t delta);
+  bool planned() const;
+  const NextUse& plan_next() const { return evaluating_ ? *eval_next_ : *next_; }
+  int64_t plan_ops() const;
+  void complete_deferred(Chunk& c);
+  void add_gradient(Chunk& c, const ChunkMember& member, const Tensor& g, Device grad_device);
+  void take_norm_parts(Chunk& c);
+  void spill_grads(bool all);
+  void restore_grad(Chunk& c);
+  void poll_spills(bool wait);
+  void step_deferred();
+  void drop_spill(Chunk& c);
   int64_t device_model_bytes() const { return gathered_bytes_ + device_home_bytes_; }
   double now_us() const;
 
@@ -223,10 +253,41 @@ class Gemini : public optim::Optimizer {
   // Note [Prefetch]: disk reads of chunks gathered ahead of their op, by chunk.
   std::unordered_map<int, io::IoHandle> inflight_;
 
+  // Note [Deferred updates]: chunks with gradients in RAM on their way to disk, oldest first;
+  // the chunks whose gradient buffer (disk-homed chunks only) is in RAM, oldest first; per tensor,
+  // its block partials of the squared norm.
+  bool deferred_ = false, final_backward_ = true, updating_ = false;
+  struct Spill {
+    int chunk = 0;
+    Tensor buffer;
+    io::IoHandle write;
+  };
+  std::vector<Spill> spills_;
+  std::vector<int> grads_in_ram_;
+  std::vector<std::vector<double>> norm_parts_;
+  // Note [Evaluation forward]: the warmup's forward ops, their next uses, and the counters the
+  // evaluation interrupted.
+  bool evaluating_ = false;
+  int64_t eval_ops_ = 0;
+  std::unique_ptr<NextUse> eval_next_;
+  GeminiStats saved_iter_, eval_stats_;
+
   GeminiStats iter_, run_;  // this iteration's counters, the run's
   int64_t host_chunk_bytes_ = 0;
   Trace* trace_out_ = nullptr;
   std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+};
+
+// begin_eval / end_eval on every exit path (an exception in an evaluation forward included).
+class EvalScope {
+ public:
+  explicit EvalScope(Gemini& g) : g_(g) { g_.begin_eval(); }
+  ~EvalScope() { g_.end_eval(); }
+  EvalScope(const EvalScope&) = delete;
+  EvalScope& operator=(const EvalScope&) = delete;
+
+ private:
+  Gemini& g_;
 };
 
 }  // namespace mw::gemini

@@ -123,7 +123,7 @@ int64_t Gemini::nvme_chunk_bytes() const {
 // docs/gemini.md).
 void Gemini::prefetch_after(int64_t t) {
   if (!swap_) return;
-  const int64_t n = static_cast<int64_t>(trace_.size());
+  const int64_t n = plan_ops();
   const AllocatorStats st = allocator_for(options_.device).stats();
   int64_t room = avail_[static_cast<size_t>(t)];
   for (int64_t u = t + 1; u < std::min(n, t + 3); ++u) {

@@ -1,0 +1,220 @@
+// Gemini in the full training loop: updates deferred to after backward (--grad-clip,
+// --grad-accum) and evaluation forwards between steps. gemini.cpp has the chunks and hooks.
+//
+// Note [Deferred updates]: the global gradient norm must be known before any chunk is updated,
+// and with K micro-batches a chunk's gradient is only final after the K-th backward. So in
+// deferred mode a chunk whose gradients are complete in a backward is not stepped: its buffer
+// keeps them, and the next backward adds into it with the plain run's operation (AccumulateGrad's
+// axpy_, autograd/engine.cpp), so the sums are bitwise those of .grad in a plain run. In the last
+// backward each complete chunk gives its members' block partials of the squared norm at once
+// (Note [Norm order], optim/grad_norm.h), while the buffer is still in memory; grad_norm() adds
+// them in parameter order, which is the plain run's order, so the norm and the clip factor are
+// identical. step() then updates every chunk (the clip factor and 1/K are HybridAdam's div_scale).
+//
+// Gradient buffers of disk-homed chunks (three tiers) do not stay in RAM: once complete in a
+// backward, all but the newest are written to the swap space ("grad.C") and freed when written;
+// a later backward or the update reads a buffer back (or takes it back unread when its write is
+// still in flight). The update pass goes, to move the fewest bytes: chunks homed on the device or
+// in RAM (no disk traffic), then disk-homed chunks whose gradients are still in RAM, newest first,
+// then the spilled ones. Against updating in backward, a disk-homed chunk costs per step one more
+// read of its parameters (in backward its update took them from the device copy) and a write and
+// read of its gradient (docs/gemini.md has the measured bytes).
+//
+// Note [Evaluation forward]: an evaluation (no_grad forwards, between steps) must neither record
+// into nor disturb the training plan. With a plan, it uses the warmup's forward ops (the trace up
+// to the first backward op: an evaluation forward calls the same modules in the same order) with
+// their own next uses, so a chunk is released after its last use in the evaluation forward and
+// disk-homed chunks are read ahead as in training; the budgets are the training forward's, whose
+// non-model memory (saved activations) is at least an evaluation's at the same op. Without a plan
+// (static, or before the first step), minimal residency. Every forward of the evaluation repeats
+// the op sequence from op 0. end_eval releases every gathered chunk and resets the op counter, so
+// the next training step starts as after any step; its counters go to eval_stats().
+#include <algorithm>
+#include <cmath>
+
+#include "autograd/autograd.h"
+#include "core/allocator.h"
+#include "core/ops.h"
+#include "offload/gemini/gemini.h"
+#include "optim/grad_norm.h"
+
+namespace mw::gemini {
+
+void Gemini::set_deferred_updates(bool on) {
+  MW_CHECK(op_ == 0 && !evaluating_, "Gemini::set_deferred_updates must be called between steps");
+  deferred_ = on;
+  norm_parts_.assign(names_.size(), {});
+}
+
+// The first backward of a step copies (as autograd takes a leaf's first gradient); later ones add
+// with AccumulateGrad's operation.
+void Gemini::add_gradient(Chunk& c, const ChunkMember& member, const Tensor& g,
+                          Device grad_device) {
+  Tensor gc = g.contiguous();
+  if (!gc.device().is_cpu() && grad_device.is_cpu()) {
+    iter_.d2h_bytes += gc.nbytes();
+    run_.d2h_bytes += gc.nbytes();
+  }
+  if (c.backwards_done == 0) {
+    copy_bytes(static_cast<float*>(c.grad.raw_data()) + member.offset, grad_device, gc.raw_data(),
+               gc.device(), gc.nbytes());
+    return;
+  }
+  Tensor src = (gc.device() == grad_device ? gc : gc.to(grad_device)).view({member.numel});
+  Tensor dst = c.grad.narrow(0, member.offset, member.numel);
+  ops::axpy_(dst, src);
+}
+
+void Gemini::complete_deferred(Chunk& c) {
+  c.grads_ready = 0;
+  ++c.backwards_done;
+  if (final_backward_) take_norm_parts(c);
+  if (c.on_nvme()) spill_grads(/*all=*/false);
+}
+
+void Gemini::take_norm_parts(Chunk& c) {
+  Tensor g = c.grad.device().is_cuda() ? c.grad.to(Device::cpu()) : c.grad;
+  const float* x = static_cast<const float*>(g.raw_data());
+  for (const ChunkMember& m : c.members()) {
+    std::vector<double>& parts = norm_parts_[m.tensor];
+    parts.clear();
+    optim::append_block_squares(x + m.offset, m.numel, parts);
+  }
+  c.norm_taken = true;
+}
+
+// Writes complete gradient buffers of disk-homed chunks to disk, oldest first, keeping the newest
+// in RAM unless `all`.
+void Gemini::spill_grads(bool all) {
+  const size_t keep = all ? 0 : 1;
+  size_t complete = 0;
+  for (int ci : grads_in_ram_)
+    if (chunks_[static_cast<size_t>(ci)]->grads_ready == 0) ++complete;
+  for (auto it = grads_in_ram_.begin(); it != grads_in_ram_.end() && complete > keep;) {
+    Chunk& c = *chunks_[static_cast<size_t>(*it)];
+    if (c.grads_ready != 0) {  // still receiving this backward's gradients
+      ++it;
+      continue;
+    }
+    Spill s;
+    s.chunk = c.index();
+    s.buffer = std::move(c.grad);
+    s.write = swap_->write(str("grad.", c.index()), s.buffer.raw_data(), c.nbytes());
+    spills_.push_back(std::move(s));
+    c.grad = Tensor();
+    c.grad_on_disk = true;
+    iter_.nvme_write_bytes += c.nbytes();
+    run_.nvme_write_bytes += c.nbytes();
+    it = grads_in_ram_.erase(it);
+    --complete;
+  }
+}
+
+// Frees the RAM of gradient buffers whose write is done (wait: all of them).
+void Gemini::poll_spills(bool wait) {
+  for (size_t k = 0; k < spills_.size();) {
+    Spill& s = spills_[k];
+    if (!wait && !s.write.done()) {
+      ++k;
+      continue;
+    }
+    s.write.wait();  // throws the IoError naming the file, offset and errno
+    track_host(-chunks_[static_cast<size_t>(s.chunk)]->nbytes());
+    spills_.erase(spills_.begin() + static_cast<std::ptrdiff_t>(k));
+  }
+}
+
+void Gemini::restore_grad(Chunk& c) {
+  auto it = std::find_if(spills_.begin(), spills_.end(),
+                         [&](const Spill& s) { return s.chunk == c.index(); });
+  if (it != spills_.end()) {  // still in RAM: take it back unread
+    it->write.wait();
+    c.grad = std::move(it->buffer);
+    spills_.erase(it);
+  } else {
+    c.grad = Tensor::empty({c.numel()}, DType::F32, Device::cpu());
+    swap_->read(str("grad.", c.index()), c.grad.raw_data()).wait();
+    iter_.nvme_read_bytes += c.nbytes();
+    run_.nvme_read_bytes += c.nbytes();
+    track_host(c.nbytes());
+  }
+  c.grad_on_disk = false;
+  grads_in_ram_.push_back(c.index());
+}
+
+double Gemini::grad_norm() {
+  MW_CHECK(deferred_, "Gemini::grad_norm needs deferred updates (set_deferred_updates)");
+  // A chunk that did not complete (a member without a gradient) gives its share now.
+  for (auto& c : chunks_)
+    if ((c->grad.defined() || c->grad_on_disk) && !c->norm_taken) {
+      if (c->grad_on_disk) restore_grad(*c);
+      take_norm_parts(*c);
+    }
+  double sum_sq = 0;
+  for (const std::vector<double>& parts : norm_parts_) sum_sq = optim::add_in_order(sum_sq, parts);
+  return std::sqrt(sum_sq);
+}
+
+void Gemini::step_deferred() {
+  std::vector<int> order;
+  for (auto& c : chunks_)
+    if (c->grad.defined() && !c->on_nvme()) order.push_back(c->index());
+  for (auto it = grads_in_ram_.rbegin(); it != grads_in_ram_.rend(); ++it) order.push_back(*it);
+  for (auto& c : chunks_)
+    if (c->grad_on_disk) order.push_back(c->index());
+  updating_ = true;
+  struct Done {  // on every exit path
+    Gemini& g;
+    ~Done() {
+      g.updating_ = false;
+      for (auto& c : g.chunks_) {
+        c->backwards_done = 0;
+        c->norm_taken = false;
+      }
+      for (auto& parts : g.norm_parts_) parts.clear();
+    }
+  } done{*this};
+  for (int ci : order) {
+    Chunk& c = *chunks_[static_cast<size_t>(ci)];
+    if (c.grad_on_disk) restore_grad(c);
+    grads_in_ram_.erase(std::find(grads_in_ram_.begin(), grads_in_ram_.end(), ci),
+                        grads_in_ram_.end());
+    finish_chunk(c);
+  }
+  poll_spills(true);
+}
+
+void Gemini::begin_eval() {
+  MW_CHECK(!evaluating_ && op_ == 0 && pending_.empty(),
+           "Gemini::begin_eval must be called between steps");
+  evaluating_ = true;
+  saved_iter_ = iter_;
+  iter_ = GeminiStats();
+  iter_.host_chunk_peak_bytes = host_chunk_bytes_;
+  if (!recording_ && options_.policy != Policy::kStatic && !eval_next_) {
+    std::vector<TraceOp> forward;
+    for (size_t t = 0; t < trace_keys_.size() && !trace_keys_[t].second; ++t)
+      forward.push_back(trace_[t]);
+    eval_ops_ = static_cast<int64_t>(forward.size());
+    eval_next_ = std::make_unique<NextUse>(forward, static_cast<int>(chunks_.size()));
+  }
+  // Nothing to follow before the first step, or under static: minimal residency.
+  off_plan_ = recording_ || options_.policy == Policy::kStatic;
+}
+
+void Gemini::end_eval() {
+  if (!evaluating_) return;
+  for (int c : std::vector<int>(gathered_)) release(*chunks_[static_cast<size_t>(c)], false);
+  for (size_t i = 0; i < in_use_.size(); ++i)
+    if (in_use_[i] > 0) {  // a forward that threw
+      in_use_[i] = 0;
+      states_.set(i, TensorState::kHold);
+    }
+  op_ = 0;
+  off_plan_ = false;
+  evaluating_ = false;
+  eval_stats_ = iter_;
+  iter_ = saved_iter_;
+}
+
+}  // namespace mw::gemini

@@ -1,0 +1,305 @@
+// Gemini in the full training loop (Note [Deferred updates], Note [Evaluation forward] in
+// offload/gemini/deferred.cpp): the Trainer with --grad-clip, --grad-accum and validation under
+// every policy, three tiers included, gives the plain Trainer's losses, gradient norms, evaluation
+// losses and weights bit for bit, within the device capacity.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+
+#include "../data/temp_dir.h"
+#include "core/allocator.h"
+#include "data/token_shard.h"
+#include "dir_entries.h"
+#include "train/trainer.h"
+
+namespace mw::train {
+namespace {
+
+using data::testing::TempDir;
+constexpr int kSim = 4;  // a sim device of its own (capacity and peak are per index)
+
+std::string write_val_shard(const TempDir& tmp) {
+  std::mt19937 gen(11);
+  std::vector<uint16_t> tokens(4096);
+  for (auto& t : tokens) t = static_cast<uint16_t>(gen() % 257);
+  data::write_token_shard(tmp.file("val.bin"), tokens);
+  return tmp.file("val.bin");
+}
+
+// Three blocks of width 64 in chunks of 20000 elements: ten chunks, so that policies have
+// something to place. Dropout on: a wrong RNG order changes every loss.
+TrainOptions base_options(int64_t steps) {
+  TrainOptions o;
+  o.model = "tiny";
+  o.n_layer = 3;
+  o.n_embd = 64;
+  o.vocab_size = 257;
+  o.batch = 4;
+  o.seq = 32;
+  o.threads = 2;
+  o.steps = steps;
+  o.seed = 21;
+  o.dropout = 0.1;
+  o.hyper.lr = 1e-2f;
+  o.hyper.weight_decay = 0.01f;
+  o.device = Device::sim(kSim);
+  o.skip_memory_check = true;  // the plan is not under test; the allocator enforces the capacity
+  return o;
+}
+
+enum class Mode { kPlain, kStaticCpu, kStaticHalf, kAuto, kConst, kThreeTiers };
+
+const char* mode_name(Mode m) {
+  switch (m) {
+    case Mode::kPlain: return "plain";
+    case Mode::kStaticCpu: return "static 1/1";
+    case Mode::kStaticHalf: return "static 0.5/0.5";
+    case Mode::kAuto: return "auto";
+    case Mode::kConst: return "const";
+    case Mode::kThreeTiers: return "three tiers";
+  }
+  return "?";
+}
+
+void set_mode(TrainOptions& o, Mode m, const std::string& nvme_dir) {
+  if (m == Mode::kPlain) return;
+  auto& g = o.gemini_options;
+  o.gemini = m == Mode::kConst                                   ? "const"
+             : (m == Mode::kStaticCpu || m == Mode::kStaticHalf) ? "static"
+                                                                 : "auto";
+  g.policy = gemini::parse_policy(o.gemini);
+  g.device = o.device;
+  g.chunk_numel = 20000;  // 80 KB chunks
+  g.verbose = false;
+  g.offload_param_frac = g.offload_optim_frac = m == Mode::kStaticHalf ? 0.5 : 1.0;
+  g.const_budget_bytes = 3 * 80000;  // three chunks: evictions
+  if (m == Mode::kThreeTiers) {
+    g.host_capacity_bytes = (64 << 10) /* window */ + 3 * 80000 /* reserve */ + 2 * 80000;
+    g.nvme_dir = nvme_dir;
+    o.nvme.slice_numel = 1024;  // small slices and window: a tiny model streams too
+    o.gemini_nvme_window_bytes = 8 << 13;
+  }
+}
+
+struct LoopRun {
+  std::vector<StepResult> steps;
+  std::vector<EvalResult> evals;
+  std::vector<std::vector<float>> weights;
+  int64_t sim_peak_bytes = 0;
+  gemini::GeminiStats stats, eval_stats;
+  int64_t illegal = 0;
+};
+
+LoopRun train(TrainOptions o, bool eval_each_step = false) {
+  set_sim_capacity(kSim, o.sim_capacity_bytes);  // the Trainer sets it too; the peak is reset here
+  allocator_for(o.device).reset_peak();
+  LoopRun r;
+  {
+    Trainer t(o, nullptr);
+    while (!t.done()) {
+      r.steps.push_back(t.train_step());
+      if (eval_each_step || t.eval_due()) r.evals.push_back(t.evaluate());
+    }
+    t.flush();
+    auto read = [&] {
+      for (const Tensor& p : t.model().parameters())
+        r.weights.push_back(p.to(Device::cpu()).to_vector<float>());
+    };
+    if (gemini::Gemini* g = t.gemini()) {
+      g->with_parameters_readable(read);
+      r.stats = g->run_stats();
+      r.eval_stats = g->eval_stats();
+      r.illegal = g->illegal_transitions();
+    } else {
+      read();
+    }
+  }
+  r.sim_peak_bytes = allocator_for(o.device).stats().peak_bytes;
+  set_sim_capacity(kSim, 0);
+  return r;
+}
+
+template <typename T>
+bool same_bits(const T& a, const T& b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+void expect_bitwise(const LoopRun& plain, const LoopRun& run, const std::string& what) {
+  ASSERT_EQ(plain.steps.size(), run.steps.size()) << what;
+  for (size_t s = 0; s < plain.steps.size(); ++s) {
+    EXPECT_TRUE(same_bits(plain.steps[s].loss, run.steps[s].loss))
+        << what << ": loss of step " << s << " " << plain.steps[s].loss << " vs "
+        << run.steps[s].loss;
+    EXPECT_TRUE(same_bits(plain.steps[s].grad_norm, run.steps[s].grad_norm))
+        << what << ": norm of step " << s << " " << plain.steps[s].grad_norm << " vs "
+        << run.steps[s].grad_norm;
+    EXPECT_EQ(plain.steps[s].clipped, run.steps[s].clipped) << what << " step " << s;
+  }
+  ASSERT_EQ(plain.evals.size(), run.evals.size()) << what;
+  for (size_t e = 0; e < plain.evals.size(); ++e)
+    EXPECT_TRUE(same_bits(plain.evals[e].loss, run.evals[e].loss))
+        << what << ": eval " << e << " " << plain.evals[e].loss << " vs " << run.evals[e].loss;
+  ASSERT_EQ(plain.weights.size(), run.weights.size()) << what;
+  for (size_t t = 0; t < plain.weights.size(); ++t) {
+    const auto& a = plain.weights[t];
+    const auto& b = run.weights[t];
+    ASSERT_EQ(a.size(), b.size());
+    if (std::memcmp(a.data(), b.data(), a.size() * 4) != 0) {
+      ADD_FAILURE() << what << ": weights of tensor " << t << " differ";
+      break;
+    }
+  }
+  EXPECT_EQ(run.illegal, 0) << what;
+}
+
+using mw::testing::entries;
+
+constexpr Mode kGeminiModes[] = {Mode::kStaticCpu, Mode::kStaticHalf, Mode::kAuto, Mode::kConst,
+                                 Mode::kThreeTiers};
+
+// --grad-clip with a norm that clips some steps: every chunk is updated only once the norm is
+// known, and the norm is the plain run's to the bit (Note [Norm order]).
+TEST(GeminiLoop, GradClipIsBitwiseThePlainTrainer) {
+  TempDir tmp;
+  TrainOptions o = base_options(4);
+  o.grad_clip = 1.0;
+  const LoopRun plain = train(o);
+  int clipped = 0;
+  for (const StepResult& s : plain.steps) clipped += s.clipped ? 1 : 0;
+  ASSERT_GT(clipped, 0) << "the test must clip (norms " << plain.steps[0].grad_norm << ", ...)";
+  ASSERT_LT(clipped, 4) << "and not clip every step";
+  for (Mode m : kGeminiModes) {
+    TrainOptions g = o;
+    set_mode(g, m, tmp.file("nvme"));
+    const LoopRun run = train(g);
+    expect_bitwise(plain, run, std::string("clip, ") + mode_name(m));
+    if (m == Mode::kThreeTiers) {
+      EXPECT_TRUE(entries(tmp.file("nvme")).empty()) << "a swap file was left behind";
+      // Deferring moves only disk bytes more (Note [Deferred updates]): gradients of disk-homed
+      // chunks to disk and back, their parameters read once more for the update.
+      TrainOptions in_backward = base_options(4);
+      set_mode(in_backward, m, tmp.file("nvme"));
+      const LoopRun ib = train(in_backward);
+      EXPECT_EQ(run.stats.h2d_bytes, ib.stats.h2d_bytes);
+      EXPECT_EQ(run.stats.d2h_bytes, ib.stats.d2h_bytes);
+      EXPECT_GT(run.stats.nvme_write_bytes, ib.stats.nvme_write_bytes);
+      EXPECT_GT(run.stats.nvme_read_bytes, ib.stats.nvme_read_bytes);
+      std::printf(
+          "three tiers, 4 steps: disk read %lld / written %lld bytes deferred, %lld / %lld "
+          "updating in backward\n",
+          static_cast<long long>(run.stats.nvme_read_bytes),
+          static_cast<long long>(run.stats.nvme_write_bytes),
+          static_cast<long long>(ib.stats.nvme_read_bytes),
+          static_cast<long long>(ib.stats.nvme_write_bytes));
+    }
+  }
+}
+
+// --grad-accum 3 (with and without clipping): chunk gradient buffers accumulate over the
+// micro-batches with the plain run's additions, including buffers spilled to disk.
+TEST(GeminiLoop, GradAccumIsBitwiseThePlainTrainer) {
+  TempDir tmp;
+  for (double clip : {0.0, 1.0}) {
+    TrainOptions o = base_options(3);
+    o.grad_accum = 3;
+    o.grad_clip = clip;
+    const LoopRun plain = train(o);
+    for (Mode m : kGeminiModes) {
+      TrainOptions g = o;
+      set_mode(g, m, tmp.file("nvme"));
+      const LoopRun run = train(g);
+      expect_bitwise(plain, run,
+                     std::string("accum 3, clip ") + std::to_string(clip) + ", " + mode_name(m));
+      EXPECT_EQ(run.stats.off_plan, 0) << "the plan covers the step's three micro-batches";
+    }
+  }
+}
+
+// Recomputation fires the forward hooks again inside backward; accumulation, clipping and
+// evaluations still give the plain run's bits (the plain run recomputes too).
+TEST(GeminiLoop, CheckpointedBlocksWithAccumClipAndEvaluation) {
+  TempDir tmp;
+  TrainOptions o = base_options(3);
+  o.grad_accum = 2;
+  o.grad_clip = 1.0;
+  o.checkpoint_every_block = true;
+  o.val_data = write_val_shard(tmp);
+  o.eval_every = 1;
+  o.eval_batches = 2;
+  const LoopRun plain = train(o);
+  for (Mode m : {Mode::kStaticCpu, Mode::kAuto, Mode::kThreeTiers}) {
+    TrainOptions g = o;
+    set_mode(g, m, tmp.file("nvme"));
+    expect_bitwise(plain, train(g), std::string("checkpointed, ") + mode_name(m));
+  }
+}
+
+// Evaluations between steps: the same validation losses, and training after them unchanged.
+// Auto runs under a capacity below the plain run's peak, so the evaluation follows a plan that
+// evicts, and the capacity holds.
+TEST(GeminiLoop, EvaluationBetweenStepsIsBitwiseAndWithinTheCapacity) {
+  TempDir tmp;
+  TrainOptions o = base_options(4);
+  o.val_data = write_val_shard(tmp);
+  o.eval_every = 1;
+  o.eval_batches = 3;
+  const LoopRun plain = train(o);
+  ASSERT_EQ(plain.evals.size(), 4u);
+  TrainOptions cpu_opts = o;
+  set_mode(cpu_opts, Mode::kStaticCpu, "");
+  const LoopRun cpu = train(cpu_opts);
+  expect_bitwise(plain, cpu, "eval, static 1/1");
+  for (Mode m : kGeminiModes) {
+    TrainOptions g = o;
+    set_mode(g, m, tmp.file("nvme"));
+    if (m == Mode::kAuto)
+      g.sim_capacity_bytes = round_up((cpu.sim_peak_bytes + plain.sim_peak_bytes) / 2, 4096);
+    const LoopRun run = train(g);
+    expect_bitwise(plain, run, std::string("eval, ") + mode_name(m));
+    if (g.sim_capacity_bytes > 0) {
+      EXPECT_LE(run.sim_peak_bytes, g.sim_capacity_bytes);
+    }
+    EXPECT_GT(run.eval_stats.gathers, 0) << "the evaluation gathered no chunk";
+    // Evaluations follow the warmup's forward ops, and training its plan, after every evaluation.
+    EXPECT_EQ(run.stats.off_plan, 0) << mode_name(m);
+  }
+}
+
+// --eval-only --init-from DIR: a saved model evaluated under three tiers (its chunks read from
+// disk for the forward only) gives the plain evaluation's loss, and leaves no file.
+TEST(GeminiLoop, EvalOnlyFromASavedModelUnderThreeTiers) {
+  TempDir tmp;
+  TrainOptions o = base_options(2);
+  o.val_data = write_val_shard(tmp);
+  o.eval_batches = 2;
+  {
+    Trainer t(o, nullptr);
+    while (!t.done()) t.train_step();
+    t.flush();
+    t.save_model(tmp.file("model"));
+  }
+  TrainOptions e = base_options(0);
+  e.val_data = o.val_data;
+  e.eval_batches = 2;
+  e.eval_only = true;
+  e.init_from = tmp.file("model");
+  e.n_layer = e.n_embd = e.vocab_size = 0;  // from the folder's config
+  e.dropout = 0.1;
+  double want = 0;
+  {
+    Trainer t(e, nullptr);
+    want = t.evaluate().loss;
+  }
+  set_mode(e, Mode::kThreeTiers, tmp.file("nvme"));
+  Trainer t(e, nullptr);
+  ASSERT_GT(t.gemini()->nvme_chunk_bytes(), 0) << "no chunk homed on disk";
+  const double got = t.evaluate().loss;
+  EXPECT_TRUE(same_bits(want, got)) << want << " vs " << got;
+  EXPECT_GT(t.gemini()->eval_stats().nvme_read_bytes, 0);
+  EXPECT_EQ(t.gemini()->illegal_transitions(), 0);
+}
+
+}  // namespace
+}  // namespace mw::train
