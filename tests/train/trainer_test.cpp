@@ -174,6 +174,7 @@ struct ResumeCase {
   bool nvme, shuffle, clip;
   int64_t grad_accum;
   bool gemini = false;  // Gemini auto on a sim device (no evaluation: Gemini refuses it)
+  bool adamw = false;   // --optimizer adamw: the same checkpoint file (adam_state_file.h)
 };
 
 class ExactResume : public ::testing::TestWithParam<ResumeCase> {};
@@ -197,6 +198,7 @@ TEST_P(ExactResume, ResumedRunEqualsTheUninterruptedOneBitForBit) {
     o.nvme.fraction = 1.0;
     o.nvme.dir = tmp.file("nvme");
   }
+  if (c.adamw) o.optimizer = "adamw";
   if (c.gemini) {
     o.val_data.clear();
     o.device = Device::sim(0);
@@ -238,7 +240,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(ResumeCase{"dropout", false, false, false, 1},
                       ResumeCase{"nvme_dropout", true, false, false, 1},
                       ResumeCase{"shuffle_accum_clip_nvme", true, true, true, 2},
-                      ResumeCase{"gemini_auto_dropout", false, false, false, 1, true}),
+                      ResumeCase{"gemini_auto_dropout", false, false, false, 1, true},
+                      ResumeCase{"adamw_accum_clip_dropout", false, false, true, 2, false, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Trainer, ResumeRefusesADifferentBatchNamingTheOption) {

@@ -287,8 +287,12 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   if (in.offload_activations && on_device) {
     // Offloaded saved tensors live on the host; the device keeps the head and what is in flight.
     const int64_t kept_bytes = clamp_bytes(a.logits + a.backward_extra + a.head + 2 * a.block);
-    add(p, "activations (offloaded)", "host", act_peak - kept_bytes, act_note);
+    const int64_t offloaded_bytes = std::max<int64_t>(0, act_peak - kept_bytes);
+    add(p, "activations (offloaded)", "host", offloaded_bytes, act_note);
     add(p, "head, logits, two blocks in flight", dev, kept_bytes, "");
+    add(p, "offloaded activations in flight", dev,
+        std::min(offloaded_bytes, in.offload_in_flight_bytes),
+        "copies pending in forward, prefetched in backward");
   } else {
     add(p, "activations + logits at the LM head's backward", dev, act_peak, act_note);
   }
