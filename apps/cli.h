@@ -158,6 +158,23 @@ class Parser {
   bool help_ = false;
 };
 
+// Token ids written "50256,464,3290" (each in [0, 2^31)); UsageError naming `option` otherwise.
+inline std::vector<int32_t> token_ids(const std::string& option, const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? comma : comma - start);
+    try {
+      ids.push_back(static_cast<int32_t>(parse_integer(item, "--" + option, 0, INT32_MAX)));
+    } catch (const InvalidArgument&) {
+      throw UsageError("--" + option + " '" + text + "': expected token ids like 50256,464,3290");
+    }
+    if (comma == std::string::npos) return ids;
+    start = comma + 1;
+  }
+}
+
 // main() of a tool: parses argv; --help prints the usage (exit 0); a bad flag or argument
 // (InvalidArgument, from parsing or from run) prints the usage and the reason (exit 2); any other
 // failure prints the error (exit 1), even one that is not a std::exception: no input aborts a tool.

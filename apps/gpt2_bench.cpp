@@ -184,7 +184,8 @@ int run(const cli::Parser& p) {
   const double iso_ms = isolated_gemm_ms_per_step(config, B, T, &iso_gflops);
 
   TorchResult torch;
-  if (p.str("torch") != "off") torch = run_torch(model_name, B, T, steps, num_threads());
+  if (p.choice("torch", {"auto", "off"}) != "off")
+    torch = run_torch(model_name, B, T, steps, num_threads());
 
   const double mib = 1024.0 * 1024.0;
   std::printf("\n%-28s %12s %12s %8s\n", "", "memwall", "PyTorch", "ratio");

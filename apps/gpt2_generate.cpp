@@ -8,12 +8,11 @@
 // needed, and one line "ids: 5,17,..." lists the generated ids without the prompt.
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
-#include <sstream>
 
 #include "cli.h"
 #include "data/bpe.h"
+#include "data/tokenizer_files.h"
 #include "models/gpt2/generate.h"
 #include "models/gpt2/hf_io.h"
 
@@ -23,35 +22,8 @@ namespace {
 
 // The tokenizer named by the flags or found in the model folder; nullptr when there is none.
 std::unique_ptr<data::BpeTokenizer> find_tokenizer(const cli::Parser& p, const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::string vocab = p.str("vocab"), merges = p.str("merges"), json = p.str("tokenizer");
-  if (vocab.empty() && merges.empty() && json.empty()) {
-    if (fs::exists(dir + "/vocab.json") && fs::exists(dir + "/merges.txt")) {
-      vocab = dir + "/vocab.json";
-      merges = dir + "/merges.txt";
-    } else if (fs::exists(dir + "/tokenizer.json")) {
-      json = dir + "/tokenizer.json";
-    }
-  }
-  if (!json.empty())
-    return std::make_unique<data::BpeTokenizer>(data::load_tokenizer_json(json), json);
-  if (vocab.empty() != merges.empty())
-    throw cli::UsageError("--vocab and --merges go together (HF's vocab.json and merges.txt)");
-  if (vocab.empty()) return nullptr;
-  return std::make_unique<data::BpeTokenizer>(data::load_vocab_and_merges(vocab, merges), vocab);
-}
-
-std::vector<int32_t> parse_ids(const std::string& text) {
-  std::vector<int32_t> ids;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) {
-    char* end = nullptr;
-    const long v = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v < 0 || v > INT32_MAX)
-      throw cli::UsageError("--prompt-ids '" + text + "': expected ids like 50256,464,3290");
-    ids.push_back(static_cast<int32_t>(v));
-  }
-  return ids;
+  return data::load_tokenizer(
+      data::find_tokenizer_files(p.str("vocab"), p.str("merges"), p.str("tokenizer"), dir));
 }
 
 gpt2::SamplingOptions sampling_options(const cli::Parser& p) {
@@ -82,9 +54,10 @@ int run(cli::Parser& p) {
                "' (vocab.json + merges.txt, or tokenizer.json): pass --vocab and --merges or "
                "--tokenizer, or use --prompt-ids with --print-ids");
   }
-  std::vector<int32_t> prompt = p.given("prompt-ids") ? parse_ids(p.str("prompt-ids"))
-                                : p.given("prompt")   ? tok->encode(p.str("prompt"))
-                                                      : std::vector<int32_t>{tok->eot_id()};
+  std::vector<int32_t> prompt = p.given("prompt-ids")
+                                    ? cli::token_ids("prompt-ids", p.str("prompt-ids"))
+                                : p.given("prompt") ? tok->encode(p.str("prompt"))
+                                                    : std::vector<int32_t>{tok->eot_id()};
   if (prompt.empty()) prompt.push_back(tok->eot_id());  // an empty --prompt ""
   if (!print_ids && p.given("prompt"))
     std::fwrite(p.str("prompt").data(), 1, p.str("prompt").size(), stdout);

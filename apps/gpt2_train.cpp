@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "autograd/autocast.h"
 #include "cli.h"
@@ -100,6 +101,28 @@ void parse_data(const cli::Parser& p, Options& o) {
              "--eval-only evaluates a trained model: pass --init-from DIR (or --resume DIR)");
   if (p.given("eval-every")) o.eval_every = p.integer("eval-every", 1, int64_t{1} << 40);
   o.eval_batches = p.integer("eval-batches", 1, 1 << 20);
+}
+
+// The tokenizer and --sample-every (Note [Sampling during training]).
+void parse_tokenizer_and_sampling(const cli::Parser& p, Options& o) {
+  o.vocab = p.str("vocab"), o.merges = p.str("merges"), o.tokenizer = p.str("tokenizer");
+  o.save_run_dropout = p.has("save-run-dropout");
+  MW_CHECK_T(cli::UsageError, !o.save_run_dropout || p.given("dropout"),
+             "--save-run-dropout records --dropout: pass --dropout too");
+  for (const char* name :
+       {"sample-tokens", "sample-prompt", "sample-prompt-ids", "sample-temperature", "sample-seed"})
+    MW_CHECK_T(cli::UsageError, !p.given(name) || p.given("sample-every"), "--", name,
+               " needs --sample-every");
+  if (!p.given("sample-every")) return;
+  o.sample_every = p.integer("sample-every", 1, int64_t{1} << 40);
+  o.sample_tokens = p.integer("sample-tokens", 1, 1 << 20);
+  MW_CHECK_T(cli::UsageError, !p.given("sample-prompt") || !p.given("sample-prompt-ids"),
+             "--sample-prompt and --sample-prompt-ids exclude each other");
+  o.sample_prompt = p.str("sample-prompt");
+  if (p.given("sample-prompt-ids"))
+    o.sample_prompt_ids = cli::token_ids("sample-prompt-ids", p.str("sample-prompt-ids"));
+  o.sampling.temperature = p.real("sample-temperature", 0, 100);
+  o.sampling.seed = static_cast<uint64_t>(p.integer("sample-seed", 0, INT64_MAX));
 }
 
 // Options that would do nothing in the chosen mode are errors (issue #12: they were silently
@@ -216,6 +239,17 @@ cli::Parser make_parser() {
   p.option("precision", "fp32",
            "fp32|bf16|fp16: matmuls and attention in bf16/fp16 with f32 masters (fp16 with a "
            "dynamic loss scaler, and updates after backward) (docs/precision.md)");
+  p.option("vocab", "", "the tokenizer's vocab.json, with --merges (default: --init-from's)");
+  p.option("merges", "", "the tokenizer's merges.txt, with --vocab");
+  p.option("tokenizer", "", "the tokenizer's tokenizer.json (instead of --vocab/--merges)");
+  p.flag("save-run-dropout", "--save records the run's --dropout (default: the config's)");
+  p.option("sample-every", "", "print a sample from the model every N steps");
+  p.option("sample-tokens", "32", "with --sample-every: new tokens per sample");
+  p.option("sample-prompt", "",
+           "with --sample-every: text to continue (needs a tokenizer; default <|endoftext|>)");
+  p.option("sample-prompt-ids", "", "with --sample-every: token ids to continue, e.g. 464,3290");
+  p.option("sample-temperature", "1.0", "with --sample-every: softmax temperature; 0 is greedy");
+  p.option("sample-seed", "0", "with --sample-every: the sampler's seed (apart from --seed)");
   p.flag("plan", "print the memory plan (host, device, disk) and exit without allocating");
   p.flag("skip-memory-check",
          "expert: run even when the memory plan exceeds what the machine has (the plan is an "
@@ -286,15 +320,14 @@ void parse_offload(const cli::Parser& p, Options& o, bool nvme, const std::strin
 
 // Options that cannot work together, found once everything is parsed.
 void check_combinations(const Options& o) {
-  MW_CHECK_T(cli::UsageError,
-             o.optimizer == "hybridadam" || (o.save_optimizer.empty() && o.load_optimizer.empty()),
-             "--save-optimizer/--load-optimizer need --optimizer hybridadam");
-  MW_CHECK_T(cli::UsageError,
-             o.optimizer == "hybridadam" || (o.checkpoint_dir.empty() && o.resume.empty()),
-             "--checkpoint-dir/--resume need --optimizer hybridadam (AdamW, the scalar reference, "
-             "has no checkpoint format)");
   MW_CHECK_T(cli::UsageError, o.resume.empty() || o.load_optimizer.empty(),
              "--resume restores the optimizer itself; drop --load-optimizer");
+  MW_CHECK_T(cli::UsageError, o.sample_every == 0 || (o.gemini.empty() && !o.device.is_cuda()),
+             "--sample-every is not supported with ",
+             o.device.is_cuda() ? "--device cuda" : "--gemini",
+             " yet: the sampler reads every weight in place in host memory, and ",
+             o.device.is_cuda() ? "these are on the GPU"
+                                : "Gemini's chunks may be on the device or on disk");
 }
 
 Options parse_options(const cli::Parser& p) {
@@ -343,6 +376,7 @@ Options parse_options(const cli::Parser& p) {
   o.plan_only = p.has("plan");
   o.skip_memory_check = p.has("skip-memory-check");
   o.precision = parse_precision(p.choice("precision", {"fp32", "bf16", "fp16"}));
+  parse_tokenizer_and_sampling(p, o);
   MW_CHECK_T(cli::UsageError, o.precision != DType::F16 || policy == "none",
              "--precision fp16 with --gemini is not supported yet (Gemini updates chunks inside "
              "backward, so an overflowing step cannot be skipped); use --precision bf16");
@@ -464,6 +498,10 @@ int run(const Options& o) {
   }
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
+  throw_if_stop_requested("before the first step");
+  // Note [Stop signals]: with checkpoints, a stop signal lets the step under way finish.
+  std::optional<StopDeferral> deferral;
+  if (!o.checkpoint_dir.empty()) deferral.emplace();
   while (!t.done()) {
     const train::StepResult r = t.train_step();
     const std::string line =
@@ -476,12 +514,19 @@ int run(const Options& o) {
       print(str(tty ? "\n" : "", "[", r.step, "] skipped: inf/nan gradients; weights unchanged, ",
                 "loss scale now ", r.loss_scale, "\n"));
     log.write(step_record(t, r), r.step);
-    if (t.eval_due()) report_eval(t, log, tty);
-    if (t.checkpoint_due()) {
+    if (t.eval_due() && stop_signal() == 0) report_eval(t, log, tty);
+    if (t.sample_due() && stop_signal() == 0) print(str(tty ? "\n" : "", t.sample()));
+    if (t.checkpoint_due() || stop_signal() != 0) {
       const std::string path = t.save_checkpoint();
       print(str(tty ? "\n" : "", "Checkpoint: ", path, "\n"));
+      if (const int sig = stop_signal())
+        throw Interrupted(str("interrupted by ", signal_name(sig), " during step ", r.step,
+                              ": finished it and wrote the checkpoint ", path,
+                              "; continue with the same options and --resume ", o.checkpoint_dir),
+                          sig);
     }
   }
+  deferral.reset();
   if (tty) print("\n");
   t.flush();
   const double total_s = std::chrono::duration<double>(clock::now() - t_start).count();

@@ -104,6 +104,7 @@ StagedDirectory::StagedDirectory(std::string final_dir, std::string hint)
         str("cannot create the temporary folder '", tmp_, "': ", errno_text(err), "; ", hint_),
         tmp_, 0, 0, err);
   }
+  registered_.set(tmp_);
 }
 
 StagedDirectory::~StagedDirectory() {

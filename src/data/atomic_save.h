@@ -14,6 +14,8 @@
 
 #include <string>
 
+#include "core/interrupt.h"
+
 namespace mw::data {
 
 class StagedDirectory {
@@ -33,6 +35,7 @@ class StagedDirectory {
   [[noreturn]] void fail_move(int err) const;
   std::string final_, tmp_, hint_;
   bool committed_ = false;
+  TemporaryPath registered_;  // removed by a second stop signal (Note [Stop signals])
 };
 
 // Removes ".NAME.tmp-PID" and ".NAME.old-PID" beside `path` left by processes no longer running

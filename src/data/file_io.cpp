@@ -209,7 +209,7 @@ void write_exact(int fd, const std::string& path, const void* data, int64_t nbyt
     const bool partial = fault == WriteFault::kShortWrite || fault == WriteFault::kStall;
     if (partial && done == 0 && want > 1) want /= 2;
     if (fault == WriteFault::kStall && done > 0) {  // half written: wait for a signal
-      while (stop_signal() == 0) ::usleep(1000);
+      while (stop_signal() == 0 || stop_deferred()) ::usleep(1000);  // deferred: the second's
       continue;  // the check at the loop's top throws Interrupted
     }
     ssize_t put =
@@ -258,6 +258,7 @@ AtomicFileWriter::AtomicFileWriter(std::string path, std::string hint, bool crea
   if (fd_ < 0)
     throw_write_error(str("create the temporary file for '", path_, "' at"), tmp_, 0, 0, errno,
                       hint_);
+  registered_.set(tmp_);
 }
 
 AtomicFileWriter::~AtomicFileWriter() {
@@ -278,6 +279,7 @@ void AtomicFileWriter::commit() {
   throw_if_stop_requested(str("before renaming '", tmp_, "' into place").c_str());
   if (::fsync(fd_) != 0) throw_write_error("fsync", tmp_, 0, offset_, errno, hint_);
   const int fd = std::exchange(fd_, -1);
+  registered_.release();  // from here on, this function removes it on failure
   if (::close(fd) != 0) {
     int err = errno;
     ::unlink(tmp_.c_str());

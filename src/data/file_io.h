@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "core/interrupt.h"
+
 namespace mw::data {
 
 // Opens `path` read-only; refuses anything that is not a regular file (IoError naming what it is).
@@ -87,6 +89,7 @@ class AtomicFileWriter {
   std::string path_, tmp_, hint_;
   int fd_ = -1;
   int64_t offset_ = 0;
+  TemporaryPath registered_;  // removed by a second stop signal (Note [Stop signals])
 };
 
 // A file's bytes produced in order: the producer calls the sink as often as it likes, each piece

@@ -1,15 +1,5 @@
 // HybridAdam (hybrid_adam.h): placement-driven kernels, the NVMe-offloaded parameters, checkpoints.
-//
-// Note [Optimizer checkpoint format]: one file, little-endian, written front to back:
-//   "MWADAMv1"                                  8 bytes
-//   int64 step, int64 nparams
-//   per parameter: int64 numel, int64 nsegments, then nsegments x (int64 offset, int64 numel,
-//                  int64 step)                  a segment is a range of elements with one step
-//                  count
-//   data: per parameter, per segment: m (numel f32) then v (numel f32)
-// In-memory parameters save one segment; offloaded ones one per slice (Note [NVMe slices]), so the
-// per-slice step counters of a partially applied step survive (Note [NVMe failure guarantee]).
-// Loading maps segments onto whatever placement the loading optimizer has.
+
 #include "optim/hybrid_adam.h"
 
 #include <fcntl.h>
@@ -22,6 +12,7 @@
 #include "autograd/autograd.h"
 #include "data/file_io.h"
 #include "optim/adam_cuda.h"
+#include "optim/adam_state_file.h"
 
 namespace mw::optim {
 
@@ -207,100 +198,13 @@ std::pair<Tensor, Tensor> HybridAdam::state_copy(size_t i) {
 
 // ---- checkpoints (Note [Optimizer checkpoint format]) -----------------------------------------
 
-namespace {
-
-constexpr char kMagic[8] = {'M', 'W', 'A', 'D', 'A', 'M', 'v', '1'};
-
-struct Segment {
-  int64_t offset = 0, numel = 0, step = 0;
-  int64_t data_pos = 0;  // file offset of its m (v follows)
-};
-
-// Streams the checkpoint into a temporary sibling (data/file_io.h, AtomicFileWriter), coalescing
-// the small header fields into 1 MiB writes; close() renames it into place. Destroyed without
-// close() (an error, a stop signal), the temporary file is removed and any earlier checkpoint is
-// kept.
-class CheckpointWriter {
- public:
-  explicit CheckpointWriter(std::string path)
-      : file_(std::move(path), "pass --save-optimizer a path in a writable directory",
-              /*create_parents=*/true) {}
-  void put(const void* data, int64_t nbytes) {
-    const char* p = static_cast<const char*>(data);
-    if (buffer_.size() + static_cast<size_t>(nbytes) > kBufferBytes) drain();
-    if (static_cast<size_t>(nbytes) >= kBufferBytes)
-      file_.append(p, nbytes);
-    else
-      buffer_.insert(buffer_.end(), p, p + nbytes);
-  }
-  void put_i64(int64_t x) { put(&x, 8); }
-  void close() {
-    drain();
-    file_.commit();
-  }
-
- private:
-  static constexpr size_t kBufferBytes = size_t{1} << 20;
-  void drain() {
-    if (!buffer_.empty()) file_.append(buffer_.data(), static_cast<int64_t>(buffer_.size()));
-    buffer_.clear();
-  }
-  data::AtomicFileWriter file_;
-  std::vector<char> buffer_;
-};
-
-class CheckpointReader {
- public:
-  explicit CheckpointReader(std::string path) : path_(std::move(path)) {
-    int64_t size_bytes = 0;
-    fd_ = data::open_regular_file(path_, "optimizer checkpoint",
-                                  "pass --load-optimizer a file written by --save-optimizer",
-                                  &size_bytes);
-  }
-  ~CheckpointReader() { ::close(fd_); }
-  void get_at(int64_t pos, void* data, int64_t nbytes) {
-    char* p = static_cast<char*>(data);
-    while (nbytes > 0) {
-      ssize_t n = ::pread(fd_, p, static_cast<size_t>(nbytes), pos);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        int err = errno;
-        throw IoError(str("reading optimizer checkpoint '", path_, "' at offset ", pos, ": ",
-                          errno_text(err)),
-                      path_, pos, nbytes, err);
-      }
-      MW_CHECK_T(FormatError, n > 0, "optimizer checkpoint '", path_, "' is truncated at offset ",
-                 pos, "; it was not completely written. Use another checkpoint");
-      p += n;
-      pos += n;
-      nbytes -= n;
-    }
-  }
-  int64_t get_i64() {
-    int64_t x = 0;
-    get_at(pos_, &x, 8);
-    pos_ += 8;
-    return x;
-  }
-  int64_t pos() const { return pos_; }
-  void skip(int64_t n) { pos_ += n; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  int64_t pos_ = 0;
-};
-
-}  // namespace
-
 void HybridAdam::flush() {
   if (nvme_) nvme_->flush();
 }
 
 void HybridAdam::save_state(const std::string& path) {
-  CheckpointWriter w(path);
-  w.put(kMagic, 8);
+  AdamStateWriter w(path);
+  w.put(kAdamStateMagic, 8);
   w.put_i64(step_);
   w.put_i64(static_cast<int64_t>(params_.size()));
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -346,77 +250,12 @@ void HybridAdam::save_state(const std::string& path) {
   w.close();
 }
 
-namespace {
-// Reads the header of a checkpoint (Note [Optimizer checkpoint format]) written for `params`:
-// returns its step and, per parameter, its segments with their data positions.
-std::vector<std::vector<Segment>> read_segments(CheckpointReader& r,
-                                                const std::vector<Tensor>& params, int64_t& step) {
-  const std::string& path = r.path();
-  char magic[8];
-  r.get_at(0, magic, 8);
-  r.skip(8);
-  MW_CHECK_T(FormatError, std::memcmp(magic, kMagic, 8) == 0, "'", path,
-             "' is not a memwall optimizer checkpoint (bad magic); pass a file written by "
-             "HybridAdam::save_state / --save-optimizer");
-  step = r.get_i64();
-  const int64_t nparams = r.get_i64();
-  MW_CHECK_T(FormatError, nparams == static_cast<int64_t>(params.size()), "optimizer checkpoint '",
-             path, "' has ", nparams, " parameters, this model has ", params.size(),
-             "; load a checkpoint of the same model");
-  std::vector<std::vector<Segment>> segs(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    const int64_t numel = r.get_i64();
-    MW_CHECK_T(FormatError, numel == params[i].numel(), "optimizer checkpoint '", path,
-               "': parameter ", i, " has ", numel, " elements, the model's has ", params[i].numel(),
-               "; load a checkpoint of the same model");
-    const int64_t nseg = r.get_i64();
-    MW_CHECK_T(FormatError, nseg >= 0 && nseg <= numel, "optimizer checkpoint '", path,
-               "': bad segment count ", nseg, " for parameter ", i);
-    int64_t expect = 0;
-    for (int64_t j = 0; j < nseg; ++j) {
-      Segment s;
-      s.offset = r.get_i64();
-      s.numel = r.get_i64();
-      s.step = r.get_i64();
-      // offset == expect <= numel here, so numel - offset cannot overflow (offset + numel could).
-      MW_CHECK_T(FormatError, s.offset == expect && s.numel > 0 && s.numel <= numel - s.offset,
-                 "optimizer checkpoint '", path, "': segments of parameter ", i,
-                 " do not tile it (segment at ", s.offset, " of ", s.numel, ")");
-      expect += s.numel;
-      segs[i].push_back(s);
-    }
-  }
-  int64_t pos = r.pos();
-  for (auto& ps : segs)
-    for (Segment& s : ps) {
-      s.data_pos = pos;
-      pos += 8 * s.numel;
-    }
-  return segs;
-}
-}  // namespace
-
 void HybridAdam::load_state(const std::string& path) {
-  CheckpointReader r(path);
+  AdamStateReader r(path);
   int64_t step = 0;
-  const std::vector<std::vector<Segment>> segs = read_segments(r, params_, step);
-  // Reads elements [off, off + n) of parameter i's m and v; returns their step (0: no state).
-  auto read_range = [&](size_t i, int64_t off, int64_t n, float* m, float* v) -> int64_t {
-    int64_t range_step = -1;
-    std::fill(m, m + n, 0.f);
-    std::fill(v, v + n, 0.f);
-    for (const Segment& s : segs[i]) {
-      const int64_t lo = std::max(off, s.offset), hi = std::min(off + n, s.offset + s.numel);
-      if (lo >= hi) continue;
-      MW_CHECK_T(FormatError, range_step < 0 || range_step == s.step, "optimizer checkpoint '",
-                 path,
-                 "' holds a partially applied step (Note [NVMe failure guarantee]) whose "
-                 "slices do not match this optimizer's; load it with the same nvme slice size");
-      range_step = s.step;
-      r.get_at(s.data_pos + 4 * (lo - s.offset), m + (lo - off), 4 * (hi - lo));
-      r.get_at(s.data_pos + 4 * (s.numel + lo - s.offset), v + (lo - off), 4 * (hi - lo));
-    }
-    return range_step < 0 ? 0 : range_step;
+  const std::vector<std::vector<StateSegment>> segs = read_segments(r, params_, step);
+  auto read_range = [&](size_t i, int64_t off, int64_t n, float* m, float* v) {
+    return read_state_range(r, segs[i], off, n, m, v);
   };
   std::vector<float> m, v;
   for (size_t i = 0; i < params_.size(); ++i) {

@@ -21,7 +21,7 @@
 // slots]).
 //
 // Checkpoints (save_state/load_state) stream the states through a slot-sized buffer, from disk for
-// offloaded parameters (Note [Optimizer checkpoint format] in hybrid_adam.cpp).
+// offloaded parameters (Note [Optimizer checkpoint format] in adam_state_file.h).
 #pragma once
 
 #include <functional>

@@ -3,6 +3,7 @@
 
 #include "autograd/autograd.h"
 #include "optim/adam_cpu.h"
+#include "optim/adam_state_file.h"
 
 namespace mw::optim {
 
@@ -46,6 +47,48 @@ int64_t AdamW::state_bytes_in_memory() const {
   for (size_t i = 0; i < exp_avg_.size(); ++i)
     if (exp_avg_[i].defined()) n += exp_avg_[i].nbytes() + exp_avg_sq_[i].nbytes();
   return n;
+}
+
+void AdamW::save_state(const std::string& path) const {
+  AdamStateWriter w(path);
+  w.put(kAdamStateMagic, 8);
+  w.put_i64(step_);
+  w.put_i64(static_cast<int64_t>(params_.size()));
+  for (size_t i = 0; i < params_.size(); ++i) {  // one segment per stepped parameter
+    w.put_i64(params_[i].numel());
+    w.put_i64(exp_avg_[i].defined() ? 1 : 0);
+    if (!exp_avg_[i].defined()) continue;
+    w.put_i64(0);
+    w.put_i64(params_[i].numel());
+    w.put_i64(step_);
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!exp_avg_[i].defined()) continue;
+    w.put(exp_avg_[i].raw_data(), exp_avg_[i].nbytes());
+    w.put(exp_avg_sq_[i].raw_data(), exp_avg_sq_[i].nbytes());
+  }
+  w.close();
+}
+
+void AdamW::load_state(const std::string& path) {
+  AdamStateReader r(path);
+  int64_t step = 0;
+  const std::vector<std::vector<StateSegment>> segs = read_segments(r, params_, step);
+  std::vector<Tensor> m(params_.size()), v(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (segs[i].empty()) continue;  // never stepped
+    const Tensor& p = params_[i];
+    m[i] = Tensor::zeros(p.shape(), DType::F32, p.device());
+    v[i] = Tensor::zeros(p.shape(), DType::F32, p.device());
+    const int64_t st =
+        read_state_range(r, segs[i], 0, p.numel(), m[i].data<float>(), v[i].data<float>());
+    MW_CHECK_T(FormatError, st == step, "optimizer checkpoint '", path, "': parameter ", i,
+               " is at step ", st, " and the optimizer at step ", step,
+               " (a partially applied step); AdamW loads only whole steps");
+  }
+  exp_avg_ = std::move(m);  // nothing changes before the whole file has been read
+  exp_avg_sq_ = std::move(v);
+  step_ = step;
 }
 
 }  // namespace mw::optim

@@ -43,6 +43,10 @@ class AdamW : public Optimizer {
   // As HybridAdam's: the LR of the next step, and a gradient divisor (<= 0: none).
   void set_lr(float lr) { hyper_.lr = lr; }
   void set_div_scale(float div_scale) { div_scale_ = div_scale; }
+  // The step count and every m and v, in HybridAdam's file (Note [Optimizer checkpoint format],
+  // adam_state_file.h), so that either optimizer loads the other's; written atomically.
+  void save_state(const std::string& path) const;
+  void load_state(const std::string& path);
 
  private:
   AdamHyper hyper_;

@@ -113,7 +113,7 @@ std::string Trainer::finish_report(double total_s) {
     }
   }
   if (!o_.save_optimizer.empty()) {
-    hybrid_->save_state(o_.save_optimizer);
+    save_optimizer_state(o_.save_optimizer);
     out += str("Saved optimizer state to ", o_.save_optimizer, "\n");
   }
   out += str("Median forward (with loss): ", format_fixed(median(forward_ms_), 1),

@@ -67,18 +67,32 @@ void Trainer::check_fingerprint(const json::Value& saved, const std::string& pat
   }
 }
 
+void Trainer::save_optimizer_state(const std::string& file) {
+  if (hybrid_)
+    hybrid_->save_state(file);
+  else
+    dynamic_cast<optim::AdamW&>(*opt_).save_state(file);
+}
+
+void Trainer::load_optimizer_state(const std::string& file) {
+  if (hybrid_)
+    hybrid_->load_state(file);
+  else
+    dynamic_cast<optim::AdamW&>(*opt_).load_state(file);
+}
+
 void Trainer::resume_from(const std::string& path) {
-  MW_CHECK_T(InvalidArgument, hybrid_ != nullptr, "--resume needs --optimizer hybridadam (AdamW, ",
-             "the scalar reference, has no checkpoint format)");
   const TrainState state = verify_checkpoint(path);
   // The total is this run's --steps: check_fingerprint compares it with the checkpoint's.
   total_steps_ = o_.steps;
   check_fingerprint(state.run, path);
   // Weights came in with the model (weights_from_); now the optimizer, the data and the RNG.
-  hybrid_->load_state((std::filesystem::path(path) / "optimizer.bin").string());
-  MW_CHECK_T(FormatError, hybrid_->step_count() == state.step, "checkpoint '", path,
-             "': optimizer.bin is at step ", hybrid_->step_count(), " but trainer.json at step ",
-             state.step, "; the checkpoint is inconsistent, resume from another one");
+  load_optimizer_state((std::filesystem::path(path) / "optimizer.bin").string());
+  // Under Gemini the states and their step count are its HybridAdam's.
+  const int64_t loaded_step = hybrid_ ? hybrid_->step_count() : opt_->step_count();
+  MW_CHECK_T(FormatError, loaded_step == state.step, "checkpoint '", path,
+             "': optimizer.bin is at step ", loaded_step, " but trainer.json at step ", state.step,
+             "; the checkpoint is inconsistent, resume from another one");
   first_step_ = step_ = state.step;
   micro_ = state.micro_batch;
   default_generator().set_state(state.dropout_rng);
@@ -93,9 +107,6 @@ bool Trainer::checkpoint_due() const {
 }
 
 std::string Trainer::save_checkpoint() {
-  MW_CHECK_T(InvalidArgument, hybrid_ != nullptr,
-             "checkpoints need --optimizer hybridadam (AdamW, the scalar reference, has no "
-             "checkpoint format)");
   flush();  // the offloaded states' last write-backs land before they are streamed out
   TrainState s;
   s.step = step_;
@@ -105,7 +116,7 @@ std::string Trainer::save_checkpoint() {
   s.run = run_fingerprint();
   const std::string path = write_checkpoint(
       o_.checkpoint_dir, s, [&](const std::string& dir) { save_model(dir); },
-      [&](const std::string& file) { hybrid_->save_state(file); });
+      [&](const std::string& file) { save_optimizer_state(file); });
   prune_checkpoints(o_.checkpoint_dir, o_.keep);
   return path;
 }

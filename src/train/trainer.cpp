@@ -90,14 +90,15 @@ gpt2::Config resolve_config(const TrainOptions& o, const std::function<void(std:
   const std::string source = !o.init_from.empty() ? o.init_from + "/config.json" : o.config_path;
   for (const auto& key : c.unknown_fields)
     warn(str("warning: ", source, ": field \"", key, "\" is not a GPT2Config field; ignored"));
+  const int64_t last_token = c.vocab_size - 1;  // before --vocab-size
   if (o.n_layer > 0) c.n_layer = o.n_layer;
   if (o.n_head > 0) c.n_head = o.n_head;
   if (o.n_embd > 0) c.n_embd = o.n_embd;
   if (o.vocab_size > 0) c.vocab_size = o.vocab_size;
   if (o.n_positions > 0) c.n_positions = o.n_positions;
   if (o.vocab_size > 0) {  // the last token is <|endoftext|>, as GPT-2's 50256
-    c.bos_token_id = std::min(c.bos_token_id, o.vocab_size - 1);
-    c.eos_token_id = std::min(c.eos_token_id, o.vocab_size - 1);
+    for (int64_t* id : {&c.bos_token_id, &c.eos_token_id})
+      *id = *id == last_token ? o.vocab_size - 1 : std::min(*id, o.vocab_size - 1);
   }
   c.validate();
   return c;
@@ -124,8 +125,9 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
   if (o_.device.is_sim()) set_sim_capacity(o_.device.index, o_.sim_capacity_bytes);
 
   config_ = resolve_config(o_, [&](const std::string& w) { print_("gpt2_train: " + w + "\n"); });
-  saved_config_ = config_;  // what --save records: not the run's --dropout
+  saved_config_ = config_;  // what --save records: not the run's --dropout, unless asked
   if (o_.dropout >= 0) config_.set_dropout(o_.dropout);
+  if (o_.save_run_dropout) saved_config_ = config_;
   if (o_.seq == 0) o_.seq = std::min<int64_t>(128, config_.n_positions);  // every preset runs
   MW_CHECK_T(InvalidArgument, o_.seq <= config_.n_positions, "--seq ", o_.seq,
              " exceeds the model's ", config_.n_positions, " positions; lower --seq");
@@ -139,6 +141,7 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
   } else {
     weights_from_ = o_.init_from;
   }
+  load_tokenizer();
   default_generator().manual_seed(o_.seed);
   // The documents' unit: 2^30 parameters ("0.116 B" for GPT-2 small's 124,439,808).
   const int64_t numel = gpt2::num_parameters(config_);
@@ -247,8 +250,9 @@ void Trainer::build_optimizer() {
                hybrid_->nvme()->stats().direct ? "O_DIRECT" : "buffered", "), window ",
                format_fixed(mib(o_.nvme.window_bytes), 0), " MiB\n"));
   if (!o_.load_optimizer.empty()) {
-    hybrid_->load_state(o_.load_optimizer);
-    print_(str("Loaded optimizer state (step ", hybrid_->step_count(), ") from ", o_.load_optimizer,
+    load_optimizer_state(o_.load_optimizer);
+    print_(str("Loaded optimizer state (step ",
+               (hybrid_ ? hybrid_->step_count() : opt_->step_count()), ") from ", o_.load_optimizer,
                "\n"));
   }
 }
@@ -428,10 +432,10 @@ void Trainer::flush() {
 void Trainer::save_model(const std::string& dir) {
   if (gem_)  // disk-homed chunks are read in one at a time (Note [Streaming save])
     gem_->with_parameters_streamed([&](const gemini::Gemini::Touch& touch) {
-      gpt2::save_hf(*model_, dir, saved_config_, touch);
+      gpt2::save_hf(*model_, dir, saved_config_, touch, tokenizer_bytes_);
     });
   else
-    gpt2::save_hf(*model_, dir, saved_config_);
+    gpt2::save_hf(*model_, dir, saved_config_, {}, tokenizer_bytes_);
 }
 
 json::Value Trainer::take_gemini_step_stats() {

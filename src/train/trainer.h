@@ -25,7 +25,9 @@
 #include <vector>
 
 #include "core/device.h"
+#include "data/tokenizer_files.h"
 #include "models/gpt2/config.h"
+#include "models/gpt2/generate.h"
 #include "models/gpt2/model.h"
 #include "offload/activation/activation_offload.h"
 #include "offload/gemini/gemini.h"
@@ -81,6 +83,16 @@ struct TrainOptions {
   bool plan_only = false, skip_memory_check = false;
   // Mixed precision (docs/precision.md): F32, or the autocast dtype BF16/F16 (F16: loss scaling).
   DType precision = DType::F32;
+  // The tokenizer (data/tokenizer_files.h): these files, else --init-from's or the resumed
+  // checkpoint's. --save and checkpoints copy it into the model folder.
+  std::string vocab, merges, tokenizer;
+  // --save records the run's --dropout instead of the config's.
+  bool save_run_dropout = false;
+  // Note [Sampling during training]: every sample_every updates (0: never).
+  int64_t sample_every = 0, sample_tokens = 32;
+  std::string sample_prompt;               // text (needs the tokenizer)
+  std::vector<int32_t> sample_prompt_ids;  // or ids; neither: <|endoftext|> (the eos id)
+  gpt2::SamplingOptions sampling;
 
   // True when parameters are updated after backward (Note [Updates after backward]); fp16 too: a
   // step with overflowing gradients must be skippable (Note [Dynamic loss scaling]).
@@ -88,6 +100,16 @@ struct TrainOptions {
     return grad_clip > 0 || grad_accum > 1 || precision == DType::F16;
   }
 };
+
+// Note [Sampling during training]: --sample-every N prints a sample from the weights after every
+// Nth update. It runs the KV-cache decoder (models/gpt2/generate.h), which reads the parameters in
+// place without autograd or dropout and draws from its own SplitMix64 seeded by --sample-seed (the
+// same seed each time: samples differ only by the weights). It never touches default_generator()
+// (dropout), the data position, the gradients or the optimizer, so a run with sampling gives bit
+// for bit the losses and weights of one without (a test checks). With NVMe offload the parameters
+// are in RAM (only Adam states are on disk); the optimizer's write-backs are flushed first, as a
+// checkpoint does. Under Gemini the parameters live in chunks that may be on the device or on
+// disk, so it is refused for now.
 
 // The model's config from the options: preset / --init-from / --config, then the shape overrides,
 // validated. Warnings (unknown config.json fields) go to `warn`.
@@ -144,6 +166,10 @@ class Trainer {
   bool eval_due() const;  // after the update just made (and at the end)
   EvalResult evaluate();
   bool checkpoint_due() const;
+  bool sample_due() const;
+  // "[12] sample: <prompt><continuation>" (or "[12] sample ids: 5,17,..." without a tokenizer).
+  std::string sample();
+  const data::TokenizerFiles& tokenizer_files() const { return tokenizer_files_; }
   std::string save_checkpoint();  // returns the folder written
   // Waits for the optimizer's last write-backs; call after the last step.
   void flush();
@@ -162,10 +188,14 @@ class Trainer {
   void build_optimizer();
   void build_recomputation();
   void resume_from(const std::string& dir);
+  // HybridAdam's or AdamW's (one file format, Note [Optimizer checkpoint format]).
+  void save_optimizer_state(const std::string& file);
+  void load_optimizer_state(const std::string& file);
   json::Value run_fingerprint() const;
   void check_fingerprint(const json::Value& saved, const std::string& path) const;
   void set_step_scalars(double lr, float div_scale);
   void micro_batch(int64_t index, std::vector<int32_t>& tokens) const;
+  void load_tokenizer();  // and checks the sampling prompt against it
 
   TrainOptions o_;
   Print print_;
@@ -183,6 +213,10 @@ class Trainer {
   std::unique_ptr<offload::ActivationOffloader> offloader_;
   std::unique_ptr<optim::DynamicLossScaler> scaler_;  // fp16 only
   std::unique_ptr<TokenStream> train_data_, val_;
+  data::TokenizerFiles tokenizer_files_;
+  std::unique_ptr<data::BpeTokenizer> tokenizer_;
+  std::vector<std::pair<std::string, std::string>> tokenizer_bytes_;  // what a save writes
+  std::vector<int32_t> sample_prompt_;
   int64_t step_ = 0, first_step_ = 0, total_steps_ = 0;
   int64_t micro_ = 0;  // next training micro-batch (Note [Data position])
   std::vector<double> step_ms_, forward_ms_, backward_ms_, step_cpu_ms_;

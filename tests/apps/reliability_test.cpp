@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "../data/temp_dir.h"
+#include "child.h"
 #include "core/error.h"
 
 namespace mw {
@@ -28,104 +29,13 @@ namespace {
 using data::testing::read_bytes;
 using data::testing::TempDir;
 using data::testing::write_bytes;
+using testing::Child;
+using testing::has;
+using testing::hidden_entries;
+using testing::Outcome;
+using testing::run_app;
+using testing::tiny;
 namespace fs = std::filesystem;
-
-struct Outcome {
-  int exit_code = -1;  // -1 when killed by a signal
-  int signal = 0;
-  std::string output;
-};
-
-// A child app writing stdout+stderr to `log_path`, with `env` ("NAME=value") added.
-class Child {
- public:
-  Child(const std::string& app, const std::vector<std::string>& args, const std::string& log_path,
-        const std::vector<std::string>& env = {})
-      : log_path_(log_path) {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
-      std::string path = std::string(MW_BINARY_DIR) + "/apps/" + app;
-      std::vector<char*> argv{const_cast<char*>(path.c_str())};
-      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv(path.c_str(), argv.data());
-      ::_exit(127);
-    }
-  }
-  ~Child() {  // a failed assertion must not leave a stalled child behind
-    if (!reaped_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-  std::string output() const { return read_bytes(log_path_); }
-  // Polls until `ready` holds (true) or `timeout_s` passes (false).
-  template <typename F>
-  bool wait_for(F ready, double timeout_s = 60) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-    while (std::chrono::steady_clock::now() < end) {
-      if (ready()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return false;
-  }
-  void signal(int sig) { ::kill(pid_, sig); }
-  pid_t pid() const { return pid_; }
-  // Waits for exit (SIGKILL after timeout_s: a hang fails the test instead of blocking it).
-  Outcome finish(double timeout_s = 120) {
-    int status = 0;
-    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-    while (::waitpid(pid_, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > end) {
-        ADD_FAILURE() << "the child hung; killed";
-        ::kill(pid_, SIGKILL);
-        ::waitpid(pid_, &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    reaped_ = true;
-    Outcome o;
-    o.output = output();
-    if (WIFEXITED(status)) o.exit_code = WEXITSTATUS(status);
-    if (WIFSIGNALED(status)) o.signal = WTERMSIG(status);
-    return o;
-  }
-
- private:
-  pid_t pid_ = -1;
-  bool reaped_ = false;
-  std::string log_path_;
-};
-
-Outcome run_app(const TempDir& tmp, const std::string& app, const std::vector<std::string>& args,
-                const std::vector<std::string>& env = {}, double timeout_s = 120) {
-  return Child(app, args, tmp.file("child.log"), env).finish(timeout_s);
-}
-
-std::vector<std::string> tiny(std::vector<std::string> more) {
-  std::vector<std::string> a = {"--model", "tiny", "--seq", "16", "--batch", "2", "--threads", "2"};
-  a.insert(a.end(), more.begin(), more.end());
-  return a;
-}
-
-bool has(const std::string& text, const std::string& needle) {
-  return text.find(needle) != std::string::npos;
-}
-
-// Names in `dir` starting with '.' (temporary or probe files of memwall).
-std::vector<std::string> hidden_entries(const std::string& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().filename().string()[0] == '.') out.push_back(e.path().filename().string());
-  return out;
-}
 
 // Every numeric option of every app, with values that must all be refused with exit 2, the
 // option's name and no signal (issue #17: aborts, wraps and a hang came from these).

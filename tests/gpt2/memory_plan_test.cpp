@@ -17,6 +17,7 @@
 #include "models/gpt2/model.h"
 #include "models/gpt2/spec.h"
 #include "nn/checkpoint.h"
+#include "offload/activation/activation_offload.h"
 #include "optim/hybrid_adam.h"
 #include "optim/optimizer.h"
 
@@ -120,13 +121,24 @@ Peaks measure(const PlanInputs& in) {
       };
     }
     model.train();
+    // --offload-activations without recomputation, as gpt2_train sets it up (its defaults).
+    std::unique_ptr<offload::ActivationOffloader> offloader;
+    if (in.offload_activations) {
+      offload::ActivationOffloadOptions o;
+      o.prefetch_bytes = in.offload_in_flight_bytes;
+      o.max_pending_bytes = std::min<int64_t>(o.max_pending_bytes, in.offload_in_flight_bytes);
+      offloader = std::make_unique<offload::ActivationOffloader>(o);
+    }
     for (int step = 0; step < 2; ++step) {
       std::vector<int32_t> tokens(static_cast<size_t>(in.batch * in.seq));
       data::random_tokens(9, step, in.batch, in.seq, in.config.vocab_size, tokens.data());
       Tensor ids = Tensor::from_vector(tokens, {in.batch, in.seq}, dev);
       opt->zero_grad();
+      std::unique_ptr<offload::OffloadScope> scope;
+      if (offloader) scope = std::make_unique<offload::OffloadScope>(*offloader);
       Tensor logits = model(ids);
       Tensor loss = shifted_cross_entropy(logits, ids);
+      scope.reset();
       logits = Tensor();
       backward(loss);
       opt->step();
@@ -208,6 +220,47 @@ TEST(MemoryPlan, SmallIshOnSimWithHalfTheAdamStatesOnNvme) {
   in.nvme_fraction = 0.5;
   in.nvme_window_bytes = 1 << 20;
   check(in);
+}
+
+// --offload-activations (issue #17): saved activations on the host, the device keeping the head,
+// the logits and the blocks in flight.
+// --offload-activations (issue #17). The host is measured with the cpu cache off: its best-fit
+// slack is not planned (next test). With gpt2_train's window (prefetch 128 MiB, pending 256 MiB)
+// every offloaded activation of this model is prefetched back from the head's backward on, so the
+// device peak is the plain run's; with a 4 MiB window the device holds the logits, the head's
+// gradients and the window (the in-flight bound is timing-dependent, within the bar here: -4%).
+void check_offloaded(const PlanInputs& in) {
+  auto& host = dynamic_cast<CachingHostAllocator&>(allocator_for(Device::cpu()));
+  host.set_max_cached_bytes(0);
+  check(in);
+  host.set_max_cached_bytes(int64_t{4} << 30);  // the cpu allocator's default (allocator.cpp)
+}
+
+TEST(MemoryPlan, SmallIshOnSimWithOffloadedActivations) {
+  PlanInputs in = on_sim(inputs(small_ish(), 4, 128));
+  in.offload_activations = true;
+  check_offloaded(in);
+  in.offload_in_flight_bytes = 4 << 20;
+  check_offloaded(in);
+}
+
+// Issue #17: why the cpu plan is off at small widths. The plan counts the bytes the ops ask for;
+// the cpu allocator counts the whole cached block each request gets (up to twice its size, Note
+// [Host caching]). Measured with the cache off, the same run is within the bar: the gap is the
+// cache's best-fit slack alone, not small tensors, thread-local buffers or allocator headers.
+TEST(MemoryPlan, SmallIshOnTheCpuIsExactWithoutTheCacheSlack) {
+  auto& host = dynamic_cast<CachingHostAllocator&>(allocator_for(Device::cpu()));
+  const PlanInputs in = inputs(small_ish(), 4, 128);
+  const int64_t planned = plan_memory(in).host_bytes;
+  const Peaks cached = measure(in);
+  host.set_max_cached_bytes(0);
+  const Peaks uncached = measure(in);
+  host.set_max_cached_bytes(int64_t{4} << 30);
+  std::printf("with the cache: measured %.2f MiB (%+.1f%%)\n",
+              static_cast<double>(cached.host_bytes) / (1 << 20),
+              100.0 * static_cast<double>(planned - cached.host_bytes) /
+                  static_cast<double>(cached.host_bytes));
+  expect_within(planned, uncached.host_bytes, "host, cache off");
 }
 
 TEST(MemoryPlan, WideOnTheCpu) { check(inputs(wide(), 4, 128)); }

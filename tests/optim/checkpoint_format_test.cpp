@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "optim/hybrid_adam.h"
+#include "optim/optimizer.h"
 
 namespace mw::optim {
 namespace {
@@ -80,6 +81,38 @@ TEST_F(CheckpointFormat, AHandBuiltFileLoadsAndSavesBackByteForByte) {
   std::stringstream saved;
   saved << in.rdbuf();
   EXPECT_EQ(saved.str(), bytes) << "the test's builder and the reader disagree on the format";
+}
+
+// AdamW writes the same file (one format for both optimizers): the hand-built file loads into
+// AdamW and saves back byte for byte; HybridAdam's slices (three segments, one step) load too, and
+// a partially applied step (segments of different steps) is refused naming the file.
+TEST_F(CheckpointFormat, AdamWReadsAndWritesTheSameFile) {
+  const std::string bytes = checkpoint_bytes(3, {{5, {{0, 5, 3}}}, {6, {{0, 6, 3}}}});
+  AdamW opt(params_);
+  opt.load_state(write("in.ckpt", bytes));
+  EXPECT_EQ(opt.step_count(), 3);
+  EXPECT_EQ(opt.exp_avg(1).data<float>()[5], 0.5f);
+  EXPECT_EQ(opt.exp_avg_sq(0).data<float>()[0], 0.25f);
+  const std::string out = (dir_ / "out.ckpt").string();
+  opt.save_state(out);
+  std::ifstream in(out, std::ios::binary);
+  std::stringstream saved;
+  saved << in.rdbuf();
+  EXPECT_EQ(saved.str(), bytes);
+
+  AdamW sliced(params_);
+  sliced.load_state(
+      write("sliced.ckpt", checkpoint_bytes(3, {{5, {{0, 2, 3}, {2, 3, 3}}}, {6, {}}})));
+  EXPECT_EQ(sliced.exp_avg(0).data<float>()[4], 0.5f);
+  EXPECT_FALSE(sliced.exp_avg(1).defined());  // never stepped
+  const std::string partial =
+      write("partial.ckpt", checkpoint_bytes(3, {{5, {{0, 2, 3}, {2, 3, 2}}}, {6, {{0, 6, 3}}}}));
+  try {
+    AdamW(params_).load_state(partial);
+    FAIL() << "a partially applied step loaded into AdamW";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find(partial), std::string::npos) << e.what();
+  }
 }
 
 // Found while writing fuzz_optim_checkpoint: the bounds check computed offset + numel, which

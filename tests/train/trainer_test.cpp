@@ -174,6 +174,7 @@ struct ResumeCase {
   bool nvme, shuffle, clip;
   int64_t grad_accum;
   bool gemini = false;  // Gemini auto on a sim device
+  bool adamw = false;   // --optimizer adamw: the same checkpoint file (adam_state_file.h)
 };
 
 class ExactResume : public ::testing::TestWithParam<ResumeCase> {};
@@ -197,6 +198,7 @@ TEST_P(ExactResume, ResumedRunEqualsTheUninterruptedOneBitForBit) {
     o.nvme.fraction = 1.0;
     o.nvme.dir = tmp.file("nvme");
   }
+  if (c.adamw) o.optimizer = "adamw";
   if (c.gemini) {
     o.device = Device::sim(0);
     o.sim_capacity_bytes = int64_t{1} << 30;
@@ -239,7 +241,8 @@ INSTANTIATE_TEST_SUITE_P(
                       ResumeCase{"shuffle_accum_clip_nvme", true, true, true, 2},
                       ResumeCase{"gemini_auto_dropout", false, false, false, 1, true},
                       ResumeCase{"gemini_auto_shuffle_accum_clip", false, true, true, 2, true},
-                      ResumeCase{"gemini_auto_accum_clip_nvme", true, false, true, 2, true}),
+                      ResumeCase{"gemini_auto_accum_clip_nvme", true, false, true, 2, true},
+                      ResumeCase{"adamw_accum_clip_dropout", false, false, true, 2, false, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Trainer, ResumeRefusesADifferentBatchNamingTheOption) {

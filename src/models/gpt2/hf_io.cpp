@@ -235,7 +235,8 @@ void save_hf(const GPT2& model, const std::string& dir) { save_hf(model, dir, mo
 // tensor (and, under Gemini's three tiers, one chunk: before_read) beyond the model. A non-finite
 // weight found midway throws, the staged folder is removed, and any earlier save is kept.
 void save_hf(const GPT2& model, const std::string& dir, const Config& config,
-             const std::function<void(const std::string& hf_name)>& before_read) {
+             const std::function<void(const std::string& hf_name)>& before_read,
+             const std::vector<std::pair<std::string, std::string>>& extra_files) {
   MW_CHECK_T(InvalidArgument,
              tensor_specs(config).size() == model.specs().size() &&
                  num_parameters(config) == model.num_parameters(),
@@ -262,6 +263,9 @@ void save_hf(const GPT2& model, const std::string& dir, const Config& config,
                      {{config_json.data(), static_cast<int64_t>(config_json.size())}}, hint);
     data::write_file(staged.file("generation_config.json"),
                      {{generation.data(), static_cast<int64_t>(generation.size())}}, hint);
+    for (const auto& [name, bytes] : extra_files)
+      data::write_file(staged.file(name), {{bytes.data(), static_cast<int64_t>(bytes.size())}},
+                       hint);
     staged.commit();
   } catch (const IoError& e) {  // say what became of the earlier folder
     throw IoError(str("saving the model to '", dir, "' failed; any earlier '", dir,

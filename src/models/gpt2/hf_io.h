@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "models/gpt2/model.h"
 
@@ -59,9 +60,11 @@ void load_hf_weights(GPT2& model, const std::string& dir);
 //
 // Tensors are written one at a time in table order (Note [Streaming save]): `before_read(name)`,
 // when given, is called before a parameter's bytes are read, so a caller whose parameters live on
-// disk (Gemini's three tiers) can bring in one chunk at a time.
+// disk (Gemini's three tiers) can bring in one chunk at a time. `extra_files` (name, contents),
+// such as the tokenizer's vocab.json + merges.txt or tokenizer.json, are written into the folder.
 void save_hf(const GPT2& model, const std::string& dir);
 void save_hf(const GPT2& model, const std::string& dir, const Config& config,
-             const std::function<void(const std::string& hf_name)>& before_read = {});
+             const std::function<void(const std::string& hf_name)>& before_read = {},
+             const std::vector<std::pair<std::string, std::string>>& extra_files = {});
 
 }  // namespace mw::gpt2

@@ -286,6 +286,34 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t params, int64_t ac
 
 }  // namespace
 
+namespace {
+
+// --offload-activations. Without recomputation every saved tensor is offloaded, the head's and
+// the loss's included (gpt2_train computes the loss inside the offload scope): the host holds the
+// activation peak less the gradients in flight at the LM head's backward, and the device those
+// gradients, one logits-sized buffer, and what the offloader has prefetched back (up to
+// offload_in_flight_bytes; at the default a small model's activations all come back). With recomputation only the checkpoints' inputs are offloaded: the
+// device keeps the head and two blocks in flight (coarse, not measured).
+void plan_offloaded_activations(MemoryPlan& p, const PlanInputs& in, const Activations& a,
+                                int64_t act_peak, const std::string& act_note) {
+  const bool recompute = in.checkpoint_every_block || in.checkpoint_segments >= 0;
+  const int64_t kept_bytes = recompute
+                                 ? clamp_bytes(a.logits + a.backward_extra + a.head + 2 * a.block)
+                                 : clamp_bytes(a.logits + a.backward_extra);
+  const int64_t offloaded_bytes = std::max<int64_t>(
+      0, recompute ? act_peak - kept_bytes : act_peak - clamp_bytes(a.backward_extra));
+  const int64_t returning_bytes =
+      recompute ? offloaded_bytes : std::max<int64_t>(0, offloaded_bytes - clamp_bytes(a.logits));
+  add(p, "activations (offloaded)", "host", offloaded_bytes, act_note);
+  add(p, recompute ? "head, logits, two blocks in flight" : "logits and head gradients",
+      p.device_name, kept_bytes, "");
+  add(p, "offloaded activations in flight", p.device_name,
+      std::min(returning_bytes, in.offload_in_flight_bytes),
+      "prefetched back at the LM head's backward");
+}
+
+}  // namespace
+
 MemoryPlan plan_memory(const PlanInputs& in) {
   MemoryPlan p;
   const bool on_device = !in.device.is_cpu();
@@ -305,10 +333,7 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   add(p, "parameters", dev, params, "");
   std::string act_note = str("B", in.batch, " T", in.seq, ", recompute: ", p.recompute);
   if (in.offload_activations && on_device) {
-    // Offloaded saved tensors live on the host; the device keeps the head and what is in flight.
-    const int64_t kept_bytes = clamp_bytes(a.logits + a.backward_extra + a.head + 2 * a.block);
-    add(p, "activations (offloaded)", "host", act_peak - kept_bytes, act_note);
-    add(p, "head, logits, two blocks in flight", dev, kept_bytes, "");
+    plan_offloaded_activations(p, in, a, act_peak, act_note);
   } else {
     add(p, "activations + logits at the LM head's backward", dev, act_peak, act_note);
   }

@@ -44,6 +44,13 @@ struct PlanInputs {
   bool checkpoint_every_block = false;
   int64_t checkpoint_segments = -1;  // -1: none; 0: round(sqrt(n_layer))
   bool offload_activations = false;
+  // --offload-activations: the device bytes of offloaded activations back on the device at the
+  // LM head's backward, the peak: ActivationOffloadOptions' prefetch_bytes (its default here).
+  // The prefetch brings activations back from the head's backward on, so a model whose offloaded
+  // activations fit in it saves no device memory. (Forward may hold up to max_pending_bytes, 256
+  // MiB, of copies not yet done; when the disk-less copies keep up, as measured, that moment is
+  // lower.)
+  int64_t offload_in_flight_bytes = int64_t{128} << 20;
   bool gemini = false;
   gemini::GeminiOptions gemini_options;  // policy, fractions, budget, margin, host capacity
 };

@@ -1,0 +1,70 @@
+// The Trainer's tokenizer and its samples during training (Note [Sampling during training],
+// trainer.h).
+#include "core/error.h"
+#include "train/trainer.h"
+
+namespace mw::train {
+
+void Trainer::load_tokenizer() {
+  // --init-from's folder, or the resumed checkpoint's model folder (a save copies the files there).
+  tokenizer_files_ = data::find_tokenizer_files(o_.vocab, o_.merges, o_.tokenizer, weights_from_);
+  tokenizer_ = data::load_tokenizer(tokenizer_files_);
+  tokenizer_bytes_ = data::read_tokenizer_files(tokenizer_files_);
+  if (tokenizer_) {
+    const std::string source = tokenizer_files_.tokenizer_json.empty()
+                                   ? tokenizer_files_.vocab_json
+                                   : tokenizer_files_.tokenizer_json;
+    MW_CHECK_T(InvalidArgument, tokenizer_->vocab_size() <= config_.vocab_size, "the tokenizer '",
+               source, "' has ", tokenizer_->vocab_size(), " tokens but the model only ",
+               config_.vocab_size, "; pass the model's tokenizer (or --vocab-size ",
+               tokenizer_->vocab_size(), " for a new model)");
+    const std::optional<int32_t> eot = tokenizer_->token_id(data::kEndOfText);
+    if (eot && *eot != config_.eos_token_id)
+      print_(str("gpt2_train: warning: the tokenizer's <|endoftext|> is id ", *eot,
+                 " but the config's eos_token_id is ", config_.eos_token_id,
+                 "; generation_config.json records the config's\n"));
+    print_(str("Tokenizer: ", source, " (", tokenizer_->vocab_size(), " tokens; --save and ",
+               "checkpoints write it beside the model)\n"));
+  }
+  if (o_.sample_every <= 0) return;
+  if (!o_.sample_prompt_ids.empty()) {
+    sample_prompt_ = o_.sample_prompt_ids;
+  } else if (!o_.sample_prompt.empty()) {
+    MW_CHECK_T(InvalidArgument, tokenizer_ != nullptr,
+               "--sample-prompt is text and this run knows no tokenizer: pass --vocab and --merges "
+               "(or --tokenizer), or give the prompt as --sample-prompt-ids");
+    sample_prompt_ = tokenizer_->encode(o_.sample_prompt);
+  }
+  if (sample_prompt_.empty())  // GPT-2's unconditional samples start from <|endoftext|>
+    sample_prompt_ = {tokenizer_ ? tokenizer_->eot_id()
+                                 : static_cast<int32_t>(config_.eos_token_id)};
+  for (int32_t id : sample_prompt_)
+    MW_CHECK_T(InvalidArgument, id < config_.vocab_size, "the sampling prompt holds token ", id,
+               " but the model has ", config_.vocab_size, " tokens (ids 0..",
+               config_.vocab_size - 1, ")");
+  MW_CHECK_T(InvalidArgument, static_cast<int64_t>(sample_prompt_.size()) < config_.n_positions,
+             "the sampling prompt is ", sample_prompt_.size(), " tokens, and the model's context ",
+             "holds ", config_.n_positions, ": shorten it so that tokens can follow");
+}
+
+bool Trainer::sample_due() const { return o_.sample_every > 0 && step_ % o_.sample_every == 0; }
+
+std::string Trainer::sample() {
+  MW_CHECK_T(InvalidArgument, gem_ == nullptr, "sampling is not supported with --gemini yet");
+  flush();  // the optimizer's last write-backs land first (Note [Sampling during training])
+  const std::vector<int32_t> ids =
+      gpt2::generate(*model_, sample_prompt_, o_.sample_tokens, o_.sampling,
+                     [&](int32_t id) { return !tokenizer_ || id != tokenizer_->eot_id(); });
+  if (!tokenizer_) {
+    std::string line = str("[", step_, "] sample ids:");
+    for (size_t i = 0; i < ids.size(); ++i) line += str(i ? "," : " ", ids[i]);
+    return line + "\n";
+  }
+  std::vector<int32_t> text_ids = sample_prompt_;
+  if (text_ids.size() == 1 && text_ids[0] == tokenizer_->eot_id()) text_ids.clear();
+  for (int32_t id : ids)  // a padded vocabulary's ids past the tokenizer's have no text
+    if (id != tokenizer_->eot_id() && id < tokenizer_->vocab_size()) text_ids.push_back(id);
+  return str("[", step_, "] sample: ", tokenizer_->decode(text_ids), "\n");
+}
+
+}  // namespace mw::train

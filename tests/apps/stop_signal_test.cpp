@@ -1,0 +1,104 @@
+// Stop signals during a long step (Note [Stop signals], docs/reliability.md section 4): with
+// --checkpoint-dir the first SIGTERM lets the step under way finish, writes a checkpoint and exits
+// 143, and --resume then gives the uninterrupted run's losses and weights bit for bit (with NVMe
+// offload and dropout on); a second signal exits at once and removes the temporary save folder.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "../data/temp_dir.h"
+#include "child.h"
+#include "core/error.h"
+
+namespace mw {
+namespace {
+
+using data::testing::read_bytes;
+using data::testing::TempDir;
+using testing::Child;
+using testing::has;
+using testing::hidden_entries;
+using testing::Outcome;
+using testing::run_app;
+namespace fs = std::filesystem;
+
+// Wide enough that a step takes tens of ms on a loaded 2-core machine: the test polls the child's
+// output every 5 ms, so the signal lands while the step after the one printed runs.
+std::vector<std::string> slow_tiny(const TempDir& tmp, std::vector<std::string> more) {
+  std::vector<std::string> a = {"--model",       "tiny",  "--n-embd",   "256",
+                                "--n-layer",     "4",     "--seq",      "32",
+                                "--batch",       "4",     "--threads",  "2",
+                                "--dropout",     "0.1",   "--steps",    "5",
+                                "--offload",     "nvme",  "--nvme-dir", tmp.file("nvme"),
+                                "--lr-schedule", "cosine"};
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+std::string line_of(const std::string& output, const std::string& prefix) {
+  const size_t at = output.find(prefix);
+  return at == std::string::npos ? "(missing " + prefix + ")" : output.substr(at, 20);
+}
+
+TEST(StopSignals, TheFirstSigtermFinishesTheStepCheckpointsAndResumesBitForBit) {
+  TempDir tmp;
+  fs::create_directories(tmp.file("nvme"));
+  const Outcome full = run_app(tmp, "gpt2_train", slow_tiny(tmp, {"--save", tmp.file("full")}));
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+
+  const std::vector<std::string> ck = slow_tiny(tmp, {"--checkpoint-dir", tmp.file("ck")});
+  Child c("gpt2_train", ck, tmp.file("c.log"));
+  ASSERT_TRUE(c.wait_for([&] { return has(c.output(), "[1] loss"); })) << c.output();
+  c.signal(SIGTERM);  // during step 2 (or just before it: it runs all the same)
+  const Outcome o = c.finish(120);
+  EXPECT_EQ(o.exit_code, 143) << o.output;
+  EXPECT_TRUE(has(o.output,
+                  "interrupted by SIGTERM during step 2: finished it and wrote the "
+                  "checkpoint " +
+                      tmp.file("ck/step_000003")))
+      << o.output;
+  EXPECT_FALSE(has(o.output, "[3] loss")) << o.output;
+  EXPECT_TRUE(fs::is_empty(tmp.file("nvme")));  // the swap file was unlinked at creation
+  EXPECT_TRUE(hidden_entries(tmp.file("ck")).empty());
+
+  std::vector<std::string> resume = ck;
+  resume.insert(resume.end(), {"--resume", tmp.file("ck"), "--save", tmp.file("resumed")});
+  const Outcome r = run_app(tmp, "gpt2_train", resume);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "at step 3 (2 steps to go)")) << r.output;
+  for (const char* step : {"[3] loss: ", "[4] loss: "})
+    EXPECT_EQ(line_of(r.output, step), line_of(full.output, step));
+  EXPECT_EQ(read_bytes(tmp.file("resumed/model.safetensors")),
+            read_bytes(tmp.file("full/model.safetensors")));
+}
+
+TEST(StopSignals, ASecondSignalExitsAtOnceAndRemovesTheTemporarySaveFolder) {
+  TempDir tmp;
+  // Stalled half-way through the second checkpoint (write 50 of ~35 per tiny checkpoint).
+  Child c("gpt2_train",
+          testing::tiny(
+              {"--steps", "3", "--checkpoint-dir", tmp.file("ck"), "--checkpoint-every", "1"}),
+          tmp.file("c.log"), {"MW_WRITE_FAULT=stall@50"});
+  const std::string staging = tmp.file(str("ck/.step_000002.tmp-", c.pid()));
+  ASSERT_TRUE(c.wait_for([&] { return fs::exists(staging); })) << c.output();
+  c.signal(SIGTERM);  // deferred: the save under way would go on (here it stays stalled)
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_TRUE(fs::exists(staging));
+  const auto t0 = std::chrono::steady_clock::now();
+  c.signal(SIGINT);
+  const Outcome o = c.finish(30);
+  const double exit_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(o.exit_code, 130) << o.output;
+  EXPECT_LT(exit_s, 5.0);  // "at once": a poll of 5 ms and a removal; 5 s for a loaded machine
+  EXPECT_TRUE(has(o.output, "stopped at once by a second SIGINT")) << o.output;
+  EXPECT_FALSE(fs::exists(staging));
+  EXPECT_TRUE(hidden_entries(tmp.file("ck")).empty());
+  EXPECT_TRUE(fs::exists(tmp.file("ck/step_000001/manifest.json")));
+}
+
+}  // namespace
+}  // namespace mw

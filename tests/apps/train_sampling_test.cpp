@@ -1,0 +1,146 @@
+// gpt2_train's sampling during training (Note [Sampling during training]) and the tokenizer and
+// config that --save writes (issue #12 items 4 and 5): sampling leaves the run's losses and
+// weights bit for bit as they are, under NVMe offload too; a saved folder carries the tokenizer it
+// was trained with, so gpt2_generate works on text from it directly.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "../data/temp_dir.h"
+#include "child.h"
+#include "data/json.h"
+
+namespace mw {
+namespace {
+
+using data::testing::read_bytes;
+using data::testing::TempDir;
+using testing::has;
+using testing::Outcome;
+using testing::run_app;
+using testing::tiny;
+namespace fs = std::filesystem;
+
+const std::string kBpe = std::string(MW_SOURCE_DIR) + "/tests/fixtures/bpe/";
+
+// The "loss" of every step record of a --log, exactly as written (17 significant digits).
+std::vector<std::string> logged_losses(const std::string& log_path) {
+  std::vector<std::string> out;
+  std::istringstream in(read_bytes(log_path));
+  for (std::string line; std::getline(in, line);) {
+    const json::Value v = json::parse(line, log_path);
+    if (v.contains("loss")) out.push_back(v.find("loss")->dump());
+  }
+  return out;
+}
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& more) {
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+TEST(TrainSampling, SamplingLeavesLossesAndWeightsBitForBitUnderNvmeOffload) {
+  TempDir tmp;
+  const std::vector<std::string> base =
+      tiny({"--steps", "4", "--dropout", "0.1", "--offload", "nvme", "--vocab-size", "588"});
+  const Outcome plain = run_app(
+      tmp, "gpt2_train", with(base, {"--save", tmp.file("a"), "--log", tmp.file("a.jsonl")}));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  // Ids without a tokenizer, every step; then text with the fixture's tokenizer, every 2 steps.
+  const Outcome ids =
+      run_app(tmp, "gpt2_train",
+              with(base, {"--save", tmp.file("b"), "--log", tmp.file("b.jsonl"), "--sample-every",
+                          "1", "--sample-tokens", "6", "--sample-prompt-ids", "5,7"}));
+  ASSERT_EQ(ids.exit_code, 0) << ids.output;
+  EXPECT_TRUE(has(ids.output, "[1] sample ids: ")) << ids.output;
+  EXPECT_TRUE(has(ids.output, "[4] sample ids: ")) << ids.output;
+  const Outcome text = run_app(
+      tmp, "gpt2_train",
+      with(base, {"--save", tmp.file("c"), "--log", tmp.file("c.jsonl"), "--sample-every", "2",
+                  "--sample-prompt", "the", "--sample-temperature", "0.7", "--sample-seed", "3",
+                  "--vocab", kBpe + "vocab.json", "--merges", kBpe + "merges.txt"}));
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_TRUE(has(text.output, "[2] sample: the")) << text.output;
+  EXPECT_FALSE(has(text.output, "[1] sample")) << text.output;
+
+  const std::vector<std::string> losses = logged_losses(tmp.file("a.jsonl"));
+  ASSERT_EQ(losses.size(), 4u);
+  EXPECT_EQ(logged_losses(tmp.file("b.jsonl")), losses);
+  EXPECT_EQ(logged_losses(tmp.file("c.jsonl")), losses);
+  const std::string weights = read_bytes(tmp.file("a/model.safetensors"));
+  EXPECT_EQ(read_bytes(tmp.file("b/model.safetensors")), weights);
+  EXPECT_EQ(read_bytes(tmp.file("c/model.safetensors")), weights);
+}
+
+TEST(TrainSampling, RefusedWhereItCannotWorkWithTheReason) {
+  TempDir tmp;
+  const Outcome gemini = run_app(
+      tmp, "gpt2_train",
+      tiny({"--steps", "1", "--device", "sim:64MiB", "--gemini", "auto", "--sample-every", "1"}));
+  EXPECT_EQ(gemini.exit_code, 2) << gemini.output;
+  EXPECT_TRUE(has(gemini.output, "--sample-every is not supported with --gemini yet"))
+      << gemini.output;
+  const Outcome no_tokenizer = run_app(
+      tmp, "gpt2_train", tiny({"--steps", "1", "--sample-every", "1", "--sample-prompt", "hi"}));
+  EXPECT_EQ(no_tokenizer.exit_code, 1) << no_tokenizer.output;
+  EXPECT_TRUE(has(no_tokenizer.output, "this run knows no tokenizer")) << no_tokenizer.output;
+  const Outcome lone = run_app(tmp, "gpt2_train", tiny({"--steps", "1", "--sample-tokens", "3"}));
+  EXPECT_EQ(lone.exit_code, 2) << lone.output;
+  EXPECT_TRUE(has(lone.output, "--sample-tokens needs --sample-every")) << lone.output;
+  const Outcome out_of_range =
+      run_app(tmp, "gpt2_train",
+              tiny({"--steps", "1", "--sample-every", "1", "--sample-prompt-ids", "97"}));
+  EXPECT_EQ(out_of_range.exit_code, 1) << out_of_range.output;
+  EXPECT_TRUE(has(out_of_range.output, "holds token 97 but the model has 97 tokens"))
+      << out_of_range.output;
+  const Outcome big_vocab = run_app(
+      tmp, "gpt2_train",
+      tiny({"--steps", "1", "--vocab", kBpe + "vocab.json", "--merges", kBpe + "merges.txt"}));
+  EXPECT_EQ(big_vocab.exit_code, 1) << big_vocab.output;
+  EXPECT_TRUE(has(big_vocab.output, "has 588 tokens but the model only 97")) << big_vocab.output;
+}
+
+TEST(TrainSampling, SaveWritesTheTokenizerAndTheUsersConfig) {
+  TempDir tmp;
+  const std::vector<std::string> base = tiny({"--steps", "1", "--vocab-size", "588"});
+  // vocab.json + merges.txt named by options, then found again in --init-from's folder.
+  ASSERT_EQ(run_app(tmp, "gpt2_train",
+                    with(base, {"--vocab", kBpe + "vocab.json", "--merges", kBpe + "merges.txt",
+                                "--dropout", "0", "--save", tmp.file("m")}))
+                .exit_code,
+            0);
+  for (const char* name : {"vocab.json", "merges.txt"})
+    EXPECT_EQ(read_bytes(tmp.file("m/") + name), read_bytes(kBpe + name)) << name;
+  EXPECT_TRUE(has(read_bytes(tmp.file("m/config.json")), "\"resid_pdrop\":0.1"));
+  const std::string generation = read_bytes(tmp.file("m/generation_config.json"));
+  EXPECT_TRUE(has(generation, "\"bos_token_id\":587")) << generation;
+  EXPECT_TRUE(has(generation, "\"eos_token_id\":587")) << generation;
+
+  const Outcome again =
+      run_app(tmp, "gpt2_train",
+              {"--init-from", tmp.file("m"), "--steps", "1", "--seq", "16", "--batch", "2",
+               "--threads", "2", "--dropout", "0", "--save-run-dropout", "--save", tmp.file("m2")});
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_TRUE(has(again.output, "Tokenizer: " + tmp.file("m/vocab.json"))) << again.output;
+  EXPECT_EQ(read_bytes(tmp.file("m2/merges.txt")), read_bytes(kBpe + "merges.txt"));
+  EXPECT_TRUE(has(read_bytes(tmp.file("m2/config.json")), "\"resid_pdrop\":0.0,"));
+
+  // gpt2_generate on text, with the files the save wrote.
+  const Outcome gen = run_app(tmp, "gpt2_generate",
+                              {"--model", tmp.file("m2"), "--prompt", "the cat", "--max-new-tokens",
+                               "5", "--temperature", "0"});
+  EXPECT_EQ(gen.exit_code, 0) << gen.output;
+  EXPECT_EQ(gen.output.rfind("the cat", 0), 0u) << gen.output;
+
+  // tokenizer.json the same way.
+  ASSERT_EQ(run_app(tmp, "gpt2_train",
+                    with(base, {"--tokenizer", kBpe + "tokenizer.json", "--save", tmp.file("t")}))
+                .exit_code,
+            0);
+  EXPECT_EQ(read_bytes(tmp.file("t/tokenizer.json")), read_bytes(kBpe + "tokenizer.json"));
+  EXPECT_FALSE(fs::exists(tmp.file("t/vocab.json")));
+}
+
+}  // namespace
+}  // namespace mw
