@@ -8,17 +8,10 @@
 #include <tbb/global_control.h>
 #include <tbb/info.h>
 
-#include <cstdio>
-
 #include "cli.h"
 
 namespace mw {
 namespace {
-
-void print(const std::string& text) {
-  std::fputs(text.c_str(), stdout);
-  std::fflush(stdout);
-}
 
 std::vector<optim::Isa> isas_to_time(const std::string& name) {
   if (name == "all") return optim::supported_isas();
@@ -42,7 +35,7 @@ int run(const cli::Parser& p) {
   o.json = p.has("json");
   o.threads = threads > 0 ? threads : tbb::info::default_concurrency();
   tbb::global_control limit(tbb::global_control::max_allowed_parallelism, o.threads);
-  bench::run_adam_bench(o, print);
+  bench::run_adam_bench(o, cli::print);
   return 0;
 }
 

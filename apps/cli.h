@@ -19,6 +19,9 @@
 
 namespace mw::cli {
 
+// Prints a report's text to stdout at once (a benchmark's lines appear as they are measured).
+inline void print(const std::string& text) { std::cout << text << std::flush; }
+
 // The median of a sample (core/numbers.h), under the name the apps use.
 inline double median(std::vector<double> v) { return mw::median(std::move(v)); }
 

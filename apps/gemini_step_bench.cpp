@@ -2,7 +2,6 @@
 // a plain GPT-2 model on an unlimited sim device against Gemini auto and Gemini static cpu, each
 // on its own capped sim device, their steps rotating; medians of per-round ratios, losses equal bit
 // for bit. The comparison and its report are bench/step_compare.h.
-#include <cstdio>
 
 #include "bench/step_compare.h"
 #include "cli.h"
@@ -11,19 +10,14 @@
 namespace mw {
 namespace {
 
-void print(const std::string& text) {
-  std::fputs(text.c_str(), stdout);
-  std::fflush(stdout);
-}
-
 int run(const cli::Parser& p) {
   cli::RunShapeLimits limits;
   limits.min_steps = 3;
   const cli::RunShape s = cli::run_shape(p, limits);
   const int64_t capacity = p.bytes("capacity");
   set_num_threads(s.threads);
-  const bool same =
-      bench::compare_gemini_steps({s.model, s.config, s.batch, s.seq, s.steps}, capacity, print);
+  const bool same = bench::compare_gemini_steps({s.model, s.config, s.batch, s.seq, s.steps},
+                                                capacity, cli::print);
   return same ? 0 : 1;
 }
 

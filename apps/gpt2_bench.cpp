@@ -8,19 +8,12 @@
 // measurements and the report are bench/gpt2_bench.h.
 #include "bench/gpt2_bench.h"
 
-#include <cstdio>
-
 #include "cli.h"
 #include "core/parallel.h"
 #include "optim/adam_cpu.h"
 
 namespace mw {
 namespace {
-
-void print(const std::string& text) {
-  std::fputs(text.c_str(), stdout);
-  std::fflush(stdout);
-}
 
 int run(const cli::Parser& p) {
   cli::RunShapeLimits limits;
@@ -34,18 +27,19 @@ int run(const cli::Parser& p) {
   gpt2::Config config = s.config;
   config.set_dropout(0.0);
 
-  print(bench::strprintf(
+  cli::print(bench::strprintf(
       "memwall: GPT-2 %s fp32, B%lld T%lld, %lld steps, %d threads, HybridAdam "
       "(%s)\n",
       s.model.c_str(), static_cast<long long>(s.batch), static_cast<long long>(s.seq),
       static_cast<long long>(s.steps), num_threads(), optim::isa_name(optim::best_isa())));
-  const bench::Gpt2StepTiming ours = bench::time_gpt2_steps(config, s.batch, s.seq, s.steps, print);
+  const bench::Gpt2StepTiming ours =
+      bench::time_gpt2_steps(config, s.batch, s.seq, s.steps, cli::print);
   const bench::IsolatedGemm isolated = bench::time_isolated_gemms(config, s.batch, s.seq);
   bench::TorchPeer torch;
   if (p.str("torch") != "off")
     torch = bench::run_torch_peer(MW_SOURCE_DIR, s.model, s.batch, s.seq, s.steps, num_threads(),
-                                  print);
-  print(bench::gpt2_bench_report(s.model, ours, isolated, torch, p.has("json")));
+                                  cli::print);
+  cli::print(bench::gpt2_bench_report(s.model, ours, isolated, torch, p.has("json")));
   return 0;
 }
 

@@ -10,7 +10,6 @@
 // bench/nvme_bench.h.
 #include "bench/nvme_bench.h"
 
-#include <cstdio>
 #include <iostream>
 
 #include "cli.h"
@@ -41,10 +40,7 @@ int run(const cli::Parser& p) {
     std::cerr << "fio is not installed: skipping the fio ceiling (apt-get install fio)\n";
     run.fio = false;
   }
-  for (const bench::NvmeBenchConfig& c : configs) {
-    std::fputs(bench::run_nvme_bench(run, c).c_str(), stdout);
-    std::fflush(stdout);
-  }
+  for (const bench::NvmeBenchConfig& c : configs) cli::print(bench::run_nvme_bench(run, c));
   return 0;
 }
 

@@ -2,7 +2,6 @@
 // identical GPT-2 models, one with HybridAdam's m and v in RAM and one with them on disk, their
 // steps alternating; the median of the per-pair ratios. The comparison and its report are
 // bench/step_compare.h.
-#include <cstdio>
 
 #include "bench/step_compare.h"
 #include "cli.h"
@@ -10,11 +9,6 @@
 
 namespace mw {
 namespace {
-
-void print(const std::string& text) {
-  std::fputs(text.c_str(), stdout);
-  std::fflush(stdout);
-}
 
 int run(const cli::Parser& p) {
   cli::RunShapeLimits limits;
@@ -25,8 +19,9 @@ int run(const cli::Parser& p) {
   nvme.fraction = p.real("fraction", 0.0, 1.0);
   nvme.dir = p.str("nvme-dir");
   nvme.window_bytes = p.bytes("nvme-window");
-  return bench::compare_nvme_steps({s.model, s.config, s.batch, s.seq, s.steps}, nvme, print) ? 0
-                                                                                              : 1;
+  return bench::compare_nvme_steps({s.model, s.config, s.batch, s.seq, s.steps}, nvme, cli::print)
+             ? 0
+             : 1;
 }
 
 }  // namespace
