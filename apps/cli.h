@@ -13,9 +13,14 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "core/numbers.h"
+#include "models/gpt2/config.h"
 
 namespace mw::cli {
+
+// Prints a report's text to stdout at once (a benchmark's lines appear as they are measured).
+inline void print(const std::string& text) { std::cout << text << std::flush; }
 
 // The median of a sample (core/numbers.h), under the name the apps use.
 inline double median(std::vector<double> v) { return mw::median(std::move(v)); }
@@ -175,8 +180,50 @@ inline std::vector<int32_t> token_ids(const std::string& option, const std::stri
   }
 }
 
+// The run shape of the apps that train GPT-2 (gpt2_bench, nvme_step_bench, gemini_step_bench):
+// --model, --batch, --seq, --steps, --threads, declared once here with each app's defaults and
+// help lines.
+struct RunShapeDefaults {
+  std::string steps, steps_help;
+  std::string threads = "0", threads_help = "worker threads (0 = all cores)";
+};
+
+inline void declare_run_shape(Parser& p, const RunShapeDefaults& d) {
+  p.option("model", "small", "tiny|small|medium|large|xl");
+  p.option("batch", "4", "B");
+  p.option("seq", "128", "T");
+  p.option("steps", d.steps, d.steps_help);
+  p.option("threads", d.threads, d.threads_help);
+}
+
+// The values of declare_run_shape's options, each checked against its range.
+struct RunShape {
+  std::string model;
+  gpt2::Config config;  // the model's preset
+  int64_t batch = 0, seq = 0, steps = 0;
+  int threads = 0;
+};
+
+struct RunShapeLimits {
+  int64_t max_batch = 4096;
+  int64_t min_seq = 1, max_seq = 0;  // 0: the model's n_positions
+  int64_t min_steps = 1, max_steps = 100000;
+};
+
+inline RunShape run_shape(const Parser& p, const RunShapeLimits& limits) {
+  RunShape s;
+  s.model = p.choice("model", {"tiny", "small", "medium", "large", "xl"});
+  s.config = gpt2::Config::preset(s.model);
+  s.batch = p.integer("batch", 1, limits.max_batch);
+  s.seq = p.integer("seq", limits.min_seq, limits.max_seq ? limits.max_seq : s.config.n_positions);
+  s.steps = p.integer("steps", limits.min_steps, limits.max_steps);
+  s.threads = static_cast<int>(p.integer("threads", 0, 4096));
+  return s;
+}
+
 // main() of a tool: parses argv; --help prints the usage (exit 0); a bad flag or argument
-// (InvalidArgument, from parsing or from run) prints the usage and the reason (exit 2); any other
+// (InvalidArgument, from parsing or from run) prints the usage and the reason (exit 2); a stop
+// signal (Interrupted, Note [Stop signals]) prints it and exits 128 + the signal; any other
 // failure prints the error (exit 1), even one that is not a std::exception: no input aborts a tool.
 // run(parser) returns the exit code.
 template <typename Run>
@@ -188,6 +235,9 @@ int run_main(Parser& p, const char* program, int argc, char** argv, Run run) {
       return 0;
     }
     return run(p);
+  } catch (const Interrupted& e) {
+    std::cerr << program << ": " << e.what() << "\n";
+    return e.exit_code();
   } catch (const InvalidArgument& e) {
     std::cerr << p.usage() << "\n" << program << ": " << e.what() << "\n";
     return 2;

@@ -2,22 +2,15 @@
 // byte-level BPE (vocab.json + merges.txt, tokenizer.json, or merges learned here with
 // --train-bpe).
 //
-// Invariants:
-// - Streaming: the corpus is read in chunks (data/corpus.h, Note [Chunk boundaries]) and each
-//   split holds at most --shard-tokens tokens in memory, so RAM is bounded whatever the corpus size
-//   (--train-bpe also keeps one count per distinct piece). With --threads N, about N chunks are
-//   read ahead and encoded in parallel, each worker with its own tokenizer (and cache); the
-//   shards are the same for any N.
-// - Every document is preceded by <|endoftext|> (its id found in the vocabulary by its string), as
-//   in llm.c's data scripts. A literal "<|endoftext|>" inside a document is ordinary text.
-// - A document goes whole to one split. It goes to val when val holds fewer than --val-fraction of
-//   the tokens written before it, so the first document is train, the second val, and val then
-//   keeps its share; the assignment is deterministic.
+// Streaming: the corpus is read in chunks (data/corpus.h, Note [Chunk boundaries]) and each split
+// holds at most --shard-tokens tokens in memory, so RAM is bounded whatever the corpus size
+// (--train-bpe also keeps one count per distinct piece). With --threads N, about N chunks are read
+// ahead and encoded in parallel; the splits, the <|endoftext|> before each document and the
+// parallel encoding are data/tokenize_corpus.h, whose invariants the shards keep.
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 
 #include "cli.h"
@@ -25,7 +18,7 @@
 #include "data/bpe.h"
 #include "data/bpe_train.h"
 #include "data/corpus.h"
-#include "data/token_shard.h"
+#include "data/tokenize_corpus.h"
 
 using namespace mw;
 
@@ -97,93 +90,6 @@ std::unique_ptr<data::BpeTokenizer> load_tokenizer(const cli::Parser& p,
       data::load_vocab_and_merges(p.str("vocab"), p.str("merges")), p.str("vocab"));
 }
 
-void prepare_out_dir(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  MW_CHECK_T(IoError, !ec && std::filesystem::is_directory(dir), "--out '", dir,
-             "' cannot be created as a directory (", ec.message(),
-             "); pass --out a writable directory");
-  MW_CHECK_T(IoError, ::access(dir.c_str(), W_OK) == 0, "--out '", dir,
-             "' is not writable; pass --out a writable directory");
-  // Shards of an earlier run would mix with this run's (train_000001.bin of a larger corpus).
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    const bool shard = (name.rfind("train_", 0) == 0 || name.rfind("val_", 0) == 0) &&
-                       entry.path().extension() == ".bin";
-    MW_CHECK_T(IoError, !shard, "--out '", dir, "' already holds token shards (", name,
-               "); remove them or pass --out another directory");
-  }
-}
-
-void print_split(const char* name, const data::TokenShardWriter& w) {
-  std::printf("%s: %lld tokens in %zu shard(s)", name, static_cast<long long>(w.num_tokens()),
-              w.paths().size());
-  for (const auto& path : w.paths())
-    std::printf(" %s (%lld bytes)", path.c_str(),
-                static_cast<long long>(std::filesystem::file_size(path)));
-  std::printf("\n");
-}
-
-// The two splits and the rule that assigns documents to them (see the invariants above).
-struct Splits {
-  data::TokenShardWriter train, val;
-  double val_fraction;
-  int32_t eot;
-  data::TokenShardWriter* current = &train;
-
-  int64_t num_tokens() const { return train.num_tokens() + val.num_tokens(); }
-  void add(bool starts_document, const std::vector<int32_t>& ids) {
-    if (starts_document) {
-      current = val.num_tokens() < val_fraction * static_cast<double>(num_tokens()) ? &val : &train;
-      current->add(&eot, 1);
-    }
-    current->add(ids.data(), static_cast<int64_t>(ids.size()));
-  }
-};
-
-// Reads chunks until about one chunk per worker is pending, encodes them in parallel (worker s
-// encodes a contiguous slice with its own tokenizer, whose cache is not shared), then adds them to
-// the splits in order. The ids do not depend on the number of workers.
-void tokenize_corpus(data::CorpusReader& reader,
-                     std::vector<std::unique_ptr<data::BpeTokenizer>>& workers, Splits& splits,
-                     Progress& progress) {
-  struct Pending {
-    std::string text;
-    bool starts_document;
-    std::vector<int32_t> ids;
-  };
-  const int64_t n_workers = static_cast<int64_t>(workers.size());
-  std::vector<Pending> batch;
-  int64_t batch_bytes = 0;
-  bool more = true;
-  while (more) {
-    data::CorpusChunk chunk;
-    more = reader.next(chunk);
-    if (more) {
-      batch.push_back({std::string(chunk.text), chunk.starts_document, {}});
-      batch_bytes += static_cast<int64_t>(chunk.text.size());
-      if (batch_bytes < n_workers * data::kChunkBytes) continue;
-    }
-    // Slice s holds the chunks whose first byte falls in [s, s + 1) * batch_bytes / n_workers.
-    std::vector<size_t> first(n_workers + 1, batch.size());
-    int64_t offset = 0;
-    for (size_t i = 0, s = 0; i < batch.size(); ++i) {
-      while (s < static_cast<size_t>(n_workers) && offset >= int64_t(s) * batch_bytes / n_workers)
-        first[s++] = i;
-      offset += static_cast<int64_t>(batch[i].text.size());
-    }
-    parallel_for(n_workers, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t s = begin; s < end; ++s)
-        for (size_t i = first[s]; i < first[s + 1]; ++i)
-          workers[s]->encode(batch[i].text, batch[i].ids);
-    });
-    for (const Pending& c : batch) splits.add(c.starts_document, c.ids);
-    progress.update(reader, splits.num_tokens());
-    batch.clear();
-    batch_bytes = 0;
-  }
-}
-
 int run(cli::Parser& p) {
   const std::vector<std::string>& inputs = p.positional_values();
   if ((p.given("vocab") || p.given("merges")) + p.given("tokenizer") + p.given("train-bpe") != 1)
@@ -201,17 +107,17 @@ int run(cli::Parser& p) {
   // its files there.
   std::vector<std::unique_ptr<data::BpeTokenizer>> workers;
   if (!p.given("train-bpe")) workers.push_back(load_tokenizer(p, inputs, out_dir));
-  prepare_out_dir(out_dir);
+  data::prepare_shard_dir(out_dir);
   if (workers.empty()) workers.push_back(load_tokenizer(p, inputs, out_dir));
   while (static_cast<int>(workers.size()) < num_threads())
     workers.push_back(std::make_unique<data::BpeTokenizer>(*workers.front()));
   const data::BpeTokenizer& tok = *workers.front();
 
-  Splits splits{
-      {out_dir, "train", shard_tokens}, {out_dir, "val", shard_tokens}, val_fraction, tok.eot_id()};
+  data::ShardSplits splits(out_dir, shard_tokens, val_fraction, tok.eot_id());
   Progress progress("tokenize");
   const auto t0 = Clock::now();
-  tokenize_corpus(reader, workers, splits, progress);
+  data::tokenize_corpus(reader, workers, splits,
+                        [&](int64_t tokens) { progress.update(reader, tokens); });
   splits.train.finish();
   splits.val.finish();
   progress.update(reader, splits.num_tokens(), true);
@@ -223,8 +129,8 @@ int run(cli::Parser& p) {
       workers.size(), static_cast<long long>(splits.num_tokens()),
       reader.bytes_read() / std::max(1.0, double(splits.num_tokens())),
       static_cast<long long>(tok.vocab_size()));
-  print_split("train", splits.train);
-  print_split("val", splits.val);
+  std::fputs(data::split_summary("train", splits.train).c_str(), stdout);
+  std::fputs(data::split_summary("val", splits.val).c_str(), stdout);
   if (val_fraction > 0 && splits.val.num_tokens() == 0)
     std::fprintf(stderr,
                  "warning: --val-fraction %g but no document went to val: a document is never "

@@ -5,321 +5,61 @@
 //              [--reps N] [--json] [--no-fio]
 //
 // With none of --block/--depth/--backend it sweeps backend x depth {8, 32} x block {256KiB, 1MiB,
-// 4MiB}; otherwise it runs the one configuration asked for (defaults fill the rest). Each
-// repetition runs ours (write, then read back) and then fio (ioengine=io_uring, direct=1, same
-// size, block and depth), alternating, and the medians are reported. The disk is noisy; use
-// --reps 3 or more for figures you quote.
-#include <unistd.h>
+// 4MiB}; otherwise it runs the one configuration asked for (defaults fill the rest). The disk is
+// noisy; use --reps 3 or more for figures you quote. The measurements and the report are
+// bench/nvme_bench.h.
+#include "bench/nvme_bench.h"
 
-#include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <iostream>
-#include <random>
-#include <string>
-#include <vector>
 
-#include "core/allocator.h"
-#include "core/error.h"
+#include "cli.h"
 #include "core/interrupt.h"
-#include "core/numbers.h"
 #include "offload/io/file.h"
-#include "offload/io/io_engine.h"
 
+namespace mw {
 namespace {
 
-using mw::InvalidArgument;
-using mw::str;
-namespace io = mw::io;
-
-std::string format_bytes(int64_t n) {
-  if (n % (int64_t{1} << 30) == 0) return str(n >> 30, "GiB");
-  if (n % (int64_t{1} << 20) == 0) return str(n >> 20, "MiB");
-  if (n % (int64_t{1} << 10) == 0) return str(n >> 10, "KiB");
-  return str(n, "B");
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-struct Config {
-  io::BackendKind backend;
-  int64_t block_bytes;
-  int depth;
-};
-
-struct Rates {
-  double write_GBps = 0, read_GBps = 0;
-};
-
-// One pass over the file with `depth` requests in flight, as fio keeps its queue: wait until any
-// request finishes, then refill every finished slot in one batch (one submit). Returns GB/s (1e9
-// bytes per second).
-double pass(io::IoEngine& engine, const io::ScratchFile& file, int64_t size_bytes,
-            int64_t block_bytes, int depth, std::vector<mw::AlignedBuffer>& bufs, io::IoOp op) {
-  std::vector<io::IoHandle> slots(depth);  // default handles are done: every slot starts free
-  std::vector<io::IoRequest> batch;
-  std::vector<int> batch_slots;
-  auto start = std::chrono::steady_clock::now();
-  int64_t off = 0;
-  try {
-    while (off < size_bytes) {
-      mw::throw_if_stop_requested("during a pass");
-      engine.wait_any(slots);
-      batch.clear();
-      batch_slots.clear();
-      for (int k = 0; k < depth && off < size_bytes; ++k) {
-        if (!slots[k].done()) continue;
-        slots[k].wait();  // throws its IoError, if any
-        batch.push_back({file.fd(), file.path(), off, bufs[k].data(),
-                         std::min(block_bytes, size_bytes - off), op});
-        batch_slots.push_back(k);
-        off += block_bytes;
-      }
-      std::vector<io::IoHandle> handles = engine.submit(batch);
-      for (size_t j = 0; j < handles.size(); ++j) slots[batch_slots[j]] = handles[j];
-    }
-  } catch (...) {  // the buffers outlive no request: wait for those in flight, then rethrow
-    for (auto& h : slots) {
-      try {
-        h.wait();
-      } catch (...) {
-      }
-    }
-    throw;
-  }
-  for (auto& h : slots) h.wait();
-  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return static_cast<double>(size_bytes) / s / 1e9;
-}
-
-Rates run_ours(const std::string& dir, int64_t size_bytes, const Config& c) {
-  io::IoOptions o;
-  o.backend = c.backend;
-  o.queue_depth = c.depth;
-  auto engine = io::IoEngine::create(o);
-  io::ScratchFile file(dir, "nvme-bench", /*want_direct=*/true);
-  file.unlink_now();  // nothing left behind, even after kill -9
-  MW_CHECK_T(Error, file.direct(), "the file system of '", dir,
-             "' refuses O_DIRECT, so this would measure the page cache; use a disk directory");
-  file.reserve(size_bytes);  // laid out first, as fio does, so writes do not extend the file
-  std::vector<mw::AlignedBuffer> bufs;
-  std::mt19937_64 rng(1);
-  for (int d = 0; d < c.depth; ++d) {
-    bufs.emplace_back(c.block_bytes);
-    auto* p = static_cast<uint64_t*>(bufs.back().data());
-    for (int64_t k = 0; k < c.block_bytes / 8; ++k) p[k] = rng();
-  }
-  Rates r;
-  r.write_GBps = pass(*engine, file, size_bytes, c.block_bytes, c.depth, bufs, io::IoOp::kWrite);
-  r.read_GBps = pass(*engine, file, size_bytes, c.block_bytes, c.depth, bufs, io::IoOp::kRead);
-  return r;
-}
-
-bool have_fio() {
-  const char* path = std::getenv("PATH");
-  std::string p = path ? path : "/usr/bin:/bin";
-  size_t start = 0;
-  while (start <= p.size()) {
-    size_t end = p.find(':', start);
-    if (end == std::string::npos) end = p.size();
-    std::string candidate = p.substr(start, end - start) + "/fio";
-    if (::access(candidate.c_str(), X_OK) == 0) return true;
-    start = end + 1;
-  }
-  return false;
-}
-
-// bw_bytes of the "read" or "write" section of fio's JSON output.
-double fio_bw_bytes(const std::string& json, const std::string& section) {
-  size_t s = json.find("\"" + section + "\" : {");
-  if (s == std::string::npos) return -1;
-  size_t k = json.find("\"bw_bytes\"", s);
-  if (k == std::string::npos) return -1;
-  size_t colon = json.find(':', k);
-  return std::atof(json.c_str() + colon + 1);
-}
-
-double run_fio(const std::string& file, int64_t size_bytes, const Config& c, const char* rw) {
-  std::string cmd =
-      str("fio --name=mwbench --filename=", file, " --size=", size_bytes, " --bs=", c.block_bytes,
-          " --iodepth=", c.depth, " --ioengine=io_uring --direct=1 --rw=", rw,
-          " --output-format=json 2>/dev/null");
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  MW_CHECK(pipe != nullptr, "could not start fio: ", cmd);
-  std::string out;
-  char chunk[4096];
-  size_t n;
-  while ((n = std::fread(chunk, 1, sizeof chunk, pipe)) > 0) out.append(chunk, n);
-  int status = ::pclose(pipe);
-  double bw = fio_bw_bytes(out, std::string(rw) == "write" ? "write" : "read");
-  MW_CHECK(status == 0 && bw > 0, "fio failed (exit status ", status, "): ", cmd);
-  return bw / 1e9;
-}
-
-Rates run_fio_pair(const std::string& dir, int64_t size_bytes, const Config& c) {
-  std::string file = str(dir, "/fio-bench-", ::getpid(), ".dat");
-  Rates r;
-  try {
-    r.write_GBps = run_fio(file, size_bytes, c, "write");
-    r.read_GBps = run_fio(file, size_bytes, c, "read");
-  } catch (...) {
-    ::unlink(file.c_str());
-    throw;
-  }
-  ::unlink(file.c_str());
-  mw::throw_if_stop_requested("after a fio run");  // fio's file is gone; stop now
-  return r;
-}
-
-void usage() {
-  std::cerr << "usage: nvme_bench --dir D [--size 2GiB] [--block 1MiB] [--depth 32]\n"
-               "                  [--backend uring|threads] [--reps N] [--json] [--no-fio]\n";
-}
-
-int real_main(int argc, char** argv) {
-  std::string dir;
-  int64_t size_bytes = int64_t{2} << 30;
-  int64_t block_bytes = 0;
-  int depth = 0;
-  std::string backend;
-  int reps = 0;
-  bool json = false, fio = true;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      MW_CHECK_T(InvalidArgument, i + 1 < argc, a, " needs a value");
-      return argv[++i];
-    };
-    if (a == "--dir")
-      dir = value();
-    else if (a == "--size")
-      size_bytes = mw::parse_bytes(value());
-    else if (a == "--block")
-      block_bytes = mw::parse_bytes(value());
-    else if (a == "--depth")
-      depth = static_cast<int>(mw::parse_integer(value(), "--depth", 1, 1024));
-    else if (a == "--backend")
-      backend = value();
-    else if (a == "--reps")
-      reps = static_cast<int>(mw::parse_integer(value(), "--reps", 1, 1000));
-    else if (a == "--json")
-      json = true;
-    else if (a == "--no-fio")
-      fio = false;
-    else if (a == "--help" || a == "-h")
-      return usage(), 0;
-    else
-      throw InvalidArgument(str("unknown option '", a, "'"));
-  }
-  MW_CHECK_T(InvalidArgument, !dir.empty(), "--dir is required (a directory on the drive to test)");
-  MW_CHECK_T(InvalidArgument, size_bytes >= 4096 && size_bytes % 4096 == 0,
-             "--size must be a positive multiple of 4096; got ", size_bytes);
-  bool sweep = block_bytes == 0 && depth == 0 && backend.empty();
-  std::vector<Config> configs;
-  if (sweep) {
-    for (auto b : {io::BackendKind::kUring, io::BackendKind::kThreads})
-      for (int d : {8, 32})
-        for (int64_t bs : {int64_t{256} << 10, int64_t{1} << 20, int64_t{4} << 20})
-          configs.push_back({b, bs, d});
-  } else {
-    io::BackendKind b = backend.empty() ? io::BackendKind::kUring : io::parse_backend_kind(backend);
-    MW_CHECK_T(InvalidArgument, b != io::BackendKind::kAuto, "--backend must be uring or threads");
-    configs.push_back({b, block_bytes ? block_bytes : int64_t{1} << 20, depth ? depth : 32});
-  }
-  for (const Config& c : configs) {
-    MW_CHECK_T(InvalidArgument, c.block_bytes >= 4096 && c.block_bytes % 4096 == 0,
-               "--block must be a positive multiple of 4096; got ", c.block_bytes);
-    MW_CHECK_T(InvalidArgument, c.depth >= 1 && c.depth <= 1024, "--depth must be in [1, 1024]");
-  }
-  if (reps <= 0) reps = sweep ? 1 : 3;
-  io::ensure_directory(dir);
-  if (fio && !have_fio()) {
+int run(const cli::Parser& p) {
+  bench::NvmeBenchRun run;
+  run.dir = p.str("dir");
+  run.size_bytes = p.bytes("size");
+  const int64_t block_bytes = p.given("block") ? p.bytes("block") : 0;
+  const int depth = p.given("depth") ? static_cast<int>(p.integer("depth", 1, 1024)) : 0;
+  const int reps = p.given("reps") ? static_cast<int>(p.integer("reps", 1, 1000)) : 0;
+  run.json = p.has("json");
+  run.fio = !p.has("no-fio");
+  MW_CHECK_T(InvalidArgument, !run.dir.empty(),
+             "--dir is required (a directory on the drive to test)");
+  MW_CHECK_T(InvalidArgument, run.size_bytes >= 4096 && run.size_bytes % 4096 == 0,
+             "--size must be a positive multiple of 4096; got ", run.size_bytes);
+  const std::vector<bench::NvmeBenchConfig> configs =
+      bench::nvme_bench_configs(block_bytes, depth, p.str("backend"));
+  run.reps = reps > 0 ? reps : configs.size() > 1 ? 1 : 3;
+  io::ensure_directory(run.dir);
+  if (run.fio && !bench::have_fio()) {
     std::cerr << "fio is not installed: skipping the fio ceiling (apt-get install fio)\n";
-    fio = false;
+    run.fio = false;
   }
-  for (const Config& c : configs) {
-    std::vector<double> ow, orr, fw, fr;
-    for (int r = 0; r < reps; ++r) {  // alternate ours and fio, so drift hits both alike
-      mw::throw_if_stop_requested("between repetitions");
-      Rates ours = run_ours(dir, size_bytes, c);
-      ow.push_back(ours.write_GBps);
-      orr.push_back(ours.read_GBps);
-      if (fio) {
-        Rates f = run_fio_pair(dir, size_bytes, c);
-        fw.push_back(f.write_GBps);
-        fr.push_back(f.read_GBps);
-      }
-    }
-    double w = median(ow), rd = median(orr), fwm = median(fw), frm = median(fr);
-    // Paired ratio: ours over the fio run right after it, then the median. On a noisy disk this
-    // is steadier than a ratio of medians, since neighbours in time share the disk's mood.
-    std::vector<double> pw, pr;
-    for (size_t k = 0; k < fw.size(); ++k) {
-      pw.push_back(ow[k] / fw[k]);
-      pr.push_back(orr[k] / fr[k]);
-    }
-    double wp = median(pw), rp = median(pr);
-    const char* name = io::backend_kind_name(c.backend);
-    if (json) {
-      std::printf(
-          "{\"backend\": \"%s\", \"block\": %lld, \"depth\": %d, \"size\": %lld, \"reps\": %d, "
-          "\"write_GBps\": %.3f, \"read_GBps\": %.3f",
-          name, static_cast<long long>(c.block_bytes), c.depth, static_cast<long long>(size_bytes),
-          reps, w, rd);
-      if (fio)
-        std::printf(
-            ", \"fio_write_GBps\": %.3f, \"fio_read_GBps\": %.3f, \"write_ratio\": %.3f, "
-            "\"read_ratio\": %.3f",
-            fwm, frm, w / fwm, rd / frm);
-      auto list = [](const std::vector<double>& v) {
-        std::string out = "[";
-        for (size_t k = 0; k < v.size(); ++k) out += str(k ? ", " : "", v[k]);
-        return out + "]";
-      };
-      std::printf(", \"write_GBps_reps\": %s, \"read_GBps_reps\": %s", list(ow).c_str(),
-                  list(orr).c_str());
-      if (fio)
-        std::printf(", \"fio_write_GBps_reps\": %s, \"fio_read_GBps_reps\": %s", list(fw).c_str(),
-                    list(fr).c_str());
-      std::printf("}\n");
-    } else {
-      std::printf("%-7s block %-6s depth %-3d size %s (median of %d): write %.2f GB/s", name,
-                  format_bytes(c.block_bytes).c_str(), c.depth, format_bytes(size_bytes).c_str(),
-                  reps, w);
-      if (fio) std::printf(" (fio %.2f, %.2fx; paired %.2fx)", fwm, w / fwm, wp);
-      std::printf("  read %.2f GB/s", rd);
-      if (fio) std::printf(" (fio %.2f, %.2fx; paired %.2fx)", frm, rd / frm, rp);
-      std::printf("\n");
-    }
-    std::fflush(stdout);
-  }
+  for (const bench::NvmeBenchConfig& c : configs) cli::print(bench::run_nvme_bench(run, c));
   return 0;
 }
 
 }  // namespace
+}  // namespace mw
 
 int main(int argc, char** argv) {
   mw::install_stop_signal_handlers();  // Note [Stop signals]: fio's file is removed before exit
-  try {
-    return real_main(argc, argv);
-  } catch (const mw::Interrupted& e) {
-    std::cerr << "nvme_bench: " << e.what() << "\n";
-    return e.exit_code();
-  } catch (const mw::InvalidArgument& e) {
-    std::cerr << "nvme_bench: " << e.what() << "\n";
-    usage();
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "nvme_bench: " << e.what() << "\n";
-    return 1;
-  } catch (...) {
-    std::cerr << "nvme_bench: internal error: an unknown exception\n";
-    return 1;
-  }
+  mw::cli::Parser p("nvme_bench",
+                    "Sequential write and read bandwidth of the I/O engine next to fio's, "
+                    "alternating repetitions; with none of --block/--depth/--backend, a sweep.");
+  p.option("dir", "", "a directory on the drive to test (required)");
+  p.option("size", "2GiB", "bytes per pass, a multiple of 4096");
+  p.option("block", "", "request size (default 1MiB; none of block/depth/backend: the sweep)");
+  p.option("depth", "", "requests in flight, 1..1024 (default 32)");
+  p.option("backend", "", "uring|threads (default uring)");
+  p.option("reps", "", "repetitions, 1..1000 (default 3; 1 in the sweep)");
+  p.flag("json", "one JSON object per configuration instead of text");
+  p.flag("no-fio", "skip the fio ceiling");
+  return mw::cli::run_main(p, "nvme_bench", argc, argv,
+                           [](const mw::cli::Parser& q) { return mw::run(q); });
 }

@@ -62,6 +62,36 @@ def jemalloc_loaded():
         return False
 
 
+def train_steps(model, optimizer, ids, steps):
+    """Times `steps` AdamW training steps; returns the step times (ms) and the losses."""
+    step_ms, losses = [], []
+    for step in range(steps):
+        t = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(ids)
+        loss = tg.lm_loss(logits, ids)
+        loss.backward()
+        optimizer.step()
+        dt_ms = (time.perf_counter() - t) * 1e3
+        del logits
+        step_ms.append(dt_ms)
+        losses.append(loss.item())
+        print(f"[{step}] loss: {losses[-1]:.3f}  step {dt_ms:.0f} ms", flush=True)
+    return step_ms, losses
+
+
+def environment():
+    """What the JSON summary records of the run's setting (threads, allocator, OpenMP)."""
+    return {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
+        "ld_preload": os.environ.get("LD_PRELOAD", ""),
+        "malloc_conf": os.environ.get("MALLOC_CONF", ""),
+        "jemalloc_loaded": jemalloc_loaded(),
+    }
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="small", choices=sorted(tg.PRESETS))
@@ -97,20 +127,7 @@ def main():
     )
 
     gemm_before = measure_gemm_gflops(cfg.n_embd, args.batch * args.seq)
-    step_ms, losses = [], []
-    for step in range(args.steps):
-        t = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        logits = model(ids)
-        loss = tg.lm_loss(logits, ids)
-        loss.backward()
-        optimizer.step()
-        dt_ms = (time.perf_counter() - t) * 1e3
-        del logits
-        step_ms.append(dt_ms)
-        losses.append(loss.item())
-        print(f"[{step}] loss: {losses[-1]:.3f}  step {dt_ms:.0f} ms", flush=True)
-
+    step_ms, losses = train_steps(model, optimizer, ids, args.steps)
     gemm_after = measure_gemm_gflops(cfg.n_embd, args.batch * args.seq)
     gemm_gflops = 0.5 * (gemm_before + gemm_after)
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -125,31 +142,22 @@ def main():
         f"peak RSS {peak_rss_mb:.0f} MB"
     )
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "model": args.model,
-                    "params": numel,
-                    "batch": args.batch,
-                    "seq": args.seq,
-                    "steps": args.steps,
-                    "median_step_ms": median_ms,
-                    "step_ms": step_ms,
-                    "peak_rss_mb": peak_rss_mb,
-                    "achieved_gflops": achieved_gflops,
-                    "gemm_ceiling_gflops": gemm_gflops,
-                    "gemm_gflops_before": gemm_before,
-                    "gemm_gflops_after": gemm_after,
-                    "losses": losses,
-                    "torch": torch.__version__,
-                    "threads": torch.get_num_threads(),
-                    "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
-                    "ld_preload": os.environ.get("LD_PRELOAD", ""),
-                    "malloc_conf": os.environ.get("MALLOC_CONF", ""),
-                    "jemalloc_loaded": jemalloc_loaded(),
-                }
-            )
-        )
+        summary = {
+            "model": args.model,
+            "params": numel,
+            "batch": args.batch,
+            "seq": args.seq,
+            "steps": args.steps,
+            "median_step_ms": median_ms,
+            "step_ms": step_ms,
+            "peak_rss_mb": peak_rss_mb,
+            "achieved_gflops": achieved_gflops,
+            "gemm_ceiling_gflops": gemm_gflops,
+            "gemm_gflops_before": gemm_before,
+            "gemm_gflops_after": gemm_after,
+            "losses": losses,
+        }
+        print(json.dumps({**summary, **environment()}))
     return 0
 
 

@@ -311,15 +311,24 @@ void backward(const Tensor& root, const Tensor& grad_output, bool retain_graph) 
   backward(std::vector<Tensor>{root}, std::vector<Tensor>{grad_output}, retain_graph);
 }
 
-void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_outputs,
-              bool retain_graph) {
-  MW_CHECK_T(AutogradError, roots.size() == grad_outputs.size(), "backward: ", roots.size(),
-             " roots but ", grad_outputs.size(), " gradients");
-  NoGradGuard no_grad;  // backward formulas are not themselves recorded
+namespace {
+
+// The state of one backward call (PyTorch's GraphTask): what each node still waits for, the
+// gradients gathered for it, and the nodes ready to run.
+struct GraphTask {
   std::unordered_map<Node*, int64_t> dependencies;
   std::unordered_map<Node*, std::vector<Tensor>> buffers;
   std::unordered_map<Node*, std::shared_ptr<Node>> keep_alive;
+  std::unordered_map<Node*, RowsWatch> watches;  // Note [Rows-ready hooks]
+  std::priority_queue<Node*, std::vector<Node*>, ReadyOrder> ready;
+  bool retain_graph = false;
+};
 
+// Each root's edge and its gradient (ones for a scalar root given none).
+std::vector<std::pair<Edge, Tensor>> root_edges(const std::vector<Tensor>& roots,
+                                                const std::vector<Tensor>& grad_outputs) {
+  MW_CHECK_T(AutogradError, roots.size() == grad_outputs.size(), "backward: ", roots.size(),
+             " roots but ", grad_outputs.size(), " gradients");
   std::vector<std::pair<Edge, Tensor>> starts;
   for (size_t i = 0; i < roots.size(); ++i) {
     const Tensor& r = roots[i];
@@ -335,92 +344,119 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
     check_same_shape("backward", r, g);
     starts.emplace_back(e, g);
   }
+  return starts;
+}
 
-  // 1. dependency counts (iterative DFS)
+// 1. Dependency counts, by an iterative DFS from the roots; the rows-ready watches on the way.
+void count_dependencies(GraphTask& task, const std::vector<std::pair<Edge, Tensor>>& starts) {
   std::vector<Node*> stack;
   std::unordered_map<Node*, bool> seen;
   for (auto& [e, g] : starts) {
-    keep_alive[e.fn.get()] = e.fn;
+    task.keep_alive[e.fn.get()] = e.fn;
     if (!seen[e.fn.get()]) {
       seen[e.fn.get()] = true;
       stack.push_back(e.fn.get());
     }
   }
-  std::unordered_map<Node*, RowsWatch> watches;  // Note [Rows-ready hooks]
-  JoinAllOnExit join_on_exit{&watches};
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
     for (size_t i = 0; i < n->next_edges.size(); ++i) {
       const Edge& e = n->next_edges[i];
       if (!e.fn) continue;
-      if (has_rows_hooks(e.fn.get())) watches[e.fn.get()].producers.push_back({n, i});
-      ++dependencies[e.fn.get()];
+      if (has_rows_hooks(e.fn.get())) task.watches[e.fn.get()].producers.push_back({n, i});
+      ++task.dependencies[e.fn.get()];
       if (!seen[e.fn.get()]) {
         seen[e.fn.get()] = true;
         stack.push_back(e.fn.get());
       }
     }
   }
+}
 
-  // 2. seed the roots
-  std::priority_queue<Node*, std::vector<Node*>, ReadyOrder> ready;
+// 2. The roots' gradients into their buffers; the roots nothing else feeds are ready.
+void seed_roots(GraphTask& task, const std::vector<std::pair<Edge, Tensor>>& starts) {
   for (auto& [e, g] : starts) {
-    auto& buf = buffers[e.fn.get()];
+    auto& buf = task.buffers[e.fn.get()];
     buf.resize(e.fn->num_outputs);
     accumulate_into(buf[e.input_nr], g);
   }
   for (auto& [e, g] : starts)
-    if (dependencies[e.fn.get()] == 0 && buffers.count(e.fn.get())) {
-      ready.push(e.fn.get());
-      dependencies[e.fn.get()] = -1;  // queued
+    if (task.dependencies[e.fn.get()] == 0 && task.buffers.count(e.fn.get())) {
+      task.ready.push(e.fn.get());
+      task.dependencies[e.fn.get()] = -1;  // queued
     }
+}
 
-  // 3. run
-  while (!ready.empty()) {
-    Node* n = ready.top();
-    ready.pop();
-    std::vector<Tensor> inputs = std::move(buffers[n]);
-    buffers.erase(n);
-    inputs.resize(n->num_outputs);
-    bool any = false;
-    for (auto& t : inputs) any = any || t.defined();
-    for (auto& [acc, w] : watches) {  // the hooks' reads end before anyone writes the gradient
-      if (w.joins.empty()) continue;
-      bool writes = acc == n;
-      for (const auto& p : w.producers) writes = writes || (p.node == n && !p.done);
-      if (!writes) continue;
-      for (auto& join : w.joins) join();
-      w.joins.clear();
+// The rows-ready hooks' reads end before anyone writes the gradient they read: n, or a producer
+// of a watched leaf that has not run yet.
+void join_readers_before(GraphTask& task, Node* n) {
+  for (auto& [acc, w] : task.watches) {
+    if (w.joins.empty()) continue;
+    bool writes = acc == n;
+    for (const auto& p : w.producers) writes = writes || (p.node == n && !p.done);
+    if (!writes) continue;
+    for (auto& join : w.joins) join();
+    w.joins.clear();
+  }
+}
+
+std::vector<Tensor> apply_node(GraphTask& task, Node* n, std::vector<Tensor> inputs) {
+  t_apply = {n, &task.buffers};
+  try {
+    std::vector<Tensor> outs = n->apply(std::move(inputs));
+    t_apply = {};
+    return outs;
+  } catch (...) {
+    t_apply = {};
+    throw;
+  }
+}
+
+// 3. Runs one ready node and hands its outputs to the nodes its edges point to.
+void run_node(GraphTask& task, Node* n) {
+  std::vector<Tensor> inputs = std::move(task.buffers[n]);
+  task.buffers.erase(n);
+  inputs.resize(n->num_outputs);
+  bool any = false;
+  for (auto& t : inputs) any = any || t.defined();
+  join_readers_before(task, n);
+  std::vector<Tensor> outs;
+  if (any) outs = apply_node(task, n, std::move(inputs));
+  if (!task.retain_graph) n->release_saved();
+  for (size_t i = 0; i < n->next_edges.size(); ++i) {
+    const Edge& e = n->next_edges[i];
+    if (!e.fn) continue;
+    Node* next = e.fn.get();
+    task.keep_alive.try_emplace(next, e.fn);
+    if (i < outs.size() && outs[i].defined()) {
+      auto& buf = task.buffers[next];
+      buf.resize(next->num_outputs);
+      accumulate_into(buf[e.input_nr], std::move(outs[i]));
     }
-    std::vector<Tensor> outs;
-    if (any) {
-      t_apply = {n, &buffers};
-      try {
-        outs = n->apply(std::move(inputs));
-      } catch (...) {
-        t_apply = {};
-        throw;
-      }
-      t_apply = {};
+    if (--task.dependencies[next] == 0) {
+      task.ready.push(next);
+    } else if (auto w = task.watches.find(next); w != task.watches.end()) {
+      maybe_fire_rows_ready(w->second, n, i, task.buffers);
     }
-    if (!retain_graph) n->release_saved();
-    for (size_t i = 0; i < n->next_edges.size(); ++i) {
-      const Edge& e = n->next_edges[i];
-      if (!e.fn) continue;
-      Node* next = e.fn.get();
-      keep_alive.try_emplace(next, e.fn);
-      if (i < outs.size() && outs[i].defined()) {
-        auto& buf = buffers[next];
-        buf.resize(next->num_outputs);
-        accumulate_into(buf[e.input_nr], std::move(outs[i]));
-      }
-      if (--dependencies[next] == 0) {
-        ready.push(next);
-      } else if (auto w = watches.find(next); w != watches.end()) {
-        maybe_fire_rows_ready(w->second, n, i, buffers);
-      }
-    }
+  }
+}
+
+}  // namespace
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_outputs,
+              bool retain_graph) {
+  const std::vector<std::pair<Edge, Tensor>> starts = root_edges(roots, grad_outputs);
+  NoGradGuard no_grad;  // backward formulas are not themselves recorded
+  GraphTask task;
+  task.retain_graph = retain_graph;
+  JoinAllOnExit join_on_exit{&task.watches};
+  count_dependencies(task, starts);
+  seed_roots(task, starts);
+  while (!task.ready.empty()) {
+    Node* n = task.ready.top();
+    task.ready.pop();
+    run_node(task, n);
   }
 }
 

@@ -1,4 +1,6 @@
-// Per-device allocators with current / peak / capacity statistics.
+// Per-device allocators with current / peak / capacity statistics. Every device's allocator is one
+// CachingAllocator (core/caching_allocator.h) over a MemorySource; the host's sources are in
+// core/host_memory.h.
 //
 // Note [Allocator statistics]: current_bytes counts bytes handed out and not yet returned (rounded
 // up to the 4096-byte granule); peak_bytes is the maximum of current_bytes since the last
@@ -31,13 +33,7 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <unordered_map>
-#include <vector>
 
-#include "core/arena.h"
 #include "core/device.h"
 
 namespace mw {
@@ -55,6 +51,8 @@ struct AllocatorStats {
   int64_t capacity_bytes = 0;   // hard cap on in-use bytes; 0 = unlimited
   int64_t alloc_count = 0;      // allocate() calls
   int64_t cache_hits = 0;       // allocate() calls served from the cache
+  int64_t miss_bytes = 0;       // bytes got fresh from the system (requests the cache missed)
+  int64_t retries = 0;          // times the system refused a block and the cache was emptied
   int64_t arena_fallbacks = 0;  // sim: blocks from the heap because the arena was fragmented
 };
 
@@ -71,54 +69,27 @@ class Allocator {
   virtual void empty_cache() = 0;
 };
 
-// Host memory, 4096-byte aligned and rounded, with the cache of Note [Host caching].
-// Used for the cpu device and, with a capacity, for each sim device.
-class CachingHostAllocator final : public Allocator {
- public:
-  CachingHostAllocator(Device device, int64_t capacity_bytes, int64_t max_cached_bytes);
-  ~CachingHostAllocator() override;
-  void* allocate(int64_t nbytes) override;
-  void deallocate(void* ptr, int64_t nbytes) override;
-  Device device() const override { return device_; }
-  AllocatorStats stats() const override;
-  void reset_peak() override;
-  void empty_cache() override;
-  void set_capacity(int64_t capacity_bytes);
-  // Bounds the cache (freeing cached blocks beyond it): a run that budgets host RAM (Gemini's
-  // three tiers) keeps little besides what it uses.
-  void set_max_cached_bytes(int64_t bytes);
-
- private:
-  // Frees cached blocks worth at least needed_bytes (Note [Freeing just enough]); -1: all.
-  void free_cached_locked(int64_t needed_bytes);
-  // A fresh block from the host heap (emptying the cache and retrying once); OutOfMemory.
-  void* heap_allocate_locked(int64_t rounded);
-  // Returns an arena's block, unmapping an old arena once it is empty; false if no arena owns ptr.
-  bool arena_free_locked(void* ptr, int64_t block);
-  Device device_;
-  int64_t max_cached_bytes_;
-  mutable std::mutex mutex_;
-  AllocatorStats stats_;
-  std::map<int64_t, std::vector<void*>> cache_;  // block size -> free blocks
-  std::unordered_map<void*, int64_t> live_;      // block in use -> its size
-  std::vector<std::unique_ptr<Arena>> arenas_;   // Note [Sim arena]; the current one last
-  bool arena_mode_ = false;
-};
-
 // The allocator of a device. cpu and sim are always available; cuda only when built with CUDA.
 Allocator& allocator_for(Device device);
 // Sets the hard capacity of sim device `index` (0 = unlimited). Its statistics are kept.
 void set_sim_capacity(int index, int64_t capacity_bytes);
+// Bounds the cpu allocator's cache (freeing cached blocks beyond it): a run that budgets host RAM
+// (Gemini's three tiers) keeps little besides what it uses.
+void set_host_max_cached_bytes(int64_t bytes);
 
 // Process memory, from the kernel: peak resident set size (getrusage ru_maxrss) and current RSS.
 int64_t peak_rss_bytes();
 int64_t current_rss_bytes();
 
-// An owning, 4096-byte aligned host buffer for I/O (O_DIRECT) and staging. Move-only.
+// An owning, 4096-byte aligned host buffer for I/O (O_DIRECT) and staging. Move-only. Its bytes
+// come straight from the host heap (counted by no allocator: the staging buffers of the NVMe
+// paths are sized once and kept), or from `from` (a pinned buffer: PinnedHostBuffer in
+// core/cuda_stream.h).
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
   explicit AlignedBuffer(int64_t nbytes);
+  AlignedBuffer(int64_t nbytes, Allocator& from);
   ~AlignedBuffer();
   AlignedBuffer(AlignedBuffer&& other) noexcept;
   AlignedBuffer& operator=(AlignedBuffer&& other) noexcept;
@@ -129,6 +100,8 @@ class AlignedBuffer {
   int64_t size() const { return nbytes_; }
 
  private:
+  void release();
+  Allocator* from_ = nullptr;  // nullptr: the host heap
   void* data_ = nullptr;
   int64_t nbytes_ = 0;
 };

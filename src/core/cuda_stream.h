@@ -90,29 +90,17 @@ class CudaEvent {
   void* event_ = nullptr;
 };
 
-// The pinned (page-locked) host allocator: cudaHostAlloc / cudaFreeHost behind a BlockCache
-// (Note [Pinned host allocator], core/cuda/cuda_stream.cpp). Its device() is cpu: the bytes are
-// host memory. Its stats() count pinned bytes only, apart from the cpu allocator's. Throws
-// DeviceError when memwall was built without CUDA.
+// The pinned (page-locked) host allocator: a CachingAllocator (core/caching_allocator.h) over
+// cudaHostAlloc / cudaFreeHost (Note [Pinned host allocator], core/cuda/cuda_stream.cpp). Its
+// device() is cpu: the bytes are host memory. Its stats() count pinned bytes only, apart from the
+// cpu allocator's. Throws DeviceError when memwall was built without CUDA.
 Allocator& pinned_host_allocator();
 
-// An owning block of pinned host memory from pinned_host_allocator(). Move-only.
-class PinnedHostBuffer {
+// An owning block of pinned host memory from pinned_host_allocator(): an AlignedBuffer whose bytes
+// are page-locked. Move-only.
+class PinnedHostBuffer : public AlignedBuffer {
  public:
-  explicit PinnedHostBuffer(int64_t nbytes);
-  ~PinnedHostBuffer();
-  PinnedHostBuffer(PinnedHostBuffer&& other) noexcept;
-  PinnedHostBuffer& operator=(PinnedHostBuffer&& other) noexcept;
-  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
-  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
-
-  void* data() { return data_; }
-  const void* data() const { return data_; }
-  int64_t size() const { return nbytes_; }
-
- private:
-  void* data_ = nullptr;
-  int64_t nbytes_ = 0;
+  explicit PinnedHostBuffer(int64_t nbytes) : AlignedBuffer(nbytes, pinned_host_allocator()) {}
 };
 
 }  // namespace mw

@@ -66,19 +66,26 @@ int64_t TensorRecord::numel() const { return checked_numel(shape); }
 // ---------------------------------------------------------------------------------------------
 // Reader
 
-SafeTensorsReader::SafeTensorsReader(const std::string& path)
-    : file_(path, "safetensors file", kOpenHint) {
-  const int64_t file_bytes = file_.size_bytes();
-  auto fail = [&](const std::string& problem) -> FormatError {
+namespace {
+
+// The reader's error: the file, then the problem.
+struct Problem {
+  const std::string& path;
+  FormatError operator()(const std::string& problem) const {
     return FormatError(str("safetensors file '", path, "': ", problem));
-  };
+  }
+};
+
+// The header's length (checked against the file) and its JSON object.
+json::Value read_header(ReadOnlyFile& file, const Problem& fail, int64_t* header_bytes) {
+  const int64_t file_bytes = file.size_bytes();
   if (file_bytes < 8) {
     throw fail(str("the file is ", file_bytes,
                    " bytes, shorter than the 8-byte header length that starts every safetensors "
                    "file (truncated, or not a safetensors file)"));
   }
   uint64_t n = 0;
-  file_.read_exact(&n, 8, 0);  // little-endian u64 (static_assert above)
+  file.read_exact(&n, 8, 0);  // little-endian u64 (static_assert above)
   if (n > static_cast<uint64_t>(kMaxHeaderBytes)) {
     throw fail(str("header length ", n, " is absurd (the limit is ", kMaxHeaderBytes,
                    " bytes): the file is corrupt or not a safetensors file"));
@@ -87,102 +94,113 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path)
     throw fail(str("header length ", n, " runs past the end of the ", file_bytes,
                    "-byte file (truncated or corrupt)"));
   }
-  header_bytes_ = static_cast<int64_t>(n);
-  const int64_t data_start = 8 + header_bytes_;
-  const int64_t data_bytes = file_bytes - data_start;
-
-  std::string text(static_cast<size_t>(header_bytes_), '\0');
-  file_.read_exact(text.data(), header_bytes_, 8);
+  *header_bytes = static_cast<int64_t>(n);
+  std::string text(static_cast<size_t>(n), '\0');
+  file.read_exact(text.data(), *header_bytes, 8);
   json::Value header;
   try {
-    header = json::parse(text, "safetensors header of '" + path + "'");
+    header = json::parse(text, "safetensors header of '" + fail.path + "'");
   } catch (const FormatError& e) {
     throw FormatError(str(e.what(), " (the file is corrupt or not a safetensors file)"));
   }
   if (!header.is_object())
     throw fail(str("header must be a JSON object, found ", header.describe()));
+  return header;
+}
 
-  for (int64_t i = 0; i < header.size(); ++i) {
-    const std::string& name = header.key(i);
-    const json::Value& entry = header.value(i);
-    if (name == "__metadata__") {
-      if (!entry.is_object()) {
-        throw fail(str("\"__metadata__\" must be an object of strings, found ", entry.describe()));
-      }
-      for (int64_t m = 0; m < entry.size(); ++m) {
-        if (!entry.value(m).is_string()) {
-          throw fail(str("\"__metadata__\" value of \"", entry.key(m),
-                         "\" must be a string, found ", entry.value(m).describe()));
-        }
-        metadata_[entry.key(m)] = entry.value(m).as_string();
-      }
-      continue;
-    }
-    auto bad = [&](const std::string& problem) {
-      return fail(str("tensor \"", name, "\": ", problem));
-    };
-    if (!entry.is_object()) throw bad(str("expected an object, found ", entry.describe()));
-    for (const char* key : {"dtype", "shape", "data_offsets"}) {
-      if (!entry.contains(key)) throw bad(str("missing \"", key, "\""));
-    }
-    TensorRecord rec;
-    rec.name = name;
-    const json::Value& dtype = entry.at("dtype");
-    if (!dtype.is_string()) throw bad(str("\"dtype\" must be a string, found ", dtype.describe()));
-    try {
-      rec.dtype = parse_safetensors_dtype(dtype.as_string());
-    } catch (const FormatError& e) {
-      throw bad(e.what());
-    }
-    const json::Value& shape = entry.at("shape");
-    if (!shape.is_array()) throw bad(str("\"shape\" must be an array, found ", shape.describe()));
-    for (const json::Value& d : shape.elements()) {
-      if (!d.is_integer() || d.as_int() < 0) {
-        throw bad(str("\"shape\" must hold non-negative integers, found ", d.describe()));
-      }
-      rec.shape.push_back(d.as_int());
-    }
-    const json::Value& offsets = entry.at("data_offsets");
-    if (!offsets.is_array() || offsets.size() != 2) {
-      throw bad(str("\"data_offsets\" must be an array [begin, end], found ", offsets.describe()));
-    }
-    for (const json::Value& o : offsets.elements()) {
-      if (!o.is_integer() || o.as_int() < 0) {
-        throw bad(str("\"data_offsets\" must hold non-negative integers, found ", o.describe()));
-      }
-    }
-    const int64_t begin = offsets.at(int64_t{0}).as_int();
-    const int64_t end = offsets.at(int64_t{1}).as_int();
-    if (end < begin) {
-      throw bad(str("data_offsets [", begin, ", ", end, "] end before they begin"));
-    }
-    const int64_t numel = checked_numel(rec.shape);
-    int64_t expected_bytes = 0;
-    if (numel < 0 || __builtin_mul_overflow(numel, dtype_size(rec.dtype), &expected_bytes)) {
-      throw bad(str("shape ", shape_text(rec.shape), " is too large to address"));
-    }
-    if (end - begin != expected_bytes) {
-      throw bad(str("data_offsets [", begin, ", ", end, "] span ", end - begin,
-                    " bytes, but shape ", shape_text(rec.shape), " of ", dtype.as_string(),
-                    " needs ", numel, " x ", dtype_size(rec.dtype), " = ", expected_bytes,
-                    " bytes"));
-    }
-    if (end > data_bytes) {
-      throw bad(str("data_offsets [", begin, ", ", end, "] run past the end of the data buffer, ",
-                    "which holds ", data_bytes, " bytes (file of ", file_bytes,
-                    " bytes, header of ", header_bytes_, "): the file is truncated or corrupt"));
-    }
-    rec.file_offset = data_start + begin;
-    rec.nbytes = end - begin;
-    tensors_.push_back(std::move(rec));
+void read_metadata(const json::Value& entry, const Problem& fail,
+                   std::map<std::string, std::string>& metadata) {
+  if (!entry.is_object()) {
+    throw fail(str("\"__metadata__\" must be an object of strings, found ", entry.describe()));
   }
+  for (int64_t m = 0; m < entry.size(); ++m) {
+    if (!entry.value(m).is_string()) {
+      throw fail(str("\"__metadata__\" value of \"", entry.key(m), "\" must be a string, found ",
+                     entry.value(m).describe()));
+    }
+    metadata[entry.key(m)] = entry.value(m).as_string();
+  }
+}
 
+// Where a tensor's data lies and how large it is, as the header says.
+struct Extent {
+  int64_t data_start = 0, data_bytes = 0, file_bytes = 0, header_bytes = 0;
+};
+
+// The [begin, end) data offsets of a tensor entry, each a non-negative integer, end >= begin.
+template <typename Bad>
+std::pair<int64_t, int64_t> read_offsets(const json::Value& entry, const Bad& bad) {
+  const json::Value& offsets = entry.at("data_offsets");
+  if (!offsets.is_array() || offsets.size() != 2) {
+    throw bad(str("\"data_offsets\" must be an array [begin, end], found ", offsets.describe()));
+  }
+  for (const json::Value& o : offsets.elements()) {
+    if (!o.is_integer() || o.as_int() < 0) {
+      throw bad(str("\"data_offsets\" must hold non-negative integers, found ", o.describe()));
+    }
+  }
+  const int64_t begin = offsets.at(int64_t{0}).as_int();
+  const int64_t end = offsets.at(int64_t{1}).as_int();
+  if (end < begin) throw bad(str("data_offsets [", begin, ", ", end, "] end before they begin"));
+  return {begin, end};
+}
+
+// One tensor entry of the header, every field checked against the file.
+TensorRecord read_record(const std::string& name, const json::Value& entry, const Problem& fail,
+                         const Extent& x) {
+  auto bad = [&](const std::string& problem) {
+    return fail(str("tensor \"", name, "\": ", problem));
+  };
+  if (!entry.is_object()) throw bad(str("expected an object, found ", entry.describe()));
+  for (const char* key : {"dtype", "shape", "data_offsets"}) {
+    if (!entry.contains(key)) throw bad(str("missing \"", key, "\""));
+  }
+  TensorRecord rec;
+  rec.name = name;
+  const json::Value& dtype = entry.at("dtype");
+  if (!dtype.is_string()) throw bad(str("\"dtype\" must be a string, found ", dtype.describe()));
+  try {
+    rec.dtype = parse_safetensors_dtype(dtype.as_string());
+  } catch (const FormatError& e) {
+    throw bad(e.what());
+  }
+  const json::Value& shape = entry.at("shape");
+  if (!shape.is_array()) throw bad(str("\"shape\" must be an array, found ", shape.describe()));
+  for (const json::Value& d : shape.elements()) {
+    if (!d.is_integer() || d.as_int() < 0) {
+      throw bad(str("\"shape\" must hold non-negative integers, found ", d.describe()));
+    }
+    rec.shape.push_back(d.as_int());
+  }
+  const auto [begin, end] = read_offsets(entry, bad);
+  const int64_t numel = checked_numel(rec.shape);
+  int64_t expected_bytes = 0;
+  if (numel < 0 || __builtin_mul_overflow(numel, dtype_size(rec.dtype), &expected_bytes)) {
+    throw bad(str("shape ", shape_text(rec.shape), " is too large to address"));
+  }
+  if (end - begin != expected_bytes) {
+    throw bad(str("data_offsets [", begin, ", ", end, "] span ", end - begin, " bytes, but shape ",
+                  shape_text(rec.shape), " of ", dtype.as_string(), " needs ", numel, " x ",
+                  dtype_size(rec.dtype), " = ", expected_bytes, " bytes"));
+  }
+  if (end > x.data_bytes) {
+    throw bad(str("data_offsets [", begin, ", ", end, "] run past the end of the data buffer, ",
+                  "which holds ", x.data_bytes, " bytes (file of ", x.file_bytes,
+                  " bytes, header of ", x.header_bytes, "): the file is truncated or corrupt"));
+  }
+  rec.file_offset = x.data_start + begin;
+  rec.nbytes = end - begin;
+  return rec;
+}
+
+// Sorts the records by file offset and checks that no two non-empty ranges overlap.
+void sort_and_check_overlaps(std::vector<TensorRecord>& tensors, const Problem& fail,
+                             int64_t data_start) {
   std::stable_sort(
-      tensors_.begin(), tensors_.end(),
+      tensors.begin(), tensors.end(),
       [](const TensorRecord& a, const TensorRecord& b) { return a.file_offset < b.file_offset; });
-  // Overlap check over non-empty ranges, in offset order.
   const TensorRecord* prev = nullptr;
-  for (const TensorRecord& rec : tensors_) {
+  for (const TensorRecord& rec : tensors) {
     if (rec.nbytes == 0) continue;
     if (prev && rec.file_offset < prev->file_offset + prev->nbytes) {
       throw fail(str("tensors \"", prev->name, "\" (data bytes [", prev->file_offset - data_start,
@@ -193,6 +211,26 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path)
     }
     if (!prev || rec.file_offset + rec.nbytes > prev->file_offset + prev->nbytes) prev = &rec;
   }
+}
+
+}  // namespace
+
+SafeTensorsReader::SafeTensorsReader(const std::string& path)
+    : file_(path, "safetensors file", kOpenHint) {
+  const Problem fail{path};
+  const json::Value header = read_header(file_, fail, &header_bytes_);
+  Extent x;
+  x.file_bytes = file_.size_bytes();
+  x.header_bytes = header_bytes_;
+  x.data_start = 8 + header_bytes_;
+  x.data_bytes = x.file_bytes - x.data_start;
+  for (int64_t i = 0; i < header.size(); ++i) {
+    if (header.key(i) == "__metadata__")
+      read_metadata(header.value(i), fail, metadata_);
+    else
+      tensors_.push_back(read_record(header.key(i), header.value(i), fail, x));
+  }
+  sort_and_check_overlaps(tensors_, fail, x.data_start);
   for (size_t i = 0; i < tensors_.size(); ++i) index_[tensors_[i].name] = static_cast<int64_t>(i);
 }
 

@@ -230,10 +230,9 @@ TEST(MemoryPlan, SmallIshOnSimWithHalfTheAdamStatesOnNvme) {
 // device peak is the plain run's; with a 4 MiB window the device holds the logits, the head's
 // gradients and the window (the in-flight bound is timing-dependent, within the bar here: -4%).
 void check_offloaded(const PlanInputs& in) {
-  auto& host = dynamic_cast<CachingHostAllocator&>(allocator_for(Device::cpu()));
-  host.set_max_cached_bytes(0);
+  set_host_max_cached_bytes(0);
   check(in);
-  host.set_max_cached_bytes(int64_t{4} << 30);  // the cpu allocator's default (allocator.cpp)
+  set_host_max_cached_bytes(int64_t{4} << 30);  // the cpu allocator's default (allocator.cpp)
 }
 
 TEST(MemoryPlan, SmallIshOnSimWithOffloadedActivations) {
@@ -249,13 +248,12 @@ TEST(MemoryPlan, SmallIshOnSimWithOffloadedActivations) {
 // [Host caching]). Measured with the cache off, the same run is within the bar: the gap is the
 // cache's best-fit slack alone, not small tensors, thread-local buffers or allocator headers.
 TEST(MemoryPlan, SmallIshOnTheCpuIsExactWithoutTheCacheSlack) {
-  auto& host = dynamic_cast<CachingHostAllocator&>(allocator_for(Device::cpu()));
   const PlanInputs in = inputs(small_ish(), 4, 128);
   const int64_t planned = plan_memory(in).host_bytes;
   const Peaks cached = measure(in);
-  host.set_max_cached_bytes(0);
+  set_host_max_cached_bytes(0);
   const Peaks uncached = measure(in);
-  host.set_max_cached_bytes(int64_t{4} << 30);
+  set_host_max_cached_bytes(int64_t{4} << 30);
   std::printf("with the cache: measured %.2f MiB (%+.1f%%)\n",
               static_cast<double>(cached.host_bytes) / (1 << 20),
               100.0 * static_cast<double>(planned - cached.host_bytes) /

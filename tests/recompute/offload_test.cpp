@@ -136,6 +136,39 @@ Measure measure_step(gpt2::GPT2& model, const Tensor& ids, Device device,
   return m;
 }
 
+// Every block checkpointed; *saved_outside: what the graph saves outside the checkpoints.
+Measure measure_checkpointed(gpt2::GPT2& model, const Tensor& ids, Device dev,
+                             int64_t* saved_outside) {
+  model.run_block = [](nn::Block& b, int64_t, const Tensor& x) {
+    return nn::checkpoint([&b](const Tensor& in) { return b(in); }, x);
+  };
+  Measure m = measure_step(model, ids, dev, [&](const std::function<void()>& fwd) {
+    *saved_outside = saved_device_bytes(fwd, dev);
+  });
+  model.run_block = nullptr;
+  return m;
+}
+
+// Every block checkpointed, and the checkpoint inputs (and what is saved outside) offloaded.
+Measure measure_checkpoint_offloaded(gpt2::GPT2& model, const Tensor& ids, Device dev,
+                                     ActivationOffloader& off) {
+  nn::CheckpointOptions copts;
+  copts.pack_input = off.pack_hook();
+  copts.unpack_input = off.unpack_hook();
+  model.run_block = [copts](nn::Block& b, int64_t, const Tensor& x) {
+    return nn::checkpoint([&b](const Tensor& in) { return b(in); }, x, copts);
+  };
+  Measure m = measure_step(
+      model, ids, dev,
+      [&](const std::function<void()>& fwd) {
+        OffloadScope scope(off);
+        fwd();
+      },
+      &off);
+  model.run_block = nullptr;
+  return m;
+}
+
 TEST(ActivationOffload, DeviceMemoryFallsAsTheSavedTensorSizesPredict) {
   const int dev_index = 6;
   const Device dev = Device::sim(dev_index);
@@ -176,35 +209,17 @@ TEST(ActivationOffload, DeviceMemoryFallsAsTheSavedTensorSizesPredict) {
   const int64_t block_input = round_up(B * T * C * 4, kHostAlignment);
   const int64_t n = config.n_layer;
   int64_t saved_outside = 0;
-  model.run_block = [](nn::Block& b, int64_t, const Tensor& x) {
-    return nn::checkpoint([&b](const Tensor& in) { return b(in); }, x);
-  };
-  Measure ckpt = measure_step(model, ids, dev, [&](const std::function<void()>& fwd) {
-    saved_outside = saved_device_bytes(fwd, dev);
-  });
+  Measure ckpt = measure_checkpointed(model, ids, dev, &saved_outside);
   EXPECT_EQ(ckpt.live_after_forward, saved_outside + n * block_input);
 
   // Checkpoint + offload of the checkpoint inputs: again nothing stays.
-  nn::CheckpointOptions copts;
-  copts.pack_input = off.pack_hook();
-  copts.unpack_input = off.unpack_hook();
-  model.run_block = [copts](nn::Block& b, int64_t, const Tensor& x) {
-    return nn::checkpoint([&b](const Tensor& in) { return b(in); }, x, copts);
-  };
   const int64_t offloaded_before = off.stats().offloaded;
-  Measure both = measure_step(
-      model, ids, dev,
-      [&](const std::function<void()>& fwd) {
-        OffloadScope scope(off);
-        fwd();
-      },
-      &off);
+  Measure both = measure_checkpoint_offloaded(model, ids, dev, off);
   EXPECT_EQ(both.live_after_forward, 0);
   // What was offloaded: the n checkpoint inputs plus the distinct tensors saved outside them.
   EXPECT_LT(off.stats().offloaded - offloaded_before, n + 8)
       << "tensors inside the checkpoints must not be offloaded";
   EXPECT_GE(off.stats().offloaded - offloaded_before, n);
-  model.run_block = nullptr;
 
   // Peaks, predicted from the sizes. G: every parameter gradient (alive at the end of backward).
   // W: backward's working set at any moment: the unpacked inputs of one node, its output gradient,

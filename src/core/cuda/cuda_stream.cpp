@@ -5,10 +5,11 @@
 // memory cudaMemcpyAsync stages through a driver buffer and returns only when the host side is
 // done, so nothing overlaps. Pinning is expensive (cudaHostAlloc locks and maps every page, and
 // cudaFreeHost can synchronise with the device; PyTorch's CachingHostAllocator caches for the same
-// reason), so freed blocks go to a BlockCache: sizes rounded to 4096 bytes, best fit within twice
-// the request, at most kMaxCachedPinnedBytes kept. When cudaHostAlloc runs out of memory the cache
-// is returned to the driver and the allocation retried once; then OutOfMemory. Blocks are
-// allocated with cudaHostAllocPortable, so any device's copy stream can use them.
+// reason), so freed blocks are cached by the CachingAllocator core: sizes rounded to 4096 bytes,
+// best fit within twice the request, at most kMaxCachedPinnedBytes kept. When cudaHostAlloc runs
+// out of memory the cache is returned to the driver and the allocation retried once; then
+// OutOfMemory. Blocks are allocated with cudaHostAllocPortable, so any device's copy stream can use
+// them.
 //
 // Statistics (Note [Allocator statistics]): current_bytes and peak_bytes count pinned blocks in
 // use, rounded; cached_bytes the pinned blocks kept for reuse. Pinned memory cannot be swapped out,
@@ -17,13 +18,11 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <mutex>
+#include <memory>
 #include <string>
-#include <unordered_map>
 #include <utility>
 
-#include "core/block_cache.h"
+#include "core/caching_allocator.h"
 #include "core/cuda/cuda_check.h"
 
 namespace mw {
@@ -57,82 +56,29 @@ void set_device(int index) { check_cuda(cudaSetDevice(index), "cudaSetDevice(", 
 constexpr int64_t kPinnedGranule = 4096;  // also the O_DIRECT alignment (kHostAlignment)
 constexpr int64_t kMaxCachedPinnedBytes = int64_t{4} << 30;
 
-class CachingPinnedAllocator final : public Allocator {
+// How the pinned allocator gets and returns memory: cudaHostAlloc (portable) and cudaFreeHost.
+class PinnedSource final : public MemorySource {
  public:
-  CachingPinnedAllocator() : cache_(kMaxCachedPinnedBytes, 2) {}
-
-  void* allocate(int64_t nbytes) override {
-    MW_CHECK_T(InvalidArgument, nbytes >= 0, "pinned allocate: negative size ", nbytes);
-    const int64_t rounded = round_up(std::max<int64_t>(nbytes, 1), kPinnedGranule);
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++stats_.alloc_count;
+  void* acquire(int64_t bytes) override {
     void* ptr = nullptr;
-    int64_t block = rounded;
-    if (auto cached = cache_.take(rounded)) {
-      ptr = cached->ptr;
-      block = cached->bytes;
-      ++stats_.cache_hits;
-    } else {
-      cudaError_t err = cudaHostAlloc(&ptr, static_cast<size_t>(rounded), cudaHostAllocPortable);
-      if (err == cudaErrorMemoryAllocation) {
-        cudaGetLastError();
-        release_cache_locked();
-        err = cudaHostAlloc(&ptr, static_cast<size_t>(rounded), cudaHostAllocPortable);
-        if (err == cudaErrorMemoryAllocation) {
-          cudaGetLastError();
-          throw OutOfMemory(str("pinned host memory: cudaHostAlloc of ", rounded,
-                                " bytes failed (out of memory) with ", stats_.current_bytes,
-                                " bytes pinned by memwall; free host memory (pinned pages cannot "
-                                "be swapped out), lower the batch, or offload fewer activations"),
-                            rounded, 0, 0);
-        }
-      }
-      check_cuda(err, "cudaHostAlloc of ", rounded, " bytes of pinned host memory");
+    const cudaError_t err = cudaHostAlloc(&ptr, static_cast<size_t>(bytes), cudaHostAllocPortable);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // clear the error: the core empties its cache and asks again
+      return nullptr;
     }
-    live_[ptr] = block;
-    stats_.current_bytes += block;
-    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
-    stats_.cached_bytes = cache_.cached_bytes();
+    check_cuda(err, "cudaHostAlloc of ", bytes, " bytes of pinned host memory");
     return ptr;
   }
-
-  void deallocate(void* ptr, int64_t /*nbytes*/) override {
-    if (!ptr) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto found = live_.find(ptr);
-    MW_CHECK(found != live_.end(),
-             "pinned deallocate: a pointer that pinned_host_allocator() did not give");
-    const int64_t block = found->second;
-    live_.erase(found);
-    stats_.current_bytes -= block;
-    if (!cache_.put(ptr, block)) cudaFreeHost(ptr);  // a failure leaks nothing we could recover
-    stats_.cached_bytes = cache_.cached_bytes();
+  void release(void* ptr, int64_t /*bytes*/) override {
+    cudaFreeHost(ptr);  // a failure leaks nothing we could recover
   }
-
-  Device device() const override { return Device::cpu(); }
-  AllocatorStats stats() const override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return stats_;
+  OutOfMemory refused(int64_t bytes, const AllocatorStats& stats) const override {
+    return OutOfMemory(str("pinned host memory: cudaHostAlloc of ", bytes,
+                           " bytes failed (out of memory) with ", stats.current_bytes,
+                           " bytes pinned by memwall; free host memory (pinned pages cannot be "
+                           "swapped out), lower the batch, or offload fewer activations"),
+                       bytes, 0, 0);
   }
-  void reset_peak() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stats_.peak_bytes = stats_.current_bytes;
-  }
-  void empty_cache() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    release_cache_locked();
-  }
-
- private:
-  void release_cache_locked() {
-    for (const BlockCache::Block& b : cache_.take_all()) cudaFreeHost(b.ptr);
-    stats_.cached_bytes = 0;
-  }
-
-  mutable std::mutex mutex_;
-  AllocatorStats stats_;
-  BlockCache cache_;
-  std::unordered_map<void*, int64_t> live_;  // block in use -> its size
 };
 
 }  // namespace
@@ -258,7 +204,9 @@ void CudaEvent::synchronize() const {
 Allocator& pinned_host_allocator() {
   // Never destroyed: cudaFreeHost during static destruction could run after the CUDA runtime has
   // shut down. The process exit returns the pages.
-  static CachingPinnedAllocator* allocator = new CachingPinnedAllocator();
+  static CachingAllocator* allocator = new CachingAllocator(
+      Device::cpu(), std::make_unique<PinnedSource>(),
+      CachePolicy{kPinnedGranule, kMaxCachedPinnedBytes, reuse_up_to_twice}, 0, false);
   return *allocator;
 }
 

@@ -39,7 +39,7 @@ void Gemini::plan_tiers(optim::HybridAdamOptions& adam) {
   const int64_t disk_bytes = plan.disk_chunk_bytes;
   // A budget means RSS: the host cache keeps at most one chunk's worth of freed blocks (gradient
   // buffers and update copies recur every step at chunk sizes) instead of up to 4 GiB.
-  static_cast<CachingHostAllocator&>(allocator_for(Device::cpu())).set_max_cached_bytes(largest);
+  set_host_max_cached_bytes(largest);
   if (to_disk.empty()) return;
   const bool private_dir = options_.nvme_dir.empty();
   const std::string dir = private_dir ? io::make_private_dir("gemini") : options_.nvme_dir;

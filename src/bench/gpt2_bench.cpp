@@ -1,0 +1,219 @@
+// gpt2_bench's measurements and report (bench/gpt2_bench.h).
+#include "bench/gpt2_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "autograd/functions.h"
+#include "core/allocator.h"
+#include "core/numbers.h"
+#include "core/ops.h"
+#include "data/json.h"
+#include "data/random_tokens.h"
+#include "models/gpt2/model.h"
+#include "optim/hybrid_adam.h"
+
+namespace mw::bench {
+
+namespace {
+using clock_type = std::chrono::steady_clock;
+
+double ms_between(clock_type::time_point a, clock_type::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+}  // namespace
+
+Gpt2StepTiming time_gpt2_steps(const gpt2::Config& config, int64_t B, int64_t T, int64_t steps,
+                               const LineSink& log) {
+  gpt2::GPT2 model(config, 0);
+  optim::HybridAdamOptions hopts;
+  hopts.update_in_backward = true;  // gpt2_train's default (Note [Update in backward])
+  optim::HybridAdam opt(model.parameters(), hopts);
+  std::vector<int32_t> tokens(static_cast<size_t>(B * T));
+  std::vector<double> ms;
+  Gpt2StepTiming r;
+  int64_t gemm_ns = 0, gemm_flops = 0;
+  for (int64_t step = 0; step < steps; ++step) {
+    data::random_tokens(0, step, B, T, config.vocab_size, tokens.data());
+    Tensor ids = Tensor::from_vector(tokens, {B, T});
+    ops::reset_gemm_stats();
+    const auto t0 = clock_type::now();
+    opt.zero_grad();
+    Tensor logits = model(ids);
+    Tensor loss = shifted_cross_entropy(logits, ids);
+    logits = Tensor();
+    const auto t1 = clock_type::now();
+    const int64_t gemm_fwd_ns = ops::gemm_stats().nanoseconds;
+    backward(loss);
+    const auto t2 = clock_type::now();
+    const int64_t gemm_bwd_ns = ops::gemm_stats().nanoseconds - gemm_fwd_ns;
+    opt.step();
+    const auto t3 = clock_type::now();
+    if (step > 0) {
+      r.forward_ms.push_back(ms_between(t0, t1));
+      r.backward_ms.push_back(ms_between(t1, t2));
+      r.optimizer_ms.push_back(ms_between(t2, t3));
+      r.forward_other_ms.push_back(ms_between(t0, t1) - gemm_fwd_ns / 1e6);
+      r.backward_other_ms.push_back(ms_between(t1, t2) - gemm_bwd_ns / 1e6);
+    }
+    r.losses.push_back(loss.item());
+    ms.push_back(ms_between(t0, clock_type::now()));
+    auto g = ops::gemm_stats();
+    if (step > 0) {  // the first step faults in every buffer; it is reported but not in the medians
+      gemm_ns += g.nanoseconds;
+      gemm_flops += g.flops;
+    }
+    log(strprintf("  ours [%lld] loss %.4f  %.0f ms (GEMM %.0f ms)\n", static_cast<long long>(step),
+                  r.losses.back(), ms.back(), g.nanoseconds / 1e6));
+  }
+  if (ms.size() > 1) ms.erase(ms.begin());
+  r.median_ms = median(ms);
+  r.peak_rss_bytes = peak_rss_bytes();
+  const double measured_steps = static_cast<double>(std::max<int64_t>(1, steps - 1));
+  r.gemm_ms_per_step = gemm_ns / 1e6 / measured_steps;
+  r.gemm_flops_per_step = static_cast<int64_t>(gemm_flops / measured_steps);
+  r.gemm_gflops = gemm_ns > 0 ? static_cast<double>(gemm_flops) / gemm_ns : 0;
+  return r;
+}
+
+namespace {
+// Median time of 5 runs of f, in ms.
+template <typename F>
+double median_of_five_ms(F&& f) {
+  std::vector<double> t;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = clock_type::now();
+    f();
+    t.push_back(ms_between(t0, clock_type::now()));
+  }
+  return median(t);
+}
+}  // namespace
+
+IsolatedGemm time_isolated_gemms(const gpt2::Config& c, int64_t B, int64_t T) {
+  const int64_t R = B * T, C = c.n_embd, V = c.vocab_size, L = c.n_layer;
+  struct Shape {
+    int64_t M, K, N;  // forward: [M, K] @ [K, N]
+    int64_t count;
+  };
+  const std::vector<Shape> forward = {
+      {R, C, 3 * C, L}, {R, C, C, L}, {R, C, 4 * C, L}, {R, 4 * C, C, L}, {R, C, V, 1}};
+  double total_ms = 0, total_flops = 0;
+  for (const Shape& s : forward) {
+    Tensor x = Tensor::full({s.M, s.K}, 0.01), w = Tensor::full({s.K, s.N}, 0.02);
+    Tensor y = Tensor::empty({s.M, s.N}), dy = Tensor::full({s.M, s.N}, 0.03);
+    Tensor dx = Tensor::empty({s.M, s.K}), dw = Tensor::empty({s.K, s.N});
+    // forward, grad wrt input, grad wrt weight: the three products of a linear layer
+    double ms = median_of_five_ms([&] { ops::gemm(x, false, w, false, y, false); }) +
+                median_of_five_ms([&] { ops::gemm(dy, false, w, true, dx, false); }) +
+                median_of_five_ms([&] { ops::gemm(x, true, dy, false, dw, false); });
+    total_ms += ms * static_cast<double>(s.count);
+    total_flops += 3.0 * 2.0 * s.M * s.K * s.N * static_cast<double>(s.count);
+  }
+  return {total_ms, total_flops / (total_ms * 1e6)};
+}
+
+TorchPeer run_torch_peer(const std::string& source_dir, const std::string& model, int64_t B,
+                         int64_t T, int64_t steps, int threads, const LineSink& log) {
+  TorchPeer r;
+  std::string cmd =
+      str("bash ", source_dir, "/tools/torch_gpt2_bench.sh tuned --model ", model, " --batch ", B,
+          " --seq ", T, " --steps ", steps, " --threads ", threads, " --json 2>&1");
+  log(strprintf("peer: %s\n", cmd.c_str()));
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) {
+    r.note = "could not start the PyTorch peer";
+    return r;
+  }
+  std::string last_json, line;
+  char buf[8192];
+  while (fgets(buf, sizeof buf, pipe)) {
+    line = buf;
+    if (!line.empty() && line[0] == '{')
+      last_json = line;
+    else
+      log(strprintf("  torch %s", line.c_str()));
+  }
+  int status = pclose(pipe);
+  if (status != 0 || last_json.empty()) {
+    r.note =
+        "the PyTorch peer failed (is python3-torch installed? apt-get install python3-torch "
+        "libjemalloc2)";
+    return r;
+  }
+  json::Value v = json::parse(last_json, "torch_gpt2_bench.py output");
+  r.median_ms = v.get_double("median_step_ms");
+  r.peak_rss_mb = v.get_double("peak_rss_mb");
+  r.ok = true;
+  return r;
+}
+
+namespace {
+constexpr double kMiB = 1024.0 * 1024.0;
+
+std::string comparison_table(const Gpt2StepTiming& ours, const TorchPeer& torch) {
+  std::string out = strprintf("\n%-28s %12s %12s %8s\n", "", "memwall", "PyTorch", "ratio");
+  if (torch.ok) {
+    out += strprintf("%-28s %12.0f %12.0f %8.2f\n", "median step (ms)", ours.median_ms,
+                     torch.median_ms, ours.median_ms / torch.median_ms);
+    out += strprintf("%-28s %12.0f %12.0f %8.2f\n", "peak RSS (MiB)", ours.peak_rss_bytes / kMiB,
+                     torch.peak_rss_mb * 1e6 / kMiB,
+                     (ours.peak_rss_bytes / kMiB) / (torch.peak_rss_mb * 1e6 / kMiB));
+  } else {
+    out += strprintf("%-28s %12.0f %12s\n", "median step (ms)", ours.median_ms, "-");
+    out += strprintf("%-28s %12.0f %12s\n", "peak RSS (MiB)", ours.peak_rss_bytes / kMiB, "-");
+    out += strprintf("(no PyTorch comparison: %s)\n",
+                     torch.note.empty() ? "--torch off" : torch.note.c_str());
+  }
+  return out;
+}
+
+std::string json_summary(const std::string& model, const Gpt2StepTiming& ours,
+                         const IsolatedGemm& iso, const TorchPeer& torch, double step_gflops) {
+  json::Value v = json::Value::object();
+  v.set("model", model);
+  v.set("median_step_ms", ours.median_ms);
+  v.set("peak_rss_mb", ours.peak_rss_bytes / kMiB);
+  v.set("gemm_ms_per_step", ours.gemm_ms_per_step);
+  v.set("gemm_gflops", ours.gemm_gflops);
+  v.set("isolated_gemm_ms", iso.ms_per_step);
+  v.set("isolated_gemm_gflops", iso.gflops);
+  v.set("step_gflops", step_gflops);
+  v.set("fraction_of_sgemm", step_gflops / iso.gflops);
+  if (torch.ok) {
+    v.set("torch_median_step_ms", torch.median_ms);
+    v.set("torch_peak_rss_mb", torch.peak_rss_mb * 1e6 / kMiB);
+    v.set("step_ratio", ours.median_ms / torch.median_ms);
+    v.set("rss_ratio", (ours.peak_rss_bytes / kMiB) / (torch.peak_rss_mb * 1e6 / kMiB));
+  }
+  return v.dump() + "\n";
+}
+}  // namespace
+
+std::string gpt2_bench_report(const std::string& model, const Gpt2StepTiming& ours,
+                              const IsolatedGemm& iso, const TorchPeer& torch, bool json) {
+  std::string out = comparison_table(ours, torch);
+  out +=
+      strprintf("GEMM in a step: %.0f ms = %.0f%% of the step, at %.1f GFLOP/s (%.1f GFLOP/step)\n",
+                ours.gemm_ms_per_step, 100.0 * ours.gemm_ms_per_step / ours.median_ms,
+                ours.gemm_gflops, ours.gemm_flops_per_step / 1e9);
+  out += strprintf(
+      "phases (median ms): forward %.0f (non-GEMM %.0f), backward %.0f (non-GEMM %.0f), "
+      "optimizer step() %.0f (the updates run inside backward)\n",
+      median(ours.forward_ms), median(ours.forward_other_ms), median(ours.backward_ms),
+      median(ours.backward_other_ms), median(ours.optimizer_ms));
+  out += strprintf(
+      "same GEMM shapes run alone: %.0f ms at %.1f GFLOP/s (the floor for this step's GEMMs)\n",
+      iso.ms_per_step, iso.gflops);
+  // The ceiling line (#13 item 5): the whole step's rate next to the sgemm rate of this run.
+  const double step_gflops = ours.gemm_flops_per_step / 1e9 / (ours.median_ms / 1e3);
+  out += strprintf(
+      "achieved: %.1f GFLOP/s over the whole step (its GEMM FLOPs / median step) = %.0f%% of the "
+      "%.1f GFLOP/s sgemm ceiling measured in this run\n",
+      step_gflops, 100.0 * step_gflops / iso.gflops, iso.gflops);
+  if (json) out += json_summary(model, ours, iso, torch, step_gflops);
+  return out;
+}
+
+}  // namespace mw::bench

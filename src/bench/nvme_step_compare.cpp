@@ -1,0 +1,127 @@
+// compare_nvme_steps (bench/step_compare.h): HybridAdam with states in RAM against on NVMe.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "autograd/functions.h"
+#include "bench/step_compare.h"
+#include "core/numbers.h"
+#include "core/parallel.h"
+#include "core/random.h"
+#include "data/random_tokens.h"
+#include "models/gpt2/model.h"
+#include "optim/hybrid_adam.h"
+
+namespace mw::bench {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double train_step(gpt2::GPT2& model, optim::HybridAdam& opt, const Tensor& ids, float* loss_out) {
+  const auto t0 = clock_type::now();
+  opt.zero_grad();
+  Tensor logits = model(ids);
+  Tensor loss = shifted_cross_entropy(logits, ids);
+  logits = Tensor();
+  backward(loss);
+  opt.step();
+  const auto t1 = clock_type::now();
+  *loss_out = static_cast<float>(loss.item());
+  return std::chrono::duration<double, std::milli>(t1 - t0).count();
+}
+
+struct Pair {
+  gpt2::GPT2 mem_model, nvme_model;
+  optim::HybridAdam mem_opt, nvme_opt;
+  Pair(const gpt2::Config& config, const optim::HybridAdamOptions& mem,
+       const optim::HybridAdamOptions& nvme)
+      : mem_model(config, 0),
+        nvme_model(config, 0),
+        mem_opt(mem_model.parameters(), mem),
+        nvme_opt(nvme_model.parameters(), nvme) {}
+};
+
+std::unique_ptr<Pair> make_pair(const gpt2::Config& config, const optim::NvmeOffloadOptions& nvme) {
+  optim::HybridAdamOptions mem_options;
+  mem_options.update_in_backward = true;
+  optim::HybridAdamOptions nvme_options({}, -1.f, nvme);
+  nvme_options.update_in_backward = true;
+  return std::make_unique<Pair>(config, mem_options, nvme_options);
+}
+
+std::string summary(const std::vector<double>& mem_ms, const std::vector<double>& nvme_ms,
+                    const std::vector<double>& ratios, bool same_losses,
+                    const optim::NvmeStats& st) {
+  return strprintf(
+             "median step: in memory %.1f ms, nvme %.1f ms | median of per-pair ratios %.3f (min "
+             "%.3f, max %.3f) over %zu pairs | losses %s\n",
+             median(mem_ms), median(nvme_ms), median(ratios),
+             *std::min_element(ratios.begin(), ratios.end()),
+             *std::max_element(ratios.begin(), ratios.end()), ratios.size(),
+             same_losses ? "bitwise equal" : "DIFFER") +
+         strprintf(
+             "nvme: read %.3f GB, written %.3f GB | exposed waits: step() %.0f ms, backward %.0f "
+             "ms | updater waited for reads %.0f ms (hidden) | %lld spare-slot slices\n",
+             st.bytes_read / 1e9, st.bytes_written / 1e9, st.flush_wait_ms, st.join_wait_ms,
+             st.consumer_wait_ms, static_cast<long long>(st.spare_slices));
+}
+
+}  // namespace
+
+bool compare_nvme_steps(const StepCompareShape& shape, const optim::NvmeOffloadOptions& nvme,
+                        const LineSink& log) {
+  const int64_t B = shape.batch, T = shape.seq;
+  std::unique_ptr<Pair> m = make_pair(shape.config, nvme);
+  log(
+      strprintf("nvme_step_bench: GPT-2 %s, B%lld T%lld, %lld steps each, alternating, threads %d; "
+                "offloaded: %.1f%% of %lld parameters\n",
+                shape.model.c_str(), static_cast<long long>(B), static_cast<long long>(T),
+                static_cast<long long>(shape.steps), num_threads(),
+                100.0 * static_cast<double>(m->nvme_opt.offloaded_numel()) /
+                    static_cast<double>(m->mem_model.num_parameters()),
+                static_cast<long long>(m->mem_model.num_parameters())));
+  std::vector<int32_t> tokens(static_cast<size_t>(B * T));
+  std::vector<double> mem_ms, nvme_ms, ratios;
+  bool same_losses = true;
+  for (int64_t step = 0; step < shape.steps; ++step) {
+    data::random_tokens(0, step, B, T, shape.config.vocab_size, tokens.data());
+    Tensor ids = Tensor::from_vector(tokens, {B, T});
+    float mem_loss = 0, nvme_loss = 0;
+    // Both draw the same dropout masks: the second starts from the generator state of the first.
+    const RngState rng = default_generator().state();
+    auto run_mem = [&] {
+      default_generator().set_state(rng);
+      return train_step(m->mem_model, m->mem_opt, ids, &mem_loss);
+    };
+    auto run_nvme = [&] {
+      default_generator().set_state(rng);
+      const double ms = train_step(m->nvme_model, m->nvme_opt, ids, &nvme_loss);
+      m->nvme_opt.flush();
+      return ms;
+    };
+    // Alternate which goes first, so that neither always follows the other's tail.
+    double a = 0, b = 0;
+    if (step % 2 == 0) {
+      a = run_mem();
+      b = run_nvme();
+    } else {
+      b = run_nvme();
+      a = run_mem();
+    }
+    const bool same = std::memcmp(&mem_loss, &nvme_loss, sizeof(float)) == 0;
+    same_losses = same_losses && same;
+    log(strprintf("[%lld] loss %.6f %s | in memory %.1f ms | nvme %.1f ms | ratio %.3f\n",
+                  static_cast<long long>(step), mem_loss, same ? "(equal)" : "(DIFFERENT)", a, b,
+                  b / a));
+    if (step == 0) continue;  // warmup: first touches of every buffer, nothing on disk yet
+    mem_ms.push_back(a);
+    nvme_ms.push_back(b);
+    ratios.push_back(b / a);
+  }
+  const optim::NvmeStats st = m->nvme_opt.nvme() ? m->nvme_opt.nvme()->stats() : optim::NvmeStats{};
+  log(summary(mem_ms, nvme_ms, ratios, same_losses, st));
+  return same_losses;
+}
+
+}  // namespace mw::bench

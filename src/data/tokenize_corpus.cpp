@@ -1,0 +1,97 @@
+// A corpus tokenized into llm.c token shards (data/tokenize_corpus.h).
+#include "data/tokenize_corpus.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/parallel.h"
+
+namespace mw::data {
+
+void ShardSplits::add(bool starts_document, const std::vector<int32_t>& ids) {
+  if (starts_document) {
+    current = val.num_tokens() < val_fraction * static_cast<double>(num_tokens()) ? &val : &train;
+    current->add(&eot, 1);
+  }
+  current->add(ids.data(), static_cast<int64_t>(ids.size()));
+}
+
+void prepare_shard_dir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  MW_CHECK_T(IoError, !ec && std::filesystem::is_directory(dir), "--out '", dir,
+             "' cannot be created as a directory (", ec.message(),
+             "); pass --out a writable directory");
+  MW_CHECK_T(IoError, ::access(dir.c_str(), W_OK) == 0, "--out '", dir,
+             "' is not writable; pass --out a writable directory");
+  // Shards of an earlier run would mix with this run's (train_000001.bin of a larger corpus).
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    const bool shard = (name.rfind("train_", 0) == 0 || name.rfind("val_", 0) == 0) &&
+                       entry.path().extension() == ".bin";
+    MW_CHECK_T(IoError, !shard, "--out '", dir, "' already holds token shards (", name,
+               "); remove them or pass --out another directory");
+  }
+}
+
+namespace {
+
+struct Pending {
+  std::string text;
+  bool starts_document;
+  std::vector<int32_t> ids;
+};
+
+// Slice s of the batch holds the chunks whose first byte falls in [s, s + 1) * bytes / workers;
+// encodes the slices in parallel.
+void encode_batch(std::vector<Pending>& batch, int64_t batch_bytes,
+                  std::vector<std::unique_ptr<BpeTokenizer>>& workers) {
+  const int64_t n_workers = static_cast<int64_t>(workers.size());
+  std::vector<size_t> first(n_workers + 1, batch.size());
+  int64_t offset = 0;
+  for (size_t i = 0, s = 0; i < batch.size(); ++i) {
+    while (s < static_cast<size_t>(n_workers) && offset >= int64_t(s) * batch_bytes / n_workers)
+      first[s++] = i;
+    offset += static_cast<int64_t>(batch[i].text.size());
+  }
+  parallel_for(n_workers, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t s = begin; s < end; ++s)
+      for (size_t i = first[s]; i < first[s + 1]; ++i)
+        workers[s]->encode(batch[i].text, batch[i].ids);
+  });
+}
+
+}  // namespace
+
+void tokenize_corpus(CorpusReader& reader, std::vector<std::unique_ptr<BpeTokenizer>>& workers,
+                     ShardSplits& splits, const std::function<void(int64_t tokens)>& progress) {
+  const int64_t n_workers = static_cast<int64_t>(workers.size());
+  std::vector<Pending> batch;
+  int64_t batch_bytes = 0;
+  bool more = true;
+  while (more) {
+    CorpusChunk chunk;
+    more = reader.next(chunk);
+    if (more) {
+      batch.push_back({std::string(chunk.text), chunk.starts_document, {}});
+      batch_bytes += static_cast<int64_t>(chunk.text.size());
+      if (batch_bytes < n_workers * kChunkBytes) continue;
+    }
+    encode_batch(batch, batch_bytes, workers);
+    for (const Pending& c : batch) splits.add(c.starts_document, c.ids);
+    progress(splits.num_tokens());
+    batch.clear();
+    batch_bytes = 0;
+  }
+}
+
+std::string split_summary(const char* name, const TokenShardWriter& w) {
+  std::string out = str(name, ": ", w.num_tokens(), " tokens in ", w.paths().size(), " shard(s)");
+  for (const auto& path : w.paths())
+    out += str(" ", path, " (", static_cast<int64_t>(std::filesystem::file_size(path)), " bytes)");
+  return out + "\n";
+}
+
+}  // namespace mw::data

@@ -1,0 +1,57 @@
+// A corpus tokenized into llm.c token shards DIR/{train,val}_NNNNNN.bin (apps/gpt2_tokenize.cpp).
+//
+// Invariants:
+// - Every document is preceded by <|endoftext|> (its id found in the vocabulary by its string), as
+//   in llm.c's data scripts. A literal "<|endoftext|>" inside a document is ordinary text.
+// - A document goes whole to one split. It goes to val when val holds fewer than val_fraction of
+//   the tokens written before it, so the first document is train, the second val, and val then
+//   keeps its share; the assignment is deterministic.
+// - With N tokenizers, about N chunks are read ahead and encoded in parallel, each worker with its
+//   own tokenizer (and cache); the shards are the same for any N.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/bpe.h"
+#include "data/corpus.h"
+#include "data/token_shard.h"
+
+namespace mw::data {
+
+// The two splits and the rule that assigns documents to them (see the invariants above).
+struct ShardSplits {
+  TokenShardWriter train, val;
+  double val_fraction;
+  int32_t eot;
+  TokenShardWriter* current = &train;
+
+  ShardSplits(const std::string& dir, int64_t shard_tokens, double val_fraction, int32_t eot)
+      : train(dir, "train", shard_tokens),
+        val(dir, "val", shard_tokens),
+        val_fraction(val_fraction),
+        eot(eot) {}
+  ShardSplits(const ShardSplits&) = delete;
+  ShardSplits& operator=(const ShardSplits&) = delete;
+  int64_t num_tokens() const { return train.num_tokens() + val.num_tokens(); }
+  void add(bool starts_document, const std::vector<int32_t>& ids);
+};
+
+// Makes `dir` (a writable directory) ready for shards; IoError if it cannot be, or if it already
+// holds shards of an earlier run (they would mix with this run's).
+void prepare_shard_dir(const std::string& dir);
+
+// Reads chunks until about one chunk per worker is pending, encodes them in parallel (worker s
+// encodes a contiguous slice with its own tokenizer, whose cache is not shared), then adds them to
+// the splits in order; `progress(tokens)` after each batch. The ids do not depend on the number of
+// workers.
+void tokenize_corpus(CorpusReader& reader, std::vector<std::unique_ptr<BpeTokenizer>>& workers,
+                     ShardSplits& splits, const std::function<void(int64_t tokens)>& progress);
+
+// "train: N tokens in K shard(s) PATH (BYTES bytes)..." with a newline.
+std::string split_summary(const char* name, const TokenShardWriter& w);
+
+}  // namespace mw::data

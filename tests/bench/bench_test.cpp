@@ -1,0 +1,156 @@
+// The benchmarks behind the apps (src/bench), run small: their report lines are the ones the
+// README and docs quote, the side-by-side comparisons find bitwise-equal losses, and the option
+// checks refuse what the apps refuse. Timings themselves are not checked (the machine is shared).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "../data/temp_dir.h"
+#include "bench/adam_bench.h"
+#include "bench/format.h"
+#include "bench/gpt2_bench.h"
+#include "bench/nvme_bench.h"
+#include "bench/step_compare.h"
+#include "core/error.h"
+#include "optim/adam_cpu.h"
+
+namespace mw::bench {
+namespace {
+
+bool has(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+// A LineSink that keeps everything.
+struct Collect {
+  std::string text;
+  LineSink sink() {
+    return [this](const std::string& s) { text += s; };
+  }
+};
+
+TEST(BenchFormat, StrprintfFormatsLikePrintfAtAnyLength) {
+  EXPECT_EQ(strprintf("%-7s|%5.2f|%lld", "ab", 3.14159, 42LL), "ab     | 3.14|42");
+  const std::string long_text(5000, 'x');
+  EXPECT_EQ(strprintf("<%s>", long_text.c_str()).size(), 5002u);
+  EXPECT_EQ(format_bytes(int64_t{2} << 30), "2GiB");
+  EXPECT_EQ(format_bytes(int64_t{256} << 10), "256KiB");
+  EXPECT_EQ(format_bytes(4097), "4097B");
+}
+
+TEST(NvmeBench, NoConfigurationOptionMeansTheTwelveWaySweepAndBadOnesAreRefused) {
+  EXPECT_EQ(nvme_bench_configs(0, 0, "").size(), 12u);
+  const std::vector<NvmeBenchConfig> one = nvme_bench_configs(0, 8, "");
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].backend, io::BackendKind::kUring);
+  EXPECT_EQ(one[0].block_bytes, int64_t{1} << 20);
+  EXPECT_EQ(one[0].depth, 8);
+  EXPECT_THROW(nvme_bench_configs(5000, 0, ""), InvalidArgument) << "not a multiple of 4096";
+  EXPECT_THROW(nvme_bench_configs(0, 0, "auto"), InvalidArgument);
+  EXPECT_THROW(nvme_bench_configs(0, 2000, ""), InvalidArgument);
+}
+
+TEST(NvmeBench, OneRepetitionWithoutFioGivesTheTextAndJsonLines) {
+  data::testing::TempDir tmp;
+  NvmeBenchRun run;
+  run.dir = tmp.path();
+  run.size_bytes = 1 << 20;
+  run.fio = false;
+  const NvmeBenchConfig c{io::BackendKind::kThreads, 256 << 10, 4};
+  std::string line;
+  try {
+    line = run_nvme_bench(run, c);
+  } catch (const Error& e) {
+    if (has(e.what(), "refuses O_DIRECT")) GTEST_SKIP() << "no O_DIRECT under " << tmp.path();
+    throw;
+  }
+  EXPECT_TRUE(has(line, "threads block 256KiB depth 4   size 1MiB (median of 1): write ")) << line;
+  EXPECT_TRUE(has(line, " GB/s  read ")) << line;
+  EXPECT_FALSE(has(line, "fio")) << line;
+  run.json = true;
+  line = run_nvme_bench(run, c);
+  EXPECT_TRUE(has(line, "{\"backend\": \"threads\", \"block\": 262144, \"depth\": 4")) << line;
+  EXPECT_TRUE(has(line, "\"write_GBps_reps\": [")) << line;
+}
+
+TEST(AdamBench, ReportsTheCeilingsAndOneLinePerKernel) {
+  AdamBenchOptions o;
+  o.numel = 100000;
+  o.steps = 2;
+  o.threads = 1;
+  o.isas = {optim::Isa::Scalar};
+  Collect text;
+  run_adam_bench(o, text.sink());
+  EXPECT_TRUE(has(text.text, "adam_bench: numel 100000 (0.00 GB moved per step at 28 B/param)"))
+      << text.text;
+  EXPECT_TRUE(has(text.text, "ceilings: copy ")) << text.text;
+  EXPECT_TRUE(has(text.text, "scalar  median ")) << text.text;
+  o.json = true;
+  Collect json;
+  run_adam_bench(o, json.sink());
+  EXPECT_TRUE(has(json.text, "{\"numel\": 100000, \"isa\": \"scalar\", \"threads\": 1"))
+      << json.text;
+  EXPECT_FALSE(has(json.text, "ceilings:")) << "JSON mode prints only the JSON objects";
+}
+
+TEST(Gpt2Bench, TheReportWithoutAPeerSaysWhyAndTheJsonLineHasTheRatios) {
+  Gpt2StepTiming ours;
+  ours.median_ms = 100;
+  ours.gemm_ms_per_step = 60;
+  ours.gemm_gflops = 50;
+  ours.gemm_flops_per_step = 3'000'000'000;
+  ours.peak_rss_bytes = int64_t{512} << 20;
+  ours.forward_ms = ours.backward_ms = ours.optimizer_ms = {1, 2, 3};
+  ours.forward_other_ms = ours.backward_other_ms = {1};
+  const IsolatedGemm iso{40, 60};
+  TorchPeer none;
+  const std::string text = gpt2_bench_report("tiny", ours, iso, none, false);
+  EXPECT_TRUE(has(text, "(no PyTorch comparison: --torch off)")) << text;
+  EXPECT_TRUE(has(text, "GEMM in a step: 60 ms = 60% of the step, at 50.0 GFLOP/s")) << text;
+  EXPECT_TRUE(has(text, "achieved: 30.0 GFLOP/s over the whole step")) << text;
+  TorchPeer torch;
+  torch.ok = true;
+  torch.median_ms = 200;
+  torch.peak_rss_mb = 1024 * 1.048576;  // 1024 MiB in the peer's MB
+  const std::string json = gpt2_bench_report("tiny", ours, iso, torch, true);
+  EXPECT_TRUE(has(json, "median step (ms)")) << json;
+  EXPECT_TRUE(has(json, "\"step_ratio\":0.5")) << json;
+  EXPECT_TRUE(has(json, "\"rss_ratio\":0.5")) << json;
+}
+
+TEST(Gpt2Bench, TinyStepsAreTimedAndLogged) {
+  Collect log;
+  const Gpt2StepTiming t = time_gpt2_steps(gpt2::Config::preset("tiny"), 2, 8, 3, log.sink());
+  EXPECT_EQ(t.losses.size(), 3u);
+  EXPECT_EQ(t.forward_ms.size(), 2u) << "the first step is a warmup";
+  EXPECT_TRUE(has(log.text, "  ours [2] loss ")) << log.text;
+}
+
+TEST(StepCompare, NvmeAndInMemoryStatesGiveBitwiseEqualLosses) {
+  data::testing::TempDir tmp;
+  optim::NvmeOffloadOptions nvme;
+  nvme.fraction = 1.0;
+  nvme.dir = tmp.path();
+  Collect log;
+  const bool same =
+      compare_nvme_steps({"tiny", gpt2::Config::preset("tiny"), 2, 16, 3}, nvme, log.sink());
+  EXPECT_TRUE(same) << log.text;
+  EXPECT_TRUE(has(log.text, "nvme_step_bench: GPT-2 tiny, B2 T16, 3 steps each")) << log.text;
+  EXPECT_TRUE(has(log.text, "over 2 pairs | losses bitwise equal")) << log.text;
+  EXPECT_TRUE(has(log.text, "nvme: read ")) << log.text;
+}
+
+TEST(StepCompare, GeminiAutoAndStaticCpuMatchThePlainRunBitwise) {
+  Collect log;
+  const bool same = compare_gemini_steps({"tiny", gpt2::Config::preset("tiny"), 2, 16, 4},
+                                         int64_t{64} << 20, log.sink());
+  EXPECT_TRUE(same) << log.text;
+  EXPECT_TRUE(has(log.text, "gemini_step_bench: GPT-2 tiny, B2 T16, 4 steps each, rotating"))
+      << log.text;
+  EXPECT_TRUE(has(log.text, "over 2 rounds | losses bitwise equal")) << log.text;
+  EXPECT_TRUE(has(log.text, "(capacity 64 MiB)")) << log.text;
+}
+
+}  // namespace
+}  // namespace mw::bench
