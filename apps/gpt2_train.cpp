@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -17,6 +18,7 @@
 #include "core/interrupt.h"
 #include "data/atomic_save.h"
 #include "data/json.h"
+#include "dist/communicator.h"
 #include "models/gpt2/spec.h"
 #include "train/progress.h"
 #include "train/trainer.h"
@@ -129,7 +131,9 @@ cli::Parser make_parser() {
            "a GPT-2 config.json (HF GPT2Config) to start from random weights; any shape");
   for (const auto& [name, help] : kShapeOptions) p.option(name, "", help);
   p.option("init-from", "", "HuggingFace folder (config.json + model.safetensors) to start from");
-  p.option("batch", "4", "sequences per step (B)");
+  p.option("batch", "4",
+           "sequences per step (B); under mpirun the GLOBAL batch, split across the ranks (a "
+           "multiple of their number)");
   p.option("seq", "", "tokens per sequence (T; default 128, or n_positions when smaller)");
   p.option("steps", "3", "training steps (with --resume: the run's total, as first given)");
   p.option("seed", "0", "seed for initialisation, random data and dropout");
@@ -216,6 +220,16 @@ cli::Parser make_parser() {
   p.option("precision", "fp32",
            "fp32|bf16|fp16: matmuls and attention in bf16/fp16 with f32 masters (fp16 with a "
            "dynamic loss scaler, and updates after backward) (docs/precision.md)");
+  p.option("dist", "auto",
+           "auto|local|mpi: the communicator; auto = MPI when launched by mpirun, else this "
+           "process alone (docs/distributed.md)");
+  p.option("dist-timeout", "300",
+           "seconds a collective may wait for the other ranks before the run stops with an error");
+  p.option("zero", "0",
+           "0|1|2: with several ranks, shard the optimizer states (1) and the gradients too (2) "
+           "across them (ZeRO; 3 is not implemented yet)");
+  p.option("bucket-mb", "25", "gradient bucket size for the collectives, MiB");
+  p.option("shard-param-frac", "", "Gemini's chunks sharded across ranks: not implemented yet");
   p.flag("plan", "print the memory plan (host, device, disk) and exit without allocating");
   p.flag("skip-memory-check",
          "expert: run even when the memory plan exceeds what the machine has (the plan is an "
@@ -357,6 +371,34 @@ Options parse_options(const cli::Parser& p) {
   return o;
 }
 
+// --dist, --dist-timeout, --zero, --bucket-mb (docs/distributed.md). The communicator itself is
+// made by main(), which must be able to abandon it on an error (Note [Collective timeouts]).
+dist::CommOptions parse_dist(const cli::Parser& p, Options& o) {
+  dist::CommOptions c;
+  c.backend = p.choice("dist", {"auto", "local", "mpi"});
+  c.timeout_ms = 1000.0 * p.real("dist-timeout", 0.001, 1e7);
+  o.zero_stage = static_cast<int>(p.integer("zero", 0, 3));
+  MW_CHECK_T(cli::UsageError, o.zero_stage < 3,
+             "--zero 3 (parameters sharded, gathered before use) is not implemented yet; use "
+             "--zero 1 or 2");
+  MW_CHECK_T(cli::UsageError, !p.given("shard-param-frac"),
+             "--shard-param-frac (Gemini's chunks sharded across ranks) is not implemented yet");
+  o.bucket_bytes = static_cast<int64_t>(p.real("bucket-mb", 0.001, 65536) * (1 << 20));
+  return c;
+}
+
+// Test-only (tests/dist): MW_TEST_EXIT_RANK=R MW_TEST_EXIT_STEP=S make rank R vanish after step
+// S as a crashed rank does, without a message and without finalising MPI; with
+// MW_TEST_EXIT_HOW=stall it hangs instead (the others must time out).
+void exit_if_test_asks(int rank, int64_t step) {
+  const char* r = std::getenv("MW_TEST_EXIT_RANK");
+  const char* s = std::getenv("MW_TEST_EXIT_STEP");
+  if (!r || !s || std::atoi(r) != rank || std::atoll(s) != step) return;
+  const char* how = std::getenv("MW_TEST_EXIT_HOW");
+  if (how && std::string(how) == "stall") ::sleep(3600);
+  std::_Exit(3);
+}
+
 // One JSON object per line: the step's figures, or an evaluation's.
 class JsonLog {
  public:
@@ -433,7 +475,10 @@ json::Value step_record(train::Trainer& t, const train::StepResult& r) {
   return rec;
 }
 
+bool g_print = true;  // false on ranks other than 0: rank 0 alone prints
+
 void print(const std::string& text) {
+  if (!g_print) return;
   std::fputs(text.c_str(), stdout);
   std::fflush(stdout);
 }
@@ -461,9 +506,11 @@ int run(const Options& o) {
                                      {"--trace", o.trace}})
     if (!path.empty()) data::check_output_path(path, option, /*as_directory=*/false);
 
+  g_print = !o.comm || o.comm->rank() == 0;
   train::Trainer t(o, print);
   if (t.planned_only()) return 0;
-  JsonLog log(o.log, t.first_step());
+  const bool root = t.is_root();  // alone writes the log, checkpoints and --save
+  JsonLog log(root ? o.log : "", t.first_step());
   const bool tty = ::isatty(STDOUT_FILENO) == 1;
   if (o.eval_only) {
     report_eval(t, log, false);
@@ -473,6 +520,7 @@ int run(const Options& o) {
   const auto t_start = clock::now();
   while (!t.done()) {
     const train::StepResult r = t.train_step();
+    if (o.comm) exit_if_test_asks(o.comm->rank(), r.step);
     const std::string line =
         train::progress_text(r, t.total_steps(), cli::median(t.step_ms()), t.memory_text());
     if (tty)  // redrawn in place; "\033[K" clears what a longer line left
@@ -484,7 +532,7 @@ int run(const Options& o) {
                 "loss scale now ", r.loss_scale, "\n"));
     log.write(step_record(t, r), r.step);
     if (t.eval_due()) report_eval(t, log, tty);
-    if (t.checkpoint_due()) {
+    if (t.checkpoint_due() && root) {
       const std::string path = t.save_checkpoint();
       print(str(tty ? "\n" : "", "Checkpoint: ", path, "\n"));
     }
@@ -492,11 +540,13 @@ int run(const Options& o) {
   if (tty) print("\n");
   t.flush();
   const double total_s = std::chrono::duration<double>(clock::now() - t_start).count();
+  if (!root) return 0;
   if (!o.save.empty()) {  // the model first, before anything optional
     t.save_model(o.save);
     print(str("Saved to ", o.save, "\n"));
   }
   print(t.finish_report(total_s));
+  print(t.data_parallel_report());
   return log.failed() ? 1 : 0;
 }
 
@@ -507,33 +557,44 @@ int main(int argc, char** argv) {
   mw::install_stop_signal_handlers();  // Note [Stop signals]
   mw::cli::Parser parser = mw::make_parser();
   bool parsed = false;  // a bad command line is exit 2 with the usage; a failed run is exit 1
+  std::shared_ptr<mw::dist::Communicator> comm;
+  // On any failure: this rank's collectives are given up (Note [Collective timeouts]) and its
+  // messages name the rank when there are several.
+  auto failing = [&]() -> std::string {
+    if (!comm || comm->size() == 1) return "";
+    comm->abandon();
+    return "rank " + std::to_string(comm->rank()) + ": ";
+  };
   try {
     parser.parse(argc, argv);
     if (parser.help_requested()) {
       std::cout << parser.usage();
       return 0;
     }
-    const mw::Options options = mw::parse_options(parser);
+    mw::Options options = mw::parse_options(parser);
+    const mw::dist::CommOptions comm_options = mw::parse_dist(parser, options);
     parsed = true;
+    comm = mw::dist::make_communicator(comm_options);
+    options.comm = comm;
     return mw::run(options);
   } catch (const mw::Interrupted& e) {
-    std::cerr << "gpt2_train: " << e.what() << "\n";
+    std::cerr << "gpt2_train: " << failing() << e.what() << "\n";
     return e.exit_code();
   } catch (const mw::InvalidArgument& e) {
     if (parsed) {
-      std::cerr << "gpt2_train: error: " << e.what() << "\n";
+      std::cerr << "gpt2_train: " << failing() << "error: " << e.what() << "\n";
       return 1;
     }
     std::cerr << parser.usage() << "\ngpt2_train: " << e.what() << "\n";
     return 2;
   } catch (const mw::Error& e) {
-    std::cerr << "gpt2_train: error: " << e.what() << "\n";
+    std::cerr << "gpt2_train: " << failing() << "error: " << e.what() << "\n";
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "gpt2_train: internal error: " << e.what() << "\n";
+    std::cerr << "gpt2_train: " << failing() << "internal error: " << e.what() << "\n";
     return 1;
   } catch (...) {
-    std::cerr << "gpt2_train: internal error: an unknown exception\n";
+    std::cerr << "gpt2_train: " << failing() << "internal error: an unknown exception\n";
     return 1;
   }
 }

@@ -94,7 +94,7 @@ void AsyncCommunicator::run() {
   }
   // A broken communicator may have a collective in flight that will never complete: MPI_Finalize
   // would wait for it, so the process exits without it (Note [Collective timeouts]).
-  if (!broken_) backend_->finalize();
+  if (!broken_ && !abandoned_) backend_->finalize();
 }
 
 std::string AsyncCommunicator::describe(const Op& op) const {
@@ -109,7 +109,7 @@ void AsyncCommunicator::progress(Op& op) {
     op.send = op.recv = Tensor();
     op.state->finish(std::make_exception_ptr(error));
   };
-  if (broken_) {
+  if (broken_ || abandoned_) {
     fail(CommError(
         str(describe(op), " was not started: the communicator is broken (", broken_reason_, ")")));
     return;
@@ -136,6 +136,10 @@ void AsyncCommunicator::progress(Op& op) {
       std::lock_guard<std::mutex> lock(stats_->mutex);
       stats_->stats.busy_ms += elapsed_ms;
       break;
+    }
+    if (abandoned_) {
+      fail(CommError(str(describe(op), " was given up: this rank is failing")));
+      return;
     }
     if (done < 0) {
       broken_ = true, broken_reason_ = err;
@@ -225,6 +229,11 @@ CommStats AsyncCommunicator::stats() const {
 void AsyncCommunicator::reset_stats() {
   std::lock_guard<std::mutex> lock(stats_->mutex);
   stats_->stats = {};
+}
+
+void AsyncCommunicator::abandon() {
+  abandoned_ = true;
+  cv_.notify_all();
 }
 
 void AsyncCommunicator::set_timeout_ms(double timeout_ms) {

@@ -8,6 +8,7 @@
 // order on every rank.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -35,6 +36,7 @@ class AsyncCommunicator : public Communicator {
   CommStats stats() const override;
   void reset_stats() override;
   void set_timeout_ms(double timeout_ms) override;
+  void abandon() override;
 
   struct Op;
 
@@ -53,6 +55,7 @@ class AsyncCommunicator : public Communicator {
   bool stopping_ = false, started_ = false, broken_ = false;
   std::string start_error_, broken_reason_;
   double timeout_ms_;
+  std::atomic<bool> abandoned_{false};
   int64_t sequence_ = 0;
   struct StatsBox {
     std::mutex mutex;

@@ -123,6 +123,7 @@ class LocalCommunicator : public Communicator {
   CommStats stats() const override { return stats_; }
   void reset_stats() override { stats_ = {}; }
   void set_timeout_ms(double) override {}
+  void abandon() override {}
 
  private:
   void count(Collective c, int64_t bytes) {  // nothing crosses a wire

@@ -88,6 +88,10 @@ class Communicator {
   virtual void reset_stats() = 0;
   // Note [Collective timeouts]; <= 0: wait forever.
   virtual void set_timeout_ms(double timeout_ms) = 0;
+  // This process is failing (an error on this rank only): collectives in flight are given up and
+  // the library is not finalised (that would wait for the other ranks), so the process can exit
+  // at once with its error and the launcher stops the others.
+  virtual void abandon() = 0;
 };
 
 // The single-process communicator (size 1, no library): every collective is a copy or nothing.

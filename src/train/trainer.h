@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "dist/communicator.h"
 #include "models/gpt2/config.h"
 #include "models/gpt2/model.h"
 #include "offload/activation/activation_offload.h"
@@ -80,6 +81,13 @@ struct TrainOptions {
   // Mixed precision (docs/precision.md): F32, or the autocast dtype BF16/F16 (F16: loss scaling).
   DType precision = DType::F32;
 
+  // Data parallel and ZeRO (train/data_parallel.h, docs/distributed.md): the job's communicator
+  // (null: this process alone); --batch stays the GLOBAL batch, split across the ranks.
+  std::shared_ptr<dist::Communicator> comm;
+  int zero_stage = 0;
+  int64_t bucket_bytes = int64_t{25} << 20;
+  bool data_parallel() const { return comm && (comm->size() > 1 || zero_stage > 0); }
+
   // True when parameters are updated after backward (Note [Updates after backward]); fp16 too: a
   // step with overflowing gradients must be skippable (Note [Dynamic loss scaling]).
   bool updates_after_backward() const {
@@ -112,6 +120,8 @@ struct EvalResult {
   double loss = 0, perplexity = 0;
   int64_t batches = 0;
 };
+
+class DataParallel;
 
 class Trainer {
  public:
@@ -154,6 +164,13 @@ class Trainer {
   // Memory per tier for the progress line: "RSS 1330 MiB | sim:0 peak 736 MiB | NVMe 474 MiB".
   std::string memory_text() const;
   const std::vector<double>& step_ms() const { return step_ms_; }
+  // Data parallel (trainer_dist.cpp): null for one process; rank 0 alone prints and writes.
+  DataParallel* data_parallel() { return dp_.get(); }
+  bool is_root() const;
+  int64_t local_batch() const;  // this rank's rows of the global --batch
+  // "Data parallel: ..." closing lines (communication per step, overlap, per-rank memory); "" for
+  // one process.
+  std::string data_parallel_report() const;
 
  private:
   void build_model();
@@ -164,6 +181,10 @@ class Trainer {
   void check_fingerprint(const json::Value& saved, const std::string& path) const;
   void set_step_scalars(double lr, float div_scale);
   void micro_batch(int64_t index, std::vector<int32_t>& tokens) const;
+  void setup_data_parallel();
+  void keep_rank_rows(
+      std::vector<int32_t>& tokens) const;  // of the global batch's B x T  // checks the options,
+                                            // splits the work, broadcasts the weights
 
   TrainOptions o_;
   Print print_;
@@ -185,6 +206,7 @@ class Trainer {
   int64_t micro_ = 0;  // next training micro-batch (Note [Data position])
   std::vector<double> step_ms_, forward_ms_, backward_ms_, step_cpu_ms_;
   std::vector<std::pair<std::string, double>> phase_ms_;
+  std::unique_ptr<DataParallel> dp_;  // last: destroyed first, before the model it hooks
 };
 
 }  // namespace mw::train
