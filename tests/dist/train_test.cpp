@@ -160,6 +160,14 @@ TEST(DataParallelFailure, StalledRankTimesOut) {
   EXPECT_NE(r.output.find("did not complete within 2.0 s"), std::string::npos) << r.output;
 }
 
+// Note [Backend module]: one process needs no MPI library to start; only the module links it.
+TEST(DataParallelOptions, TheAppDoesNotLinkMpi) {
+  AppResult r = testing::run_command("ldd " + std::string(MW_BINARY_DIR) + "/apps/gpt2_train");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("libc.so"), std::string::npos) << r.output;  // ldd did list libraries
+  EXPECT_EQ(r.output.find("libmpi"), std::string::npos) << r.output;
+}
+
 TEST(DataParallelOptions, RefusedWithAReason) {
   SKIP_WITHOUT_MPI();
   AppResult r = train(2, kTiny + "--steps 1 --batch 3");
