@@ -27,11 +27,10 @@ inline std::string mpi_unavailable() {
   return "";
 }
 
-// The environment for mpirun: root allowed, oversubscribed ranks yield the core when idle, and
-// shared-memory transfers by copy (containers often forbid the cross-memory attach syscalls).
+// The environment for mpirun: root allowed, and oversubscribed ranks yield the core when idle.
 inline std::string mpirun_prefix(int ranks, int timeout_s) {
   return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1 "
-         "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 "
+         "OMPI_MCA_rmaps_base_oversubscribe=1 "
          "timeout -k 5 " +
          std::to_string(timeout_s) + " mpirun --oversubscribe -np " + std::to_string(ranks) + " ";
 }
