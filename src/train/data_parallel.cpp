@@ -114,10 +114,10 @@ std::string DataParallel::describe() const {
                         "optimizer states sharded, all_gather of parameters",
                         "reduce_scatter of gradients (gradients and optimizer states sharded), "
                         "all_gather of parameters"};
-  return str("Data parallel: ", comm_->size(), " ranks (", comm_->backend(), "), ZeRO stage ",
-             zero_stage_, ": ", what[zero_stage_], "; ", buckets_.size(), " buckets of ",
-             format_thousands(total), " parameters; this rank steps ",
-             format_thousands(shard_numel()));
+  return str("Data parallel: ", comm_->size(), comm_->size() == 1 ? " rank (" : " ranks (",
+             comm_->backend(), "), ZeRO stage ", zero_stage_, ": ", what[zero_stage_], "; ",
+             buckets_.size(), " buckets of ", format_thousands(total),
+             " parameters; this rank steps ", format_thousands(shard_numel()));
 }
 
 void DataParallel::broadcast_parameters() {

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <thread>
 
+#include "core/allocator.h"
 #include "dist/async_communicator.h"
 #include "mpi_launch.h"
 
@@ -151,6 +152,11 @@ TEST(DistWorker, EveryCollectiveWithOddSizes) {
     comm->broadcast(b, n - 1).wait();
     for (float x : b.to_vector<float>()) ASSERT_EQ(x, 3.5f);
   }
+  // The simulated accelerator's memory is host memory: its tensors go to MPI as they are.
+  set_sim_capacity(0, int64_t{1} << 20);
+  Tensor s = Tensor::full({3}, r + 1.0, DType::F32, Device::sim(0));
+  comm->all_reduce(s).wait();
+  EXPECT_EQ(s.to(Device::cpu()).to_vector<float>(), (std::vector<float>{3, 3, 3}));
   comm->barrier().wait();
   EXPECT_GT(comm->stats().wire_bytes[0], 0);
 }
