@@ -47,14 +47,9 @@ DataParallel::DataParallel(std::shared_ptr<dist::Communicator> comm, std::vector
     });
 }
 
-DataParallel::~DataParallel() {
-  for (Bucket& b : buckets_) {  // a collective in flight still writes into the buffers it holds
-    try {
-      b.work.wait();
-    } catch (const Error&) {
-    }
-  }
-}
+// Nothing to wait for: a collective still in flight holds its own references to the buffers it
+// reads and writes (communicator.h), and waiting could block an exiting rank on a dead peer.
+DataParallel::~DataParallel() = default;
 
 Tensor DataParallel::flat_param(size_t param) const { return params_[param].detach().view({-1}); }
 

@@ -112,12 +112,14 @@ TEST_P(DataParallelMatchesOneProcess, LossesAndWeights) {
 }
 
 // Accumulation keeps gradients local until the last micro-batch; clipping needs the norm over
-// every rank's piece (stages 1-2); sim tensors and the AdamW reference take the same path.
+// every rank's piece (stages 1-2); sim tensors, the AdamW reference and HybridAdam with this
+// rank's piece of m and v on NVMe take the same path.
 INSTANTIATE_TEST_SUITE_P(Zero, DataParallelMatchesOneProcess,
                          ::testing::Values(Case{0, ""}, Case{1, ""}, Case{2, ""},
                                            Case{0, "--grad-accum 2 --grad-clip 0.5"},
                                            Case{2, "--grad-accum 2 --grad-clip 0.5"},
-                                           Case{1, "--device sim:1GiB --optimizer adamw"}));
+                                           Case{1, "--device sim:1GiB --optimizer adamw"},
+                                           Case{2, "--offload nvme --nvme-window 1MiB"}));
 
 // Note [Global batch]: the data position is the same micro-batch index at any number of ranks, so
 // a checkpoint resumes at another count: 2 ranks -> 1 process, and 1 process -> 2 ranks.
