@@ -34,8 +34,6 @@ struct mw_dist_backend_v1 {
   int (*test)(void* request, char* err, int err_len);
   // Orderly shutdown when every collective completed; never called after a failure.
   void (*finalize)(void);
-  // Tears the whole job down (MPI_Abort): the last resort when a peer is gone.
-  void (*abort_job)(int exit_code);
   // The host name, for messages.
   void (*host_name)(char* out, int out_len);
 };

@@ -62,8 +62,8 @@ int fake_start(int, const void*, void*, int64_t, int, int, void** req, char*, in
 int fake_test(void*, char*, int) { return g_polls >= 0 && ++g_polled >= g_polls ? 1 : 0; }
 void fake_finalize() {}
 void fake_host(char* out, int n) { std::snprintf(out, static_cast<size_t>(n), "fakehost"); }
-const mw_dist_backend_v1 kFake = {"fake",        fake_init, fake_start, fake_test,
-                                  fake_finalize, nullptr,   fake_host};
+const mw_dist_backend_v1 kFake = {"fake",    fake_init,     fake_start,
+                                  fake_test, fake_finalize, fake_host};
 
 TEST(AsyncCommunicator, CompletesInOrderAndCounts) {
   g_polls = 3;

@@ -110,8 +110,6 @@ void finalize() {
   if (!finalized) MPI_Finalize();
 }
 
-void abort_job(int exit_code) { MPI_Abort(MPI_COMM_WORLD, exit_code); }
-
 void host_name(char* out, int out_len) {
   char name[MPI_MAX_PROCESSOR_NAME] = {0};
   int len = 0;
@@ -119,7 +117,7 @@ void host_name(char* out, int out_len) {
   std::snprintf(out, static_cast<size_t>(out_len), "%s", name);
 }
 
-const mw_dist_backend_v1 kBackend = {"mpi", init, start, test, finalize, abort_job, host_name};
+const mw_dist_backend_v1 kBackend = {"mpi", init, start, test, finalize, host_name};
 
 }  // namespace
 
