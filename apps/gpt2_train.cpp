@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -18,7 +19,9 @@
 #include "core/interrupt.h"
 #include "data/atomic_save.h"
 #include "data/json.h"
+#include "dist/communicator.h"
 #include "models/gpt2/spec.h"
+#include "train/json_log.h"
 #include "train/progress.h"
 #include "train/trainer.h"
 
@@ -152,7 +155,9 @@ cli::Parser make_parser() {
            "a GPT-2 config.json (HF GPT2Config) to start from random weights; any shape");
   for (const auto& [name, help] : kShapeOptions) p.option(name, "", help);
   p.option("init-from", "", "HuggingFace folder (config.json + model.safetensors) to start from");
-  p.option("batch", "4", "sequences per step (B)");
+  p.option("batch", "4",
+           "sequences per step (B); under mpirun the GLOBAL batch, split across the ranks (a "
+           "multiple of their number)");
   p.option("seq", "", "tokens per sequence (T; default 128, or n_positions when smaller)");
   p.option("steps", "3", "training steps (with --resume: the run's total, as first given)");
   p.option("seed", "0", "seed for initialisation, random data and dropout");
@@ -250,6 +255,16 @@ cli::Parser make_parser() {
   p.option("sample-prompt-ids", "", "with --sample-every: token ids to continue, e.g. 464,3290");
   p.option("sample-temperature", "1.0", "with --sample-every: softmax temperature; 0 is greedy");
   p.option("sample-seed", "0", "with --sample-every: the sampler's seed (apart from --seed)");
+  p.option("dist", "auto",
+           "auto|local|mpi: the communicator; auto = MPI when launched by mpirun, else this "
+           "process alone (docs/distributed.md)");
+  p.option("dist-timeout", "300",
+           "seconds a collective may wait for the other ranks before the run stops with an error");
+  p.option("zero", "0",
+           "0|1|2: with several ranks, shard the optimizer states (1) and the gradients too (2) "
+           "across them (ZeRO; 3 is not implemented yet)");
+  p.option("bucket-mb", "25", "gradient bucket size for the collectives, MiB");
+  p.option("shard-param-frac", "", "Gemini's chunks sharded across ranks: not implemented yet");
   p.flag("plan", "print the memory plan (host, device, disk) and exit without allocating");
   p.flag("skip-memory-check",
          "expert: run even when the memory plan exceeds what the machine has (the plan is an "
@@ -384,97 +399,48 @@ Options parse_options(const cli::Parser& p) {
   return o;
 }
 
-// One JSON object per line: the step's figures, or an evaluation's.
-class JsonLog {
- public:
-  // A resumed run (first_step > 0) keeps the records of steps before first_step and drops the
-  // rest: those of the killed run after its checkpoint, and a line torn by kill -9. So the log
-  // reads as one run whose step continues.
-  JsonLog(const std::string& path, int64_t first_step) : path_(path) {
-    if (path.empty()) return;
-    std::string kept;
-    if (first_step > 0) {
-      std::ifstream in(path);
-      for (std::string line; std::getline(in, line);) {
-        try {
-          const json::Value v = json::parse(line, path);
-          // An evaluation after update k has step k; the checkpoint at k came after it.
-          const int64_t last = v.contains("val_loss") ? first_step : first_step - 1;
-          if (v.is_object() && v.contains("step") && v.get_int("step") <= last) kept += line + "\n";
-        } catch (const Error&) {  // a torn line: dropped
-        }
-      }
-    }
-    out_ = std::make_unique<std::ofstream>(path, std::ios::trunc);
-    *out_ << kept;
-    MW_CHECK_T(IoError, out_->good(), "--log '", path, "' cannot be written: ", errno_text(errno),
-               "; pass a path in a writable directory");
-  }
-  // A failed write is reported once; the run goes on to save the model, then exits 1.
-  void write(const json::Value& rec, int64_t step) {
-    if (!out_) return;
-    *out_ << rec.dump() << "\n";
-    out_->flush();
-    if (!out_->good() && !failed_) {
-      failed_ = true;
-      std::fprintf(stderr,
-                   "gpt2_train: error: writing --log '%s' failed at step %lld (%s); training "
-                   "continues, the run will exit 1\n",
-                   path_.c_str(), static_cast<long long>(step), errno_text(errno).c_str());
-    }
-  }
-  bool failed() const { return failed_; }
-
- private:
-  std::string path_;
-  std::unique_ptr<std::ofstream> out_;
-  bool failed_ = false;
-};
-
-json::Value step_record(train::Trainer& t, const train::StepResult& r) {
-  json::Value rec = json::Value::object();
-  rec.set("step", r.step);
-  rec.set("loss", r.loss);
-  rec.set("lr", r.lr);
-  rec.set("grad_norm", r.grad_norm >= 0 ? json::Value(r.grad_norm) : json::Value());
-  rec.set("clipped", r.clipped);
-  if (r.loss_scale > 0) {
-    rec.set("loss_scale", r.loss_scale);
-    rec.set("skipped", r.skipped);
-  }
-  rec.set("epoch", r.epoch);
-  rec.set("tokens_per_s", r.step_ms > 0 ? 1000.0 * static_cast<double>(r.tokens) / r.step_ms : 0);
-  rec.set("step_ms", r.step_ms);
-  rec.set("forward_ms", r.forward_ms);
-  rec.set("backward_ms", r.backward_ms);
-  rec.set("step_cpu_ms", r.step_cpu_ms);
-  rec.set("rss_mb", static_cast<double>(current_rss_bytes()) / (1 << 20));
-  rec.set("peak_rss_mb", static_cast<double>(peak_rss_bytes()) / (1 << 20));
-  json::Value peaks = json::Value::object();
-  peaks.set("cpu", allocator_for(Device::cpu()).stats().peak_bytes);
-  const Device dev = t.options().device;
-  if (!dev.is_cpu()) peaks.set(dev.str(), allocator_for(dev).stats().peak_bytes);
-  rec.set("device_peak_bytes", std::move(peaks));
-  const json::Value g = t.take_gemini_step_stats();
-  for (int64_t i = 0; i < g.size(); ++i) rec.set(g.key(i), g.value(i));
-  return rec;
+// --dist, --dist-timeout, --zero, --bucket-mb (docs/distributed.md). The communicator itself is
+// made by main(), which must be able to abandon it on an error (Note [Collective timeouts]).
+dist::CommOptions parse_dist(const cli::Parser& p, Options& o) {
+  dist::CommOptions c;
+  c.backend = p.choice("dist", {"auto", "local", "mpi"});
+  c.timeout_ms = 1000.0 * p.real("dist-timeout", 0.001, 1e7);
+  o.zero_stage = static_cast<int>(p.integer("zero", 0, 3));
+  MW_CHECK_T(cli::UsageError, o.zero_stage < 3,
+             "--zero 3 (parameters sharded, gathered before use) is not implemented yet; use "
+             "--zero 1 or 2");
+  MW_CHECK_T(cli::UsageError, !p.given("shard-param-frac"),
+             "--shard-param-frac (Gemini's chunks sharded across ranks) is not implemented yet");
+  o.bucket_bytes = static_cast<int64_t>(p.real("bucket-mb", 0.001, 65536) * (1 << 20));
+  return c;
 }
 
+// Test-only (tests/dist): MW_TEST_EXIT_RANK=R MW_TEST_EXIT_STEP=S make rank R vanish after step
+// S as a crashed rank does, without a message and without finalising MPI; with
+// MW_TEST_EXIT_HOW=stall it hangs instead (the others must time out).
+void exit_if_test_asks(int rank, int64_t step) {
+  const char* r = std::getenv("MW_TEST_EXIT_RANK");
+  const char* s = std::getenv("MW_TEST_EXIT_STEP");
+  if (!r || !s || std::atoi(r) != rank || std::atoll(s) != step) return;
+  const char* how = std::getenv("MW_TEST_EXIT_HOW");
+  if (how && std::string(how) == "stall") ::sleep(3600);
+  std::_Exit(3);
+}
+
+bool g_print = true;  // false on ranks other than 0: rank 0 alone prints
+
 void print(const std::string& text) {
+  if (!g_print) return;
   std::fputs(text.c_str(), stdout);
   std::fflush(stdout);
 }
 
 // "val loss 5.123 | perplexity 167.8 (20 batches)", logged as {"step", "val_loss", "val_ppl"}.
-void report_eval(train::Trainer& t, JsonLog& log, bool tty) {
+void report_eval(train::Trainer& t, train::JsonLog& log, bool tty) {
   const train::EvalResult e = t.evaluate();
   print(str(tty ? "\n" : "", "[", t.step(), "] val loss: ", format_fixed(e.loss, 3),
             " | perplexity: ", format_fixed(e.perplexity, 2), " (", e.batches, " batches)\n"));
-  json::Value rec = json::Value::object();
-  rec.set("step", t.step());
-  rec.set("val_loss", e.loss);
-  rec.set("val_ppl", e.perplexity);
-  log.write(rec, t.step());
+  log.write(train::eval_record(t.step(), e), t.step());
 }
 
 int run(const Options& o) {
@@ -488,9 +454,11 @@ int run(const Options& o) {
                                      {"--trace", o.trace}})
     if (!path.empty()) data::check_output_path(path, option, /*as_directory=*/false);
 
+  g_print = !o.comm || o.comm->rank() == 0;
   train::Trainer t(o, print);
   if (t.planned_only()) return 0;
-  JsonLog log(o.log, t.first_step());
+  const bool root = t.is_root();  // alone writes the log, checkpoints and --save
+  train::JsonLog log(root ? o.log : "", t.first_step());
   const bool tty = ::isatty(STDOUT_FILENO) == 1;
   if (o.eval_only) {
     report_eval(t, log, false);
@@ -504,6 +472,7 @@ int run(const Options& o) {
   if (!o.checkpoint_dir.empty()) deferral.emplace();
   while (!t.done()) {
     const train::StepResult r = t.train_step();
+    if (o.comm) exit_if_test_asks(o.comm->rank(), r.step);
     const std::string line =
         train::progress_text(r, t.total_steps(), cli::median(t.step_ms()), t.memory_text());
     if (tty)  // redrawn in place; "\033[K" clears what a longer line left
@@ -513,12 +482,15 @@ int run(const Options& o) {
     if (r.skipped)
       print(str(tty ? "\n" : "", "[", r.step, "] skipped: inf/nan gradients; weights unchanged, ",
                 "loss scale now ", r.loss_scale, "\n"));
-    log.write(step_record(t, r), r.step);
+    log.write(train::step_record(t, r), r.step);
     if (t.eval_due() && stop_signal() == 0) report_eval(t, log, tty);
     if (t.sample_due() && stop_signal() == 0) print(str(tty ? "\n" : "", t.sample()));
     if (t.checkpoint_due() || stop_signal() != 0) {
-      const std::string path = t.save_checkpoint();
-      print(str(tty ? "\n" : "", "Checkpoint: ", path, "\n"));
+      std::string path = o.checkpoint_dir;  // rank 0 alone writes it
+      if (root) {
+        path = t.save_checkpoint();
+        print(str(tty ? "\n" : "", "Checkpoint: ", path, "\n"));
+      }
       if (const int sig = stop_signal())
         throw Interrupted(str("interrupted by ", signal_name(sig), " during step ", r.step,
                               ": finished it and wrote the checkpoint ", path,
@@ -530,11 +502,13 @@ int run(const Options& o) {
   if (tty) print("\n");
   t.flush();
   const double total_s = std::chrono::duration<double>(clock::now() - t_start).count();
+  if (!root) return 0;
   if (!o.save.empty()) {  // the model first, before anything optional
     t.save_model(o.save);
     print(str("Saved to ", o.save, "\n"));
   }
   print(t.finish_report(total_s));
+  print(t.data_parallel_report());
   return log.failed() ? 1 : 0;
 }
 
@@ -545,33 +519,44 @@ int main(int argc, char** argv) {
   mw::install_stop_signal_handlers();  // Note [Stop signals]
   mw::cli::Parser parser = mw::make_parser();
   bool parsed = false;  // a bad command line is exit 2 with the usage; a failed run is exit 1
+  std::shared_ptr<mw::dist::Communicator> comm;
+  // On any failure: this rank's collectives are given up (Note [Collective timeouts]) and its
+  // messages name the rank when there are several.
+  auto failing = [&]() -> std::string {
+    if (!comm || comm->size() == 1) return "";
+    comm->abandon();
+    return "rank " + std::to_string(comm->rank()) + ": ";
+  };
   try {
     parser.parse(argc, argv);
     if (parser.help_requested()) {
       std::cout << parser.usage();
       return 0;
     }
-    const mw::Options options = mw::parse_options(parser);
+    mw::Options options = mw::parse_options(parser);
+    const mw::dist::CommOptions comm_options = mw::parse_dist(parser, options);
     parsed = true;
+    comm = mw::dist::make_communicator(comm_options);
+    options.comm = comm;
     return mw::run(options);
   } catch (const mw::Interrupted& e) {
-    std::cerr << "gpt2_train: " << e.what() << "\n";
+    std::cerr << "gpt2_train: " << failing() << e.what() << "\n";
     return e.exit_code();
   } catch (const mw::InvalidArgument& e) {
     if (parsed) {
-      std::cerr << "gpt2_train: error: " << e.what() << "\n";
+      std::cerr << "gpt2_train: " << failing() << "error: " << e.what() << "\n";
       return 1;
     }
     std::cerr << parser.usage() << "\ngpt2_train: " << e.what() << "\n";
     return 2;
   } catch (const mw::Error& e) {
-    std::cerr << "gpt2_train: error: " << e.what() << "\n";
+    std::cerr << "gpt2_train: " << failing() << "error: " << e.what() << "\n";
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "gpt2_train: internal error: " << e.what() << "\n";
+    std::cerr << "gpt2_train: " << failing() << "internal error: " << e.what() << "\n";
     return 1;
   } catch (...) {
-    std::cerr << "gpt2_train: internal error: an unknown exception\n";
+    std::cerr << "gpt2_train: " << failing() << "internal error: an unknown exception\n";
     return 1;
   }
 }

@@ -20,6 +20,7 @@
 #include "models/gpt2/spec.h"
 #include "nn/checkpoint.h"
 #include "optim/grad_norm.h"
+#include "train/data_parallel.h"
 
 namespace mw::train {
 
@@ -49,7 +50,7 @@ bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Traine
   in.config = config;
   in.batch = o.batch, in.seq = o.seq;
   in.adamw = o.optimizer == "adamw";
-  in.update_in_backward = o.update_in_backward && !o.updates_after_backward();
+  in.update_in_backward = o.update_in_backward && !o.updates_after_backward() && !o.data_parallel();
   in.states_on_host = o.states_on_host;
   in.nvme_fraction = o.nvme.fraction;
   in.nvme_window_bytes = o.gemini.empty() ? o.nvme.window_bytes : o.gemini_nvme_window_bytes;
@@ -149,6 +150,7 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
   print_(str("Parameters: ", format_thousands(numel), " (B above is 2^30 parameters, the ",
              "ColossalAI documents' unit)\n"));
   build_model();
+  if (o_.data_parallel()) setup_data_parallel();
   if (!o_.data.empty()) {
     train_data_ = std::make_unique<TokenStream>(resolve_shards(o_.data, "train", "--data"),
                                                 o_.shuffle, o_.data_seed);
@@ -227,13 +229,16 @@ void Trainer::build_optimizer() {
           "gradients accumulate over the micro-batches (Note [Deferred updates])\n");
     }
   } else if (o_.optimizer == "adamw") {
-    opt_ = std::make_unique<optim::AdamW>(model_->parameters(), o_.hyper);
+    opt_ = std::make_unique<optim::AdamW>(dp_ ? dp_->optimizer_params() : model_->parameters(),
+                                          o_.hyper);
   } else {
     optim::HybridAdamOptions h(o_.hyper, -1.f, o_.nvme);
     h.update_in_backward = o_.update_in_backward && !o_.updates_after_backward();
     if (o_.updates_after_backward()) h.nvme.overlap_backward = false;
+    if (dp_) h.update_in_backward = h.nvme.overlap_backward = false;  // gradients averaged first
     h.states_on_host = o_.states_on_host;
-    auto owned = std::make_unique<optim::HybridAdam>(model_->parameters(), h);
+    auto owned = std::make_unique<optim::HybridAdam>(
+        dp_ ? dp_->optimizer_params() : model_->parameters(), h);
     hybrid_ = owned.get();
     opt_ = std::move(owned);
   }
@@ -292,6 +297,7 @@ void Trainer::micro_batch(int64_t index, std::vector<int32_t>& tokens) const {
     train_data_->batch(index, o_.batch, o_.seq, tokens.data());
   else
     data::random_tokens(o_.seed, index, o_.batch, o_.seq, config_.vocab_size, tokens.data());
+  if (dp_) keep_rank_rows(tokens);
 }
 
 void Trainer::set_step_scalars(double lr, float div_scale) {
@@ -324,7 +330,7 @@ StepResult Trainer::train_step() {
     micro_batch(micro_, tokens);
     if (train_data_) r.epoch = train_data_->epoch_of(micro_, o_.batch, o_.seq);
     ++micro_;
-    Tensor ids = Tensor::from_vector(tokens, {o_.batch, o_.seq}, o_.device);
+    Tensor ids = Tensor::from_vector(tokens, {local_batch(), o_.seq}, o_.device);
     mark("forward_start");
     const auto t_fwd = clock::now();
     Tensor logits, loss;
@@ -340,21 +346,29 @@ StepResult Trainer::train_step() {
     mark("backward_start");
     const auto t_bwd = clock::now();
     if (gem_) gem_->set_final_backward(k + 1 == o_.grad_accum);
+    if (dp_ && k == o_.grad_accum - 1) dp_->arm();  // Note [Gradient buckets]
     backward(loss, scaler_ ? scaler_->backward_seed(loss) : Tensor());
     r.backward_ms += ms_since(t_bwd);
     loss_sum += loss.item();
   }
   r.loss = loss_sum / static_cast<double>(o_.grad_accum);
+  if (dp_) {
+    dp_->finish_gradients();
+    r.loss = dp_->mean_over_ranks(r.loss);
+  }
   // Note [Updates after backward]: 1/K and the clip factor become one divisor of the gradients.
   const bool grads_kept = o_.optimizer == "adamw" ||
                           (o_.gemini.empty() && !o_.update_in_backward) ||
-                          o_.updates_after_backward();
+                          o_.updates_after_backward() || dp_ != nullptr;
   // fp16: gradients are unscaled in place (and checked) before they are measured or used.
   const bool finite = !scaler_ || scaler_->unscale_and_check(opt_->params());
   if (grads_kept && finite) {
     // Gemini keeps gradients in chunk buffers; its norm sums in the same order (Note [Norm order]).
-    r.grad_norm = (gem_ ? gem_->grad_norm() : global_grad_norm(opt_->params())) /
-                  static_cast<double>(o_.grad_accum);
+    // Under ZeRO each rank holds a shard of the reduced gradients (Note [Gradient buckets]).
+    const double sum_norm = gem_                                 ? gem_->grad_norm()
+                            : dp_ && dp_->zero_stage() > 0 ? dp_->grad_norm()
+                                                           : global_grad_norm(opt_->params());
+    r.grad_norm = sum_norm / static_cast<double>(o_.grad_accum);
     double divisor = static_cast<double>(o_.grad_accum);
     // torch.nn.utils.clip_grad_norm_: g *= max_norm / (norm + 1e-6) when that is below 1.
     const double clip_coef = o_.grad_clip > 0 ? o_.grad_clip / (r.grad_norm + 1e-6) : 1.0;
@@ -367,6 +381,7 @@ StepResult Trainer::train_step() {
   mark("step_start");
   if (finite) {
     opt_->step();
+    if (dp_) dp_->gather_parameters();  // ZeRO: every rank's updated pieces to every rank
   } else {  // Note [Dynamic loss scaling]: no parameter changes, the gradients are dropped
     opt_->zero_grad();
     r.skipped = true;

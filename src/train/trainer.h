@@ -26,6 +26,7 @@
 
 #include "core/device.h"
 #include "data/tokenizer_files.h"
+#include "dist/communicator.h"
 #include "models/gpt2/config.h"
 #include "models/gpt2/generate.h"
 #include "models/gpt2/model.h"
@@ -94,6 +95,13 @@ struct TrainOptions {
   std::vector<int32_t> sample_prompt_ids;  // or ids; neither: <|endoftext|> (the eos id)
   gpt2::SamplingOptions sampling;
 
+  // Data parallel and ZeRO (train/data_parallel.h, docs/distributed.md): the job's communicator
+  // (null: this process alone); --batch stays the GLOBAL batch, split across the ranks.
+  std::shared_ptr<dist::Communicator> comm;
+  int zero_stage = 0;
+  int64_t bucket_bytes = int64_t{25} << 20;
+  bool data_parallel() const { return comm && (comm->size() > 1 || zero_stage > 0); }
+
   // True when parameters are updated after backward (Note [Updates after backward]); fp16 too: a
   // step with overflowing gradients must be skippable (Note [Dynamic loss scaling]).
   bool updates_after_backward() const {
@@ -136,6 +144,8 @@ struct EvalResult {
   double loss = 0, perplexity = 0;
   int64_t batches = 0;
 };
+
+class DataParallel;
 
 class Trainer {
  public:
@@ -182,6 +192,13 @@ class Trainer {
   // Memory per tier for the progress line: "RSS 1330 MiB | sim:0 peak 736 MiB | NVMe 474 MiB".
   std::string memory_text() const;
   const std::vector<double>& step_ms() const { return step_ms_; }
+  // Data parallel (trainer_dist.cpp): null for one process; rank 0 alone prints and writes.
+  DataParallel* data_parallel() { return dp_.get(); }
+  bool is_root() const;
+  int64_t local_batch() const;  // this rank's rows of the global --batch
+  // "Data parallel: ..." closing lines (communication per step, overlap, per-rank memory); "" for
+  // one process.
+  std::string data_parallel_report() const;
 
  private:
   void build_model();
@@ -196,6 +213,8 @@ class Trainer {
   void set_step_scalars(double lr, float div_scale);
   void micro_batch(int64_t index, std::vector<int32_t>& tokens) const;
   void load_tokenizer();  // and checks the sampling prompt against it
+  void setup_data_parallel();  // checks the options, splits the work, broadcasts the weights
+  void keep_rank_rows(std::vector<int32_t>& tokens) const;  // of the global batch's B x T
 
   TrainOptions o_;
   Print print_;
@@ -221,6 +240,7 @@ class Trainer {
   int64_t micro_ = 0;  // next training micro-batch (Note [Data position])
   std::vector<double> step_ms_, forward_ms_, backward_ms_, step_cpu_ms_;
   std::vector<std::pair<std::string, double>> phase_ms_;
+  std::unique_ptr<DataParallel> dp_;  // last: destroyed first, before the model it hooks
 };
 
 }  // namespace mw::train

@@ -256,6 +256,25 @@ Weights plain_weights(int steps) {
   return w;
 }
 
+// Counts each element of `got` as stepped (bitwise `after`) or kept (bitwise `before`); any other
+// value is a failure: a chunk is stepped whole, its states slice by slice.
+void count_old_and_new(const Weights& got, const Weights& before, const Weights& after,
+                       int64_t& stepped, int64_t& kept) {
+  ASSERT_EQ(got.size(), before.size());
+  for (size_t t = 0; t < got.size(); ++t)
+    for (size_t e = 0; e < got[t].size(); ++e) {
+      if (std::memcmp(&got[t][e], &after[t][e], 4) == 0) {
+        ++stepped;
+      } else if (std::memcmp(&got[t][e], &before[t][e], 4) == 0) {
+        ++kept;
+      } else {
+        ADD_FAILURE() << "parameter " << t << " element " << e
+                      << " is neither as before the step nor as after it";
+        break;
+      }
+    }
+}
+
 void sweep_gemini(bool deferred, int64_t points) {
   SCOPED_TRACE(deferred ? "updates deferred to step()" : "updates in backward");
   const std::vector<Weights> ref = {plain_weights(2), plain_weights(3), plain_weights(4)};
@@ -310,20 +329,7 @@ void sweep_gemini(bool deferred, int64_t points) {
         const Weights got = run.weights();
         const Weights& before = ref[static_cast<size_t>(failed_step - 2)];
         const Weights& after = ref[static_cast<size_t>(failed_step - 1)];
-        ASSERT_EQ(got.size(), before.size());
-        // Each element old or new: a chunk is stepped whole, its states slice by slice.
-        for (size_t t = 0; t < got.size(); ++t)
-          for (size_t e = 0; e < got[t].size(); ++e) {
-            if (std::memcmp(&got[t][e], &after[t][e], 4) == 0) {
-              ++stepped;
-            } else if (std::memcmp(&got[t][e], &before[t][e], 4) == 0) {
-              ++kept;
-            } else {
-              ADD_FAILURE() << "parameter " << t << " element " << e
-                            << " is neither as before the step nor as after it";
-              break;
-            }
-          }
+        count_old_and_new(got, before, after, stepped, kept);
         if (run.gem->failed()) {
           EXPECT_THROW(run.step(failed_step), Error) << "a partially applied step must not go on";
           run.gem->abandon_step();

@@ -67,6 +67,32 @@ struct Peaks {
 };
 
 // Two training steps as gpt2_train runs them (the second with the Adam states in place).
+// The optimizer the plan assumes: Gemini (already built into `gem`), AdamW or HybridAdam.
+std::unique_ptr<optim::Optimizer> make_optimizer(const PlanInputs& in, GPT2& model,
+                                                 std::unique_ptr<gemini::Gemini>& gem) {
+  if (in.gemini) {
+    gem->attach(model);
+    return std::move(gem);
+  }
+  if (in.adamw) return std::make_unique<optim::AdamW>(model.parameters(), optim::AdamHyper{});
+  optim::NvmeOffloadOptions nvme;
+  nvme.fraction = in.nvme_fraction;
+  nvme.window_bytes = in.nvme_window_bytes;
+  nvme.slice_numel = 1024;
+  optim::HybridAdamOptions o{optim::AdamHyper{}, -1.f, nvme};
+  o.update_in_backward = in.update_in_backward;
+  return std::make_unique<optim::HybridAdam>(model.parameters(), o);
+}
+
+// Every block recomputed in backward (--checkpoint-activations).
+void checkpoint_every_block(GPT2& model, int64_t n_layer) {
+  std::vector<nn::Segment> plan;
+  for (int64_t i = 0; i < n_layer; ++i) plan.push_back({i, i + 1, true});
+  auto runner = std::make_shared<nn::SegmentedRunner>(
+      std::vector<std::shared_ptr<nn::Module>>(model.blocks().begin(), model.blocks().end()), plan);
+  model.run_block = [runner](nn::Block&, int64_t i, const Tensor& x) { return (*runner)(i, x); };
+}
+
 Peaks measure(const PlanInputs& in) {
   const Device dev = in.device.is_cpu() ? Device::cpu() : Device::sim(kSim);
   Allocator& host = allocator_for(Device::cpu());
@@ -96,30 +122,8 @@ Peaks measure(const PlanInputs& in) {
   }
   {
     GPT2 model(in.config, 3, DType::F32, in.gemini ? Device::cpu() : dev, factory);
-    if (in.gemini) {
-      gem_owned->attach(model);
-      opt = std::move(gem_owned);
-    } else if (in.adamw) {
-      opt = std::make_unique<optim::AdamW>(model.parameters(), optim::AdamHyper{});
-    } else {
-      optim::NvmeOffloadOptions nvme;
-      nvme.fraction = in.nvme_fraction;
-      nvme.window_bytes = in.nvme_window_bytes;
-      nvme.slice_numel = 1024;
-      optim::HybridAdamOptions o{optim::AdamHyper{}, -1.f, nvme};
-      o.update_in_backward = in.update_in_backward;
-      opt = std::make_unique<optim::HybridAdam>(model.parameters(), o);
-    }
-    if (in.checkpoint_every_block) {
-      std::vector<nn::Segment> plan;
-      for (int64_t i = 0; i < in.config.n_layer; ++i) plan.push_back({i, i + 1, true});
-      auto runner = std::make_shared<nn::SegmentedRunner>(
-          std::vector<std::shared_ptr<nn::Module>>(model.blocks().begin(), model.blocks().end()),
-          plan);
-      model.run_block = [runner](nn::Block&, int64_t i, const Tensor& x) {
-        return (*runner)(i, x);
-      };
-    }
+    opt = make_optimizer(in, model, gem_owned);
+    if (in.checkpoint_every_block) checkpoint_every_block(model, in.config.n_layer);
     model.train();
     // --offload-activations without recomputation, as gpt2_train sets it up (its defaults).
     std::unique_ptr<offload::ActivationOffloader> offloader;

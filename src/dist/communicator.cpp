@@ -1,0 +1,142 @@
+// Work handles, statistics, tensor checks and the single-process communicator (communicator.h).
+#include "dist/communicator.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+
+#include "dist/work_state.h"
+
+namespace mw::dist {
+
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce: return "all_reduce";
+    case Collective::kReduceScatter: return "reduce_scatter";
+    case Collective::kAllGather: return "all_gather";
+    case Collective::kBroadcast: return "broadcast";
+    default: return "barrier";
+  }
+}
+
+int64_t CommStats::total_wire_bytes() const {
+  int64_t s = 0;
+  for (int64_t b : wire_bytes) s += b;
+  return s;
+}
+
+int64_t CommStats::total_payload_bytes() const {
+  int64_t s = 0;
+  for (int64_t b : payload_bytes) s += b;
+  return s;
+}
+
+void Work::wait() {
+  if (!state_) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  state_->cv.wait(lock, [&] { return state_->done; });
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (state_->on_wait) state_->on_wait(ms);
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+bool Work::done() const {
+  if (!state_) return true;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->done;
+}
+
+void Work::State::finish(std::exception_ptr e) {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    done = true;
+    error = std::move(e);
+  }
+  cv.notify_all();
+}
+
+void check_collective_tensor(const Tensor& t, const char* what) {
+  MW_CHECK_T(InvalidArgument, t.defined(), what, ": the tensor is undefined");
+  MW_CHECK_T(InvalidArgument, !t.device().is_cuda(), what, ": ", t.desc(),
+             " is on a CUDA device; the MPI and local backends take cpu or sim tensors (copy it "
+             "to the host first; the NCCL backend is not implemented yet)");
+  MW_CHECK_T(InvalidArgument, t.is_contiguous(), what, ": ", t.desc(),
+             " is not contiguous; pass .contiguous()");
+  const DType d = t.dtype();
+  MW_CHECK_T(InvalidArgument,
+             d == DType::F32 || d == DType::F64 || d == DType::I32 || d == DType::I64, what, ": ",
+             t.desc(), " has a dtype collectives do not take; use f32, f64, i32 or i64");
+}
+
+void check_shard_shapes(const Tensor& input, const Tensor& output, int64_t size, bool scatter) {
+  const char* what = scatter ? "reduce_scatter" : "all_gather";
+  check_collective_tensor(input, what);
+  check_collective_tensor(output, what);
+  MW_CHECK_T(InvalidArgument, input.dtype() == output.dtype(), what, ": input ", input.desc(),
+             " and output ", output.desc(), " differ in dtype");
+  const Tensor& whole = scatter ? input : output;
+  const Tensor& piece = scatter ? output : input;
+  MW_CHECK_T(InvalidArgument, whole.numel() == size * piece.numel(), what, ": expected the ",
+             scatter ? "input" : "output", " to hold ", size, " x the ", piece.numel(),
+             " elements of the ", scatter ? "output" : "input", ", found ", whole.numel(),
+             "; pad the buffer to a multiple of the number of ranks");
+}
+
+namespace {
+
+// Size 1: the sum over one rank is the tensor itself, its only piece is the whole.
+class LocalCommunicator : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string backend() const override { return "local"; }
+  Work all_reduce(const Tensor& t) override {
+    check_collective_tensor(t, "all_reduce");
+    count(Collective::kAllReduce, t.nbytes());
+    return Work();
+  }
+  Work reduce_scatter(const Tensor& input, const Tensor& output) override {
+    check_shard_shapes(input, output, 1, true);
+    count(Collective::kReduceScatter, input.nbytes());
+    if (!input.is_same(output)) Tensor(output).copy_(input.view(output.shape()));
+    return Work();
+  }
+  Work all_gather(const Tensor& input, const Tensor& output) override {
+    check_shard_shapes(input, output, 1, false);
+    count(Collective::kAllGather, output.nbytes());
+    if (!input.is_same(output)) Tensor(output).copy_(input.view(output.shape()));
+    return Work();
+  }
+  Work broadcast(const Tensor& t, int root) override {
+    check_collective_tensor(t, "broadcast");
+    MW_CHECK_T(InvalidArgument, root == 0, "broadcast from rank ", root, ": there is one rank");
+    count(Collective::kBroadcast, t.nbytes());
+    return Work();
+  }
+  Work barrier() override {
+    count(Collective::kBarrier, 0);
+    return Work();
+  }
+  CommStats stats() const override { return stats_; }
+  void reset_stats() override { stats_ = {}; }
+  void set_timeout_ms(double) override {}
+  void abandon() override {}
+
+ private:
+  void count(Collective c, int64_t bytes) {  // nothing crosses a wire
+    ++stats_.calls[static_cast<int>(c)];
+    stats_.payload_bytes[static_cast<int>(c)] += bytes;
+  }
+  CommStats stats_;
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> make_local_communicator() {
+  return std::make_shared<LocalCommunicator>();
+}
+
+}  // namespace mw::dist

@@ -1,0 +1,114 @@
+// Collective communication between the ranks of a data-parallel job: the Communicator interface,
+// its asynchronous Work handles, its errors and statistics, and make_communicator, which picks the
+// backend for how the process was launched (docs/distributed.md).
+//
+// Every collective takes contiguous host-addressable tensors (cpu or sim) of f32, f64, i32 or
+// i64, is started in the order of the calls (all ranks must call the same collectives in the same
+// order: MPI's rule), and returns a Work at once; the tensors must stay untouched until its wait()
+// returns. The communicator keeps a reference to them until the collective completes, so a caller
+// may drop its own (a bucket freed as soon as its reduction is done).
+//
+// Note [Collective timeouts]: a collective that has not completed `timeout_ms` after it started
+// fails with CommTimeout naming the collective, its size, this rank and the ranks taking part;
+// the communicator is then broken (every later collective fails at once) and is torn down without
+// MPI_Finalize, so the process can exit with the error instead of hanging on a rank that died or
+// stalled. The launcher (mpirun) then stops the other ranks.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+#include "core/tensor.h"
+
+namespace mw::dist {
+
+// A collective failed: the library reported an error, or the communicator is broken.
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A collective did not complete in time (Note [Collective timeouts]).
+class CommTimeout : public CommError {
+ public:
+  using CommError::CommError;
+};
+
+enum class Collective { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
+constexpr int kNumCollectives = 5;
+const char* collective_name(Collective c);  // "all_reduce", ...
+
+// Counted by the communicator, per collective kind. payload: the bytes of the tensor handed in
+// (all_reduce and broadcast: the tensor; reduce_scatter: the input; all_gather: the output). wire:
+// what each rank sends with the bandwidth-optimal (ring) algorithm, the ZeRO paper's unit:
+// all_reduce 2(N-1)/N x payload, reduce_scatter and all_gather (N-1)/N x payload, broadcast
+// (N-1)/N x payload (pipelined), barrier 0.
+struct CommStats {
+  std::array<int64_t, kNumCollectives> calls{}, payload_bytes{}, wire_bytes{};
+  double busy_ms = 0;  // time with at least one collective in flight
+  double wait_ms = 0;  // time callers spent blocked in Work::wait()
+  int64_t total_wire_bytes() const;
+  int64_t total_payload_bytes() const;
+};
+
+// The handle of one collective.
+class Work {
+ public:
+  struct State;
+  Work() = default;
+  explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  // Blocks until the collective completed; throws its CommError / CommTimeout. A default Work
+  // (nothing to wait for) returns at once.
+  void wait();
+  bool done() const;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "local", "mpi"
+  // Sum over ranks, in place.
+  virtual Work all_reduce(const Tensor& t) = 0;
+  // input: size() * k elements; output: k elements, this rank's piece of the sum.
+  virtual Work reduce_scatter(const Tensor& input, const Tensor& output) = 0;
+  // input: k elements; output: size() * k, rank r's input at [r * k, (r + 1) * k).
+  virtual Work all_gather(const Tensor& input, const Tensor& output) = 0;
+  // root's t to every rank, in place.
+  virtual Work broadcast(const Tensor& t, int root) = 0;
+  virtual Work barrier() = 0;
+  virtual CommStats stats() const = 0;
+  virtual void reset_stats() = 0;
+  // Note [Collective timeouts]; <= 0: wait forever.
+  virtual void set_timeout_ms(double timeout_ms) = 0;
+  // This process is failing (an error on this rank only): collectives in flight are given up and
+  // the library is not finalised (that would wait for the other ranks), so the process can exit
+  // at once with its error and the launcher stops the others.
+  virtual void abandon() = 0;
+};
+
+// The single-process communicator (size 1, no library): every collective is a copy or nothing.
+std::shared_ptr<Communicator> make_local_communicator();
+
+struct CommOptions {
+  // "auto": MPI when launched by mpirun (Note [Backend module]), else local; "local"; "mpi".
+  std::string backend = "auto";
+  double timeout_ms = 300000;  // Note [Collective timeouts]
+};
+
+// True when an MPI launcher started this process (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK).
+bool launched_by_mpi();
+std::shared_ptr<Communicator> make_communicator(const CommOptions& options);
+
+// The element type of a collective; InvalidArgument naming `what` for any other dtype, a
+// non-contiguous tensor, or one not in host memory (cuda tensors need the NCCL backend).
+void check_collective_tensor(const Tensor& t, const char* what);
+
+}  // namespace mw::dist

@@ -1,0 +1,248 @@
+// DataParallel: gradient buckets, their collectives, ZeRO pieces and the parameter all_gather
+// (data_parallel.h, Note [Gradient buckets]).
+#include "train/data_parallel.h"
+
+#include <chrono>
+#include <cmath>
+#include <deque>
+
+#include "autograd/autograd.h"
+#include "core/numbers.h"
+
+namespace mw::train {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+double ms_since(clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(clock::now() - t).count();
+}
+
+void scale_(const Tensor& t, float factor) {
+  float* x = t.data<float>();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i) x[i] *= factor;
+}
+
+}  // namespace
+
+DataParallel::DataParallel(std::shared_ptr<dist::Communicator> comm, std::vector<Tensor> params,
+                           int zero_stage, int64_t bucket_bytes)
+    : comm_(std::move(comm)), params_(std::move(params)), zero_stage_(zero_stage) {
+  MW_CHECK_T(InvalidArgument, zero_stage_ >= 0 && zero_stage_ <= 2, "--zero ", zero_stage_,
+             ": stages 0, 1 and 2 are implemented; stage 3 (parameters sharded) is not yet");
+  for (const Tensor& p : params_)
+    MW_CHECK_T(InvalidArgument,
+               p.dtype() == DType::F32 && p.is_contiguous() && !p.device().is_cuda(),
+               "data parallel training takes contiguous f32 parameters in host memory (cpu or "
+               "sim); found ",
+               p.desc(),
+               " (CUDA tensors need the NCCL backend, not implemented "
+               "yet)");
+  build_buckets(bucket_bytes);
+  std::weak_ptr<char> alive = alive_;
+  for (size_t i = 0; i < params_.size(); ++i)
+    add_grad_ready_hook(params_[i], [this, alive, i](const Tensor&) {
+      if (alive.lock()) on_grad_ready(i);
+    });
+}
+
+// Nothing to wait for: a collective still in flight holds its own references to the buffers it
+// reads and writes (communicator.h), and waiting could block an exiting rank on a dead peer.
+DataParallel::~DataParallel() = default;
+
+Tensor DataParallel::flat_param(size_t param) const { return params_[param].detach().view({-1}); }
+
+void DataParallel::build_buckets(int64_t bucket_bytes) {
+  const int64_t n = comm_->size(), r = comm_->rank();
+  const int64_t cap = std::max<int64_t>(1, bucket_bytes / 4);
+  bucket_of_.assign(params_.size(), 0);
+  member_of_.assign(params_.size(), 0);
+  for (size_t k = params_.size(); k-- > 0;) {  // reverse registration order
+    if (buckets_.empty() ||
+        (buckets_.back().numel > 0 && buckets_.back().numel + params_[k].numel() > cap))
+      buckets_.emplace_back();
+    Bucket& b = buckets_.back();
+    bucket_of_[k] = buckets_.size() - 1;
+    member_of_[k] = b.members.size();
+    b.members.push_back({k, b.numel, params_[k].numel()});
+    b.numel += params_[k].numel();
+  }
+  for (Bucket& b : buckets_) {
+    b.padded = (b.numel + n - 1) / n * n;
+    b.piece = b.padded / n;
+    b.filled.assign(b.members.size(), 0);
+    if (zero_stage_ == 0) {
+      b.buffer = Tensor::zeros({b.padded});
+      continue;
+    }
+    if (zero_stage_ == 1) b.buffer = Tensor::zeros({b.padded});
+    b.shard_grad = Tensor::zeros({b.piece});
+    const int64_t lo = r * b.piece, hi = lo + b.piece;
+    for (const Member& m : b.members) {
+      const int64_t a = std::max(lo, m.offset), e = std::min(hi, m.offset + m.numel);
+      if (a < e) b.segments.push_back({m.param, a - m.offset, e - a, a - lo});
+    }
+  }
+  for (Bucket& b : buckets_) {
+    if (zero_stage_ == 0) continue;
+    for (const Segment& s : b.segments) {
+      Tensor v = flat_param(s.param).narrow(0, s.param_offset, s.numel);
+      set_requires_grad(v);
+      optimizer_params_.push_back(v);
+    }
+  }
+  if (zero_stage_ == 0) optimizer_params_ = params_;
+}
+
+int64_t DataParallel::shard_numel() const {
+  int64_t s = 0;
+  for (const Tensor& p : optimizer_params_) s += p.numel();
+  return s;
+}
+
+std::string DataParallel::describe() const {
+  int64_t total = 0;
+  for (const Bucket& b : buckets_) total += b.numel;
+  const char* what[] = {"all_reduce of gradient buckets",
+                        "reduce_scatter of gradients, "
+                        "optimizer states sharded, all_gather of parameters",
+                        "reduce_scatter of gradients (gradients and optimizer states sharded), "
+                        "all_gather of parameters"};
+  return str("Data parallel: ", comm_->size(), comm_->size() == 1 ? " rank (" : " ranks (",
+             comm_->backend(), "), ZeRO stage ", zero_stage_, ": ", what[zero_stage_], "; ",
+             buckets_.size(), " buckets of ", format_thousands(total),
+             " parameters; this rank steps ", format_thousands(shard_numel()));
+}
+
+void DataParallel::broadcast_parameters() {
+  std::vector<dist::Work> works;
+  for (const Tensor& p : params_) works.push_back(comm_->broadcast(p.detach(), 0));
+  for (auto& w : works) w.wait();
+}
+
+void DataParallel::on_grad_ready(size_t param) {
+  if (!armed_) return;  // an earlier micro-batch: the gradient accumulates in place
+  Bucket& b = buckets_[bucket_of_[param]];
+  const Member& m = b.members[member_of_[param]];
+  if (!b.buffer.defined()) b.buffer = Tensor::zeros({b.padded});  // stage 2: a fresh buffer
+  const Tensor g = grad(params_[param]);
+  b.buffer.narrow(0, m.offset, m.numel).view(g.shape()).copy_(g);
+  set_grad(params_[param], Tensor());  // the bucket holds it now
+  b.filled[member_of_[param]] = 1;
+  if (++b.pending == static_cast<int64_t>(b.members.size())) launch(b);
+}
+
+void DataParallel::launch(Bucket& b) {
+  b.launched = true;
+  if (zero_stage_ == 0) {
+    b.work = comm_->all_reduce(b.buffer);
+    return;
+  }
+  b.work = comm_->reduce_scatter(b.buffer, b.shard_grad);
+  if (zero_stage_ == 2) b.buffer = Tensor();  // freed when the reduce_scatter has completed
+}
+
+void DataParallel::finish_gradients() {
+  armed_ = false;
+  // Parameters that got no gradient count zero; their buckets start now, in bucket order.
+  for (Bucket& b : buckets_) {
+    if (b.launched) continue;
+    if (!b.buffer.defined()) b.buffer = Tensor::zeros({b.padded});
+    for (size_t j = 0; j < b.members.size(); ++j)
+      if (!b.filled[j]) b.buffer.narrow(0, b.members[j].offset, b.members[j].numel).zero_();
+    launch(b);
+  }
+  const auto t0 = clock::now();
+  for (Bucket& b : buckets_) b.work.wait();
+  stats_.backward_end_wait_ms += ms_since(t0);
+  const float inv = 1.f / static_cast<float>(comm_->size());
+  for (Bucket& b : buckets_) {
+    b.launched = false, b.pending = 0;
+    std::fill(b.filled.begin(), b.filled.end(), 0);
+    if (zero_stage_ == 0) {
+      if (comm_->size() > 1) scale_(b.buffer, inv);
+      for (const Member& m : b.members)
+        set_grad(params_[m.param],
+                 b.buffer.narrow(0, m.offset, m.numel).view(params_[m.param].shape()));
+    } else {
+      if (comm_->size() > 1) scale_(b.shard_grad, inv);
+    }
+  }
+  if (zero_stage_ > 0) {
+    size_t k = 0;
+    for (Bucket& b : buckets_)
+      for (const Segment& s : b.segments)
+        set_grad(optimizer_params_[k++], b.shard_grad.narrow(0, s.piece_offset, s.numel));
+  }
+  ++stats_.steps;
+}
+
+void DataParallel::gather_parameters() {
+  if (zero_stage_ == 0) return;
+  const auto t0 = clock::now();
+  // At most two buckets in flight: stage 2 then holds two full-size buffers, not all of them.
+  struct InFlight {
+    Bucket* bucket;
+    Tensor full;
+    dist::Work work;
+  };
+  std::deque<InFlight> flight;
+  auto complete = [&](InFlight& f) {
+    f.work.wait();
+    for (const Member& m : f.bucket->members)
+      flat_param(m.param).copy_(f.full.narrow(0, m.offset, m.numel));
+  };
+  const int64_t r = comm_->rank();
+  for (Bucket& b : buckets_) {
+    Tensor piece = Tensor::zeros({b.piece});
+    for (const Segment& s : b.segments)
+      piece.narrow(0, s.piece_offset, s.numel)
+          .copy_(flat_param(s.param).narrow(0, s.param_offset, s.numel));
+    (void)r;
+    Tensor full = zero_stage_ == 1 ? b.buffer : Tensor::empty({b.padded});
+    flight.push_back({&b, full, comm_->all_gather(piece, full)});
+    if (flight.size() > 2) {
+      complete(flight.front());
+      flight.pop_front();
+    }
+  }
+  for (InFlight& f : flight) complete(f);
+  stats_.gather_ms += ms_since(t0);
+}
+
+double DataParallel::mean_over_ranks(double value) {
+  if (comm_->size() == 1) return value;
+  Tensor t = Tensor::full({1}, value, DType::F64);
+  comm_->all_reduce(t).wait();
+  return t.item() / static_cast<double>(comm_->size());
+}
+
+double DataParallel::grad_norm() const {
+  double sum_sq = 0;
+  for (const Tensor& p : optimizer_params_) {
+    const Tensor g = grad(p);
+    if (!g.defined()) continue;
+    const float* x = g.data<float>();
+    for (int64_t i = 0, n = g.numel(); i < n; ++i) sum_sq += static_cast<double>(x[i]) * x[i];
+  }
+  if (zero_stage_ > 0 && comm_->size() > 1) {
+    Tensor t = Tensor::full({1}, sum_sq, DType::F64);
+    comm_->all_reduce(t).wait();
+    sum_sq = t.item();
+  }
+  return std::sqrt(sum_sq);
+}
+
+DataParallelStats DataParallel::stats() const {
+  DataParallelStats s = stats_;
+  s.comm = comm_->stats();
+  s.gradient_buffer_bytes = 0;
+  for (const Bucket& b : buckets_) {
+    if (zero_stage_ < 2 && b.buffer.defined()) s.gradient_buffer_bytes += b.buffer.nbytes();
+    if (b.shard_grad.defined()) s.gradient_buffer_bytes += b.shard_grad.nbytes();
+  }
+  return s;
+}
+
+}  // namespace mw::train

@@ -1,0 +1,108 @@
+// Data parallel training and ZeRO stages 1-2 for the Trainer (docs/distributed.md).
+//
+// Note [Gradient buckets]: the parameters are grouped, in the reverse of their registration order
+// (roughly the order backward finishes them), into buckets of about --bucket-mb each, a bucket's
+// element count padded to a multiple of the number of ranks N. A grad-ready hook copies each final
+// gradient into its bucket and releases it; the bucket's collective starts as soon as its last
+// gradient has arrived, on the communicator's progress thread, while backward goes on. After
+// backward the trainer waits for the rest and divides by N (the global batch's mean gradient).
+//   stage 0 (plain data parallel): all_reduce of each bucket; every rank steps every parameter.
+//   stage 1: reduce_scatter of each bucket; rank r keeps piece r of every bucket's gradient sum and
+//            steps only those elements (its optimizer holds views of them: m and v for 1/N of the
+//            parameters, on NVMe too), then all_gather of each bucket's pieces rebuilds the
+//            parameters everywhere. The full-size bucket buffers stay allocated (Psi floats).
+//   stage 2: as stage 1, but a bucket's full-size buffer is freed as soon as its reduce_scatter
+//            has completed, so gradients cost Psi/N plus the buckets in flight.
+// Volume per rank and step (ring algorithms): 2 Psi (N-1)/N elements in every stage.
+//
+// Every rank builds the same buckets and starts the same collectives in the same order (MPI's
+// rule): the hooks fire in the engine's deterministic order, and buckets with a parameter that got
+// no gradient start after backward, in bucket order.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+#include "dist/communicator.h"
+
+namespace mw::train {
+
+struct DataParallelStats {
+  dist::CommStats comm;
+  double backward_end_wait_ms = 0;    // waiting for gradient collectives after backward (exposed)
+  double gather_ms = 0;               // the parameter all_gather after the step (stages 1-2)
+  int64_t gradient_buffer_bytes = 0;  // persistent bucket and shard buffers
+  int64_t steps = 0;
+};
+
+class DataParallel {
+ public:
+  DataParallel(std::shared_ptr<dist::Communicator> comm, std::vector<Tensor> params, int zero_stage,
+               int64_t bucket_bytes);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  int rank() const { return comm_->rank(); }
+  int size() const { return comm_->size(); }
+  int zero_stage() const { return zero_stage_; }
+  dist::Communicator& comm() { return *comm_; }
+  // Rank 0's parameters to every rank (before the first step: the same initial weights).
+  void broadcast_parameters();
+  // What the optimizer steps: the parameters (stage 0), or 1-D views of this rank's pieces.
+  const std::vector<Tensor>& optimizer_params() const { return optimizer_params_; }
+  int64_t shard_numel() const;
+  // The next backward is the last of the update (gradient accumulation: the earlier ones
+  // accumulate locally); its grad-ready hooks start the bucket collectives.
+  void arm() { armed_ = true; }
+  // After the last backward: starts what is left, waits, divides by N and sets the optimizer
+  // parameters' gradients.
+  void finish_gradients();
+  // Stages 1-2, after the optimizer step: every rank's updated pieces to every rank.
+  void gather_parameters();
+  // The mean of `value` over ranks (the step's loss).
+  double mean_over_ranks(double value);
+  // The global L2 norm of the averaged gradients (stages 1-2: summed over the ranks' pieces).
+  double grad_norm() const;
+  DataParallelStats stats() const;
+  std::string describe() const;  // one line for the setup output
+
+ private:
+  struct Member {
+    size_t param;
+    int64_t offset, numel;  // in the bucket
+  };
+  struct Segment {  // this rank's piece of a bucket, one parameter at a time
+    size_t param;
+    int64_t param_offset, numel, piece_offset;
+  };
+  struct Bucket {
+    std::vector<Member> members;
+    std::vector<Segment> segments;
+    int64_t numel = 0, padded = 0, piece = 0;
+    int64_t pending = 0;
+    std::vector<char> filled;
+    Tensor buffer;      // [padded]: gradients in, (stage 1) parameters gathered
+    Tensor shard_grad;  // [piece]: stages 1-2
+    dist::Work work;
+    bool launched = false;
+  };
+  void build_buckets(int64_t bucket_bytes);
+  void on_grad_ready(size_t param);
+  void launch(Bucket& b);
+  Tensor flat_param(size_t param) const;  // a 1-D view of the parameter's storage
+
+  std::shared_ptr<dist::Communicator> comm_;
+  std::vector<Tensor> params_, optimizer_params_;
+  int zero_stage_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_, member_of_;
+  std::vector<size_t> launch_order_;
+  bool armed_ = false;
+  std::shared_ptr<char> alive_ = std::make_shared<char>(0);
+  DataParallelStats stats_;
+};
+
+}  // namespace mw::train

@@ -1,0 +1,94 @@
+// The Trainer's data-parallel parts (trainer.h, data_parallel.h): what a multi-rank run refuses,
+// the split of the global batch, and the closing report of communication and per-rank memory.
+//
+// Note [Global batch]: --batch is the GLOBAL batch. Every rank reads the same micro-batch of the
+// data (Note [Data position]: the same index on every rank, so a checkpoint resumes at any number
+// of ranks) and keeps rows [r B/N, (r+1) B/N) of it; the mean of the ranks' mean gradients is then
+// the global batch's mean gradient, as one process computes it (up to the summation order).
+// Dropout masks are drawn per rank over its own rows, so runs with dropout are equal across rank
+// counts in distribution only; with --dropout 0 they are equal to rounding.
+#include <filesystem>
+
+#include "core/numbers.h"
+#include "train/data_parallel.h"
+#include "train/trainer.h"
+
+namespace mw::train {
+
+namespace {
+
+double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+void refuse_not_implemented(bool given, const char* what) {
+  MW_CHECK_T(InvalidArgument, !given, what,
+             " is not implemented yet (issue #15); run without it, or with one process");
+}
+
+}  // namespace
+
+bool Trainer::is_root() const { return !dp_ || dp_->rank() == 0; }
+
+int64_t Trainer::local_batch() const { return dp_ ? o_.batch / dp_->size() : o_.batch; }
+
+void Trainer::keep_rank_rows(std::vector<int32_t>& tokens) const {
+  const int64_t rows = local_batch(), first = rows * dp_->rank();
+  if (rows == o_.batch) return;
+  tokens.erase(tokens.begin(), tokens.begin() + first * o_.seq);
+  tokens.resize(static_cast<size_t>(rows * o_.seq));
+}
+
+void Trainer::setup_data_parallel() {
+  const int n = o_.comm->size();
+  MW_CHECK_T(InvalidArgument, o_.batch % n == 0, "--batch ", o_.batch,
+             " is the global batch, split across the ", n, " ranks, so it must be a multiple of ",
+             n, "; use --batch ", (o_.batch / n + 1) * n);
+  refuse_not_implemented(!o_.gemini.empty(),
+                         "--gemini with several ranks or --zero (chunks sharded across ranks)");
+  refuse_not_implemented(o_.device.is_cuda(), "--device cuda with several ranks (NCCL backend)");
+  if (o_.zero_stage > 0) {
+    refuse_not_implemented(o_.precision == DType::F16, "--precision fp16 with --zero");
+    refuse_not_implemented(!o_.checkpoint_dir.empty() || !o_.resume.empty(),
+                           "--checkpoint-dir / --resume with --zero (sharded optimizer states)");
+    refuse_not_implemented(!o_.save_optimizer.empty() || !o_.load_optimizer.empty(),
+                           "--save-optimizer / --load-optimizer with --zero");
+  }
+  dp_ =
+      std::make_unique<DataParallel>(o_.comm, model_->parameters(), o_.zero_stage, o_.bucket_bytes);
+  dp_->broadcast_parameters();  // the same initial weights everywhere, whatever each rank built
+  print_(dp_->describe() +
+         str("; global batch ", o_.batch, " = ", n, " x ", local_batch(), " rows\n"));
+  o_.comm->reset_stats();  // from here on: the training steps' collectives only
+}
+
+std::string Trainer::data_parallel_report() const {
+  if (!dp_) return "";
+  const DataParallelStats s = dp_->stats();
+  const double steps = static_cast<double>(std::max<int64_t>(1, s.steps));
+  const int64_t n = dp_->size();
+  const int64_t psi = model_->num_parameters();
+  const double formula =
+      2.0 * static_cast<double>(psi) * 4.0 * static_cast<double>(n - 1) / static_cast<double>(n);
+  std::string out = str("Data parallel: ", n, " ranks, ZeRO stage ", dp_->zero_stage(),
+                        " | sent per rank per step (ring):");
+  for (int k = 0; k < dist::kNumCollectives; ++k)
+    if (s.comm.calls[k] > 0 && s.comm.wire_bytes[k] > 0)
+      out += str(" ", dist::collective_name(static_cast<dist::Collective>(k)), " ",
+                 format_fixed(mib(s.comm.wire_bytes[k]) / steps, 2), " MiB");
+  out += str(" = ", format_fixed(mib(s.comm.total_wire_bytes()) / steps, 2),
+             " MiB; formula 2 Psi (N-1)/N x 4 B = ",
+             format_fixed(mib(static_cast<int64_t>(formula)), 2), " MiB\n");
+  out += str("Data parallel: collectives busy ", format_fixed(s.comm.busy_ms / steps, 1),
+             " ms/step, waited after backward ", format_fixed(s.backward_end_wait_ms / steps, 1),
+             " ms/step (exposed), parameter all_gather ", format_fixed(s.gather_ms / steps, 1),
+             " ms/step\n");
+  int64_t nvme_bytes = 0;
+  if (hybrid_ && hybrid_->nvme()) nvme_bytes = hybrid_->offloaded_numel() * 8;
+  out += str("Data parallel memory (this rank): parameters ", format_fixed(mib(psi * 4), 1),
+             " MiB, gradient buffers ", format_fixed(mib(s.gradient_buffer_bytes), 1),
+             " MiB, optimizer states ", format_fixed(mib(opt_->state_bytes_in_memory()), 1),
+             " MiB in memory + ", format_fixed(mib(nvme_bytes), 1), " MiB on NVMe for ",
+             format_thousands(dp_->shard_numel()), " of ", format_thousands(psi), " parameters\n");
+  return out;
+}
+
+}  // namespace mw::train

@@ -1,0 +1,60 @@
+// Launches a command under `mpirun -np N` on this machine (oversubscribed, as root if need be),
+// bounded by `timeout` so that a hang fails the test instead of stalling ctest, and says why a
+// test must be skipped (no mpirun, or no MPI backend module built).
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "../apps/run_app.h"
+
+namespace mw::testing {
+
+inline std::string mpi_backend_module() {
+  return std::string(MW_BINARY_DIR) + "/src/dist/libmw_dist_mpi.so";
+}
+
+// Empty when mpirun and the backend module are both here; else the reason to skip.
+inline std::string mpi_unavailable() {
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0)
+    return "mpirun not found: install openmpi-bin libopenmpi-dev to run the multi-process tests";
+  if (!std::filesystem::exists(mpi_backend_module()))
+    return "the MPI backend module was not built (MPI not found at configure time)";
+  return "";
+}
+
+// The environment for mpirun: root allowed, and oversubscribed ranks yield the core when idle.
+inline std::string mpirun_prefix(int ranks, int timeout_s) {
+  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1 "
+         "OMPI_MCA_rmaps_base_oversubscribe=1 "
+         "timeout -k 5 " +
+         std::to_string(timeout_s) + " mpirun --oversubscribe -np " + std::to_string(ranks) + " ";
+}
+
+inline AppResult run_command(const std::string& cmd) {
+  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// `ranks` copies of this test executable running the tests matched by `filter` as MPI workers
+// (MW_DIST_WORKER=1 makes them run instead of skipping).
+inline AppResult run_mpi_workers(int ranks, const std::string& filter, int timeout_s = 60,
+                                 const std::string& env = "") {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  return run_command(env + " " + mpirun_prefix(ranks, timeout_s) + "-x MW_DIST_WORKER=1 " + self +
+                     " --gtest_color=no --gtest_filter='" + filter + "'");
+}
+
+inline bool is_mpi_worker() { return std::getenv("MW_DIST_WORKER") != nullptr; }
+
+}  // namespace mw::testing

@@ -1,0 +1,201 @@
+// Data parallel training end to end: gpt2_train under `mpirun -np 2` against one process on the
+// same global batch (plain data parallel and ZeRO 1 and 2), checkpoints moving between rank
+// counts, a rank that dies or stalls, and the options a multi-rank run refuses. Tiny models (29,600
+// parameters), --dropout 0 (dropout masks are drawn per rank: Note [Global batch]).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "../data/temp_dir.h"
+#include "data/json.h"
+#include "data/safetensors.h"
+#include "mpi_launch.h"
+
+namespace mw {
+namespace {
+
+using data::testing::TempDir;
+using testing::AppResult;
+
+const std::string kTiny =
+    "--model tiny --batch 4 --seq 32 --dropout 0 --threads 1 --lr 1e-2 --eps 1e-3 --bucket-mb "
+    "0.02 ";
+
+// ranks 0: one process without mpirun.
+AppResult train(int ranks, const std::string& args, int timeout_s = 60,
+                const std::string& env = "") {
+  const std::string app = std::string(MW_BINARY_DIR) + "/apps/gpt2_train ";
+  const std::string launch = ranks == 0 ? "" : testing::mpirun_prefix(ranks, timeout_s);
+  return testing::run_command(env + " " + launch + app + args + " </dev/null");
+}
+
+std::vector<double> losses(const std::string& log_path) {
+  std::vector<double> out;
+  std::ifstream in(log_path);
+  for (std::string line; std::getline(in, line);) {
+    const json::Value v = json::parse(line, log_path);
+    if (v.contains("loss")) out.push_back(v.at("loss").as_double());
+  }
+  return out;
+}
+
+std::map<std::string, std::vector<float>> weights(const std::string& dir) {
+  data::SafeTensorsReader reader(dir + "/model.safetensors");
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& rec : reader.tensors()) out[rec.name] = reader.read_as_f32(rec);
+  return out;
+}
+
+// Tolerances: the ranks' mean gradients are averaged, so the f32 sums run in another order than
+// one process's mean over the whole batch (relative differences of a few 1e-7 per gradient). Adam
+// divides by sqrt(v) + eps: a gradient that is zero up to rounding (the attention's key bias has a
+// zero gradient in exact arithmetic) would be blown up to +-lr per step, noise, not a difference
+// between the runs; --eps 1e-3 keeps such noise below 1e-7 while real gradients (1e-3 .. 1e-1)
+// still move weights by ~lr. Measured: 1.2e-7 (one f32 ulp at 1.0) after 4 steps. 2e-6 is 0.02%
+// of one step (lr 1e-2): a missed, doubled or unreduced update is 1e-3 or more.
+constexpr double kWeightTol = 2e-6;
+constexpr double kLossTol = 1e-5;  // losses are means over 128 tokens of values ~4.6
+
+void expect_same_run(const std::string& a_dir, const std::string& b_dir) {
+  const auto la = losses(a_dir + "/log.jsonl"), lb = losses(b_dir + "/log.jsonl");
+  ASSERT_EQ(la.size(), lb.size());
+  ASSERT_FALSE(la.empty());
+  for (size_t i = 0; i < la.size(); ++i) EXPECT_NEAR(la[i], lb[i], kLossTol) << "step " << i;
+  const auto wa = weights(a_dir + "/model"), wb = weights(b_dir + "/model");
+  ASSERT_EQ(wa.size(), wb.size());
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& [name, va] : wa) {
+    const auto& vb = wb.at(name);
+    ASSERT_EQ(va.size(), vb.size()) << name;
+    for (size_t i = 0; i < va.size(); ++i)
+      if (std::abs(va[i] - vb[i]) > worst) worst = std::abs(va[i] - vb[i]), worst_name = name;
+  }
+  EXPECT_LT(worst, kWeightTol) << "largest weight difference in " << worst_name;
+  std::printf("largest weight difference %.3g (%s), losses %zu steps\n", worst, worst_name.c_str(),
+              la.size());
+}
+
+#define SKIP_WITHOUT_MPI()                                         \
+  if (testing::is_mpi_worker()) GTEST_SKIP() << "inside a worker"; \
+  if (auto why = testing::mpi_unavailable(); !why.empty()) GTEST_SKIP() << why
+
+std::string outputs(const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  return " --log " + dir + "/log.jsonl --save " + dir + "/model ";
+}
+
+struct Case {
+  int zero;
+  const char* options;  // beyond kTiny
+};
+
+class DataParallelMatchesOneProcess : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DataParallelMatchesOneProcess, LossesAndWeights) {
+  SKIP_WITHOUT_MPI();
+  const Case c = GetParam();
+  TempDir tmp;
+  const std::string one = tmp.path() + "/one", two = tmp.path() + "/two";
+  const std::string args = kTiny + "--steps 4 --zero " + std::to_string(c.zero) + " " + c.options;
+  AppResult a = train(0, args + outputs(one));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  AppResult b = train(2, args + outputs(two));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(b.output.find("Data parallel: 2 ranks (mpi), ZeRO stage " + std::to_string(c.zero)),
+            std::string::npos)
+      << b.output;
+  expect_same_run(one, two);
+}
+
+// Accumulation keeps gradients local until the last micro-batch; clipping needs the norm over
+// every rank's piece (stages 1-2); sim tensors, the AdamW reference and HybridAdam with this
+// rank's piece of m and v on NVMe take the same path.
+INSTANTIATE_TEST_SUITE_P(Zero, DataParallelMatchesOneProcess,
+                         ::testing::Values(Case{0, ""}, Case{1, ""}, Case{2, ""},
+                                           Case{0, "--grad-accum 2 --grad-clip 0.5"},
+                                           Case{2, "--grad-accum 2 --grad-clip 0.5"},
+                                           Case{1, "--device sim:1GiB --optimizer adamw"},
+                                           Case{2, "--offload nvme --nvme-window 1MiB"}));
+
+// Note [Global batch]: the data position is the same micro-batch index at any number of ranks, so
+// a checkpoint resumes at another count: 2 ranks -> 1 process, and 1 process -> 2 ranks.
+TEST(DataParallelCheckpoint, MovesBetweenRankCounts) {
+  SKIP_WITHOUT_MPI();
+  TempDir tmp;
+  const std::string args = kTiny + "--steps 4 ";
+  for (const auto& [first, second] : {std::pair<int, int>{2, 0}, {0, 2}}) {
+    const std::string tag = std::to_string(first) + "to" + std::to_string(second);
+    const std::string full = tmp.path() + "/full" + tag, ckpt = tmp.path() + "/ckpt" + tag;
+    const std::string resumed = tmp.path() + "/resumed" + tag;
+    AppResult a =
+        train(first, args + outputs(full) + "--checkpoint-every 2 --checkpoint-dir " + ckpt);
+    ASSERT_EQ(a.exit_code, 0) << a.output;
+    ASSERT_TRUE(std::filesystem::exists(ckpt + "/step_000002")) << a.output;
+    AppResult b = train(second, args + outputs(resumed) + "--resume " + ckpt + "/step_000002");
+    ASSERT_EQ(b.exit_code, 0) << b.output;
+    const auto lf = losses(full + "/log.jsonl"), lr = losses(resumed + "/log.jsonl");
+    ASSERT_EQ(lf.size(), 4u);
+    ASSERT_EQ(lr.size(), 2u) << b.output;  // steps 2 and 3
+    for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(lr[i], lf[i + 2], kLossTol) << tag << " step " << i;
+    const auto wf = weights(full + "/model"), wr = weights(resumed + "/model");
+    for (const auto& [name, v] : wf)
+      for (size_t i = 0; i < v.size(); ++i)
+        ASSERT_NEAR(v[i], wr.at(name)[i], kWeightTol) << tag << " " << name << "[" << i << "]";
+  }
+}
+
+// A rank that dies stops the job (mpirun sees its exit); one that stalls makes the others time
+// out with the collective named (Note [Collective timeouts]). Neither hangs.
+TEST(DataParallelFailure, DeadRankStopsTheJob) {
+  SKIP_WITHOUT_MPI();
+  const auto t0 = std::chrono::steady_clock::now();
+  AppResult r = train(2, kTiny + "--steps 50 --dist-timeout 20", 60,
+                      "MW_TEST_EXIT_RANK=1 MW_TEST_EXIT_STEP=1");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "timed out: the job hung\n" << r.output;
+  EXPECT_NE(r.output.find("Exit code:    3"), std::string::npos) << r.output;
+  EXPECT_LT(s, 30) << r.output;
+}
+
+TEST(DataParallelFailure, StalledRankTimesOut) {
+  SKIP_WITHOUT_MPI();
+  AppResult r = train(2, kTiny + "--steps 50 --dist-timeout 2", 60,
+                      "MW_TEST_EXIT_RANK=1 MW_TEST_EXIT_STEP=1 MW_TEST_EXIT_HOW=stall");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "timed out: the job hung\n" << r.output;
+  EXPECT_NE(r.output.find("gpt2_train: rank 0: error: all_reduce #"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("did not complete within 2.0 s"), std::string::npos) << r.output;
+}
+
+// Note [Backend module]: one process needs no MPI library to start; only the module links it.
+TEST(DataParallelOptions, TheAppDoesNotLinkMpi) {
+  AppResult r = testing::run_command("ldd " + std::string(MW_BINARY_DIR) + "/apps/gpt2_train");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("libc.so"), std::string::npos) << r.output;  // ldd did list libraries
+  EXPECT_EQ(r.output.find("libmpi"), std::string::npos) << r.output;
+}
+
+TEST(DataParallelOptions, RefusedWithAReason) {
+  SKIP_WITHOUT_MPI();
+  AppResult r = train(2, kTiny + "--steps 1 --batch 3");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--batch 3 is the global batch, split across the 2 ranks"),
+            std::string::npos)
+      << r.output;
+  TempDir tmp;
+  r = train(0, kTiny + "--steps 1 --zero 1 --checkpoint-dir " + tmp.path());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("not implemented yet"), std::string::npos) << r.output;
+  r = train(0, kTiny + "--steps 1 --zero 3");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("--zero 3 (parameters sharded"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace mw
