@@ -292,23 +292,34 @@ namespace {
 // the loss's included (gpt2_train computes the loss inside the offload scope): the host holds the
 // activation peak less the gradients in flight at the LM head's backward, and the device those
 // gradients, one logits-sized buffer, and what the offloader has prefetched back (up to
-// offload_in_flight_bytes; at the default a small model's activations all come back). With recomputation only the checkpoints' inputs are offloaded: the
-// device keeps the head and two blocks in flight (coarse, not measured).
+// offload_in_flight_bytes; at the default a small model's activations all come back). With
+// recomputation only the checkpoints' inputs are offloaded: the device keeps the head and two
+// blocks in flight (coarse, not measured).
+struct OffloadSplit {
+  int64_t offloaded = 0, kept = 0, in_flight = 0;
+  bool recompute = false;
+};
+
+OffloadSplit offload_split(const PlanInputs& in, const Activations& a, int64_t act_peak) {
+  OffloadSplit s;
+  s.recompute = in.checkpoint_every_block || in.checkpoint_segments >= 0;
+  s.kept = s.recompute ? clamp_bytes(a.logits + a.backward_extra + a.head + 2 * a.block)
+                       : clamp_bytes(a.logits + a.backward_extra);
+  s.offloaded = std::max<int64_t>(
+      0, s.recompute ? act_peak - s.kept : act_peak - clamp_bytes(a.backward_extra));
+  const int64_t returning =
+      s.recompute ? s.offloaded : std::max<int64_t>(0, s.offloaded - clamp_bytes(a.logits));
+  s.in_flight = std::min(returning, in.offload_in_flight_bytes);
+  return s;
+}
+
 void plan_offloaded_activations(MemoryPlan& p, const PlanInputs& in, const Activations& a,
                                 int64_t act_peak, const std::string& act_note) {
-  const bool recompute = in.checkpoint_every_block || in.checkpoint_segments >= 0;
-  const int64_t kept_bytes = recompute
-                                 ? clamp_bytes(a.logits + a.backward_extra + a.head + 2 * a.block)
-                                 : clamp_bytes(a.logits + a.backward_extra);
-  const int64_t offloaded_bytes = std::max<int64_t>(
-      0, recompute ? act_peak - kept_bytes : act_peak - clamp_bytes(a.backward_extra));
-  const int64_t returning_bytes =
-      recompute ? offloaded_bytes : std::max<int64_t>(0, offloaded_bytes - clamp_bytes(a.logits));
-  add(p, "activations (offloaded)", "host", offloaded_bytes, act_note);
-  add(p, recompute ? "head, logits, two blocks in flight" : "logits and head gradients",
-      p.device_name, kept_bytes, "");
-  add(p, "offloaded activations in flight", p.device_name,
-      std::min(returning_bytes, in.offload_in_flight_bytes),
+  const OffloadSplit s = offload_split(in, a, act_peak);
+  add(p, "activations (offloaded)", "host", s.offloaded, act_note);
+  add(p, s.recompute ? "head, logits, two blocks in flight" : "logits and head gradients",
+      p.device_name, s.kept, "");
+  add(p, "offloaded activations in flight", p.device_name, s.in_flight,
       "prefetched back at the LM head's backward");
 }
 
@@ -325,7 +336,14 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   const int64_t params = clamp_bytes(parameter_bytes(in));
   const int64_t io_bytes = 2 * round_up(in.batch * in.seq * 4, kHostAlignment);  // ids + copy
   if (in.gemini) {
-    plan_gemini(p, in, params, act_peak);
+    int64_t device_act = act_peak;
+    if (in.offload_activations && on_device) {  // Gemini's non-model memory is what stays
+      const OffloadSplit s = offload_split(in, a, act_peak);
+      add(p, "activations (offloaded)", "host", s.offloaded,
+          str("B", in.batch, " T", in.seq, ", recompute: ", p.recompute));
+      device_act = s.kept + s.in_flight;
+    }
+    plan_gemini(p, in, params, device_act);
     add(p, "token ids", p.device_name, io_bytes, "");
     return p;
   }
