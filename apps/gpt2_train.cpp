@@ -145,11 +145,8 @@ void check_mode_options(const cli::Parser& p, const Options& o, bool nvme, bool 
                  "gpt2_train: warning: --optimizer-states has no effect without --device sim\n");
 }
 
-cli::Parser make_parser() {
-  cli::Parser p(
-      "gpt2_train",
-      "Trains GPT-2 on the CPU (or the simulated accelerator) with HybridAdam; prints the\n"
-      "ColossalAI documents' lines (Model numel, [i] loss, Time, Mem usage).");
+// The model, the run's shape, the schedule and the optimizer.
+void declare_model_and_loop(cli::Parser& p) {
   p.option("model", "small", preset_help());
   p.option("config", "",
            "a GPT-2 config.json (HF GPT2Config) to start from random weights; any shape");
@@ -182,6 +179,10 @@ cli::Parser make_parser() {
   p.option("device", "cpu",
            "cpu | sim[:CAPACITY] (simulated accelerator, e.g. sim:4GiB) | cuda[:N] (a GPU, in a "
            "CUDA build)");
+}
+
+// Activation memory, the data, evaluation, checkpoints, outputs and NVMe offload.
+void declare_memory_data_and_outputs(cli::Parser& p) {
   p.flag("checkpoint-activations", "recompute every block's activations in backward");
   p.option("checkpoint-segments", "",
            "checkpoint_sequential over the blocks with K segments (the "
@@ -214,6 +215,10 @@ cli::Parser make_parser() {
   p.option("nvme-window", "32MiB", "RAM for states in flight (read ahead / update / write back)");
   p.option("save-optimizer", "", "after training, save the optimizer state to this file");
   p.option("load-optimizer", "", "before training, load the optimizer state from this file");
+}
+
+// HybridAdam's overlap, Gemini's placement and tiers, the trace and the precision.
+void declare_placement(cli::Parser& p) {
   p.option("update-in-backward", "on",
            "on|off: step each parameter as soon as its gradient is "
            "final, freeing it (Note [Update in backward])");
@@ -244,6 +249,10 @@ cli::Parser make_parser() {
   p.option("precision", "fp32",
            "fp32|bf16|fp16: matmuls and attention in bf16/fp16 with f32 masters (fp16 with a "
            "dynamic loss scaler, and updates after backward) (docs/precision.md)");
+}
+
+// The tokenizer, sampling during training, data parallel, and the memory plan.
+void declare_tokenizer_sampling_and_dist(cli::Parser& p) {
   p.option("vocab", "", "the tokenizer's vocab.json, with --merges (default: --init-from's)");
   p.option("merges", "", "the tokenizer's merges.txt, with --vocab");
   p.option("tokenizer", "", "the tokenizer's tokenizer.json (instead of --vocab/--merges)");
@@ -269,6 +278,17 @@ cli::Parser make_parser() {
   p.flag("skip-memory-check",
          "expert: run even when the memory plan exceeds what the machine has (the plan is an "
          "estimate within about 10%, docs/reliability.md)");
+}
+
+cli::Parser make_parser() {
+  cli::Parser p(
+      "gpt2_train",
+      "Trains GPT-2 on the CPU (or the simulated accelerator) with HybridAdam; prints the\n"
+      "ColossalAI documents' lines (Model numel, [i] loss, Time, Mem usage).");
+  declare_model_and_loop(p);
+  declare_memory_data_and_outputs(p);
+  declare_placement(p);
+  declare_tokenizer_sampling_and_dist(p);
   return p;
 }
 

@@ -310,6 +310,63 @@ void Trainer::set_step_scalars(double lr, float div_scale) {
   }
 }
 
+void Trainer::mark_phase(const char* phase) {  // on the offload clock, for --nvme-timeline
+  if (hybrid_ && hybrid_->nvme()) phase_ms_.emplace_back(phase, hybrid_->nvme()->now_ms());
+}
+
+// Micro-batch k of K: forward and backward; returns its loss.
+double Trainer::micro_step(int64_t k, std::vector<int32_t>& tokens, StepResult& r) {
+  micro_batch(micro_, tokens);
+  if (train_data_) r.epoch = train_data_->epoch_of(micro_, o_.batch, o_.seq);
+  ++micro_;
+  Tensor ids = Tensor::from_vector(tokens, {local_batch(), o_.seq}, o_.device);
+  mark_phase("forward_start");
+  const auto t_fwd = clock::now();
+  Tensor logits, loss;
+  {
+    std::unique_ptr<offload::OffloadScope> scope;
+    if (offloader_) scope = std::make_unique<offload::OffloadScope>(*offloader_);
+    AutocastGuard autocast(o_.precision);
+    logits = (*model_)(ids);
+    loss = shifted_cross_entropy(logits, ids);
+  }
+  logits = Tensor();  // the loss node holds the only reference: backward reuses the buffer
+  r.forward_ms += ms_since(t_fwd);
+  mark_phase("backward_start");
+  const auto t_bwd = clock::now();
+  if (gem_) gem_->set_final_backward(k + 1 == o_.grad_accum);
+  if (dp_ && k == o_.grad_accum - 1) dp_->arm();  // Note [Gradient buckets]
+  backward(loss, scaler_ ? scaler_->backward_seed(loss) : Tensor());
+  r.backward_ms += ms_since(t_bwd);
+  return loss.item();
+}
+
+// Note [Updates after backward]: 1/K and the clip factor become one divisor of the gradients.
+// fp16: gradients are unscaled in place (and checked) before they are measured or used. Returns
+// false when they are not finite (the step is skipped).
+bool Trainer::measure_and_scale_gradients(StepResult& r) {
+  const bool grads_kept = o_.optimizer == "adamw" ||
+                          (o_.gemini.empty() && !o_.update_in_backward) ||
+                          o_.updates_after_backward() || dp_ != nullptr;
+  const bool finite = !scaler_ || scaler_->unscale_and_check(opt_->params());
+  if (!grads_kept || !finite) return finite;
+  // Gemini keeps gradients in chunk buffers; its norm sums in the same order (Note [Norm order]).
+  // Under ZeRO each rank holds a shard of the reduced gradients (Note [Gradient buckets]).
+  const double sum_norm = gem_                           ? gem_->grad_norm()
+                          : dp_ && dp_->zero_stage() > 0 ? dp_->grad_norm()
+                                                         : global_grad_norm(opt_->params());
+  r.grad_norm = sum_norm / static_cast<double>(o_.grad_accum);
+  double divisor = static_cast<double>(o_.grad_accum);
+  // torch.nn.utils.clip_grad_norm_: g *= max_norm / (norm + 1e-6) when that is below 1.
+  const double clip_coef = o_.grad_clip > 0 ? o_.grad_clip / (r.grad_norm + 1e-6) : 1.0;
+  if (clip_coef < 1.0) {
+    r.clipped = true;
+    divisor /= clip_coef;
+  }
+  set_step_scalars(r.lr, divisor != 1.0 ? static_cast<float>(divisor) : -1.f);
+  return true;
+}
+
 StepResult Trainer::train_step() {
   throw_if_stop_requested(str("before step ", step_).c_str());
   StepResult r;
@@ -319,66 +376,18 @@ StepResult Trainer::train_step() {
   const double cpu0 = process_cpu_ms();
   // The LR is set before backward: updates in backward (and Gemini's chunks) use it there.
   set_step_scalars(r.lr, -1.f);
-  auto mark = [&](const char* phase) {  // on the offload clock, for --nvme-timeline
-    if (hybrid_ && hybrid_->nvme()) phase_ms_.emplace_back(phase, hybrid_->nvme()->now_ms());
-  };
   phase_ms_.clear();
   opt_->zero_grad();
   std::vector<int32_t> tokens;
   double loss_sum = 0;
-  for (int64_t k = 0; k < o_.grad_accum; ++k) {
-    micro_batch(micro_, tokens);
-    if (train_data_) r.epoch = train_data_->epoch_of(micro_, o_.batch, o_.seq);
-    ++micro_;
-    Tensor ids = Tensor::from_vector(tokens, {local_batch(), o_.seq}, o_.device);
-    mark("forward_start");
-    const auto t_fwd = clock::now();
-    Tensor logits, loss;
-    {
-      std::unique_ptr<offload::OffloadScope> scope;
-      if (offloader_) scope = std::make_unique<offload::OffloadScope>(*offloader_);
-      AutocastGuard autocast(o_.precision);
-      logits = (*model_)(ids);
-      loss = shifted_cross_entropy(logits, ids);
-    }
-    logits = Tensor();  // the loss node holds the only reference: backward reuses the buffer
-    r.forward_ms += ms_since(t_fwd);
-    mark("backward_start");
-    const auto t_bwd = clock::now();
-    if (gem_) gem_->set_final_backward(k + 1 == o_.grad_accum);
-    if (dp_ && k == o_.grad_accum - 1) dp_->arm();  // Note [Gradient buckets]
-    backward(loss, scaler_ ? scaler_->backward_seed(loss) : Tensor());
-    r.backward_ms += ms_since(t_bwd);
-    loss_sum += loss.item();
-  }
+  for (int64_t k = 0; k < o_.grad_accum; ++k) loss_sum += micro_step(k, tokens, r);
   r.loss = loss_sum / static_cast<double>(o_.grad_accum);
   if (dp_) {
     dp_->finish_gradients();
     r.loss = dp_->mean_over_ranks(r.loss);
   }
-  // Note [Updates after backward]: 1/K and the clip factor become one divisor of the gradients.
-  const bool grads_kept = o_.optimizer == "adamw" ||
-                          (o_.gemini.empty() && !o_.update_in_backward) ||
-                          o_.updates_after_backward() || dp_ != nullptr;
-  // fp16: gradients are unscaled in place (and checked) before they are measured or used.
-  const bool finite = !scaler_ || scaler_->unscale_and_check(opt_->params());
-  if (grads_kept && finite) {
-    // Gemini keeps gradients in chunk buffers; its norm sums in the same order (Note [Norm order]).
-    // Under ZeRO each rank holds a shard of the reduced gradients (Note [Gradient buckets]).
-    const double sum_norm = gem_                                 ? gem_->grad_norm()
-                            : dp_ && dp_->zero_stage() > 0 ? dp_->grad_norm()
-                                                           : global_grad_norm(opt_->params());
-    r.grad_norm = sum_norm / static_cast<double>(o_.grad_accum);
-    double divisor = static_cast<double>(o_.grad_accum);
-    // torch.nn.utils.clip_grad_norm_: g *= max_norm / (norm + 1e-6) when that is below 1.
-    const double clip_coef = o_.grad_clip > 0 ? o_.grad_clip / (r.grad_norm + 1e-6) : 1.0;
-    if (clip_coef < 1.0) {
-      r.clipped = true;
-      divisor /= clip_coef;
-    }
-    set_step_scalars(r.lr, divisor != 1.0 ? static_cast<float>(divisor) : -1.f);
-  }
-  mark("step_start");
+  const bool finite = measure_and_scale_gradients(r);
+  mark_phase("step_start");
   if (finite) {
     opt_->step();
     if (dp_) dp_->gather_parameters();  // ZeRO: every rank's updated pieces to every rank
@@ -390,7 +399,7 @@ StepResult Trainer::train_step() {
     scaler_->update(!finite);
     r.loss_scale = scaler_->scale();
   }
-  mark("step_end");
+  mark_phase("step_end");
   MW_CHECK(std::isfinite(r.loss), "the loss is ", r.loss, " at step ", step_,
            ": training diverged (lower --lr, check the data and --init-from weights); stopped "
            "without saving, any earlier save is kept");

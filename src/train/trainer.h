@@ -211,8 +211,11 @@ class Trainer {
   json::Value run_fingerprint() const;
   void check_fingerprint(const json::Value& saved, const std::string& path) const;
   void set_step_scalars(double lr, float div_scale);
+  void mark_phase(const char* phase);
+  double micro_step(int64_t k, std::vector<int32_t>& tokens, StepResult& r);
+  bool measure_and_scale_gradients(StepResult& r);
   void micro_batch(int64_t index, std::vector<int32_t>& tokens) const;
-  void load_tokenizer();  // and checks the sampling prompt against it
+  void load_tokenizer();       // and checks the sampling prompt against it
   void setup_data_parallel();  // checks the options, splits the work, broadcasts the weights
   void keep_rank_rows(std::vector<int32_t>& tokens) const;  // of the global batch's B x T
 

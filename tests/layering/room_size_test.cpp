@@ -37,11 +37,8 @@ const std::vector<Exemption> kExempt = {
      "in step"},
 };
 
-// Over the limit, to be split: files other branches are changing in this session.
-const std::vector<Exemption> kPending = {
-    {"src/train/trainer.cpp: Trainer::train_step", "owned by another branch this session"},
-    {"apps/gpt2_train.cpp: make_parser", "owned by another branch this session"},
-};
+// Over the limit, to be split later (none now: the last two were split after the merges).
+const std::vector<Exemption> kPending = {};
 
 bool source_file(const fs::path& p) {
   static const std::set<std::string> kExtensions = {".h", ".cpp", ".cu", ".cuh", ".py", ".sh"};
