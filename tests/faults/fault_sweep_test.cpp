@@ -143,11 +143,11 @@ TEST(FaultSweep, EveryRequestOfAnNvmeAdamStepFailsCleanly) {
   int64_t requests = 0;
   {
     TempDir dir;
+    Injection count;  // outlives the optimizer, whose threads call it (declared first)
     gpt2::GPT2 model(tiny(), 0, DType::F32);
     optim::HybridAdam opt(model.parameters(), nvme_adam(dir.path));
     for (int s = 0; s < 2; ++s) one_step(model, opt, s, Device::cpu());
     opt.flush();
-    Injection count;
     opt.nvme()->engine().set_fault_injector(count.injector());
     one_step(model, opt, 2, Device::cpu());
     opt.flush();
@@ -159,12 +159,12 @@ TEST(FaultSweep, EveryRequestOfAnNvmeAdamStepFailsCleanly) {
     SCOPED_TRACE("failing request " + std::to_string(k) + " of " + std::to_string(requests));
     TempDir dir;
     {
+      Injection fail;  // outlives the optimizer, whose threads call it (declared first)
+      fail.fail_at = k;
       gpt2::GPT2 model(tiny(), 0, DType::F32);
       optim::HybridAdam opt(model.parameters(), nvme_adam(dir.path));
       for (int s = 0; s < 2; ++s) one_step(model, opt, s, Device::cpu());
       opt.flush();
-      Injection fail;
-      fail.fail_at = k;
       opt.nvme()->engine().set_fault_injector(fail.injector());
       // A failed read ahead for the next step surfaces in that step, where its slice is needed.
       int failed_step = -1;
@@ -280,11 +280,11 @@ void sweep_gemini(bool deferred, int64_t points) {
   const std::vector<Weights> ref = {plain_weights(2), plain_weights(3), plain_weights(4)};
   int64_t chunk_requests = 0, state_requests = 0;
   {
+    Injection chunks, states;  // outlive the run, whose engines call them (declared first)
     GeminiRun run(deferred);
     ASSERT_NE(run.gem->io_engine(), nullptr) << "no chunk was homed on disk";
     ASSERT_NE(run.gem->adam().nvme(), nullptr) << "no Adam state went to disk";
     for (int s = 0; s < 2; ++s) run.step(s);
-    Injection chunks, states;
     run.inject(&chunks, &states);
     run.step(2);
     chunk_requests = chunks.seen.load();
@@ -302,11 +302,11 @@ void sweep_gemini(bool deferred, int64_t points) {
                    " of " + std::to_string(n));
       std::string dir;
       {
+        Injection fail;  // outlives the run, whose engines call it (declared first)
+        fail.fail_at = k;
         GeminiRun run(deferred);
         dir = run.dir.path;
         for (int s = 0; s < 2; ++s) run.step(s);
-        Injection fail;
-        fail.fail_at = k;
         run.inject(which == 0 ? &fail : nullptr, which == 1 ? &fail : nullptr);
         // A failed read ahead for the next step surfaces there; a failed read of a prefetched
         // copy that is released unused is no failure at all (the chunk is read again if needed).
@@ -359,8 +359,8 @@ TEST(FaultSweep, SlowDeviceAndShortTransfersChangeNoBit) {
   const Weights want = plain_weights(3);
   for (int mode = 0; mode < 2; ++mode) {
     SCOPED_TRACE(mode == 0 ? "slow device" : "short transfers");
+    Injection chunks, states;  // outlive the run, whose engines call them (declared first)
     GeminiRun run;
-    Injection chunks, states;
     chunks.slow = states.slow = mode == 0;
     chunks.short_transfers = states.short_transfers = mode == 1;
     run.inject(&chunks, &states);
