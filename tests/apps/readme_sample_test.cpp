@@ -4,7 +4,6 @@
 // same options, so numbers differ: each documented line is reduced to its label (the text before
 // its first digit) and a line of the real output must start with that label.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cctype>
 #include <cstdio>
@@ -12,6 +11,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "run_app.h"
 
 namespace {
 
@@ -51,16 +52,10 @@ std::vector<std::string> readme_sample() {
 TEST(ReadmeSample, EveryDocumentedLineOfTheMainJobIsStillPrinted) {
   const std::vector<std::string> documented = readme_sample();
   ASSERT_GT(documented.size(), 15u) << "the README's sample block was not found";
-  const std::string cmd = std::string(MW_BINARY_DIR) +
-                          "/apps/gpt2_train --model tiny --offload nvme --fraction 1.0 "
-                          "--threads 2 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
-  const int status = pclose(pipe);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  const mw::testing::AppResult run = mw::testing::run_built_app(
+      "gpt2_train", "--model tiny --offload nvme --fraction 1.0 --threads 2");
+  const std::string& out = run.output;
+  ASSERT_EQ(run.exit_code, 0) << out;
   std::vector<std::string> printed;
   std::istringstream lines(out);
   for (std::string l; std::getline(lines, l);) printed.push_back(trim(l));

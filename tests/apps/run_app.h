@@ -13,15 +13,19 @@ struct AppResult {
   std::string output;  // stdout and stderr
 };
 
-inline AppResult run_built_app(const std::string& app, const std::string& args) {
-  const std::string cmd = std::string(MW_BINARY_DIR) + "/apps/" + app + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
+// Runs `cmd` through the shell with stderr joined to stdout.
+inline AppResult run_command(const std::string& cmd) {
+  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
   std::string out;
   char buf[4096];
   size_t n;
   while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
   const int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+inline AppResult run_built_app(const std::string& app, const std::string& args) {
+  return run_command(std::string(MW_BINARY_DIR) + "/apps/" + app + " " + args);
 }
 
 }  // namespace mw::testing

@@ -21,7 +21,7 @@ TEST(ShardSplits, WholeDocumentsGoToValWhileItHoldsLessThanItsShare) {
   TempDir tmp;
   ShardSplits s(tmp.path(), 1000, 0.25, 7);
   const std::vector<int32_t> four = {1, 2, 3, 4};  // a document of 5 tokens with its <eot>
-  s.add(true, four);  // 0 < 0.25 * 0: no, train
+  s.add(true, four);                               // 0 < 0.25 * 0: no, train
   EXPECT_EQ(s.train.num_tokens(), 5);
   s.add(true, four);  // 0 < 0.25 * 5: val
   EXPECT_EQ(s.val.num_tokens(), 5);

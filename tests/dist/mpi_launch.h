@@ -40,16 +40,6 @@ inline std::string mpirun_prefix(int ranks, int timeout_s) {
          std::to_string(timeout_s) + " mpirun --oversubscribe -np " + std::to_string(ranks) + " ";
 }
 
-inline AppResult run_command(const std::string& cmd) {
-  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
 // `ranks` copies of this test executable running the tests matched by `filter` as MPI workers
 // (MW_DIST_WORKER=1 makes them run instead of skipping).
 inline AppResult run_mpi_workers(int ranks, const std::string& filter, int timeout_s = 60,

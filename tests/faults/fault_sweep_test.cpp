@@ -8,7 +8,6 @@
 //    whole), and the parameters can still be read (saved) afterwards.
 // Either way no file is left once the owner is gone. A slow device and short transfers on every
 // request are not failures: the run must be bitwise the clean run.
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -17,6 +16,7 @@
 #include <cstring>
 #include <thread>
 
+#include "../gemini/dir_entries.h"
 #include "autograd/functions.h"
 #include "core/allocator.h"
 #include "core/random.h"
@@ -30,6 +30,7 @@
 namespace mw {
 namespace {
 
+using testing::entries;
 using Weights = std::vector<std::vector<float>>;
 
 gpt2::Config tiny() {
@@ -41,16 +42,7 @@ gpt2::Config tiny() {
   return c;
 }
 
-std::vector<std::string> entries(const std::string& dir) {
-  std::vector<std::string> out;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d))
-      if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") out.push_back(e->d_name);
-    ::closedir(d);
-  }
-  return out;
-}
-
+// Removed with rmdir only: a file left behind keeps it, and the tests name it.
 struct TempDir {
   std::string path;
   TempDir() {

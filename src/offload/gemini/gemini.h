@@ -228,7 +228,7 @@ class Gemini : public optim::Optimizer {
   int64_t gathered_bytes_ = 0, device_home_bytes_ = 0;
   // The plan (Note [OPT eviction]): recorded on the warmup iteration.
   bool recording_ = true;
-  bool failed_ = false;        // Note [Abandoning a step]
+  bool failed_ = false;         // Note [Abandoning a step]
   int64_t stepped_chunks_ = 0;  // chunks handed to HybridAdam this iteration
   bool off_plan_ = false;
   int64_t op_ = 0;  // ops so far this iteration
