@@ -23,17 +23,24 @@ constexpr int64_t kMaxCachedHostBytes = int64_t{4} << 30;
 constexpr int kMaxSimDevices = 8;
 
 std::unique_ptr<CachingAllocator> make_cpu_allocator() {
-  return std::make_unique<CachingAllocator>(
-      Device::cpu(), std::make_unique<HeapSource>(Device::cpu()),
-      CachePolicy{kHostAlignment, kMaxCachedHostBytes, reuse_host_block}, 0, false);
+  return std::make_unique<CachingAllocator>(Device::cpu(),
+                                            std::make_unique<HeapSource>(Device::cpu()),
+                                            CachePolicy{.granule_bytes = kHostAlignment,
+                                                        .max_cached_bytes = kMaxCachedHostBytes,
+                                                        .max_reuse_bytes = reuse_host_block},
+                                            0, false);
 }
 
-// A sim device reuses only exact sizes, so its accounting is exactly what was asked for (Note [The
-// sim device]); with a capacity its blocks come from the arena (Note [Sim arena]).
+// A sim device splits every block to the granule, so its accounting is exactly what was asked for
+// (Note [The sim device]); with a capacity its memory is one reserved segment (Note [Sim arena]).
 std::unique_ptr<CachingAllocator> make_sim_allocator(int index) {
-  return std::make_unique<CachingAllocator>(
-      Device::sim(index), std::make_unique<SimSource>(Device::sim(index)),
-      CachePolicy{kHostAlignment, kMaxCachedHostBytes, reuse_exact_size}, 0, true);
+  return std::make_unique<CachingAllocator>(Device::sim(index),
+                                            std::make_unique<SimSource>(Device::sim(index)),
+                                            CachePolicy{.granule_bytes = kHostAlignment,
+                                                        .max_cached_bytes = kMaxCachedHostBytes,
+                                                        .min_split_bytes = kHostAlignment,
+                                                        .reserve_capacity = true},
+                                            0, true);
 }
 
 struct Registry {

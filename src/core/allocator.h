@@ -4,8 +4,8 @@
 //
 // Note [Allocator statistics]: current_bytes counts bytes handed out and not yet returned (rounded
 // up to the 4096-byte granule); peak_bytes is the maximum of current_bytes since the last
-// reset_peak(); cached_bytes are freed blocks kept for reuse. These are the numbers Gemini's memory
-// statistics and the training log's device_peak_bytes read.
+// reset_peak(); cached_bytes are the free bytes of the allocator's segments, kept for reuse. These
+// are the numbers Gemini's memory statistics and the training log's device_peak_bytes read.
 //
 // Note [Host caching]: a training step allocates the same sizes in the same order every step.
 // Returning those blocks to the OS and faulting them in again costs PyTorch about half its speed on
@@ -15,21 +15,21 @@
 // peak RSS was the live peak plus every block ever freed (measured +500 MiB on GPT-2 small). The
 // cache is bounded (max_cached_bytes) and empty_cache() returns everything.
 //
-// Note [The sim device]: a sim allocator is the same host allocator with its own hard capacity and
-// its own statistics. Exceeding the capacity raises OutOfMemory with the requested, free and
-// capacity bytes, exactly where a GPU would fail. Its cache lives inside the capacity (in use +
-// cached never exceed it), so a sim device never holds more host memory than it was given.
+// Note [The sim device]: a sim allocator is the same caching core over host memory, with its own
+// hard capacity and its own statistics. Exceeding the capacity raises OutOfMemory with the
+// requested, free and capacity bytes, exactly where a GPU would fail. It splits every block to the
+// granule, so its accounting is exactly what was asked for.
 //
-// Note [Sim arena]: a sim device with a capacity is one reserved range of that many bytes, carved
-// best fit with freed neighbours merged (core/arena.h), as a GPU's memory is one fixed pool. Its
-// pages stay backed once touched, so a block reused at another size costs nothing, where the exact-
-// size cache had to free blocks of other sizes and fault fresh pages in: Gemini on a tight device
+// Note [Sim arena]: a sim device with a capacity is one segment of that many bytes, got when the
+// capacity is set and carved best fit with freed neighbours merged (core/caching_allocator.h), as
+// a GPU's memory is one fixed pool; so it never holds more host memory than it was given. Its pages
+// stay backed once touched, so a block reused at another size costs nothing, where an exact-size
+// cache had to free blocks of other sizes and fault fresh pages in: Gemini on a tight device
 // allocates new sizes every step (measured: 685 MiB of misses per GPT-2 small step on
-// sim:768MiB, 1.38M minor faults in 4 steps against the plain run's 0.56M). Accounting stays
-// exact (the rounded request), and the arena never makes a run fail: when fragmentation leaves no
-// run large enough, the block comes from the host heap instead, still counted against the
-// capacity. A new capacity starts a new arena; an old one is unmapped once its last block is
-// freed.
+// sim:768MiB, 1.38M minor faults in 4 steps against the plain run's 0.56M). The segment never
+// makes a run fail: when fragmentation leaves no free block large enough, the block comes from a
+// transient segment instead (counted as arena_fallbacks), still counted against the capacity. A
+// new capacity gets a new segment; the old one goes back once its last block is freed.
 #pragma once
 
 #include <cstdint>
@@ -47,13 +47,13 @@ inline int64_t round_up(int64_t n, int64_t granule) {
 struct AllocatorStats {
   int64_t current_bytes = 0;    // in use now
   int64_t peak_bytes = 0;       // max in use since reset_peak()
-  int64_t cached_bytes = 0;     // freed, kept for reuse
+  int64_t cached_bytes = 0;     // free bytes of the segments, kept for reuse
   int64_t capacity_bytes = 0;   // hard cap on in-use bytes; 0 = unlimited
   int64_t alloc_count = 0;      // allocate() calls
   int64_t cache_hits = 0;       // allocate() calls served from the cache
-  int64_t miss_bytes = 0;       // bytes got fresh from the system (requests the cache missed)
-  int64_t retries = 0;          // times the system refused a block and the cache was emptied
-  int64_t arena_fallbacks = 0;  // sim: blocks from the heap because the arena was fragmented
+  int64_t miss_bytes = 0;       // segment bytes got from the system (requests the cache missed)
+  int64_t retries = 0;          // times the system refused a segment and the cache was emptied
+  int64_t arena_fallbacks = 0;  // sim: blocks outside its segment because it was fragmented
 };
 
 class Allocator {

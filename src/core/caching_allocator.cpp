@@ -1,25 +1,39 @@
-// CachingAllocator (core/caching_allocator.h): rounding, best-fit reuse, the capacity, the cache
-// inside the capacity, empty-the-cache-and-retry, statistics.
+// CachingAllocator (core/caching_allocator.h): segments carved into blocks, best-fit reuse with
+// splitting and merging, the capacity, the cache bound, return-the-cache-and-retry, statistics.
 #include "core/caching_allocator.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 namespace mw {
 
 CachingAllocator::CachingAllocator(Device device, std::unique_ptr<MemorySource> source,
                                    CachePolicy policy, int64_t capacity_bytes, bool hard_capacity)
-    : device_(device),
-      source_(std::move(source)),
-      policy_(policy),
-      hard_capacity_(hard_capacity),
-      cache_(policy.max_cached_bytes) {
-  MW_CHECK_T(InvalidArgument, policy_.granule_bytes > 0 && policy_.max_reuse_bytes,
-             "CachingAllocator: a policy needs a positive granule and a reuse rule");
-  stats_.capacity_bytes = capacity_bytes;
+    : device_(device), source_(std::move(source)), policy_(policy), hard_capacity_(hard_capacity) {
+  MW_CHECK_T(InvalidArgument, policy_.granule_bytes > 0 && policy_.min_split_bytes > 0,
+             "CachingAllocator: a policy needs a positive granule and split threshold");
+  MW_CHECK_T(
+      InvalidArgument,
+      policy_.small_max_bytes == 0 || (policy_.small_segment_bytes >= policy_.small_max_bytes &&
+                                       policy_.small_segment_bytes % policy_.granule_bytes == 0),
+      "CachingAllocator: small segments must hold the largest small request");
+  MW_CHECK_T(InvalidArgument, !policy_.reserve_capacity || hard_capacity_,
+             "CachingAllocator: only a hard capacity can be reserved");
+  set_capacity(capacity_bytes);
 }
 
-CachingAllocator::~CachingAllocator() { empty_cache(); }
+// Wholly free segments go back; a segment with live blocks (tensors held by statics at exit) is
+// kept for them, only its bookkeeping is freed.
+CachingAllocator::~CachingAllocator() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (FreeSet* set : {&free_small_, &free_large_}) {
+    for (Block* b : *set)
+      if (b->whole()) source_->release(b->ptr, b->bytes);
+    for (Block* b : *set) delete b;
+  }
+  for (auto& [ptr, b] : live_) delete b;
+}
 
 void CachingAllocator::check_capacity_locked(int64_t rounded) const {
   if (!hard_capacity_ || stats_.capacity_bytes == 0 ||
@@ -37,40 +51,96 @@ void CachingAllocator::check_capacity_locked(int64_t rounded) const {
 void* CachingAllocator::allocate(int64_t nbytes) {
   MW_CHECK_T(InvalidArgument, nbytes >= 0, "allocate: negative size ", nbytes);
   const int64_t rounded = round_up(std::max<int64_t>(nbytes, 1), policy_.granule_bytes);
+  const bool small = rounded <= policy_.small_max_bytes;
   std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.alloc_count;
   check_capacity_locked(rounded);
-  void* ptr = nullptr;
-  int64_t block = rounded;
-  if (auto hit = cache_.take(rounded, policy_.max_reuse_bytes(rounded))) {
-    ptr = hit->ptr;
-    block = hit->bytes;
+  Block* b = take_free_locked(small, rounded);
+  if (b)
     ++stats_.cache_hits;
-  } else {
-    const int64_t held = stats_.current_bytes + cache_.cached_bytes() + rounded;
-    if (hard_capacity_ && stats_.capacity_bytes > 0 && held > stats_.capacity_bytes)
-      free_cached_locked(held - stats_.capacity_bytes);  // the cache lives inside the capacity
-    ptr = acquire_locked(rounded);
-    stats_.miss_bytes += rounded;
-  }
-  live_[ptr] = block;
-  stats_.current_bytes += block;
+  else
+    b = new_segment_locked(small, rounded);
+  split_locked(b, rounded);
+  b->free = false;
+  live_.emplace(b->ptr, b);
+  stats_.current_bytes += b->bytes;
   stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
-  stats_.cached_bytes = cache_.cached_bytes();
-  return ptr;
+  return b->ptr;
 }
 
-void* CachingAllocator::acquire_locked(int64_t rounded) {
-  void* ptr = source_->acquire(rounded);
-  if (ptr) return ptr;
+// The smallest free block of the class that holds `rounded` (the most recently freed among equal
+// sizes: its pages are the likeliest to be in the CPU's caches), if it can be split or is not too
+// large to hand out whole.
+CachingAllocator::Block* CachingAllocator::take_free_locked(bool small, int64_t rounded) {
+  FreeSet& set = free_set(small);
+  Block probe;
+  probe.bytes = rounded;
+  probe.order = std::numeric_limits<int64_t>::min();
+  auto it = set.lower_bound(&probe);
+  if (it == set.end()) return nullptr;
+  Block* b = *it;
+  const int64_t min_split = small ? policy_.granule_bytes : policy_.min_split_bytes;
+  const bool splits = b->bytes - rounded >= min_split;
+  if (!splits && policy_.max_reuse_bytes && b->bytes > policy_.max_reuse_bytes(rounded))
+    return nullptr;
+  erase_free_locked(b);
+  return b;
+}
+
+// Cuts `rounded` bytes off the front of free block b when the rest is worth keeping; the rest
+// stays free, merged with a free block after it.
+void CachingAllocator::split_locked(Block* b, int64_t rounded) {
+  const int64_t rest = b->bytes - rounded;
+  if (rest < (b->small ? policy_.granule_bytes : policy_.min_split_bytes)) return;
+  Block* r = new Block;
+  r->ptr = b->ptr + rounded;
+  r->bytes = rest;
+  r->prev = b;
+  r->next = b->next;
+  r->small = b->small;
+  r->kind = b->kind;
+  if (b->next) b->next->prev = r;
+  b->next = r;
+  b->bytes = rounded;
+  r->free = true;  // its next neighbour is live: a free one would have been merged into b
+  insert_free_locked(r);
+}
+
+// A segment for a request the free blocks could not serve. With a reserved capacity, the reserved
+// segment was too fragmented: an exact segment from the source, returned when freed, still counted
+// against the capacity (Note [Sim arena]).
+CachingAllocator::Block* CachingAllocator::new_segment_locked(bool small, int64_t rounded) {
+  const bool reserved_exists =
+      policy_.reserve_capacity && hard_capacity_ && stats_.capacity_bytes > 0;
+  int64_t bytes = rounded;
+  if (small)
+    bytes = policy_.small_segment_bytes;
+  else if (policy_.large_segment_bytes && !reserved_exists)
+    bytes = round_up(policy_.large_segment_bytes(rounded), policy_.granule_bytes);
+  if (reserved_exists) ++stats_.arena_fallbacks;
+  // Note [Freeing just enough]: without a reserved segment, a hard capacity holds the cache too.
+  const int64_t over = segment_bytes_ + bytes - stats_.capacity_bytes;
+  if (hard_capacity_ && !reserved_exists && stats_.capacity_bytes > 0 && over > 0)
+    free_cached_locked(over);
+  Block* b = new Block;
+  b->ptr = static_cast<char*>(acquire_locked(bytes));
+  b->bytes = bytes;
+  b->small = small;
+  b->kind = reserved_exists ? Kind::Transient : Kind::Cached;
+  segment_bytes_ += bytes;
+  ++segments_;
+  stats_.miss_bytes += bytes;
+  return b;
+}
+
+void* CachingAllocator::acquire_locked(int64_t bytes) {
+  if (void* ptr = source_->acquire(bytes)) return ptr;
   ++stats_.retries;
   free_cached_locked(-1);
-  ptr = source_->acquire(rounded);
-  if (!ptr) {
-    stats_.cached_bytes = cache_.cached_bytes();
-    throw source_->refused(rounded, stats_);
-  }
-  return ptr;
+  if (void* ptr = source_->acquire(bytes)) return ptr;
+  AllocatorStats s = stats_;
+  s.cached_bytes = segment_bytes_ - stats_.current_bytes;
+  throw source_->refused(bytes, s);
 }
 
 void CachingAllocator::deallocate(void* ptr, int64_t /*nbytes*/) {
@@ -79,37 +149,88 @@ void CachingAllocator::deallocate(void* ptr, int64_t /*nbytes*/) {
   auto found = live_.find(ptr);
   MW_CHECK(found != live_.end(), device_.str(),
            ": deallocate of a pointer this allocator did not give");
-  const int64_t block = found->second;
+  Block* b = found->second;
   live_.erase(found);
-  stats_.current_bytes -= block;
-  const bool within_capacity =
-      !hard_capacity_ || stats_.capacity_bytes == 0 ||
-      stats_.current_bytes + cache_.cached_bytes() + block <= stats_.capacity_bytes;
-  if (!(within_capacity && source_->cacheable(ptr) && cache_.put(ptr, block)))
-    source_->release(ptr, block);
-  stats_.cached_bytes = cache_.cached_bytes();
+  stats_.current_bytes -= b->bytes;
+  if (Block* p = b->prev; p && p->free) {  // merge a free neighbour before...
+    erase_free_locked(p);
+    b->ptr = p->ptr;
+    b->bytes += p->bytes;
+    b->prev = p->prev;
+    if (b->prev) b->prev->next = b;
+    delete p;
+  }
+  if (Block* n = b->next; n && n->free) {  // ...and after
+    erase_free_locked(n);
+    b->bytes += n->bytes;
+    b->next = n->next;
+    if (b->next) b->next->prev = b;
+    delete n;
+  }
+  b->free = true;
+  const bool keep =
+      !b->whole() || b->kind == Kind::Reserved ||
+      (b->kind == Kind::Cached && whole_free_bytes_ + b->bytes <= policy_.max_cached_bytes);
+  if (keep)
+    insert_free_locked(b);
+  else
+    release_segment_locked(b);
 }
 
-// Note [Freeing just enough]: a capped device whose next block does not fit beside its cache frees
-// cached blocks only until it does: the smallest block that covers what is still missing, else
-// the largest, again. Freed blocks come back as fresh pages the kernel must fault in and clear,
-// so emptying the whole cache at every miss (as this did) made Gemini on a tight sim device fault
-// in 2.5x the pages of the plain run (measured: 1.40M minor faults in 4 GPT-2 small steps on
-// sim:768MiB against 0.56M).
+void CachingAllocator::insert_free_locked(Block* b) {
+  b->free = true;
+  b->order = --free_order_;
+  free_set(b->small).insert(b);
+  if (b->whole() && b->kind == Kind::Cached) whole_free_bytes_ += b->bytes;
+}
+
+void CachingAllocator::erase_free_locked(Block* b) {
+  free_set(b->small).erase(b);
+  b->free = false;
+  if (b->whole() && b->kind == Kind::Cached) whole_free_bytes_ -= b->bytes;
+}
+
+// b is a wholly free segment, out of the free sets.
+void CachingAllocator::release_segment_locked(Block* b) {
+  source_->release(b->ptr, b->bytes);
+  segment_bytes_ -= b->bytes;
+  --segments_;
+  delete b;
+}
+
+// Note [Freeing just enough]: a capped device whose next segment does not fit beside its cache
+// returns wholly free segments only until it does: the smallest that covers what is still
+// missing, else the largest, again. Returned memory comes back as fresh pages the kernel must
+// fault in and clear, so emptying the whole cache at every miss (as this once did) made Gemini on
+// a tight sim device fault in 2.5x the pages of the plain run (measured: 1.40M minor faults in 4
+// GPT-2 small steps on sim:768MiB against 0.56M).
 void CachingAllocator::free_cached_locked(int64_t needed_bytes) {
-  release_all_locked(cache_.take_to_free(needed_bytes));
-}
-
-void CachingAllocator::release_all_locked(const std::vector<BlockCache::Block>& blocks) {
-  for (const BlockCache::Block& b : blocks) source_->release(b.ptr, b.bytes);
-  stats_.cached_bytes = cache_.cached_bytes();
+  std::set<std::pair<int64_t, Block*>> whole;  // wholly free Cached segments by size
+  for (FreeSet* set : {&free_small_, &free_large_})
+    for (Block* b : *set)
+      if (b->whole() && b->kind == Kind::Cached) whole.emplace(b->bytes, b);
+  int64_t need = needed_bytes < 0 ? whole_free_bytes_ : needed_bytes;
+  while (need > 0 && !whole.empty()) {
+    auto it = whole.lower_bound({need, nullptr});
+    if (it == whole.end()) it = std::prev(whole.end());
+    Block* b = it->second;
+    whole.erase(it);
+    need -= b->bytes;
+    erase_free_locked(b);
+    release_segment_locked(b);
+  }
 }
 
 AllocatorStats CachingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   AllocatorStats s = stats_;
-  source_->add_stats(s);
+  s.cached_bytes = segment_bytes_ - stats_.current_bytes;
   return s;
+}
+
+int64_t CachingAllocator::segment_count() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return segments_;
 }
 
 void CachingAllocator::reset_peak() {
@@ -122,16 +243,43 @@ void CachingAllocator::empty_cache() {
   free_cached_locked(-1);
 }
 
+// The old capacity's reserved segment goes back now if wholly free, else when it becomes so; the
+// new one is got now, so a capacity the system cannot back fails here, with the device named.
 void CachingAllocator::set_capacity(int64_t capacity_bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
+  MW_CHECK_T(InvalidArgument, capacity_bytes >= 0, device_.str(), ": negative capacity ",
+             capacity_bytes);
   stats_.capacity_bytes = capacity_bytes;
   free_cached_locked(-1);
-  source_->capacity_changed(capacity_bytes);
+  if (!policy_.reserve_capacity) return;
+  std::vector<Block*> old_reserved;
+  for (Block* b : free_large_)
+    if (b->kind == Kind::Reserved && b->whole()) old_reserved.push_back(b);
+  for (Block* b : old_reserved) {
+    erase_free_locked(b);
+    release_segment_locked(b);
+  }
+  auto retire = [](Block* b) {
+    for (Block* p = b; p; p = p->prev) p->kind = Kind::Transient;
+    for (Block* n = b; n; n = n->next) n->kind = Kind::Transient;
+  };
+  for (auto& [ptr, b] : live_)
+    if (b->kind == Kind::Reserved) retire(b);
+  if (capacity_bytes == 0) return;
+  const int64_t bytes = round_up(capacity_bytes, policy_.granule_bytes);
+  Block* b = new Block;
+  b->ptr = static_cast<char*>(acquire_locked(bytes));
+  b->bytes = bytes;
+  b->kind = Kind::Reserved;
+  segment_bytes_ += bytes;
+  ++segments_;
+  insert_free_locked(b);
 }
 
 void CachingAllocator::set_max_cached_bytes(int64_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
-  release_all_locked(cache_.set_max_cached_bytes(bytes));
+  policy_.max_cached_bytes = bytes;
+  if (whole_free_bytes_ > bytes) free_cached_locked(whole_free_bytes_ - bytes);
 }
 
 }  // namespace mw

@@ -1,8 +1,9 @@
 // The host's memory sources (core/host_memory.h).
 #include "core/host_memory.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
-#include <iterator>
 
 namespace mw {
 
@@ -27,39 +28,25 @@ int64_t reuse_host_block(int64_t rounded) {
 }
 
 void* SimSource::acquire(int64_t bytes) {
-  if (arena_mode_) {
-    if (void* ptr = arenas_.back()->allocate(bytes)) return ptr;
-    ++fallbacks_;
-  }
-  return host_heap_acquire(bytes);
+  if (bytes < kMapBytes) return host_heap_acquire(bytes);
+  // MAP_NORESERVE: address space only; a page costs memory once it is touched.
+  void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
 }
 
 void SimSource::release(void* ptr, int64_t bytes) {
-  for (size_t a = 0; a < arenas_.size(); ++a) {
-    if (!arenas_[a]->owns(ptr)) continue;
-    arenas_[a]->deallocate(ptr, bytes);
-    const bool current = arena_mode_ && a + 1 == arenas_.size();
-    if (!current && arenas_[a]->in_use_bytes() == 0)
-      arenas_.erase(arenas_.begin() + static_cast<std::ptrdiff_t>(a));
-    return;
-  }
-  host_heap_release(ptr);  // a heap block: a fragmented arena's, or one from before the arena
+  if (bytes < kMapBytes)
+    host_heap_release(ptr);
+  else
+    ::munmap(ptr, static_cast<size_t>(bytes));
 }
 
-bool SimSource::cacheable(const void* ptr) const {
-  if (arena_mode_) return false;
-  for (const auto& arena : arenas_)
-    if (arena->owns(ptr)) return false;
-  return true;
-}
-
-void SimSource::capacity_changed(int64_t capacity_bytes) {
-  const int64_t bytes = round_up(capacity_bytes, kHostAlignment);
-  const bool reuse = arena_mode_ && capacity_bytes > 0 && arenas_.back()->size_bytes() == bytes;
-  if (!reuse && arena_mode_ && arenas_.back()->in_use_bytes() == 0) arenas_.pop_back();
-  if (!reuse && capacity_bytes > 0)
-    arenas_.push_back(std::make_unique<Arena>(bytes, kHostAlignment));
-  arena_mode_ = capacity_bytes > 0;
+OutOfMemory SimSource::refused(int64_t bytes, const AllocatorStats& stats) const {
+  return OutOfMemory(str(device_.str(), ": the system refused ", bytes,
+                         " bytes of host memory or address space for the simulated device; "
+                         "choose a smaller --device sim:SIZE, lower the batch or offload more"),
+                     bytes, 0, stats.capacity_bytes);
 }
 
 }  // namespace mw

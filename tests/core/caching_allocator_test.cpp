@@ -1,7 +1,9 @@
 // The caching-allocator core (core/caching_allocator.h) once, over a fake source that hands out
-// addresses it never backs: rounding, best-fit reuse, the cache bound, the capacity (and the cache
-// inside it, Note [Freeing just enough]), empty-the-cache-and-retry, statistics. Then each host
-// backend's hook (core/host_memory.h) and AlignedBuffer. The CUDA and pinned sources are tested in
+// addresses it never backs: rounding, best-fit reuse, size classes, splitting and merging (against
+// a model under random traffic), the cache bound, the capacity (and the cache inside it, Note
+// [Freeing just enough]), the reserved capacity of a sim device (Note [Sim arena]),
+// return-the-cache-and-retry, statistics. Then the host sources (core/host_memory.h), the sim
+// device itself, and AlignedBuffer. The CUDA and pinned sources are tested in
 // tests/core/cuda_stream_test.cpp and tests/cuda, which skip without a GPU.
 #include "core/caching_allocator.h"
 
@@ -9,6 +11,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <random>
 #include <vector>
 
 #include "core/host_memory.h"
@@ -51,6 +55,11 @@ struct Fixture {
   std::unique_ptr<CachingAllocator> allocator;
 };
 
+// Blocks never split: a segment per request, reused whole (the cpu device's policy).
+CachePolicy whole_blocks(int64_t max_cached_bytes, int64_t (*max_reuse)(int64_t)) {
+  return {.granule_bytes = kG, .max_cached_bytes = max_cached_bytes, .max_reuse_bytes = max_reuse};
+}
+
 Fixture make(CachePolicy policy, int64_t capacity = 0, bool hard = false, int64_t limit = 0) {
   auto source = std::make_unique<FakeSource>(limit);
   FakeSource* raw = source.get();
@@ -59,7 +68,7 @@ Fixture make(CachePolicy policy, int64_t capacity = 0, bool hard = false, int64_
 }
 
 TEST(CachingAllocator, RoundsToTheGranuleAndServesTheSmallestCachedBlockThatFits) {
-  auto [src, a] = make({kG, int64_t{1} << 30, reuse_up_to_twice});
+  auto [src, a] = make(whole_blocks(int64_t{1} << 30, reuse_up_to_twice));
   void* small = a->allocate(5000);  // rounds to 2 granules
   void* mid = a->allocate(3 * kG);
   void* big = a->allocate(8 * kG);
@@ -87,7 +96,7 @@ TEST(CachingAllocator, RoundsToTheGranuleAndServesTheSmallestCachedBlockThatFits
 }
 
 TEST(CachingAllocator, ExactSizeReuseNeverHandsOutALargerBlock) {
-  auto [src, a] = make({kG, int64_t{1} << 30, reuse_exact_size});
+  auto [src, a] = make(whole_blocks(int64_t{1} << 30, reuse_exact_size));
   void* p = a->allocate(2 * kG);
   a->deallocate(p, 2 * kG);
   void* q = a->allocate(kG);
@@ -97,7 +106,7 @@ TEST(CachingAllocator, ExactSizeReuseNeverHandsOutALargerBlock) {
 }
 
 TEST(CachingAllocator, TheCacheBoundReleasesWhatWouldPassIt) {
-  auto [src, a] = make({kG, 3 * kG, reuse_up_to_twice});
+  auto [src, a] = make(whole_blocks(3 * kG, reuse_up_to_twice));
   void* p = a->allocate(2 * kG);
   void* q = a->allocate(2 * kG);
   a->deallocate(p, 2 * kG);
@@ -112,7 +121,7 @@ TEST(CachingAllocator, TheCacheBoundReleasesWhatWouldPassIt) {
 
 TEST(CachingAllocator, ARefusedBlockEmptiesTheCacheAndRetriesOnceThenNamesTheRequest) {
   // The system has 8 granules; 6 sit in the cache when a 4-granule block is asked for.
-  auto [src, a] = make({kG, int64_t{1} << 30, reuse_exact_size}, 0, false, 8 * kG);
+  auto [src, a] = make(whole_blocks(int64_t{1} << 30, reuse_exact_size), 0, false, 8 * kG);
   void* p = a->allocate(2 * kG);
   void* q = a->allocate(4 * kG);
   a->deallocate(p, 2 * kG);
@@ -134,7 +143,7 @@ TEST(CachingAllocator, ARefusedBlockEmptiesTheCacheAndRetriesOnceThenNamesTheReq
 }
 
 TEST(CachingAllocator, AHardCapacityRefusesWithTheBytesNeededFreeAndTheCapacity) {
-  auto [src, a] = make({kG, int64_t{1} << 30, reuse_exact_size}, 16 * kG, true);
+  auto [src, a] = make(whole_blocks(int64_t{1} << 30, reuse_exact_size), 16 * kG, true);
   void* p = a->allocate(10 * kG);
   try {
     a->allocate(7 * kG);
@@ -152,7 +161,7 @@ TEST(CachingAllocator, AHardCapacityRefusesWithTheBytesNeededFreeAndTheCapacity)
 // Note [Freeing just enough]: the cache lives inside the capacity, and a miss that does not fit
 // beside it frees the smallest cached block that covers the shortfall, not the whole cache.
 TEST(CachingAllocator, AMissBesideAFullCacheFreesJustEnoughOfIt) {
-  auto [src, a] = make({kG, int64_t{1} << 30, reuse_exact_size}, 32 * kG, true);
+  auto [src, a] = make(whole_blocks(int64_t{1} << 30, reuse_exact_size), 32 * kG, true);
   std::vector<std::pair<void*, int64_t>> blocks;
   for (int64_t g : {2, 4, 8, 10}) blocks.push_back({a->allocate(g * kG), g * kG});
   for (auto& [p, n] : blocks) a->deallocate(p, n);
@@ -167,14 +176,166 @@ TEST(CachingAllocator, AMissBesideAFullCacheFreesJustEnoughOfIt) {
 }
 
 TEST(CachingAllocator, ForeignPointersAndNegativeSizesAreRefused) {
-  auto [src, a] = make({kG, int64_t{1} << 30, reuse_exact_size});
+  auto [src, a] = make(whole_blocks(int64_t{1} << 30, reuse_exact_size));
   int x = 0;
   EXPECT_THROW(a->deallocate(&x, 4), Error);
   EXPECT_THROW(a->allocate(-1), InvalidArgument);
   a->deallocate(nullptr, 0);  // a no-op, as free(nullptr)
 }
 
-// ---- the host backends' hooks ----
+// ---- size classes, splitting and merging ----
+
+CachePolicy split_to_granule(int64_t max_cached_bytes = int64_t{1} << 30) {
+  return {.granule_bytes = kG, .max_cached_bytes = max_cached_bytes, .min_split_bytes = kG};
+}
+
+TEST(CachingAllocator, AFreeBlockIsSplitForASmallerRequestAndFreedNeighboursMergeInAnyOrder) {
+  auto [src, a] = make(split_to_granule());
+  char* p = static_cast<char*>(a->allocate(8 * kG));
+  a->deallocate(p, 8 * kG);
+  char* q = static_cast<char*>(a->allocate(3 * kG));
+  EXPECT_EQ(q, p) << "the cached block is cut, not left for a larger request";
+  EXPECT_EQ(a->stats().current_bytes, 3 * kG) << "the accounting is exactly what was asked for";
+  EXPECT_EQ(a->stats().cached_bytes, 5 * kG) << "the rest stays free for other requests";
+  char* r = static_cast<char*>(a->allocate(5 * kG));
+  EXPECT_EQ(r, p + 3 * kG) << "the rest serves the next request that fits";
+  EXPECT_EQ(src->acquires, 1);
+  for (int order = 0; order < 2; ++order) {  // q then r, then r then q: one block again
+    a->deallocate(order ? r : q, 0);
+    a->deallocate(order ? q : r, 0);
+    EXPECT_EQ(a->segment_count(), 1);
+    EXPECT_EQ(a->allocate(8 * kG), p) << "the pieces merged back into the whole segment";
+    a->deallocate(p, 8 * kG);
+    q = static_cast<char*>(a->allocate(3 * kG));
+    r = static_cast<char*>(a->allocate(5 * kG));
+  }
+  EXPECT_EQ(src->acquires, 1);
+  EXPECT_THROW(a->deallocate(p + kG, 0), Error) << "a pointer inside a block is not a block";
+}
+
+// Only a wholly free segment can go back to the system: the cache bound and empty_cache() leave a
+// segment with a live block alone, and return it once its last block is freed.
+TEST(CachingAllocator, ASegmentGoesBackOnlyWhenWhollyFree) {
+  auto [src, a] = make(split_to_granule(0));  // nothing kept once wholly free
+  void* p = a->allocate(8 * kG);
+  a->deallocate(p, 8 * kG);
+  EXPECT_EQ(src->released.size(), 1u);
+  void* q = a->allocate(8 * kG);
+  a->deallocate(q, 8 * kG);
+  void* r = a->allocate(2 * kG);  // a fresh segment; its block is live
+  a->empty_cache();
+  EXPECT_EQ(a->segment_count(), 1);
+  a->deallocate(r, 2 * kG);
+  EXPECT_EQ(a->segment_count(), 0);
+  EXPECT_EQ(src->out_bytes, 0);
+}
+
+TEST(CachingAllocator, GpuSizeClassesShareSegmentsAndNeverMixSmallWithLarge) {
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  EXPECT_EQ(gpu_large_segment_bytes(kMiB + 512), 20 * kMiB);
+  EXPECT_EQ(gpu_large_segment_bytes(10 * kMiB), 10 * kMiB);
+  EXPECT_EQ(gpu_large_segment_bytes(11 * kMiB + 1), 12 * kMiB);
+  auto [src, a] = make(gpu_cache_policy(512, int64_t{1} << 40));
+  std::vector<void*> small;
+  for (int i = 0; i < 100; ++i) small.push_back(a->allocate(1000));  // 1024 each, 100 KiB
+  EXPECT_EQ(src->acquires, 1) << "a hundred small blocks share one 2 MiB segment";
+  EXPECT_EQ(src->out_bytes, 2 * kMiB);
+  EXPECT_EQ(a->stats().current_bytes, 100 * 1024);
+  void* mid1 = a->allocate(3 * kMiB);
+  void* mid2 = a->allocate(5 * kMiB);
+  EXPECT_EQ(src->acquires, 2) << "mid-sized blocks share one 20 MiB segment";
+  EXPECT_EQ(static_cast<char*>(mid2), static_cast<char*>(mid1) + 3 * kMiB);
+  void* big = a->allocate(16 * kMiB);  // 12 MiB are left of the 20: a segment of its own
+  EXPECT_EQ(src->acquires, 3);
+  a->deallocate(big, 16 * kMiB);
+  void* almost = a->allocate(15 * kMiB + kMiB / 2);  // 0.5 MiB left: not worth a split
+  EXPECT_EQ(almost, big);
+  EXPECT_EQ(a->stats().current_bytes, 100 * 1024 + 8 * kMiB + 16 * kMiB) << "handed out whole";
+  a->deallocate(almost, 0);
+  for (void* p : small) a->deallocate(p, 1000);
+  a->deallocate(mid1, 0);
+  a->deallocate(mid2, 0);
+  const int64_t acquires = src->acquires;
+  void* tiny = a->allocate(100);
+  EXPECT_EQ(src->acquires, acquires) << "the small segment serves again";
+  void* large = a->allocate(2 * kMiB);
+  EXPECT_EQ(src->acquires, acquires) << "a large request splits a free large block";
+  EXPECT_EQ(large, big) << "best fit: the 16 MiB block, not the 20 MiB one";
+  a->deallocate(tiny, 0);
+  a->deallocate(large, 0);
+  a->empty_cache();
+  EXPECT_EQ(src->out_bytes, 0);
+}
+
+// Random traffic of small and large requests against a model: live blocks never overlap and lie
+// inside the segments the source gave; the accounting matches the model; once everything is freed
+// every segment is one free block again (every merge happened) and empty_cache() returns it all.
+TEST(CachingAllocator, RandomTrafficKeepsBlocksDisjointAndMergesEverySegmentBack) {
+  auto [src, a] = make(gpu_cache_policy(512, int64_t{1} << 40));
+  std::mt19937 rng(7);
+  std::map<char*, int64_t> live;  // address -> rounded bytes
+  int64_t live_bytes = 0;
+  for (int i = 0; i < 20000; ++i) {
+    if (live.empty() || rng() % 3 != 0) {
+      const int64_t bytes = rng() % 4 == 0 ? 1 + static_cast<int64_t>(rng() % (24 << 20))
+                                           : 1 + static_cast<int64_t>(rng() % (1 << 20));
+      char* p = static_cast<char*>(a->allocate(bytes));
+      const int64_t rounded = round_up(bytes, 512);
+      auto next = live.lower_bound(p);
+      ASSERT_TRUE(next == live.end() || p + rounded <= next->first) << "overlaps the next block";
+      ASSERT_TRUE(next == live.begin() || std::prev(next)->first + std::prev(next)->second <= p)
+          << "overlaps the previous block";
+      live.emplace(p, rounded);
+      live_bytes += rounded;
+    } else {
+      auto it = std::next(live.begin(), static_cast<std::ptrdiff_t>(rng() % live.size()));
+      a->deallocate(it->first, it->second);
+      live_bytes -= it->second;
+      live.erase(it);
+    }
+    const AllocatorStats s = a->stats();
+    ASSERT_GE(s.current_bytes, live_bytes);
+    ASSERT_LE(s.current_bytes, live_bytes + static_cast<int64_t>(live.size()) * (1 << 20))
+        << "an unsplit block is at most 1 MiB over its request";
+    ASSERT_EQ(s.current_bytes + s.cached_bytes, src->out_bytes);
+  }
+  for (const auto& [p, n] : live) a->deallocate(p, n);
+  EXPECT_EQ(a->stats().current_bytes, 0);
+  a->empty_cache();
+  EXPECT_EQ(src->out_bytes, 0) << "every segment merged back to one free block";
+  EXPECT_EQ(a->segment_count(), 0);
+}
+
+// Note [Sim arena]: with reserve_capacity the capacity is one segment, got when it is set; blocks
+// of any size are carved from it; a fragmented segment serves from a transient one (counted, and
+// returned when freed) rather than failing; a new capacity retires the old segment, which goes
+// back once its last block is freed.
+TEST(CachingAllocator, AReservedCapacityIsOneSegmentCarvedAtAnySize) {
+  CachePolicy policy = split_to_granule();
+  policy.reserve_capacity = true;
+  auto [src, a] = make(policy, 16 * kG, true);
+  EXPECT_EQ(src->acquires, 1);
+  EXPECT_EQ(src->out_bytes, 16 * kG);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(a->allocate(2 * kG));
+  EXPECT_EQ(src->acquires, 1);
+  for (int i = 0; i < 8; i += 2) a->deallocate(blocks[static_cast<size_t>(i)], 2 * kG);
+  void* wide = a->allocate(4 * kG);  // 8 granules free in 2-granule holes
+  EXPECT_EQ(a->stats().arena_fallbacks, 1);
+  EXPECT_EQ(src->acquires, 2);
+  EXPECT_EQ(a->stats().current_bytes, 12 * kG);
+  EXPECT_THROW(a->allocate(6 * kG), OutOfMemory) << "the capacity still counts every block";
+  a->deallocate(wide, 4 * kG);
+  EXPECT_EQ(src->released.size(), 1u) << "the transient segment went back when freed";
+  a->set_capacity(32 * kG);  // blocks of the old segment are still live
+  EXPECT_EQ(src->out_bytes, 48 * kG);
+  for (int i = 1; i < 8; i += 2) a->deallocate(blocks[static_cast<size_t>(i)], 2 * kG);
+  EXPECT_EQ(src->out_bytes, 32 * kG) << "the old capacity's segment went back with its last block";
+  a->set_capacity(0);
+  EXPECT_EQ(src->out_bytes, 0);
+}
+
+// ---- the host sources and the sim device ----
 
 TEST(HostMemory, HeapBlocksAreAlignedForODirectAndTheHostReuseRuleBoundsLargeBlocks) {
   HeapSource heap(Device::cpu());
@@ -191,23 +352,46 @@ TEST(HostMemory, HeapBlocksAreAlignedForODirectAndTheHostReuseRuleBoundsLargeBlo
   EXPECT_NE(std::string(e.what()).find("lower the batch"), std::string::npos);
 }
 
-TEST(HostMemory, TheSimSourceCachesHeapBlocksButNeverArenaBlocks) {
+// Large sim segments are address space only: mapping more than the machine has costs nothing
+// until touched (a sim:80GiB on this 23 GiB machine), and a refusal names the sim size to change.
+TEST(HostMemory, TheSimSourceMapsLargeSegmentsWithoutReservingThem) {
   SimSource sim(Device::sim(7));
-  void* heap_block = sim.acquire(kG);
-  EXPECT_TRUE(sim.cacheable(heap_block));
-  sim.capacity_changed(8 * kG);
-  void* arena_block = sim.acquire(2 * kG);
-  EXPECT_FALSE(sim.cacheable(arena_block)) << "the arena reuses its pages at any size";
-  EXPECT_FALSE(sim.cacheable(heap_block)) << "nothing is cached while the arena serves";
-  void* fallback = sim.acquire(16 * kG);  // larger than the arena: from the heap
-  AllocatorStats s;
-  sim.add_stats(s);
-  EXPECT_EQ(s.arena_fallbacks, 1);
-  sim.release(fallback, 16 * kG);
-  sim.release(heap_block, kG);
-  sim.capacity_changed(0);
-  EXPECT_FALSE(sim.cacheable(arena_block)) << "the old arena still owns its live block";
-  sim.release(arena_block, 2 * kG);
+  const int64_t huge = int64_t{64} << 30;
+  void* p = sim.acquire(huge);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % kHostAlignment, 0u);
+  static_cast<char*>(p)[huge - 1] = 1;  // one page backed
+  sim.release(p, huge);
+  void* small = sim.acquire(kG);
+  ASSERT_NE(small, nullptr);
+  sim.release(small, kG);
+  const OutOfMemory e = sim.refused(huge, AllocatorStats{});
+  EXPECT_NE(std::string(e.what()).find("--device sim:SIZE"), std::string::npos) << e.what();
+}
+
+// The sim device: blocks of new sizes reuse the same pages (the same addresses come back), the
+// capacity is still exact, and a fragmented device serves a block from outside instead of failing.
+TEST(SimDevice, NewSizesReuseTheSamePagesAndFragmentationNeverFails) {
+  const int sim = 6;
+  set_sim_capacity(sim, 64 * kG);
+  Allocator& al = allocator_for(Device::sim(sim));
+  void* a = al.allocate(32 * kG);
+  al.deallocate(a, 32 * kG);
+  void* b = al.allocate(20 * kG);  // another size: an exact-size cache would have missed
+  EXPECT_EQ(b, a) << "the block came from fresh pages, not the device's";
+  al.deallocate(b, 20 * kG);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 16; ++i) blocks.push_back(al.allocate(4 * kG));
+  for (int i = 0; i < 16; i += 2) al.deallocate(blocks[static_cast<size_t>(i)], 4 * kG);
+  const int64_t fallbacks = al.stats().arena_fallbacks;
+  void* big = al.allocate(16 * kG);  // fits the capacity, no hole holds it
+  EXPECT_EQ(al.stats().arena_fallbacks, fallbacks + 1);
+  EXPECT_EQ(al.stats().current_bytes, 48 * kG);
+  EXPECT_THROW(al.allocate(20 * kG), OutOfMemory) << "the capacity is still enforced";
+  al.deallocate(big, 16 * kG);
+  for (int i = 1; i < 16; i += 2) al.deallocate(blocks[static_cast<size_t>(i)], 4 * kG);
+  EXPECT_EQ(al.stats().current_bytes, 0);
+  set_sim_capacity(sim, 0);
 }
 
 TEST(HostMemory, TheCpuAllocatorReusesAFreedBlockOfTheSameSize) {
@@ -227,7 +411,7 @@ TEST(AlignedBuffer, HeapOrAllocatorBlocksAlignedAndMovable) {
   EXPECT_EQ(heap.size(), 100);
   std::memset(heap.data(), 7, 100);
   CachingAllocator counted(Device::cpu(), std::make_unique<HeapSource>(Device::cpu()),
-                           CachePolicy{kHostAlignment, 0, reuse_exact_size}, 0, false);
+                           whole_blocks(0, reuse_exact_size), 0, false);
   {
     AlignedBuffer from(kG + 1, counted);
     EXPECT_EQ(counted.stats().current_bytes, 2 * kG) << "counted by the allocator it came from";

@@ -1,6 +1,6 @@
-// Tests of core/cuda_stream.h and core/block_cache.h.
-//  - Everywhere: the BlockCache that every caching allocator keeps its freed blocks in, and the
-//    errors a build without CUDA, or a machine without a GPU, gives (typed, saying what to do).
+// Tests of core/cuda_stream.h.
+//  - Everywhere: the errors a build without CUDA, or a machine without a GPU, gives (typed, saying
+//    what to do).
 //  - With a GPU (skipped otherwise): events order a copy stream after the compute stream and the
 //    compute stream after a copy, and the pinned allocator counts and reuses its bytes.
 #include "core/cuda_stream.h"
@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "../data/temp_dir.h"
-#include "core/block_cache.h"
 #include "core/error.h"
 #include "core/storage.h"
 
@@ -23,42 +22,6 @@ namespace mw {
 namespace {
 
 using data::testing::expect_throw_with;
-
-int blocks[8];  // distinct addresses for the cache tests; never dereferenced
-void* block(int i) { return &blocks[i]; }
-
-TEST(BlockCache, TakesTheSmallestCachedBlockWithinTwiceTheRequest) {
-  BlockCache cache(1 << 20);
-  ASSERT_TRUE(cache.put(block(0), 8192));
-  ASSERT_TRUE(cache.put(block(1), 16384));
-  ASSERT_TRUE(cache.put(block(2), 65536));
-  EXPECT_EQ(cache.cached_bytes(), 8192 + 16384 + 65536);
-  // 12288 fits 16384 (the smallest block at least as large) but not 8192.
-  auto b = cache.take(12288, 2 * 12288);
-  ASSERT_TRUE(b);
-  EXPECT_EQ(b->ptr, block(1));
-  EXPECT_EQ(b->bytes, 16384);
-  // 20000: the only larger block, 65536, is more than twice the request: nothing.
-  EXPECT_FALSE(cache.take(20000, 2 * 20000));
-  // 4096: 8192 is exactly twice, so it is taken.
-  auto c = cache.take(4096, 2 * 4096);
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->ptr, block(0));
-  EXPECT_EQ(cache.cached_bytes(), 65536);
-  EXPECT_EQ(cache.cached_blocks(), 1);
-}
-
-TEST(BlockCache, RefusesABlockThatWouldPassItsBoundAndEmptiesOnTakeToFreeAll) {
-  BlockCache cache(10000);
-  EXPECT_TRUE(cache.put(block(0), 8192));
-  EXPECT_FALSE(cache.put(block(1), 4096)) << "8192 + 4096 passes the 10000-byte bound";
-  EXPECT_EQ(cache.cached_bytes(), 8192);
-  EXPECT_TRUE(cache.put(block(2), 1808));  // exactly at the bound
-  auto all = cache.take_to_free(-1);
-  EXPECT_EQ(all.size(), 2u);
-  EXPECT_EQ(cache.cached_bytes(), 0);
-  EXPECT_FALSE(cache.take(1, 2));
-}
 
 // Without a GPU every entry point throws DeviceError whose message says what to do instead. In a
 // build without CUDA the message says so; in a CUDA build on a machine without a GPU (or driver)
@@ -164,11 +127,12 @@ TEST(PinnedHostAllocator, CountsItsBytesApartAndReusesFreedBlocks) {
   const AllocatorStats s0 = pinned.stats();
   const int64_t cpu_before = allocator_for(Device::cpu()).stats().current_bytes;
   void* first = nullptr;
+  AllocatorStats s1;
   {
     PinnedHostBuffer a(10000);  // rounded to 12288 (4096-byte granules)
     first = a.data();
     EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % 4096, 0u);
-    const AllocatorStats s1 = pinned.stats();
+    s1 = pinned.stats();
     EXPECT_EQ(s1.current_bytes - s0.current_bytes, 12288);
     EXPECT_GE(s1.peak_bytes, s0.current_bytes + 12288);
     EXPECT_EQ(allocator_for(Device::cpu()).stats().current_bytes, cpu_before)
@@ -176,7 +140,7 @@ TEST(PinnedHostAllocator, CountsItsBytesApartAndReusesFreedBlocks) {
   }
   const AllocatorStats s2 = pinned.stats();
   EXPECT_EQ(s2.current_bytes, s0.current_bytes);
-  EXPECT_EQ(s2.cached_bytes, s0.cached_bytes + 12288);
+  EXPECT_EQ(s2.cached_bytes, s1.cached_bytes + 12288) << "a freed block is kept for reuse";
   {
     PinnedHostBuffer b(9000);  // 12288 again: served from the cache
     EXPECT_EQ(b.data(), first);

@@ -49,17 +49,17 @@ class CudaSource final : public MemorySource {
   int index_;
 };
 
-// The CUDA cache keeps every freed block (the device's memory is the bound), granule 512 bytes,
-// best fit within twice the request; the capacity is the device's memory, reported, not enforced
-// (cudaMalloc fails first).
+// The CUDA cache keeps every freed segment (the device's memory is the bound), granule 512 bytes,
+// the GPU size classes (core/caching_allocator.h); the capacity is the device's memory, reported,
+// not enforced (cudaMalloc fails first).
 std::unique_ptr<CachingAllocator> make_cuda_allocator(int index) {
   size_t free_bytes = 0, total_bytes = 0;
   check_cuda(cudaSetDevice(index), "cudaSetDevice");
   check_cuda(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
   return std::make_unique<CachingAllocator>(
       Device::cuda(index), std::make_unique<CudaSource>(index),
-      CachePolicy{512, std::numeric_limits<int64_t>::max(), reuse_up_to_twice},
-      static_cast<int64_t>(total_bytes), false);
+      gpu_cache_policy(512, std::numeric_limits<int64_t>::max()), static_cast<int64_t>(total_bytes),
+      false);
 }
 
 }  // namespace

@@ -6,14 +6,15 @@
 // done, so nothing overlaps. Pinning is expensive (cudaHostAlloc locks and maps every page, and
 // cudaFreeHost can synchronise with the device; PyTorch's CachingHostAllocator caches for the same
 // reason), so freed blocks are cached by the CachingAllocator core: sizes rounded to 4096 bytes,
-// best fit within twice the request, at most kMaxCachedPinnedBytes kept. When cudaHostAlloc runs
-// out of memory the cache is returned to the driver and the allocation retried once; then
-// OutOfMemory. Blocks are allocated with cudaHostAllocPortable, so any device's copy stream can use
-// them.
+// carved from segments by the GPU size classes (core/caching_allocator.h), at most
+// kMaxCachedPinnedBytes of wholly free segments kept. When cudaHostAlloc runs out of memory the
+// wholly free segments are returned to the driver and the allocation retried once; then
+// OutOfMemory. Segments are allocated with cudaHostAllocPortable, so any device's copy stream can
+// use them.
 //
 // Statistics (Note [Allocator statistics]): current_bytes and peak_bytes count pinned blocks in
-// use, rounded; cached_bytes the pinned blocks kept for reuse. Pinned memory cannot be swapped out,
-// so these bytes are also part of the process RSS.
+// use, rounded; cached_bytes the free pinned bytes of its segments, kept for reuse. Pinned memory
+// cannot be swapped out, so these bytes are also part of the process RSS.
 #include "core/cuda_stream.h"
 
 #include <cuda_runtime.h>
@@ -204,9 +205,9 @@ void CudaEvent::synchronize() const {
 Allocator& pinned_host_allocator() {
   // Never destroyed: cudaFreeHost during static destruction could run after the CUDA runtime has
   // shut down. The process exit returns the pages.
-  static CachingAllocator* allocator = new CachingAllocator(
-      Device::cpu(), std::make_unique<PinnedSource>(),
-      CachePolicy{kPinnedGranule, kMaxCachedPinnedBytes, reuse_up_to_twice}, 0, false);
+  static CachingAllocator* allocator =
+      new CachingAllocator(Device::cpu(), std::make_unique<PinnedSource>(),
+                           gpu_cache_policy(kPinnedGranule, kMaxCachedPinnedBytes), 0, false);
   return *allocator;
 }
 
