@@ -22,12 +22,17 @@ namespace {
 constexpr int64_t kMaxCachedHostBytes = int64_t{4} << 30;
 constexpr int kMaxSimDevices = 8;
 
+// Note [Host caching]'s numbers: blocks up to 1 MiB share 2 MiB segments (a 4 KiB bias costs
+// 4 KiB, not the 8 KiB aligned_alloc pads it to); a larger block gets a segment of its own size,
+// and a free block is split when at least 1 MiB is left, else handed out whole.
 std::unique_ptr<CachingAllocator> make_cpu_allocator() {
   return std::make_unique<CachingAllocator>(Device::cpu(),
                                             std::make_unique<HeapSource>(Device::cpu()),
                                             CachePolicy{.granule_bytes = kHostAlignment,
                                                         .max_cached_bytes = kMaxCachedHostBytes,
-                                                        .max_reuse_bytes = reuse_host_block},
+                                                        .small_max_bytes = int64_t{1} << 20,
+                                                        .small_segment_bytes = int64_t{2} << 20,
+                                                        .min_split_bytes = int64_t{1} << 20},
                                             0, false);
 }
 

@@ -19,14 +19,6 @@ OutOfMemory HeapSource::refused(int64_t bytes, const AllocatorStats& stats) cons
                      bytes, 0, stats.capacity_bytes);
 }
 
-// Large blocks (32 MiB and up: logits, the embedding gradient) take at most 1/8 more, so a 98 MiB
-// logits buffer never takes the 147 MiB block that the embedding gradient needs next, which would
-// make every step fault in a fresh 147 MiB (measured: 19% of step time in page clearing).
-int64_t reuse_host_block(int64_t rounded) {
-  const int64_t slack = rounded >= (int64_t{32} << 20) ? rounded / 8 : rounded;
-  return rounded + slack;
-}
-
 void* SimSource::acquire(int64_t bytes) {
   if (bytes < kMapBytes) return host_heap_acquire(bytes);
   // MAP_NORESERVE: address space only; a page costs memory once it is touched.

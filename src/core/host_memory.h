@@ -35,7 +35,4 @@ class SimSource final : public HeapSource {
   static constexpr int64_t kMapBytes = int64_t{64} << 20;  // and up: mmap
 };
 
-// Note [Host caching]'s reuse rule for the cpu device.
-int64_t reuse_host_block(int64_t rounded);
-
 }  // namespace mw

@@ -2,10 +2,10 @@
 //
 // Note [CUDA caching allocator]: cudaMalloc and cudaFree synchronise the device and cost tens of
 // microseconds, so freed blocks are kept by the caching-allocator core (core/caching_allocator.h:
-// sizes rounded to 512 bytes, reused when a request fits in a block at most twice its size). When
-// cudaMalloc fails, every cached block is returned to the driver and the allocation is retried
-// once; if it still fails the error says how much was asked for, how much is free and how much the
-// device has. (Splitting large cached blocks, as PyTorch's allocator does, is not done yet.)
+// sizes rounded to 512 bytes, carved from segments by the GPU size classes, split and merged as
+// PyTorch's allocator does). When cudaMalloc fails, every wholly free segment is returned to the
+// driver and the allocation is retried once; if it still fails the error says how much was asked
+// for, how much is free and how much the device has.
 //
 // Compiled only when the CUDA toolkit is found; plain C++ against the runtime API.
 #include <cuda_runtime.h>
