@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 
@@ -43,6 +44,19 @@ double process_cpu_ms() {
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
+// The ranks of this job on this machine, from the launcher (Open MPI's, MPICH's or Slurm's
+// variables); unknown: all of them, the safe answer for the host check on one machine.
+int64_t ranks_on_this_host(int64_t ranks) {
+  for (const char* name :
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
+    if (const char* v = std::getenv(name)) {
+      char* end = nullptr;
+      const long long n = std::strtoll(v, &end, 10);
+      if (end != v && *end == 0 && n >= 1 && n <= ranks) return n;
+    }
+  return ranks;
+}
+
 // Prints the memory plan; stops before anything is allocated when it does not fit (Note
 // [Activation arithmetic], models/gpt2/memory_plan.h). Returns true for --plan.
 bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Trainer::Print& print) {
@@ -62,6 +76,12 @@ bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Traine
   in.offload_activations = o.offload_activations;
   in.gemini = !o.gemini.empty();
   in.gemini_options = o.gemini_options;
+  if (o.data_parallel()) {
+    in.ranks = o.comm->size();
+    in.zero_stage = o.zero_stage;
+    in.bucket_bytes = o.bucket_bytes;
+    in.ranks_on_host = ranks_on_this_host(in.ranks);
+  }
   const gpt2::MemoryPlan plan = gpt2::plan_memory(in);
   const gpt2::AvailableMemory avail = gpt2::available_memory(in.nvme_dir);
   print(plan.table() + str("  available: host ", format_fixed(mib(avail.host_bytes), 1), " MiB (",

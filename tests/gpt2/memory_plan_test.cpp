@@ -329,6 +329,52 @@ TEST(MemoryPlan, RefusesWhatDoesNotFitNamingTheNumbersAndTheOptions) {
   EXPECT_NO_THROW(check_plan_fits(plan_memory(in), in, avail));
 }
 
+// Data parallel (docs/distributed.md): the plan is one rank's, over its rows of the global batch;
+// ZeRO 1 and 2 shard the Adam states (and stage 2 the kept gradients); ranks on one machine share
+// its RAM, so the check multiplies. Measured against each rank's peak in tests/dist/plan_test.cpp.
+TEST(MemoryPlan, DataParallelIsPlannedPerRankAndCheckedPerHost) {
+  const PlanInputs one = inputs(wide(), 4, 128);
+  PlanInputs dp = one;
+  dp.ranks = 2;
+  dp.update_in_backward = false;  // as the trainer sets it under data parallel
+  const MemoryPlan single = plan_memory(one), ddp = plan_memory(dp);
+  PlanInputs half = one;
+  half.batch = 2;
+  EXPECT_EQ(ddp.activation_bytes, plan_memory(half).activation_bytes) << "B4 over 2 ranks: B2";
+  auto row = [](const MemoryPlan& p, const std::string& what) {
+    for (const auto& r : p.rows)
+      if (r.what == what) return r.bytes;
+    return int64_t{0};
+  };
+  const int64_t params = row(single, "parameters");
+  EXPECT_EQ(row(ddp, "gradient buckets"), params) << "stage 0 keeps every bucket";
+  EXPECT_EQ(row(ddp, "Adam m, v"), 2 * params);
+  dp.zero_stage = 1;
+  const MemoryPlan z1 = plan_memory(dp);
+  EXPECT_EQ(row(z1, "Adam m, v"), params) << "this rank's half of m and v";
+  EXPECT_EQ(row(z1, "gradient shard"), params / 2);
+  dp.zero_stage = 2;
+  const MemoryPlan z2 = plan_memory(dp);
+  EXPECT_EQ(row(z2, "gradient buckets"), 0) << "stage 2 frees a bucket after its reduce_scatter";
+  EXPECT_LT(z2.host_bytes, z1.host_bytes);
+  // Four ranks on a machine with room for three of them.
+  dp.ranks = dp.ranks_on_host = 4;
+  const MemoryPlan four = plan_memory(dp);
+  EXPECT_NE(four.table().find("4 ranks on this host"), std::string::npos) << four.table();
+  AvailableMemory avail;
+  avail.host_bytes = 3 * four.host_bytes + (four.host_bytes / 2);
+  avail.host_source = "MemAvailable";
+  try {
+    check_plan_fits(four, dp, avail);
+    FAIL() << "four ranks were accepted in the room of three and a half";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("(4 ranks on this host)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fewer ranks per host"), std::string::npos) << e.what();
+  }
+  dp.ranks_on_host = 3;  // the fourth rank on another machine
+  EXPECT_NO_THROW(check_plan_fits(plan_memory(dp), dp, avail));
+}
+
 TEST(MemoryPlan, ADeviceTooSmallIsRefusedWithGeminiSuggested) {
   PlanInputs in = inputs(Config::preset("small"), 4, 128);
   in.device = Device::sim(0);

@@ -288,6 +288,25 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t params, int64_t ac
 
 namespace {
 
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Data parallel's gradients (Note [Gradient buckets], train/data_parallel.h): each gradient is
+// added into its bucket and released as soon as it is final, so the buckets live beside the
+// activations for the whole of backward. Stage 0 keeps every bucket (Psi floats); stage 1 those
+// and this rank's summed piece (Psi/N); stage 2 only the piece, a bucket's buffer being freed when
+// its reduce_scatter completes: the buckets in flight are bounded by two of --bucket-mb here
+// (coarse: the overlap of the collectives decides it).
+void plan_gradient_buckets(MemoryPlan& p, const PlanInputs& in, int64_t params) {
+  const int64_t piece = ceil_div(params, in.ranks);
+  if (in.zero_stage < 2)
+    add(p, "gradient buckets", p.device_name, params, "data parallel: every bucket kept");
+  if (in.zero_stage >= 1)
+    add(p, "gradient shard", p.device_name, piece, str("ZeRO ", in.zero_stage, ": 1/", in.ranks));
+  if (in.zero_stage == 2)
+    add(p, "gradient buckets in flight", p.device_name, std::min(params, 2 * in.bucket_bytes),
+        "freed after their reduce_scatter");
+}
+
 // --offload-activations. Without recomputation every saved tensor is offloaded, the head's and
 // the loss's included (gpt2_train computes the loss inside the offload scope): the host holds the
 // activation peak less the gradients in flight at the LM head's backward, and the device those
@@ -325,8 +344,12 @@ void plan_offloaded_activations(MemoryPlan& p, const PlanInputs& in, const Activ
 
 }  // namespace
 
-MemoryPlan plan_memory(const PlanInputs& in) {
+MemoryPlan plan_memory(const PlanInputs& global) {
+  PlanInputs in = global;  // one rank's: its rows of the global batch (Note [Global batch])
+  in.ranks = std::max<int64_t>(1, global.ranks);
+  in.batch = global.batch / in.ranks;
   MemoryPlan p;
+  p.ranks_on_host = std::max<int64_t>(1, global.ranks_on_host);
   const bool on_device = !in.device.is_cpu();
   p.device_name = on_device ? in.device.str() : "host";
   const Activations a = activations(in);
@@ -350,22 +373,27 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   const std::string dev = p.device_name;
   add(p, "parameters", dev, params, "");
   std::string act_note = str("B", in.batch, " T", in.seq, ", recompute: ", p.recompute);
+  if (in.ranks > 1) act_note += str(" (B", global.batch, " over ", in.ranks, " ranks)");
   if (in.offload_activations && on_device) {
     plan_offloaded_activations(p, in, a, act_peak, act_note);
   } else {
     add(p, "activations + logits at the LM head's backward", dev, act_peak, act_note);
   }
-  if (in.adamw || !in.update_in_backward) {
+  if (in.ranks > 1 || in.zero_stage > 0) {
+    plan_gradient_buckets(p, in, params);
+  } else if (in.adamw || !in.update_in_backward) {
     // Every gradient exists at the end of backward, when the activations are gone: the peak is
     // the larger of the two moments.
     add(p, "gradients beyond the activations' peak", dev, std::max<int64_t>(0, params - act_peak),
         "no update in backward: all gradients at the end of backward");
   }
   // HybridAdam keeps a sim device's states on the host unless told otherwise; AdamW beside the
-  // parameters.
+  // parameters. ZeRO 1 and 2 keep this rank's shard's.
   const std::string states_tier = (!on_device || (in.states_on_host && !in.adamw)) ? "host" : dev;
-  const auto on_disk = static_cast<int64_t>(in.nvme_fraction * 2 * params);
-  add(p, "Adam m, v", states_tier, 2 * params - on_disk, "");
+  const int64_t states = in.zero_stage >= 1 ? ceil_div(2 * params, in.ranks) : 2 * params;
+  const auto on_disk = static_cast<int64_t>(in.nvme_fraction * static_cast<double>(states));
+  add(p, "Adam m, v", states_tier, states - on_disk,
+      in.zero_stage >= 1 ? str("ZeRO ", in.zero_stage, ": this rank's 1/", in.ranks) : "");
   if (in.nvme_fraction > 0) {
     add(p, "Adam m, v (NVMe)", "disk", on_disk, str("--fraction ", in.nvme_fraction));
     add(p, "NVMe window", "host", in.nvme_window_bytes, "staging");
@@ -382,10 +410,18 @@ std::string MemoryPlan::table() const {
                   mib(r.bytes), r.note.c_str());
     out += line;
   }
-  std::snprintf(line, sizeof line, "  total: host %.1f MiB | %s %.1f MiB | disk %.1f MiB\n",
+  std::snprintf(line, sizeof line, "  total: host %.1f MiB | %s %.1f MiB | disk %.1f MiB%s\n",
                 mib(host_bytes), device_name == "host" ? "device" : device_name.c_str(),
-                mib(device_bytes), mib(disk_bytes));
-  return out + line;
+                mib(device_bytes), mib(disk_bytes), ranks_on_host > 1 ? " (per rank)" : "");
+  out += line;
+  if (ranks_on_host > 1) {
+    std::snprintf(line, sizeof line, "  %lld ranks on this host: host %.1f MiB | disk %.1f MiB\n",
+                  static_cast<long long>(ranks_on_host),
+                  mib(host_bytes) * static_cast<double>(ranks_on_host),
+                  mib(disk_bytes) * static_cast<double>(ranks_on_host));
+    out += line;
+  }
+  return out;
 }
 
 namespace {
@@ -450,14 +486,21 @@ void check_plan_fits(const MemoryPlan& plan, const PlanInputs& in, const Availab
   std::string problems;
   int64_t need = 0, have = 0, cap = 0;
   const std::string act_advice = "a smaller --batch or --seq, --checkpoint-activations";
-  if (avail.host_bytes >= 0 && plan.host_bytes > avail.host_bytes) {
-    problems += str("host RAM: needs ", mib_text(plan.host_bytes), ", ", mib_text(avail.host_bytes),
-                    " available (", avail.host_source, "); to fit: ", act_advice,
-                    in.device.is_cpu() ? "" : ", --offload-activations",
-                    ", --offload nvme --fraction 1 (Adam states on disk)",
-                    in.device.is_cpu() ? "" : ", --gemini auto --host-capacity SIZE",
-                    ", or a smaller model. ");
-    need = plan.host_bytes, have = avail.host_bytes;
+  const auto ranks_on_host = static_cast<double>(plan.ranks_on_host);
+  const int64_t host_need = clamp_bytes(static_cast<double>(plan.host_bytes) * ranks_on_host);
+  const int64_t disk_need = clamp_bytes(static_cast<double>(plan.disk_bytes) * ranks_on_host);
+  const std::string ranks =
+      plan.ranks_on_host > 1 ? str(" (", plan.ranks_on_host, " ranks on this host)") : "";
+  if (avail.host_bytes >= 0 && host_need > avail.host_bytes) {
+    problems += str(
+        "host RAM: needs ", mib_text(host_need), ranks, ", ", mib_text(avail.host_bytes),
+        " available (", avail.host_source, "); to fit: ", act_advice,
+        in.device.is_cpu() ? "" : ", --offload-activations",
+        ", --offload nvme --fraction 1 (Adam states on disk)",
+        in.device.is_cpu() ? "" : ", --gemini auto --host-capacity SIZE",
+        plan.ranks_on_host > 1 ? ", --zero 1 or 2 (Adam states sharded), fewer ranks per host" : "",
+        ", or a smaller model. ");
+    need = host_need, have = avail.host_bytes;
   }
   if (in.device_capacity_bytes > 0 && plan.device_bytes > in.device_capacity_bytes) {
     problems +=
@@ -466,12 +509,12 @@ void check_plan_fits(const MemoryPlan& plan, const PlanInputs& in, const Availab
             in.gemini ? ", a larger capacity" : ", --gemini auto (parameters in chunks)", ". ");
     need = plan.device_bytes, cap = in.device_capacity_bytes;
   }
-  if (avail.disk_bytes >= 0 && plan.disk_bytes > avail.disk_bytes) {
-    problems += str("disk at '", avail.disk_path, "': needs ", mib_text(plan.disk_bytes), ", ",
+  if (avail.disk_bytes >= 0 && disk_need > avail.disk_bytes) {
+    problems += str("disk at '", avail.disk_path, "': needs ", mib_text(disk_need), ranks, ", ",
                     mib_text(avail.disk_bytes),
                     " free; to fit: --nvme-dir on a larger disk, a smaller --fraction or a "
                     "larger --host-capacity. ");
-    need = plan.disk_bytes, have = avail.disk_bytes;
+    need = disk_need, have = avail.disk_bytes;
   }
   if (!problems.empty())
     throw OutOfMemory(str("the run does not fit, stopped before allocating: ", problems,

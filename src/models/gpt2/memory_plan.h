@@ -53,6 +53,12 @@ struct PlanInputs {
   int64_t offload_in_flight_bytes = int64_t{128} << 20;
   bool gemini = false;
   gemini::GeminiOptions gemini_options;  // policy, fractions, budget, margin, host capacity
+  // Data parallel (docs/distributed.md): `batch` is the global batch, split across `ranks`. The
+  // plan is one rank's; ranks_on_host of them share this machine's RAM and disk.
+  int64_t ranks = 1;
+  int zero_stage = 0;  // 1: Adam states sharded; 2: gradients too
+  int64_t bucket_bytes = int64_t{25} << 20;
+  int64_t ranks_on_host = 1;
 };
 
 struct PlanRow {
@@ -70,6 +76,7 @@ struct MemoryPlan {
   int64_t activation_bytes = 0;
   std::string recompute;  // "none", "every block", "K segments"
   std::string device_name;
+  int64_t ranks_on_host = 1;  // host and disk bytes are per rank; the check multiplies
   std::string table() const;  // one table, MiB, the three totals last
 };
 
@@ -86,7 +93,8 @@ struct AvailableMemory {
 AvailableMemory available_memory(const std::string& nvme_dir);
 
 // Throws OutOfMemory naming, per tier that does not fit, the bytes needed and available and the
-// options that would make it fit. A device capacity of 0 (unlimited) always fits.
+// options that would make it fit. A device capacity of 0 (unlimited) always fits. The host and
+// disk need is the plan's times the ranks on this host.
 void check_plan_fits(const MemoryPlan& plan, const PlanInputs& in, const AvailableMemory& avail);
 
 }  // namespace mw::gpt2
