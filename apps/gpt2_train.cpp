@@ -357,12 +357,6 @@ void parse_offload(const cli::Parser& p, Options& o, bool nvme, const std::strin
 void check_combinations(const Options& o) {
   MW_CHECK_T(cli::UsageError, o.resume.empty() || o.load_optimizer.empty(),
              "--resume restores the optimizer itself; drop --load-optimizer");
-  MW_CHECK_T(cli::UsageError, o.sample_every == 0 || (o.gemini.empty() && !o.device.is_cuda()),
-             "--sample-every is not supported with ",
-             o.device.is_cuda() ? "--device cuda" : "--gemini",
-             " yet: the sampler reads every weight in place in host memory, and ",
-             o.device.is_cuda() ? "these are on the GPU"
-                                : "Gemini's chunks may be on the device or on disk");
 }
 
 Options parse_options(const cli::Parser& p) {

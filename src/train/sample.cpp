@@ -1,5 +1,9 @@
 // The Trainer's tokenizer and its samples during training (Note [Sampling during training],
 // trainer.h).
+#include <optional>
+
+#include "autograd/autocast.h"
+#include "autograd/autograd.h"
 #include "core/error.h"
 #include "train/trainer.h"
 
@@ -49,12 +53,37 @@ void Trainer::load_tokenizer() {
 
 bool Trainer::sample_due() const { return o_.sample_every > 0 && step_ % o_.sample_every == 0; }
 
+// As gpt2::generate, one full forward per token (Note [Sampling during training]).
+std::vector<int32_t> Trainer::sample_by_forwards() {
+  std::optional<gemini::EvalScope> gemini_eval;
+  if (gem_) gemini_eval.emplace(*gem_);
+  NoGradGuard no_grad;
+  AutocastGuard autocast(o_.precision);
+  model_->eval();
+  gpt2::Sampler sampler(o_.sampling);
+  std::vector<int32_t> context = sample_prompt_, generated;
+  for (int64_t i = 0; i < o_.sample_tokens; ++i) {
+    const auto t = static_cast<int64_t>(context.size());
+    const Tensor logits = (*model_)(Tensor::from_vector(context, {1, t}, o_.device));
+    const std::vector<float> last =
+        logits.narrow(1, t - 1, 1).to(Device::cpu()).to(DType::F32).contiguous().to_vector<float>();
+    const int32_t id = sampler.next(last);
+    generated.push_back(id);
+    if (tokenizer_ && id == tokenizer_->eot_id()) break;
+    if (t >= config_.n_positions) break;  // the next token would have no position
+    context.push_back(id);
+  }
+  model_->train();
+  return generated;
+}
+
 std::string Trainer::sample() {
-  MW_CHECK_T(InvalidArgument, gem_ == nullptr, "sampling is not supported with --gemini yet");
   flush();  // the optimizer's last write-backs land first (Note [Sampling during training])
   const std::vector<int32_t> ids =
-      gpt2::generate(*model_, sample_prompt_, o_.sample_tokens, o_.sampling,
-                     [&](int32_t id) { return !tokenizer_ || id != tokenizer_->eot_id(); });
+      (gem_ || o_.device.is_cuda())
+          ? sample_by_forwards()
+          : gpt2::generate(*model_, sample_prompt_, o_.sample_tokens, o_.sampling,
+                           [&](int32_t id) { return !tokenizer_ || id != tokenizer_->eot_id(); });
   if (!tokenizer_) {
     std::string line = str("[", step_, "] sample ids:");
     for (size_t i = 0; i < ids.size(); ++i) line += str(i ? "," : " ", ids[i]);

@@ -116,8 +116,13 @@ struct TrainOptions {
 // (dropout), the data position, the gradients or the optimizer, so a run with sampling gives bit
 // for bit the losses and weights of one without (a test checks). With NVMe offload the parameters
 // are in RAM (only Adam states are on disk); the optimizer's write-backs are flushed first, as a
-// checkpoint does. Under Gemini the parameters live in chunks that may be on the device or on
-// disk, so it is refused for now.
+// checkpoint does. Under Gemini the parameters live in chunks that move between the device, the
+// host and the disk, and on a GPU they are device memory, so the decoder cannot read them in
+// place: there each new token costs one no-grad forward of the whole context (batch 1, eval mode,
+// inside Gemini's evaluation scope, Note [Evaluation forward]) and the same sampler takes the last
+// row of the logits. That is t forwards of up to t positions instead of t decoder steps, fine for
+// the few dozen tokens of a progress sample; the logits equal the decoder's up to f32 summation
+// order. The training run is untouched either way (tests/apps/train_sampling_test.cpp).
 
 // The model's config from the options: preset / --init-from / --config, then the shape overrides,
 // validated. Warnings (unknown config.json fields) go to `warn`.
@@ -215,7 +220,8 @@ class Trainer {
   double micro_step(int64_t k, std::vector<int32_t>& tokens, StepResult& r);
   bool measure_and_scale_gradients(StepResult& r);
   void micro_batch(int64_t index, std::vector<int32_t>& tokens) const;
-  void load_tokenizer();       // and checks the sampling prompt against it
+  void load_tokenizer();                      // and checks the sampling prompt against it
+  std::vector<int32_t> sample_by_forwards();  // Note [Sampling during training]
   void setup_data_parallel();  // checks the options, splits the work, broadcasts the weights
   void keep_rank_rows(std::vector<int32_t>& tokens) const;  // of the global batch's B x T
 
