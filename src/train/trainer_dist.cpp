@@ -5,11 +5,13 @@
 // data (Note [Data position]: the same index on every rank, so a checkpoint resumes at any number
 // of ranks) and keeps rows [r B/N, (r+1) B/N) of it; the mean of the ranks' mean gradients is then
 // the global batch's mean gradient, as one process computes it (up to the summation order).
-// Dropout masks are drawn per rank over its own rows, so runs with dropout are equal across rank
-// counts in distribution only; with --dropout 0 they are equal to rounding.
+// Each rank draws the dropout masks of its rows as one process draws them for those rows (Note
+// [Dropout under data parallel], autograd/functions.h), so runs with dropout are equal across rank
+// counts to rounding too.
 #include <csignal>
 #include <filesystem>
 
+#include "autograd/functions.h"
 #include "core/numbers.h"
 #include "train/data_parallel.h"
 #include "train/trainer.h"
@@ -52,6 +54,7 @@ void Trainer::setup_data_parallel() {
   }
   dp_ =
       std::make_unique<DataParallel>(o_.comm, model_->parameters(), o_.zero_stage, o_.bucket_bytes);
+  set_dropout_batch_shard({local_batch() * dp_->rank(), local_batch(), o_.batch});
   dp_->broadcast_parameters();  // the same initial weights everywhere, whatever each rank built
   print_(dp_->describe() +
          str("; global batch ", o_.batch, " = ", n, " x ", local_batch(), " rows\n"));

@@ -1,7 +1,8 @@
 // Data parallel training end to end: gpt2_train under `mpirun -np 2` against one process on the
 // same global batch (plain data parallel and ZeRO 1 and 2), checkpoints moving between rank
 // counts, a rank that dies or stalls, and the options a multi-rank run refuses. Tiny models (29,600
-// parameters), --dropout 0 (dropout masks are drawn per rank: Note [Global batch]).
+// parameters), --dropout 0 except where dropout is what is tested (Note [Dropout under data
+// parallel]).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -47,7 +48,10 @@ INSTANTIATE_TEST_SUITE_P(Zero, DataParallelMatchesOneProcess,
                                            Case{0, "--grad-accum 2 --grad-clip 0.5"},
                                            Case{2, "--grad-accum 2 --grad-clip 0.5"},
                                            Case{1, "--device sim:1GiB --optimizer adamw"},
-                                           Case{2, "--offload nvme --nvme-window 1MiB"}));
+                                           Case{2, "--offload nvme --nvme-window 1MiB"},
+                                           // Note [Dropout under data parallel]: the same masks
+                                           Case{0, "--dropout 0.1"},
+                                           Case{2, "--dropout 0.1 --checkpoint-activations"}));
 
 // Note [Global batch]: the data position is the same micro-batch index at any number of ranks, so
 // a checkpoint resumes at another count: 2 ranks -> 1 process, and 1 process -> 2 ranks.
