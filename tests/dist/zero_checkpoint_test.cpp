@@ -69,13 +69,13 @@ void expect_near_weights(const std::string& a_dir, const std::string& b_dir,
       ASSERT_NEAR(v[i], wb.at(name)[i], kWeightTol) << what << " " << name << "[" << i << "]";
 }
 
-// The one-process run of 6 steps with a checkpoint at step 3: the reference of every comparison
-// across rank counts, made once.
 struct Stop {
   const char* options;  // beyond kSixSteps
   bool sigterm;         // rank 1 gets SIGTERM at step 4 (else it dies there)
 };
 
+// The one-process run of 6 steps with a checkpoint at step 3: the reference of every comparison
+// across rank counts, made once per test process (ctest runs each test in its own: 0.4 s each).
 class ZeroCheckpoint : public ::testing::TestWithParam<Stop> {
  protected:
   static void SetUpTestSuite() {
