@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -438,6 +439,10 @@ void exit_if_test_asks(int rank, int64_t step) {
   if (!r || !s || std::atoi(r) != rank || std::atoll(s) != step) return;
   const char* how = std::getenv("MW_TEST_EXIT_HOW");
   if (how && std::string(how) == "stall") ::sleep(3600);
+  if (how && std::string(how) == "sigterm") {  // this rank alone is asked to stop
+    std::raise(SIGTERM);
+    return;
+  }
   std::_Exit(3);
 }
 
@@ -499,28 +504,28 @@ int run(const Options& o) {
     log.write(train::step_record(t, r), r.step);
     if (t.eval_due() && stop_signal() == 0) report_eval(t, log, tty);
     if (t.sample_due() && stop_signal() == 0) print(str(tty ? "\n" : "", t.sample()));
-    if (t.checkpoint_due() || stop_signal() != 0) {
-      std::string path = o.checkpoint_dir;  // rank 0 alone writes it
-      if (root) {
-        path = t.save_checkpoint();
-        print(str(tty ? "\n" : "", "Checkpoint: ", path, "\n"));
-      }
-      if (const int sig = stop_signal())
-        throw Interrupted(str("interrupted by ", signal_name(sig), " during step ", r.step,
+    // Under ZeRO the ranks agree whether any of them was asked to stop (Note [ZeRO checkpoints]).
+    if (const int sig = t.stop_signal_of_any_rank(stop_signal()); t.checkpoint_due() || sig != 0) {
+      // Rank 0 writes it; under ZeRO the other ranks send it their optimizer states.
+      const std::string path = t.save_checkpoint();
+      print(str(tty ? "\n" : "", "Checkpoint: ", path, "\n"));
+      if (const int now = sig != 0 ? sig : t.stop_signal_of_any_rank(stop_signal()))
+        throw Interrupted(str("interrupted by ", signal_name(now), " during step ", r.step,
                               ": finished it and wrote the checkpoint ", path,
                               "; continue with the same options and --resume ", o.checkpoint_dir),
-                          sig);
+                          now);
     }
   }
   deferral.reset();
   if (tty) print("\n");
   t.flush();
   const double total_s = std::chrono::duration<double>(clock::now() - t_start).count();
-  if (!root) return 0;
-  if (!o.save.empty()) {  // the model first, before anything optional
+  if (root && !o.save.empty()) {  // the model first, before anything optional
     t.save_model(o.save);
     print(str("Saved to ", o.save, "\n"));
   }
+  t.save_optimizer_output();  // under ZeRO every rank sends its optimizer states to rank 0
+  if (!root) return 0;
   print(t.finish_report(total_s));
   print(t.data_parallel_report());
   return log.failed() ? 1 : 0;

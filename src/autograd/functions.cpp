@@ -2,6 +2,7 @@
 // kernel and, when a graph is being recorded, saves only what its backward needs.
 #include "autograd/functions.h"
 
+#include <atomic>
 #include <numeric>
 
 #include "autograd/autocast.h"
@@ -309,9 +310,37 @@ Tensor softmax(const Tensor& x) {
   });
 }
 
+namespace {
+
+std::atomic<int64_t> g_shard_first{0}, g_shard_rows{0}, g_shard_total{0};
+
+// Note [Dropout under data parallel]: this rank's draw of a tensor of `numel` elements, `rows`
+// leading rows.
+RngState reserve_rows(Generator& gen, int64_t numel, int64_t rows) {
+  const int64_t total = g_shard_total.load(), mine = g_shard_rows.load();
+  if (total == 0 || rows != mine || rows == 0) return gen.reserve(static_cast<uint64_t>(numel));
+  const uint64_t per_row = static_cast<uint64_t>(numel / rows);
+  RngState rng = gen.reserve(per_row * static_cast<uint64_t>(total));
+  rng.offset += per_row * static_cast<uint64_t>(g_shard_first.load());
+  return rng;
+}
+
+}  // namespace
+
+void set_dropout_batch_shard(const DropoutBatchShard& shard) {
+  MW_CHECK_T(InvalidArgument,
+             shard.total_rows == 0 || (shard.rows > 0 && shard.first_row >= 0 &&
+                                       shard.first_row + shard.rows <= shard.total_rows),
+             "set_dropout_batch_shard: rows [", shard.first_row, ", ", shard.first_row + shard.rows,
+             ") of ", shard.total_rows);
+  g_shard_first = shard.first_row;
+  g_shard_rows = shard.rows;
+  g_shard_total = shard.total_rows;
+}
+
 Tensor dropout(const Tensor& x, double p, Generator& gen) {
   if (p == 0.0) return x;
-  RngState rng = gen.reserve(static_cast<uint64_t>(x.numel()));
+  RngState rng = reserve_rows(gen, x.numel(), x.dim() > 0 ? x.size(0) : 0);
   Tensor out = ops::dropout(x, p, rng);
   return record("DropoutBackward", out, {x}, [&](const std::vector<bool>&) -> BackwardFn {
     return [p, rng](const Grads& g) -> Grads { return {ops::dropout(g[0], p, rng)}; };
@@ -325,7 +354,7 @@ Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, double attn_drop
   RngState rng{};
   if (attn_dropout > 0) {
     const int64_t T = qkv.size(1);
-    rng = gen.reserve(static_cast<uint64_t>(qkv.size(0) * n_head * T * T));
+    rng = reserve_rows(gen, qkv.size(0) * n_head * T * T, qkv.size(0));
   }
   auto r = ops::attention(qkv, n_head, attn_dropout, rng);
   return record("AttentionBackward", r.out, {qkv}, [&](const std::vector<bool>&) -> BackwardFn {

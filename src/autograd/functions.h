@@ -53,6 +53,20 @@ Tensor gelu(const Tensor& x);
 Tensor softmax(const Tensor& x);  // last dim
 // Draws its mask from `gen` (Note [Counter-based dropout]). Identity when p == 0.
 Tensor dropout(const Tensor& x, double p, Generator& gen);
+
+// Note [Dropout under data parallel]: a rank that holds rows [first_row, first_row + rows) of a
+// global batch of total_rows draws, for a tensor whose dim 0 is its rows (dropout's x [B, T, C],
+// attention's probabilities [B, NH, T, T]), the very mask elements that one process draws for
+// those rows of the global tensor: the generator advances by the global tensor's numel, and this
+// rank's draw starts first_row rows into it (counter-based draws, Note [Counter-based dropout]).
+// So a run at N ranks with dropout equals one process up to the summation order, and the
+// generator's state in a checkpoint is the same at any rank count. Process-wide, set once per run
+// (recomputation draws again during backward); total_rows 0, the default: off. A tensor whose
+// dim 0 is not `rows` draws as without it.
+struct DropoutBatchShard {
+  int64_t first_row = 0, rows = 0, total_rows = 0;
+};
+void set_dropout_batch_shard(const DropoutBatchShard& shard);
 // qkv [B, T, 3C] -> [B, T, C], causal, with dropout on the attention probabilities.
 Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, double attn_dropout,
                              Generator& gen);

@@ -9,6 +9,14 @@ namespace mw::optim {
 std::vector<std::vector<StateSegment>> read_segments(AdamStateReader& r,
                                                      const std::vector<Tensor>& params,
                                                      int64_t& step) {
+  std::vector<int64_t> numels;
+  for (const Tensor& p : params) numels.push_back(p.numel());
+  return read_segments(r, numels, step);
+}
+
+std::vector<std::vector<StateSegment>> read_segments(AdamStateReader& r,
+                                                     const std::vector<int64_t>& params,
+                                                     int64_t& step) {
   const std::string& path = r.path();
   char magic[8];
   r.get_at(0, magic, 8);
@@ -24,8 +32,8 @@ std::vector<std::vector<StateSegment>> read_segments(AdamStateReader& r,
   std::vector<std::vector<StateSegment>> segs(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     const int64_t numel = r.get_i64();
-    MW_CHECK_T(FormatError, numel == params[i].numel(), "optimizer checkpoint '", path,
-               "': parameter ", i, " has ", numel, " elements, the model's has ", params[i].numel(),
+    MW_CHECK_T(FormatError, numel == params[i], "optimizer checkpoint '", path, "': parameter ", i,
+               " has ", numel, " elements, the model's has ", params[i],
                "; load a checkpoint of the same model");
     const int64_t nseg = r.get_i64();
     MW_CHECK_T(FormatError, nseg >= 0 && nseg <= numel, "optimizer checkpoint '", path,
@@ -52,6 +60,7 @@ std::vector<std::vector<StateSegment>> read_segments(AdamStateReader& r,
     }
   return segs;
 }
+
 int64_t read_state_range(AdamStateReader& r, const std::vector<StateSegment>& segments, int64_t off,
                          int64_t n, float* m, float* v) {
   int64_t range_step = -1;
@@ -69,6 +78,29 @@ int64_t read_state_range(AdamStateReader& r, const std::vector<StateSegment>& se
     r.get_at(s.data_pos + 4 * (s.numel + lo - s.offset), v + (lo - off), 4 * (hi - lo));
   }
   return range_step < 0 ? 0 : range_step;
+}
+
+StateFileRanges::StateFileRanges(const std::string& path, const std::vector<Tensor>& params,
+                                 const StateFileMap* map)
+    : reader_(path) {
+  if (!map) {
+    segments_ = read_segments(reader_, params, step_);
+    for (size_t i = 0; i < params.size(); ++i) param_.push_back(i);
+    offset_.assign(params.size(), 0);
+    return;
+  }
+  MW_CHECK_T(InvalidArgument,
+             map->param.size() == params.size() && map->offset.size() == params.size(),
+             "StateFileMap: ", map->param.size(), " pieces for ", params.size(), " parameters");
+  for (size_t i = 0; i < params.size(); ++i)
+    MW_CHECK_T(InvalidArgument,
+               map->param[i] < map->file_numels.size() && map->offset[i] >= 0 &&
+                   map->offset[i] + params[i].numel() <= map->file_numels[map->param[i]],
+               "StateFileMap: piece ", i, " (", params[i].numel(), " elements at ", map->offset[i],
+               " of parameter ", map->param[i], ") lies outside the file's parameters");
+  segments_ = read_segments(reader_, map->file_numels, step_);
+  param_ = map->param;
+  offset_ = map->offset;
 }
 
 }  // namespace mw::optim

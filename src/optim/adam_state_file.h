@@ -113,11 +113,47 @@ class AdamStateReader {
 std::vector<std::vector<StateSegment>> read_segments(AdamStateReader& r,
                                                      const std::vector<Tensor>& params,
                                                      int64_t& step);
+// The same for parameters of these element counts.
+std::vector<std::vector<StateSegment>> read_segments(AdamStateReader& r,
+                                                     const std::vector<int64_t>& numels,
+                                                     int64_t& step);
 
 // Reads elements [off, off + n) of one parameter's m and v (zeros where no segment covers them)
 // from its `segments`; returns their step count (0: no state). FormatError when the range spans
 // segments of different steps (a partially applied step, Note [NVMe failure guarantee]).
 int64_t read_state_range(AdamStateReader& r, const std::vector<StateSegment>& segments, int64_t off,
                          int64_t n, float* m, float* v);
+
+// Note [Sharded state files]: under ZeRO (train/zero_state_file.h) an optimizer steps 1-D pieces
+// of the model's parameters, while the file is the one-process file of the whole model. Optimizer
+// parameter i is then elements [offset[i], offset[i] + its numel) of file parameter param[i], and
+// loading reads only those ranges (pread at their positions: not the whole file).
+struct StateFileMap {
+  std::vector<int64_t> file_numels;  // the file's parameters (the model's), in order
+  std::vector<size_t> param;         // per optimizer parameter: its file parameter
+  std::vector<int64_t> offset;       // and its first element there
+};
+
+// An optimizer's view of a state file: its own parameters (map null) or pieces (map).
+class StateFileRanges {
+ public:
+  StateFileRanges(const std::string& path, const std::vector<Tensor>& params,
+                  const StateFileMap* map);
+  int64_t step() const { return step_; }
+  const std::string& path() const { return reader_.path(); }
+  // The file holds states for (the file parameter of) optimizer parameter i.
+  bool has_state(size_t i) const { return !segments_[param_[i]].empty(); }
+  // read_state_range for elements [off, off + n) of optimizer parameter i.
+  int64_t read(size_t i, int64_t off, int64_t n, float* m, float* v) {
+    return read_state_range(reader_, segments_[param_[i]], offset_[i] + off, n, m, v);
+  }
+
+ private:
+  AdamStateReader reader_;
+  int64_t step_ = 0;
+  std::vector<std::vector<StateSegment>> segments_;
+  std::vector<size_t> param_;
+  std::vector<int64_t> offset_;
+};
 
 }  // namespace mw::optim

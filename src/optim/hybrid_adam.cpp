@@ -250,12 +250,11 @@ void HybridAdam::save_state(const std::string& path) {
   w.close();
 }
 
-void HybridAdam::load_state(const std::string& path) {
-  AdamStateReader r(path);
-  int64_t step = 0;
-  const std::vector<std::vector<StateSegment>> segs = read_segments(r, params_, step);
+void HybridAdam::load_state(const std::string& path, const StateFileMap* map) {
+  StateFileRanges file(path, params_, map);
+  const int64_t step = file.step();
   auto read_range = [&](size_t i, int64_t off, int64_t n, float* m, float* v) {
-    return read_state_range(r, segs[i], off, n, m, v);
+    return file.read(i, off, n, m, v);
   };
   std::vector<float> m, v;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -269,7 +268,7 @@ void HybridAdam::load_state(const std::string& path) {
         const int64_t st = read_range(i, off, n, m.data(), v.data());
         nvme_->write_slice(k, j, m.data(), v.data(), st);
       }
-    } else if (segs[i].empty()) {
+    } else if (!file.has_state(i)) {
       exp_avg_[i] = Tensor();
       exp_avg_sq_[i] = Tensor();
     } else {

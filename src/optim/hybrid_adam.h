@@ -107,8 +107,9 @@ class HybridAdam : public Optimizer {
   // checkpoint at `path` whole.
   void save_state(const std::string& path);
   // Restores what save_state wrote, for the same parameter shapes (FormatError otherwise); the
-  // offload placement may differ from the one that saved.
-  void load_state(const std::string& path);
+  // offload placement may differ from the one that saved. With a map, this optimizer's parameters
+  // are pieces of the file's (Note [Sharded state files], adam_state_file.h).
+  void load_state(const std::string& path, const StateFileMap* map = nullptr);
 
  protected:
   uint64_t update_offloaded(size_t i, bool in_backward);  // its ticket, 0 if none

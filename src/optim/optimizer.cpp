@@ -70,18 +70,16 @@ void AdamW::save_state(const std::string& path) const {
   w.close();
 }
 
-void AdamW::load_state(const std::string& path) {
-  AdamStateReader r(path);
-  int64_t step = 0;
-  const std::vector<std::vector<StateSegment>> segs = read_segments(r, params_, step);
+void AdamW::load_state(const std::string& path, const StateFileMap* map) {
+  StateFileRanges file(path, params_, map);
+  const int64_t step = file.step();
   std::vector<Tensor> m(params_.size()), v(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (segs[i].empty()) continue;  // never stepped
+    if (!file.has_state(i)) continue;  // never stepped
     const Tensor& p = params_[i];
     m[i] = Tensor::zeros(p.shape(), DType::F32, p.device());
     v[i] = Tensor::zeros(p.shape(), DType::F32, p.device());
-    const int64_t st =
-        read_state_range(r, segs[i], 0, p.numel(), m[i].data<float>(), v[i].data<float>());
+    const int64_t st = file.read(i, 0, p.numel(), m[i].data<float>(), v[i].data<float>());
     MW_CHECK_T(FormatError, st == step, "optimizer checkpoint '", path, "': parameter ", i,
                " is at step ", st, " and the optimizer at step ", step,
                " (a partially applied step); AdamW loads only whole steps");

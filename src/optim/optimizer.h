@@ -13,6 +13,8 @@
 
 namespace mw::optim {
 
+struct StateFileMap;  // adam_state_file.h
+
 class Optimizer {
  public:
   explicit Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {}
@@ -46,7 +48,8 @@ class AdamW : public Optimizer {
   // The step count and every m and v, in HybridAdam's file (Note [Optimizer checkpoint format],
   // adam_state_file.h), so that either optimizer loads the other's; written atomically.
   void save_state(const std::string& path) const;
-  void load_state(const std::string& path);
+  // With a map, this optimizer's parameters are pieces of the file's (Note [Sharded state files]).
+  void load_state(const std::string& path, const StateFileMap* map = nullptr);
 
  private:
   AdamHyper hyper_;

@@ -78,11 +78,7 @@ void DataParallel::build_buckets(int64_t bucket_bytes) {
     }
     if (zero_stage_ == 1) b.buffer = Tensor::zeros({b.padded});
     b.shard_grad = Tensor::zeros({b.piece});
-    const int64_t lo = r * b.piece, hi = lo + b.piece;
-    for (const Member& m : b.members) {
-      const int64_t a = std::max(lo, m.offset), e = std::min(hi, m.offset + m.numel);
-      if (a < e) b.segments.push_back({m.param, a - m.offset, e - a, a - lo});
-    }
+    b.segments = segments_of(b, r);
   }
   for (Bucket& b : buckets_) {
     if (zero_stage_ == 0) continue;
@@ -93,6 +89,26 @@ void DataParallel::build_buckets(int64_t bucket_bytes) {
     }
   }
   if (zero_stage_ == 0) optimizer_params_ = params_;
+}
+
+std::vector<DataParallel::Segment> DataParallel::segments_of(const Bucket& b, int64_t rank) {
+  std::vector<Segment> out;
+  const int64_t lo = rank * b.piece, hi = lo + b.piece;
+  for (const Member& m : b.members) {
+    const int64_t a = std::max(lo, m.offset), e = std::min(hi, m.offset + m.numel);
+    if (a < e) out.push_back({m.param, a - m.offset, e - a, a - lo});
+  }
+  return out;
+}
+
+std::vector<ShardPiece> DataParallel::pieces(int rank) const {
+  MW_CHECK_T(InvalidArgument, zero_stage_ > 0 && rank >= 0 && rank < comm_->size(),
+             "DataParallel::pieces: rank ", rank, " of ", comm_->size(), " at ZeRO stage ",
+             zero_stage_, " (stages 1-2 shard the optimizer)");
+  std::vector<ShardPiece> out;
+  for (const Bucket& b : buckets_)
+    for (const Segment& s : segments_of(b, rank)) out.push_back({s.param, s.param_offset, s.numel});
+  return out;
 }
 
 int64_t DataParallel::shard_numel() const {
@@ -234,9 +250,27 @@ double DataParallel::grad_norm() const {
   return std::sqrt(sum_sq);
 }
 
+void DataParallel::exclude_comm_since(const dist::CommStats& before) {
+  const dist::CommStats now = comm_->stats();
+  for (int k = 0; k < dist::kNumCollectives; ++k) {
+    excluded_.calls[k] += now.calls[k] - before.calls[k];
+    excluded_.payload_bytes[k] += now.payload_bytes[k] - before.payload_bytes[k];
+    excluded_.wire_bytes[k] += now.wire_bytes[k] - before.wire_bytes[k];
+  }
+  excluded_.busy_ms += now.busy_ms - before.busy_ms;
+  excluded_.wait_ms += now.wait_ms - before.wait_ms;
+}
+
 DataParallelStats DataParallel::stats() const {
   DataParallelStats s = stats_;
   s.comm = comm_->stats();
+  for (int k = 0; k < dist::kNumCollectives; ++k) {
+    s.comm.calls[k] -= excluded_.calls[k];
+    s.comm.payload_bytes[k] -= excluded_.payload_bytes[k];
+    s.comm.wire_bytes[k] -= excluded_.wire_bytes[k];
+  }
+  s.comm.busy_ms -= excluded_.busy_ms;
+  s.comm.wait_ms -= excluded_.wait_ms;
   s.gradient_buffer_bytes = 0;
   for (const Bucket& b : buckets_) {
     if (zero_stage_ < 2 && b.buffer.defined()) s.gradient_buffer_bytes += b.buffer.nbytes();

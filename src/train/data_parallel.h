@@ -29,6 +29,13 @@
 
 namespace mw::train {
 
+// Elements [offset, offset + numel) of parameter `param` (the model's order): one optimizer
+// parameter of a ZeRO rank (Note [ZeRO checkpoints], zero_state_file.h).
+struct ShardPiece {
+  size_t param = 0;
+  int64_t offset = 0, numel = 0;
+};
+
 struct DataParallelStats {
   dist::CommStats comm;
   double backward_end_wait_ms = 0;    // waiting for gradient collectives after backward (exposed)
@@ -54,6 +61,10 @@ class DataParallel {
   // What the optimizer steps: the parameters (stage 0), or 1-D views of this rank's pieces.
   const std::vector<Tensor>& optimizer_params() const { return optimizer_params_; }
   int64_t shard_numel() const;
+  // Stages 1-2: what rank `rank`'s optimizer steps, in its order (optimizer_params() of that rank).
+  // Every rank can ask for every rank's: the buckets are the same everywhere.
+  std::vector<ShardPiece> pieces(int rank) const;
+  const std::vector<Tensor>& params() const { return params_; }
   // The next backward is the last of the update (gradient accumulation: the earlier ones
   // accumulate locally); its grad-ready hooks start the bucket collectives.
   void arm() { armed_ = true; }
@@ -66,6 +77,9 @@ class DataParallel {
   double mean_over_ranks(double value);
   // The global L2 norm of the averaged gradients (stages 1-2: summed over the ranks' pieces).
   double grad_norm() const;
+  // Leaves out of stats() the collectives since `before` (a checkpoint's, Note [ZeRO checkpoints]),
+  // so that the report counts training steps only.
+  void exclude_comm_since(const dist::CommStats& before);
   DataParallelStats stats() const;
   std::string describe() const;  // one line for the setup output
 
@@ -90,6 +104,7 @@ class DataParallel {
     bool launched = false;
   };
   void build_buckets(int64_t bucket_bytes);
+  static std::vector<Segment> segments_of(const Bucket& b, int64_t rank);  // rank's piece of b
   void on_grad_ready(size_t param);
   void launch(Bucket& b);
   Tensor flat_param(size_t param) const;  // a 1-D view of the parameter's storage
@@ -103,6 +118,7 @@ class DataParallel {
   bool armed_ = false;
   std::shared_ptr<char> alive_ = std::make_shared<char>(0);
   DataParallelStats stats_;
+  dist::CommStats excluded_;  // exclude_comm_since
 };
 
 }  // namespace mw::train

@@ -112,10 +112,7 @@ std::string Trainer::finish_report(double total_s) {
       for (const auto& [name, ms] : phase_ms_) csv << "# " << name << ' ' << ms << '\n';
     }
   }
-  if (!o_.save_optimizer.empty()) {
-    save_optimizer_state(o_.save_optimizer);
-    out += str("Saved optimizer state to ", o_.save_optimizer, "\n");
-  }
+  out += save_optimizer_output();
   out += str("Median forward (with loss): ", format_fixed(median(forward_ms_), 1),
              " ms | backward: ", format_fixed(median(backward_ms_), 1),
              " ms | step CPU time: ", format_fixed(median(step_cpu_ms_), 1), " ms\n");

@@ -6,6 +6,7 @@
 #include "autograd/autocast.h"
 #include "core/error.h"
 #include "train/trainer.h"
+#include "train/zero_state_file.h"
 
 namespace mw::train {
 
@@ -68,14 +69,18 @@ void Trainer::check_fingerprint(const json::Value& saved, const std::string& pat
 }
 
 void Trainer::save_optimizer_state(const std::string& file) {
-  if (hybrid_)
+  if (shards_optimizer())
+    save_sharded_optimizer_state(file);
+  else if (hybrid_)
     hybrid_->save_state(file);
   else
     dynamic_cast<optim::AdamW&>(*opt_).save_state(file);
 }
 
 void Trainer::load_optimizer_state(const std::string& file) {
-  if (hybrid_)
+  if (shards_optimizer())
+    load_zero_state(*dp_, *opt_, file);  // this rank's pieces (Note [ZeRO checkpoints])
+  else if (hybrid_)
     hybrid_->load_state(file);
   else
     dynamic_cast<optim::AdamW&>(*opt_).load_state(file);
@@ -107,7 +112,11 @@ bool Trainer::checkpoint_due() const {
 }
 
 std::string Trainer::save_checkpoint() {
-  flush();  // the offloaded states' last write-backs land before they are streamed out
+  flush();           // the offloaded states' last write-backs land before they are streamed out
+  if (!is_root()) {  // under ZeRO its optimizer states go to rank 0, which writes them
+    if (shards_optimizer()) save_sharded_optimizer_state("");
+    return o_.checkpoint_dir;
+  }
   TrainState s;
   s.step = step_;
   s.micro_batch = micro_;

@@ -198,7 +198,9 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
   model_->train();
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  if (dp_) set_dropout_batch_shard({});  // process-wide (Note [Dropout under data parallel])
+}
 
 void Trainer::build_model() {
   // Under Gemini the parameters are made in their chunks, which may live on disk (Note [Streaming

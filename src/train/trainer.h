@@ -185,7 +185,12 @@ class Trainer {
   // "[12] sample: <prompt><continuation>" (or "[12] sample ids: 5,17,..." without a tokenizer).
   std::string sample();
   const data::TokenizerFiles& tokenizer_files() const { return tokenizer_files_; }
-  std::string save_checkpoint();  // returns the folder written
+  // Rank 0 writes the checkpoint; under ZeRO every rank must call it (each sends its optimizer
+  // states, Note [ZeRO checkpoints]), elsewhere the other ranks may. Returns the folder.
+  std::string save_checkpoint();
+  // --save-optimizer, once (later calls return the same line): rank 0 writes the file; under ZeRO
+  // every rank must call it. "Saved optimizer state to ...\n", or "" without the option.
+  std::string save_optimizer_output();
   // Waits for the optimizer's last write-backs; call after the last step.
   void flush();
   void save_model(const std::string& dir);
@@ -200,6 +205,10 @@ class Trainer {
   // Data parallel (trainer_dist.cpp): null for one process; rank 0 alone prints and writes.
   DataParallel* data_parallel() { return dp_.get(); }
   bool is_root() const;
+  // `local` (this rank's stop signal, 0 for none), or under ZeRO with --checkpoint-dir the ranks'
+  // agreement (one 8-byte all_reduce: every rank must call it): a rank's own signal, or SIGTERM
+  // when another rank got one. So all of them write the collective checkpoint and stop together.
+  int stop_signal_of_any_rank(int local);
   int64_t local_batch() const;  // this rank's rows of the global --batch
   // "Data parallel: ..." closing lines (communication per step, overlap, per-rank memory); "" for
   // one process.
@@ -213,6 +222,9 @@ class Trainer {
   // HybridAdam's or AdamW's (one file format, Note [Optimizer checkpoint format]).
   void save_optimizer_state(const std::string& file);
   void load_optimizer_state(const std::string& file);
+  // ZeRO stages 1-2: the optimizer holds this rank's pieces (trainer_dist.cpp).
+  bool shards_optimizer() const;
+  void save_sharded_optimizer_state(const std::string& file);  // collective; rank 0 writes
   json::Value run_fingerprint() const;
   void check_fingerprint(const json::Value& saved, const std::string& path) const;
   void set_step_scalars(double lr, float div_scale);
@@ -232,6 +244,7 @@ class Trainer {
   LrSchedule schedule_;
   std::string weights_from_;  // --init-from, or the resumed checkpoint's model folder
   std::string resumed_path_;
+  std::string optimizer_saved_;  // save_optimizer_output's line once written
   std::unique_ptr<gemini::Gemini> gemini_owned_;
   std::unique_ptr<gpt2::GPT2> model_;
   std::unique_ptr<optim::Optimizer> opt_;

@@ -5,13 +5,17 @@
 // data (Note [Data position]: the same index on every rank, so a checkpoint resumes at any number
 // of ranks) and keeps rows [r B/N, (r+1) B/N) of it; the mean of the ranks' mean gradients is then
 // the global batch's mean gradient, as one process computes it (up to the summation order).
-// Dropout masks are drawn per rank over its own rows, so runs with dropout are equal across rank
-// counts in distribution only; with --dropout 0 they are equal to rounding.
+// Each rank draws the dropout masks of its rows as one process draws them for those rows (Note
+// [Dropout under data parallel], autograd/functions.h), so runs with dropout are equal across rank
+// counts to rounding too.
+#include <csignal>
 #include <filesystem>
 
+#include "autograd/functions.h"
 #include "core/numbers.h"
 #include "train/data_parallel.h"
 #include "train/trainer.h"
+#include "train/zero_state_file.h"
 
 namespace mw::train {
 
@@ -47,17 +51,37 @@ void Trainer::setup_data_parallel() {
   refuse_not_implemented(o_.device.is_cuda(), "--device cuda with several ranks (NCCL backend)");
   if (o_.zero_stage > 0) {
     refuse_not_implemented(o_.precision == DType::F16, "--precision fp16 with --zero");
-    refuse_not_implemented(!o_.checkpoint_dir.empty() || !o_.resume.empty(),
-                           "--checkpoint-dir / --resume with --zero (sharded optimizer states)");
-    refuse_not_implemented(!o_.save_optimizer.empty() || !o_.load_optimizer.empty(),
-                           "--save-optimizer / --load-optimizer with --zero");
   }
   dp_ =
       std::make_unique<DataParallel>(o_.comm, model_->parameters(), o_.zero_stage, o_.bucket_bytes);
+  set_dropout_batch_shard({local_batch() * dp_->rank(), local_batch(), o_.batch});
   dp_->broadcast_parameters();  // the same initial weights everywhere, whatever each rank built
   print_(dp_->describe() +
          str("; global batch ", o_.batch, " = ", n, " x ", local_batch(), " rows\n"));
   o_.comm->reset_stats();  // from here on: the training steps' collectives only
+}
+
+bool Trainer::shards_optimizer() const { return dp_ && dp_->zero_stage() > 0; }
+
+void Trainer::save_sharded_optimizer_state(const std::string& file) {
+  save_zero_state(*dp_, *opt_,
+                  one_process_layout(model_->parameters(), o_.nvme, hybrid_ != nullptr), file);
+}
+
+int Trainer::stop_signal_of_any_rank(int local) {
+  if (!shards_optimizer() || o_.checkpoint_dir.empty()) return local;
+  const dist::CommStats before = dp_->comm().stats();
+  const double any = dp_->mean_over_ranks(local != 0 ? 1.0 : 0.0);
+  dp_->exclude_comm_since(before);  // not the training step's communication
+  return local != 0 ? local : any > 0 ? SIGTERM : 0;
+}
+
+std::string Trainer::save_optimizer_output() {
+  if (o_.save_optimizer.empty() || !optimizer_saved_.empty()) return optimizer_saved_;
+  if (!is_root() && !shards_optimizer()) return "";  // rank 0 alone has anything to do
+  save_optimizer_state(o_.save_optimizer);
+  optimizer_saved_ = str("Saved optimizer state to ", o_.save_optimizer, "\n");
+  return optimizer_saved_;
 }
 
 std::string Trainer::data_parallel_report() const {

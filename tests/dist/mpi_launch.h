@@ -4,6 +4,7 @@
 #pragma once
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +28,26 @@ inline std::string mpi_unavailable() {
   return "";
 }
 
+// Open MPI's session directory base, one per test process and removed at its exit: two mpirun
+// started at once (ctest -j2) otherwise race to create /tmp/ompi.HOST.UID and one of them fails
+// ("A call to mkdir was unable to create the desired directory ... File exists": seen twice in
+// whole-suite runs here).
+inline std::string ompi_session_base() {
+  struct Base {
+    std::string path;
+    Base() {
+      const char* tmp = std::getenv("TMPDIR");
+      path = std::string(tmp && *tmp ? tmp : "/tmp") + "/mw-ompi-" + std::to_string(::getpid());
+    }
+    ~Base() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static const Base base;
+  return base.path;
+}
+
 // The environment for mpirun: root allowed, and oversubscribed ranks yield the core when idle.
 // In the sanitizer build (CI), LeakSanitizer is off for the ranks: Open MPI itself leaves about
 // 120 KB from MPI_Init in components it dlclose()s at MPI_Finalize, so the frames cannot be
@@ -34,7 +55,9 @@ inline std::string mpi_unavailable() {
 // ASan's other checks stay on, and the single-process tests keep leak detection.
 inline std::string mpirun_prefix(int ranks, int timeout_s) {
   return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1 "
-         "OMPI_MCA_rmaps_base_oversubscribe=1 "
+         "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_orte_tmpdir_base=" +
+         ompi_session_base() +
+         " "
          "ASAN_OPTIONS=\"${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0\" "
          "timeout -k 5 " +
          std::to_string(timeout_s) + " mpirun --oversubscribe -np " + std::to_string(ranks) + " ";

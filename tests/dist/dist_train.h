@@ -1,0 +1,89 @@
+// What the end-to-end data parallel tests share: gpt2_train at N ranks or alone, its log's losses
+// and its saved weights, and the tolerances of comparing runs at different rank counts.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "data/json.h"
+#include "data/safetensors.h"
+#include "mpi_launch.h"
+
+namespace mw::testing::dist_train {
+
+inline const std::string kTiny =
+    "--model tiny --batch 4 --seq 32 --dropout 0 --threads 1 --lr 1e-2 --eps 1e-3 --bucket-mb "
+    "0.02 ";
+
+// ranks 0: one process without mpirun.
+inline AppResult train(int ranks, const std::string& args, int timeout_s = 60,
+                       const std::string& env = "") {
+  const std::string app = std::string(MW_BINARY_DIR) + "/apps/gpt2_train ";
+  const std::string launch = ranks == 0 ? "" : mpirun_prefix(ranks, timeout_s);
+  return run_command(env + " " + launch + app + args + " </dev/null");
+}
+
+inline std::vector<double> losses(const std::string& log_path) {
+  std::vector<double> out;
+  std::ifstream in(log_path);
+  for (std::string line; std::getline(in, line);) {
+    const json::Value v = json::parse(line, log_path);
+    if (v.contains("loss")) out.push_back(v.at("loss").as_double());
+  }
+  return out;
+}
+
+inline std::map<std::string, std::vector<float>> weights(const std::string& dir) {
+  data::SafeTensorsReader reader(dir + "/model.safetensors");
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& rec : reader.tensors()) out[rec.name] = reader.read_as_f32(rec);
+  return out;
+}
+
+// Tolerances: the ranks' mean gradients are averaged, so the f32 sums run in another order than
+// one process's mean over the whole batch (relative differences of a few 1e-7 per gradient). Adam
+// divides by sqrt(v) + eps: a gradient that is zero up to rounding (the attention's key bias has a
+// zero gradient in exact arithmetic) would be blown up to +-lr per step, noise, not a difference
+// between the runs; --eps 1e-3 keeps such noise below 1e-7 while real gradients (1e-3 .. 1e-1)
+// still move weights by ~lr. Measured: 1.2e-7 (one f32 ulp at 1.0) after 4 steps. 2e-6 is 0.02%
+// of one step (lr 1e-2): a missed, doubled or unreduced update is 1e-3 or more.
+constexpr double kWeightTol = 2e-6;
+constexpr double kLossTol = 1e-5;  // losses are means over 128 tokens of values ~4.6
+
+inline void expect_same_run(const std::string& a_dir, const std::string& b_dir) {
+  const auto la = losses(a_dir + "/log.jsonl"), lb = losses(b_dir + "/log.jsonl");
+  ASSERT_EQ(la.size(), lb.size());
+  ASSERT_FALSE(la.empty());
+  for (size_t i = 0; i < la.size(); ++i) EXPECT_NEAR(la[i], lb[i], kLossTol) << "step " << i;
+  const auto wa = weights(a_dir + "/model"), wb = weights(b_dir + "/model");
+  ASSERT_EQ(wa.size(), wb.size());
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& [name, va] : wa) {
+    const auto& vb = wb.at(name);
+    ASSERT_EQ(va.size(), vb.size()) << name;
+    for (size_t i = 0; i < va.size(); ++i)
+      if (std::abs(va[i] - vb[i]) > worst) worst = std::abs(va[i] - vb[i]), worst_name = name;
+  }
+  EXPECT_LT(worst, kWeightTol) << "largest weight difference in " << worst_name;
+  std::printf("largest weight difference %.3g (%s), losses %zu steps\n", worst, worst_name.c_str(),
+              la.size());
+}
+
+#define SKIP_WITHOUT_MPI()                                               \
+  if (::mw::testing::is_mpi_worker()) GTEST_SKIP() << "inside a worker"; \
+  if (auto why = ::mw::testing::mpi_unavailable(); !why.empty()) GTEST_SKIP() << why
+
+inline std::string outputs(const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  return " --log " + dir + "/log.jsonl --save " + dir + "/model ";
+}
+
+}  // namespace mw::testing::dist_train
