@@ -407,9 +407,6 @@ Options parse_options(const cli::Parser& p) {
   o.skip_memory_check = p.has("skip-memory-check");
   o.precision = parse_precision(p.choice("precision", {"fp32", "bf16", "fp16"}));
   parse_tokenizer_and_sampling(p, o);
-  MW_CHECK_T(cli::UsageError, o.precision != DType::F16 || policy == "none",
-             "--precision fp16 with --gemini is not supported yet (Gemini updates chunks inside "
-             "backward, so an overflowing step cannot be skipped); use --precision bf16");
   check_combinations(o);
   return o;
 }

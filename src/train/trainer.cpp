@@ -183,7 +183,8 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
   }
   build_optimizer();
   build_recomputation();
-  if (o_.precision == DType::F16) scaler_ = std::make_unique<optim::DynamicLossScaler>();
+  if (o_.precision == DType::F16)
+    scaler_ = std::make_unique<optim::DynamicLossScaler>(o_.loss_scaler);
   if (o_.precision != DType::F32)
     print_(str("Precision: ", precision_name(o_.precision),
                " autocast (matmuls and attention), f32 masters",
@@ -247,7 +248,7 @@ void Trainer::build_optimizer() {
     if (o_.updates_after_backward()) {
       gem_->set_deferred_updates(true);
       print_(
-          "Gemini: updates deferred to after backward for --grad-clip/--grad-accum: chunk "
+          "Gemini: updates deferred to after backward for --grad-clip/--grad-accum/fp16: chunk "
           "gradients accumulate over the micro-batches (Note [Deferred updates])\n");
     }
   } else if (o_.optimizer == "adamw") {
@@ -366,19 +367,32 @@ double Trainer::micro_step(int64_t k, std::vector<int32_t>& tokens, StepResult& 
 // Note [Updates after backward]: 1/K and the clip factor become one divisor of the gradients.
 // fp16: gradients are unscaled in place (and checked) before they are measured or used. Returns
 // false when they are not finite (the step is skipped).
+//
+// Note [Loss scaling under Gemini]: Gemini's gradients are in chunk buffers, not .grad, and fp16
+// defers its updates (Note [Deferred updates]). The buffers stay scaled: a non-finite value makes
+// the squared norm non-finite, which is the check; the norm is divided by the scale, and the scale
+// joins 1/K and the clip factor in the divisor the update applies. The scale is a power of two, so
+// dividing once by K x scale rounds as unscaling and then dividing by K does, and the norm, the
+// clip decision and the weights are the plain fp16 run's bit for bit. A skipped step drops the
+// buffers (Gemini::skip_step) with nothing stepped.
 bool Trainer::measure_and_scale_gradients(StepResult& r) {
   const bool grads_kept = o_.optimizer == "adamw" ||
                           (o_.gemini.empty() && !o_.update_in_backward) ||
                           o_.updates_after_backward() || dp_ != nullptr;
-  const bool finite = !scaler_ || scaler_->unscale_and_check(opt_->params());
+  const bool finite = !scaler_ || gem_ || scaler_->unscale_and_check(opt_->params());
   if (!grads_kept || !finite) return finite;
   // Gemini keeps gradients in chunk buffers; its norm sums in the same order (Note [Norm order]).
   // Under ZeRO each rank holds a shard of the reduced gradients (Note [Gradient buckets]).
-  const double sum_norm = gem_                           ? gem_->grad_norm()
-                          : dp_ && dp_->zero_stage() > 0 ? dp_->grad_norm()
-                                                         : global_grad_norm(opt_->params());
-  r.grad_norm = sum_norm / static_cast<double>(o_.grad_accum);
+  double sum_norm = gem_                           ? gem_->grad_norm()
+                    : dp_ && dp_->zero_stage() > 0 ? dp_->grad_norm()
+                                                   : global_grad_norm(opt_->params());
   double divisor = static_cast<double>(o_.grad_accum);
+  if (gem_ && scaler_) {
+    if (!std::isfinite(sum_norm)) return false;
+    sum_norm /= scaler_->scale();
+    divisor *= scaler_->scale();
+  }
+  r.grad_norm = sum_norm / static_cast<double>(o_.grad_accum);
   // torch.nn.utils.clip_grad_norm_: g *= max_norm / (norm + 1e-6) when that is below 1.
   const double clip_coef = o_.grad_clip > 0 ? o_.grad_clip / (r.grad_norm + 1e-6) : 1.0;
   if (clip_coef < 1.0) {
@@ -414,7 +428,10 @@ StepResult Trainer::train_step() {
     opt_->step();
     if (dp_) dp_->gather_parameters();  // ZeRO: every rank's updated pieces to every rank
   } else {  // Note [Dynamic loss scaling]: no parameter changes, the gradients are dropped
-    opt_->zero_grad();
+    if (gem_)
+      gem_->skip_step();
+    else
+      opt_->zero_grad();
     r.skipped = true;
   }
   if (scaler_) {

@@ -84,6 +84,7 @@ struct TrainOptions {
   bool plan_only = false, skip_memory_check = false;
   // Mixed precision (docs/precision.md): F32, or the autocast dtype BF16/F16 (F16: loss scaling).
   DType precision = DType::F32;
+  optim::LossScalerOptions loss_scaler;  // fp16 (tests set a scale that overflows)
   // The tokenizer (data/tokenizer_files.h): these files, else --init-from's or the resumed
   // checkpoint's. --save and checkpoints copy it into the model folder.
   std::string vocab, merges, tokenizer;

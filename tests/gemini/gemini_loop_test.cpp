@@ -1,7 +1,8 @@
 // Gemini in the full training loop (Note [Deferred updates], Note [Evaluation forward] in
-// offload/gemini/deferred.cpp): the Trainer with --grad-clip, --grad-accum and validation under
-// every policy, three tiers included, gives the plain Trainer's losses, gradient norms, evaluation
-// losses and weights bit for bit, within the device capacity.
+// offload/gemini/deferred.cpp): the Trainer with --grad-clip, --grad-accum, fp16 loss scaling
+// (Note [Loss scaling under Gemini]) and validation under every policy, three tiers included,
+// gives the plain Trainer's losses, gradient norms, evaluation losses and weights bit for bit,
+// within the device capacity.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -193,6 +194,40 @@ TEST(GeminiLoop, GradClipIsBitwiseThePlainTrainer) {
           static_cast<long long>(run.stats.nvme_write_bytes),
           static_cast<long long>(ib.stats.nvme_read_bytes),
           static_cast<long long>(ib.stats.nvme_write_bytes));
+    }
+  }
+}
+
+// --precision fp16 (Note [Loss scaling under Gemini], train/trainer.cpp): a loss scale so large
+// that the first steps overflow and are skipped, then steps that update. The chunk buffers stay
+// scaled; the overflow check, the unscaled norm and the update are the plain fp16 run's bit for
+// bit, and a skipped step leaves every chunk as it was, three tiers included.
+TEST(GeminiLoop, Fp16LossScalingIsBitwiseThePlainTrainer) {
+  TempDir tmp;
+  TrainOptions o = base_options(5);
+  o.precision = DType::F16;
+  o.grad_clip = 1.0;
+  o.loss_scaler.initial_scale = 68719476736.0;  // 2^36: fp16 overflows, the first steps skip
+  o.loss_scaler.backoff = 1.0 / 1024;
+  o.loss_scaler.hysteresis = 1;
+  const LoopRun plain = train(o);
+  int skipped = 0;
+  for (const StepResult& s : plain.steps) skipped += s.skipped ? 1 : 0;
+  std::printf("fp16 plain run: %d of %zu steps skipped, scale after them %g\n", skipped,
+              plain.steps.size(), plain.steps.back().loss_scale);
+  ASSERT_GT(skipped, 0) << "the test must skip a step";
+  ASSERT_LT(skipped, 4) << "and update in others";
+  for (Mode m : kGeminiModes) {
+    TrainOptions g = o;
+    set_mode(g, m, tmp.file("nvme"));
+    const LoopRun run = train(g);
+    expect_bitwise(plain, run, std::string("fp16, ") + mode_name(m));
+    for (size_t k = 0; k < plain.steps.size(); ++k) {
+      EXPECT_EQ(plain.steps[k].skipped, run.steps[k].skipped) << mode_name(m) << " step " << k;
+      EXPECT_EQ(plain.steps[k].loss_scale, run.steps[k].loss_scale) << mode_name(m);
+    }
+    if (m == Mode::kThreeTiers) {
+      EXPECT_TRUE(entries(tmp.file("nvme")).empty()) << "a swap file was left behind";
     }
   }
 }

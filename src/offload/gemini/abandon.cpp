@@ -1,4 +1,5 @@
-// Gemini::abandon_step: closing an iteration that an exception left open.
+// Gemini::abandon_step: closing an iteration that an exception left open; skip_step, a step
+// dropped on purpose.
 //
 // Note [Abandoning a step]: an IoError (a chunk move, a state write), an OutOfMemory or a stop
 // request can escape a forward, a backward or step() with the iteration half done: chunks
@@ -29,6 +30,12 @@ void Gemini::refuse_if_failed() const {
   MW_CHECK(!failed_,
            "Gemini: an earlier step failed after some chunks were stepped, so the model holds a "
            "partially applied step (Note [Abandoning a step]); restart from the last checkpoint");
+}
+
+void Gemini::skip_step() {
+  MW_CHECK(deferred_ && stepped_chunks_ == 0 && !evaluating_,
+           "Gemini::skip_step needs deferred updates, between the backwards and step()");
+  abandon_step();  // nothing was stepped: the model is as before the step
 }
 
 void Gemini::abandon_step() {

@@ -154,6 +154,10 @@ class Gemini : public optim::Optimizer {
   // Note [Abandoning a step]: closes an iteration that an exception left open (abandon.cpp).
   // Afterwards the parameters can be read and saved, and any further step or op is refused.
   void abandon_step();
+  // With deferred updates, after the backwards and before step(): drops the step's gradients,
+  // stepping nothing, and training goes on (a loss scaler's overflow, Note [Loss scaling under
+  // Gemini] in train/trainer.cpp).
+  void skip_step();
   bool failed() const { return failed_; }
   // The same, one disk-homed chunk at a time (Note [Streaming save], models/gpt2/hf_io.cpp): fn
   // gets `touch(name)`, which makes that parameter readable, reading its chunk in and freeing
