@@ -250,6 +250,9 @@ void declare_placement(cli::Parser& p) {
   p.option("precision", "fp32",
            "fp32|bf16|fp16: matmuls and attention in bf16/fp16 with f32 masters (fp16 with a "
            "dynamic loss scaler, and updates after backward) (docs/precision.md)");
+  p.option("initial-loss-scale", "",
+           "--precision fp16: the loss scale to start from (default 65536; halved after two "
+           "overflowing steps, doubled after 1000 good ones)");
 }
 
 // The tokenizer, sampling during training, data parallel, and the memory plan.
@@ -406,6 +409,11 @@ Options parse_options(const cli::Parser& p) {
   o.plan_only = p.has("plan");
   o.skip_memory_check = p.has("skip-memory-check");
   o.precision = parse_precision(p.choice("precision", {"fp32", "bf16", "fp16"}));
+  if (p.given("initial-loss-scale")) {
+    MW_CHECK_T(cli::UsageError, o.precision == DType::F16,
+               "--initial-loss-scale needs --precision fp16");
+    o.loss_scaler.initial_scale = p.real("initial-loss-scale", 1, 1e30);
+  }
   parse_tokenizer_and_sampling(p, o);
   check_combinations(o);
   return o;

@@ -379,7 +379,10 @@ bool Trainer::measure_and_scale_gradients(StepResult& r) {
   const bool grads_kept = o_.optimizer == "adamw" ||
                           (o_.gemini.empty() && !o_.update_in_backward) ||
                           o_.updates_after_backward() || dp_ != nullptr;
-  const bool finite = !scaler_ || gem_ || scaler_->unscale_and_check(opt_->params());
+  bool finite = !scaler_ || gem_ || scaler_->unscale_and_check(opt_->params());
+  // Under ZeRO each rank checks only its shard of the gradients: the ranks skip together.
+  if (scaler_ && dp_ && dp_->zero_stage() > 0)
+    finite = dp_->mean_over_ranks(finite ? 1.0 : 0.0) == 1.0;
   if (!grads_kept || !finite) return finite;
   // Gemini keeps gradients in chunk buffers; its norm sums in the same order (Note [Norm order]).
   // Under ZeRO each rank holds a shard of the reduced gradients (Note [Gradient buckets]).

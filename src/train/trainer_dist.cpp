@@ -50,7 +50,6 @@ void Trainer::setup_data_parallel() {
                          "--gemini with several ranks or --zero (chunks sharded across ranks)");
   refuse_not_implemented(o_.device.is_cuda(), "--device cuda with several ranks (NCCL backend)");
   if (o_.zero_stage > 0) {
-    refuse_not_implemented(o_.precision == DType::F16, "--precision fp16 with --zero");
   }
   dp_ =
       std::make_unique<DataParallel>(o_.comm, model_->parameters(), o_.zero_stage, o_.bucket_bytes);
