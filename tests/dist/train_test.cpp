@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <ostream>
 
 #include "../data/temp_dir.h"
 #include "dist_train.h"
@@ -21,6 +22,9 @@ struct Case {
   int zero;
   const char* options;  // beyond kTiny
 };
+
+// The ctest name shows the options (not the struct's bytes, which hold a pointer).
+void PrintTo(const Case& c, std::ostream* os) { *os << "--zero " << c.zero << " " << c.options; }
 
 class DataParallelMatchesOneProcess : public ::testing::TestWithParam<Case> {};
 

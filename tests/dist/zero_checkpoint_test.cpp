@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <ostream>
 #include <sstream>
 
 #include "../data/temp_dir.h"
@@ -73,6 +74,11 @@ struct Stop {
   const char* options;  // beyond kSixSteps
   bool sigterm;         // rank 1 gets SIGTERM at step 4 (else it dies there)
 };
+
+// The ctest name shows the options (not the struct's bytes, which hold a pointer).
+void PrintTo(const Stop& s, std::ostream* os) {
+  *os << s.options << (s.sigterm ? ", SIGTERM" : ", killed");
+}
 
 // The one-process run of 6 steps with a checkpoint at step 3: the reference of every comparison
 // across rank counts, made once per test process (ctest runs each test in its own: 0.4 s each).
