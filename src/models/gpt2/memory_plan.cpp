@@ -203,8 +203,12 @@ ChunkBytes chunk_bytes(const PlanInputs& in) {
 // time (measured: the host chunk peak is the homes plus the largest chunk). The device peaks at
 // the LM head's backward (Note [Activation arithmetic]), which needs wte's chunk: an offloaded
 // placement holds that chunk then, and a budget fills with more chunks while they fit.
-void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t params, int64_t act_peak) {
+void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t act_peak) {
   const ChunkBytes chunks = chunk_bytes(in);
+  // The parameters are the chunks' bytes: packed, each chunk rounded once, not every tensor (a
+  // tiny model's many small tensors would otherwise count up to 4 KiB each that no chunk holds).
+  int64_t params = 0;
+  for (int64_t bytes : chunks.each) params += bytes;
   const int64_t largest = chunks.largest;
   const auto& g = in.gemini_options;
   const std::string dev = p.device_name;
@@ -366,7 +370,7 @@ MemoryPlan plan_memory(const PlanInputs& global) {
           str("B", in.batch, " T", in.seq, ", recompute: ", p.recompute));
       device_act = s.kept + s.in_flight;
     }
-    plan_gemini(p, in, params, device_act);
+    plan_gemini(p, in, device_act);
     add(p, "token ids", p.device_name, io_bytes, "");
     return p;
   }
