@@ -20,8 +20,8 @@
 // allocator's bytes in use became the bytes asked for (within 1 MiB a block), as the memory plan
 // counts them. With HybridAdam updating in backward (gpt2_bench) peak RSS went the other way,
 // 2294 to 2335 MiB; bounding which free block a large request may split (at most 2x or 1.25x its
-// size) brought that to 2260 / 2239 but the AdamW run to 2490 / 2546, so splitting is unbounded. The cache of wholly free segments is bounded (max_cached_bytes) and empty_cache()
-// returns it.
+// size) brought that to 2260 / 2239 but the AdamW run to 2490 / 2546, so splitting is unbounded.
+// The cache of wholly free segments is bounded (max_cached_bytes) and empty_cache() returns it.
 //
 // Note [The sim device]: a sim allocator is the same caching core over host memory, with its own
 // hard capacity and its own statistics. Exceeding the capacity raises OutOfMemory with the

@@ -150,6 +150,9 @@ void add(MemoryPlan& p, const std::string& what, const std::string& tier, int64_
 }
 
 struct ChunkBytes {
+  // The parameters' bytes under Gemini: packed, each chunk rounded once, not every tensor (a tiny
+  // model's many small tensors would otherwise count up to 4 KiB each that no chunk holds).
+  int64_t total = 0;
   int64_t largest = 0;
   int64_t first = 0;  // the chunk of wte (first in parameter order): the LM head's, at the peak
   std::vector<int64_t> each;  // in chunk order; empty past kListedLayers
@@ -178,7 +181,7 @@ ChunkBytes chunk_bytes(const PlanInputs& in) {
     int64_t bytes = round_up(capacity * in.dtype_bytes, kHostAlignment);
     if (total / bytes >= kMaxPlannedChunks)  // an absurd model: coarser chunks, planned in time
       bytes = round_up(total / kMaxPlannedChunks + 1, kHostAlignment);
-    ChunkBytes out{bytes, bytes, {}};
+    ChunkBytes out{total, bytes, bytes, {}};
     for (int64_t done = 0; done < total; done += bytes)
       out.each.push_back(std::min(bytes, total - done));
     return out;
@@ -191,8 +194,10 @@ ChunkBytes chunk_bytes(const PlanInputs& in) {
     chunk_numel[c] += sizes[i];
   }
   ChunkBytes out;
-  for (int64_t numel : chunk_numel)
+  for (int64_t numel : chunk_numel) {
     out.each.push_back(round_up(numel * in.dtype_bytes, kHostAlignment));
+    out.total += out.each.back();
+  }
   out.largest = *std::max_element(out.each.begin(), out.each.end());
   out.first = out.each.front();
   return out;
@@ -205,14 +210,10 @@ ChunkBytes chunk_bytes(const PlanInputs& in) {
 // placement holds that chunk then, and a budget fills with more chunks while they fit.
 void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t act_peak) {
   const ChunkBytes chunks = chunk_bytes(in);
-  // The parameters are the chunks' bytes: packed, each chunk rounded once, not every tensor (a
-  // tiny model's many small tensors would otherwise count up to 4 KiB each that no chunk holds).
-  int64_t params = 0;
-  for (int64_t bytes : chunks.each) params += bytes;
+  const int64_t params = chunks.total;
   const int64_t largest = chunks.largest;
   const auto& g = in.gemini_options;
   const std::string dev = p.device_name;
-  const int64_t states = 2 * params;
   // Homes and state devices as Gemini's constructor chooses them (offload/gemini/placement.h).
   const size_t n = chunks.each.size();
   std::vector<bool> params_off(n, true), optim_on_host(n, true);
@@ -226,7 +227,7 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t act_peak) {
     if (params_off[c]) host_chunks += chunks.each[c];
     if (optim_on_host[c]) host_states += 2 * chunks.each[c];
   }
-  const int64_t device_states = states - host_states;
+  const int64_t device_states = 2 * params - host_states;
   int64_t device_chunks = params;  // auto keeps what fits, below
   if (g.policy == gemini::Policy::kStatic) {
     // Offloaded chunks (wte's first) are gathered one op at a time: wte's at the peak.
