@@ -122,8 +122,9 @@ CachingAllocator::Block* CachingAllocator::new_segment_locked(bool small, int64_
   const int64_t over = segment_bytes_ + bytes - stats_.capacity_bytes;
   if (hard_capacity_ && !reserved_exists && stats_.capacity_bytes > 0 && over > 0)
     free_cached_locked(over);
+  char* ptr = static_cast<char*>(acquire_locked(bytes));  // may throw: nothing to free yet
   Block* b = new Block;
-  b->ptr = static_cast<char*>(acquire_locked(bytes));
+  b->ptr = ptr;
   b->bytes = bytes;
   b->small = small;
   b->kind = reserved_exists ? Kind::Transient : Kind::Cached;
@@ -267,8 +268,9 @@ void CachingAllocator::set_capacity(int64_t capacity_bytes) {
     if (b->kind == Kind::Reserved) retire(b);
   if (capacity_bytes == 0) return;
   const int64_t bytes = round_up(capacity_bytes, policy_.granule_bytes);
+  char* ptr = static_cast<char*>(acquire_locked(bytes));
   Block* b = new Block;
-  b->ptr = static_cast<char*>(acquire_locked(bytes));
+  b->ptr = ptr;
   b->bytes = bytes;
   b->kind = Kind::Reserved;
   segment_bytes_ += bytes;
