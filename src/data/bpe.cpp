@@ -3,7 +3,6 @@
 #include "data/bpe.h"
 
 #include <array>
-#include <fstream>
 #include <queue>
 #include <sstream>
 
@@ -53,14 +52,10 @@ const ByteChars& byte_chars() {
   return chars;
 }
 
-std::string read_text_file(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  MW_CHECK_T(IoError, in.good(), "cannot open '", path, "': expected ", what, " there");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  MW_CHECK_T(IoError, !in.bad(), "cannot read '", path, "'");
-  return ss.str();
-}
+// What to pass instead, appended to every open or read failure of a tokenizer file.
+constexpr const char* kTokenizerHint =
+    "pass --tokenizer a HuggingFace tokenizer.json, or --vocab a GPT-2 vocab.json with --merges "
+    "its merges.txt";
 
 void add_vocab(BpeModel& model, const json::Value& vocab, const std::string& where) {
   MW_CHECK_T(FormatError, vocab.is_object(), where, ": expected an object {token: id}, found ",
@@ -111,9 +106,10 @@ BpeModel load_vocab_and_merges(const std::string& vocab_json_path,
                                const std::string& merges_txt_path) {
   BpeModel model;
   add_vocab(model,
-            json::parse(read_text_file(vocab_json_path, "a GPT-2 vocab.json"), vocab_json_path),
+            json::parse(read_text_file(vocab_json_path, "GPT-2 vocab.json", kTokenizerHint),
+                        vocab_json_path),
             vocab_json_path);
-  std::istringstream merges(read_text_file(merges_txt_path, "a GPT-2 merges.txt"));
+  std::istringstream merges(read_text_file(merges_txt_path, "GPT-2 merges.txt", kTokenizerHint));
   int64_t line_number = 0;
   for (std::string line; std::getline(merges, line);) {
     ++line_number;
@@ -128,7 +124,8 @@ BpeModel load_vocab_and_merges(const std::string& vocab_json_path,
 }
 
 BpeModel load_tokenizer_json(const std::string& path) {
-  const json::Value root = json::parse(read_text_file(path, "a HuggingFace tokenizer.json"), path);
+  const json::Value root =
+      json::parse(read_text_file(path, "HuggingFace tokenizer.json", kTokenizerHint), path);
   MW_CHECK_T(FormatError, root.is_object() && root.contains("model"), path,
              ": expected a HuggingFace tokenizer.json (an object with a \"model\")");
   const json::Value& m = root.at("model");

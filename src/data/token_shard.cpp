@@ -13,11 +13,11 @@ static_assert(std::endian::native == std::endian::little,
               "token shards are little-endian; a big-endian host would need byte swaps");
 
 namespace {
-const char* kOpenHint = "pass --data a path to an llm.c .bin shard";
 constexpr int64_t kScanChunkTokens = int64_t{1} << 19;  // 1 MiB of uint16 per read
 }  // namespace
 
-TokenShard::TokenShard(const std::string& path) : file_(path, "token shard", kOpenHint) {
+TokenShard::TokenShard(const std::string& path, const std::string& open_hint)
+    : file_(path, "token shard", open_hint) {
   auto fail = [&](const std::string& problem) {
     return FormatError(str("token shard '", path, "': ", problem));
   };

@@ -27,7 +27,9 @@ inline constexpr int64_t kTokenShardHeaderBytes = 256 * 4;
 
 class TokenShard {
  public:
-  explicit TokenShard(const std::string& path);
+  // `open_hint` ends the message when the file cannot be opened (which option to correct).
+  explicit TokenShard(const std::string& path,
+                      const std::string& open_hint = "pass --data a path to an llm.c .bin shard");
 
   int64_t num_tokens() const { return num_tokens_; }
   const std::string& path() const { return file_.path(); }

@@ -42,11 +42,13 @@ std::vector<std::string> resolve_shards(const std::string& spec, const std::stri
   return paths;
 }
 
-TokenStream::TokenStream(const std::vector<std::string>& paths, bool shuffle, uint64_t shuffle_seed)
+TokenStream::TokenStream(const std::vector<std::string>& paths, bool shuffle, uint64_t shuffle_seed,
+                         const std::string& option)
     : shuffle_(shuffle), seed_(shuffle_seed) {
   MW_CHECK_T(InvalidArgument, !paths.empty(), "a token stream needs at least one shard");
+  const std::string hint = str("pass ", option, " a path to an llm.c .bin shard");
   for (const auto& p : paths) {
-    shards_.emplace_back(p);
+    shards_.emplace_back(p, hint);
     shard_start_.push_back(total_tokens_);
     total_tokens_ += shards_.back().num_tokens();
   }

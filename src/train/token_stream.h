@@ -27,8 +27,10 @@ std::vector<std::string> resolve_shards(const std::string& spec, const std::stri
 
 class TokenStream {
  public:
-  // shuffle_seed is used only when `shuffle`.
-  TokenStream(const std::vector<std::string>& paths, bool shuffle, uint64_t shuffle_seed);
+  // shuffle_seed is used only when `shuffle`. `option` ("--val-data") is named when a shard
+  // cannot be opened.
+  TokenStream(const std::vector<std::string>& paths, bool shuffle, uint64_t shuffle_seed,
+              const std::string& option = "--data");
 
   int64_t num_tokens() const { return total_tokens_; }
   int64_t num_shards() const { return static_cast<int64_t>(shards_.size()); }

@@ -4,6 +4,7 @@
 #include "data/bpe.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <fstream>
 #include <random>
@@ -177,7 +178,14 @@ TEST(Bpe, BadIdsAndFilesGiveClearErrors) {
   };
   const std::string vocab = kFixture + "vocab.json", merges = kFixture + "merges.txt";
   expect_error([&] { load_vocab_and_merges(tmp.file("none.json"), merges); },
-               "expected a GPT-2 vocab.json there");
+               "cannot open GPT-2 vocab.json");
+  // A FIFO or a directory is refused at once (a FIFO opened by an ifstream would wait forever for
+  // a writer), with what to pass instead.
+  ASSERT_EQ(::mkfifo(tmp.file("fifo").c_str(), 0600), 0);
+  expect_error([&] { load_tokenizer_json(tmp.file("fifo")); },
+               "is a FIFO (named pipe), expected a regular file");
+  expect_error([&] { load_vocab_and_merges(tmp.path(), merges); },
+               "is a directory, expected a regular file; pass --tokenizer");
   expect_error([&] { load_vocab_and_merges(vocab, write("m1.txt", "#version: 0.2\nab\n")); },
                "m1.txt line 2: expected two tokens separated by one space");
   expect_error([&] { load_vocab_and_merges(write("v1.json", "{\"a\": -1}"), merges); },
