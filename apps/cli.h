@@ -35,12 +35,19 @@ class Parser {
   Parser(std::string program, std::string summary)
       : program_(std::move(program)), summary_(std::move(summary)) {}
 
+  // A valued option. An empty value ("--save ''", "--data=") is refused: it is almost always an
+  // unset shell variable, and silently meaning "the default" would lose what the user asked for.
   void option(const std::string& name, const std::string& def, const std::string& help) {
-    specs_.push_back({name, def, help, false});
+    specs_.push_back({name, def, help, false, false});
+    values_[name] = def;
+  }
+  // A valued option whose empty value means something (--prompt "": start from <|endoftext|>).
+  void text_option(const std::string& name, const std::string& def, const std::string& help) {
+    specs_.push_back({name, def, help, false, true});
     values_[name] = def;
   }
   void flag(const std::string& name, const std::string& help) {
-    specs_.push_back({name, "", help, true});
+    specs_.push_back({name, "", help, true, false});
     values_[name] = "";
   }
 
@@ -74,6 +81,8 @@ class Parser {
         if (i + 1 >= argc) throw UsageError("--" + name + " needs a value");
         value = argv[++i];
       }
+      if (value.empty() && !spec->allow_empty)
+        throw UsageError("--" + name + " '': an empty value; pass a value or leave the option out");
       values_[name] = value;
       given_[name] = true;
     }
@@ -137,6 +146,7 @@ class Parser {
   struct Spec {
     std::string name, def, help;
     bool is_flag;
+    bool allow_empty;
   };
   template <typename Parse>
   // Runs parse(), turning its InvalidArgument into a UsageError whose message starts with prefix.

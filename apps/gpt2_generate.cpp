@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
                 "Samples from a GPT-2 HuggingFace folder (config.json + model.safetensors) with a "
                 "KV cache, streaming the text.");
   p.option("model", "", "HuggingFace GPT-2 folder");
-  p.option("prompt", "", "text to continue (default: start from <|endoftext|>)");
+  p.text_option("prompt", "", "text to continue (default: start from <|endoftext|>)");
   p.option("prompt-ids", "", "token ids to continue, comma-separated (no tokenizer needed)");
   p.flag("print-ids", "print the generated ids as one line 'ids: 5,17,...' instead of text");
   p.option("max-new-tokens", "64", "tokens to generate (fewer when the context fills up)");

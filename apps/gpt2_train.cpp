@@ -263,8 +263,8 @@ void declare_tokenizer_sampling_and_dist(cli::Parser& p) {
   p.flag("save-run-dropout", "--save records the run's --dropout (default: the config's)");
   p.option("sample-every", "", "print a sample from the model every N steps");
   p.option("sample-tokens", "32", "with --sample-every: new tokens per sample");
-  p.option("sample-prompt", "",
-           "with --sample-every: text to continue (needs a tokenizer; default <|endoftext|>)");
+  p.text_option("sample-prompt", "",
+                "with --sample-every: text to continue (needs a tokenizer; default <|endoftext|>)");
   p.option("sample-prompt-ids", "", "with --sample-every: token ids to continue, e.g. 464,3290");
   p.option("sample-temperature", "1.0", "with --sample-every: softmax temperature; 0 is greedy");
   p.option("sample-seed", "0", "with --sample-every: the sampler's seed (apart from --seed)");
