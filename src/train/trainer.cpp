@@ -177,8 +177,8 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
     train_data_->check_vocab(config_.vocab_size);
   }
   if (!o_.val_data.empty()) {
-    val_ =
-        std::make_unique<TokenStream>(resolve_shards(o_.val_data, "val", "--val-data"), false, 0);
+    val_ = std::make_unique<TokenStream>(resolve_shards(o_.val_data, "val", "--val-data"), false, 0,
+                                         "--val-data");
     val_->check_vocab(config_.vocab_size);
   }
   build_optimizer();
@@ -364,6 +364,16 @@ double Trainer::micro_step(int64_t k, std::vector<int32_t>& tokens, StepResult& 
   return loss.item();
 }
 
+// Note [Non-finite values]: a non-finite loss stops the run at its step, in every precision (a
+// forward overflow repeats at any loss scale, so skipping would only hide it), checked before the
+// updates that wait for the step. The gradient norm is measured where the updates wait for it
+// (--grad-clip, --grad-accum > 1, fp16, --optimizer adamw, data parallel, --update-in-backward
+// off): in fp32 a non-finite norm stops the run before the update; under fp16 loss scaling the
+// step is skipped and the scale lowered. Where parameters are stepped during backward (HybridAdam's
+// and Gemini's default fp32 paths) there is no norm, so a non-finite gradient under a finite loss
+// reaches the weights: the next step's loss then stops the run, and save_hf refuses non-finite
+// weights, so none is ever written over a save. --grad-clip makes every step's norm checked.
+//
 // Note [Updates after backward]: 1/K and the clip factor become one divisor of the gradients.
 // fp16: gradients are unscaled in place (and checked) before they are measured or used. Returns
 // false when they are not finite (the step is skipped).
@@ -389,6 +399,13 @@ bool Trainer::measure_and_scale_gradients(StepResult& r) {
   double sum_norm = gem_                           ? gem_->grad_norm()
                     : dp_ && dp_->zero_stage() > 0 ? dp_->grad_norm()
                                                    : global_grad_norm(opt_->params());
+  // fp32 (no scaler): a non-finite gradient cannot be skipped as an overflow; stop before it
+  // reaches the weights (Note [Non-finite values]).
+  MW_CHECK(scaler_ || std::isfinite(sum_norm), "the gradient norm is ", sum_norm, " at step ",
+           step_,
+           ": training diverged (lower --lr, set --grad-clip, check the data and "
+           "--init-from weights); stopped before the update, without saving; any earlier save is "
+           "kept");
   double divisor = static_cast<double>(o_.grad_accum);
   if (gem_ && scaler_) {
     if (!std::isfinite(sum_norm)) return false;
@@ -425,6 +442,10 @@ StepResult Trainer::train_step() {
     dp_->finish_gradients();
     r.loss = dp_->mean_over_ranks(r.loss);
   }
+  // Before any update that waits for the step (Note [Non-finite values]).
+  MW_CHECK(std::isfinite(r.loss), "the loss is ", r.loss, " at step ", step_,
+           ": training diverged (lower --lr, check the data and --init-from weights); stopped "
+           "without saving, any earlier save is kept");
   const bool finite = measure_and_scale_gradients(r);
   mark_phase("step_start");
   if (finite) {
@@ -442,9 +463,6 @@ StepResult Trainer::train_step() {
     r.loss_scale = scaler_->scale();
   }
   mark_phase("step_end");
-  MW_CHECK(std::isfinite(r.loss), "the loss is ", r.loss, " at step ", step_,
-           ": training diverged (lower --lr, check the data and --init-from weights); stopped "
-           "without saving, any earlier save is kept");
   r.step_ms = ms_since(t0);
   r.step_cpu_ms = process_cpu_ms() - cpu0;
   r.tokens = o_.batch * o_.seq * o_.grad_accum;

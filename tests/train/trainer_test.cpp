@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "../data/temp_dir.h"
@@ -167,6 +168,33 @@ TEST(Trainer, TheLearningRateFollowsTheSchedule) {
                              min + (base - min) * 0.5 * (1 + std::cos(3 * M_PI / 4))};
   for (double lr : expected) EXPECT_NEAR(t.train_step().lr, lr, 1e-18);
   EXPECT_TRUE(t.done());
+}
+
+// Note [Non-finite values]: an infinite gradient under a finite loss (a grad-ready hook writes it)
+// stops the run at that step, naming the norm, before the update: the weights are unchanged.
+TEST(Trainer, ANonFiniteGradientNormStopsTheStepBeforeTheUpdate) {
+  TempDir tmp;
+  for (const char* optimizer : {"adamw", "hybridadam"}) {
+    SCOPED_TRACE(optimizer);
+    TrainOptions o = tiny(write_shard(tmp, "train.bin", 5), 2);
+    o.optimizer = optimizer;
+    o.grad_clip = std::string(optimizer) == "hybridadam" ? 1.0 : 0.0;  // a norm is measured
+    Trainer t(o, nullptr);
+    t.train_step();
+    const auto before = weights(t);
+    const Tensor& poisoned = t.model().parameters().back();
+    add_grad_ready_hook(poisoned, [](const Tensor& leaf) {
+      grad(leaf).data<float>()[0] = std::numeric_limits<float>::infinity();
+    });
+    try {
+      t.train_step();
+      FAIL() << "expected the step to stop";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the gradient norm is inf at step 1"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(weights(t), before);
+  }
 }
 
 struct ResumeCase {
