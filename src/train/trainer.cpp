@@ -17,11 +17,11 @@
 #include "core/parallel.h"
 #include "data/random_tokens.h"
 #include "models/gpt2/hf_io.h"
-#include "models/gpt2/memory_plan.h"
 #include "models/gpt2/spec.h"
 #include "nn/checkpoint.h"
 #include "optim/grad_norm.h"
 #include "train/data_parallel.h"
+#include "train/memory_plan.h"
 
 namespace mw::train {
 
@@ -58,9 +58,9 @@ int64_t ranks_on_this_host(int64_t ranks) {
 }
 
 // Prints the memory plan; stops before anything is allocated when it does not fit (Note
-// [Activation arithmetic], models/gpt2/memory_plan.h). Returns true for --plan.
+// [Activation arithmetic], train/memory_plan.h). Returns true for --plan.
 bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Trainer::Print& print) {
-  gpt2::PlanInputs in;
+  PlanInputs in;
   in.config = config;
   in.batch = o.batch, in.seq = o.seq;
   in.adamw = o.optimizer == "adamw";
@@ -70,26 +70,35 @@ bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Traine
   in.nvme_window_bytes = o.gemini.empty() ? o.nvme.window_bytes : o.gemini_nvme_window_bytes;
   in.nvme_dir = o.gemini.empty() ? o.nvme.dir : o.gemini_options.nvme_dir;
   in.device = o.device;
-  in.device_capacity_bytes = o.sim_capacity_bytes;
+  // A GPU's capacity is its memory as its allocator reports it (cudaMemGetInfo's total).
+  in.device_capacity_bytes =
+      o.device.is_cuda() ? allocator_for(o.device).stats().capacity_bytes : o.sim_capacity_bytes;
   in.checkpoint_every_block = o.checkpoint_every_block;
   in.checkpoint_segments = o.checkpoint_segments;
   in.offload_activations = o.offload_activations;
   in.gemini = !o.gemini.empty();
   in.gemini_options = o.gemini_options;
+  if (o.sample_every > 0) {  // a text prompt has at most one token per byte
+    in.sample_tokens = o.sample_tokens;
+    const size_t prompt = !o.sample_prompt_ids.empty()
+                              ? o.sample_prompt_ids.size()
+                              : std::max<size_t>(1, o.sample_prompt.size());
+    in.sample_context = static_cast<int64_t>(prompt) + o.sample_tokens;
+  }
   if (o.data_parallel()) {
     in.ranks = o.comm->size();
     in.zero_stage = o.zero_stage;
     in.bucket_bytes = o.bucket_bytes;
     in.ranks_on_host = ranks_on_this_host(in.ranks);
   }
-  const gpt2::MemoryPlan plan = gpt2::plan_memory(in);
-  const gpt2::AvailableMemory avail = gpt2::available_memory(in.nvme_dir);
+  const MemoryPlan plan = plan_memory(in);
+  const AvailableMemory avail = available_memory(in.nvme_dir);
   print(plan.table() + str("  available: host ", format_fixed(mib(avail.host_bytes), 1), " MiB (",
                            avail.host_source, ") | disk ", format_fixed(mib(avail.disk_bytes), 1),
                            " MiB at '", avail.disk_path, "'\n"));
   if (o.plan_only) {
     try {
-      gpt2::check_plan_fits(plan, in, avail);
+      check_plan_fits(plan, in, avail);
     } catch (const OutOfMemory& e) {
       print(str("  does not fit: ", e.what(), "\n"));
     }
@@ -98,7 +107,7 @@ bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Traine
   if (o.skip_memory_check)
     print("  --skip-memory-check: not checked against what the machine has\n");
   else
-    gpt2::check_plan_fits(plan, in, avail);
+    check_plan_fits(plan, in, avail);
   return false;
 }
 

@@ -1,4 +1,4 @@
-// The memory plan of a data-parallel run (models/gpt2/memory_plan.h, docs/distributed.md) against
+// The memory plan of a data-parallel run (train/memory_plan.h, docs/distributed.md) against
 // what each rank measures: gpt2_train under `mpirun -np 2` prints its plan and, at the end, its
 // host allocator's peak; for plain data parallel and ZeRO 1 and 2 the two agree within the memory
 // plan's bar (10%, issue #17). A model of 26.8M parameters, so that the parts the plan counts

@@ -69,7 +69,7 @@ std::vector<bool> choose_offloaded(const std::vector<int64_t>& chunk_bytes, doub
 double default_auto_margin(bool cuda);
 
 // The arithmetic of Note [Three tiers] (tiers.cpp), shared by Gemini and the memory plan
-// (models/gpt2/memory_plan.h) so the plan printed before the run is the run's own: given the
+// (train/memory_plan.h) so the plan printed before the run is the run's own: given the
 // chunks' bytes, which are offloaded (homed on the host) and which have their Adam states on the
 // host, a host budget, the requested fraction of Adam states on disk and the NVMe window, which
 // chunks are homed on disk. InvalidArgument, naming the bytes needed, when even that cannot fit.

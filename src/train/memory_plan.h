@@ -27,7 +27,9 @@
 #include "models/gpt2/config.h"
 #include "offload/gemini/gemini.h"
 
-namespace mw::gpt2 {
+namespace mw::train {
+
+using gpt2::Config;
 
 struct PlanInputs {
   Config config;
@@ -51,6 +53,9 @@ struct PlanInputs {
   // MiB, of copies not yet done; when the disk-less copies keep up, as measured, that moment is
   // lower.)
   int64_t offload_in_flight_bytes = int64_t{128} << 20;
+  // --sample-every (Note [Sampling during training]): 0 = no sampling. `sample_context` bounds the
+  // tokens one sampling forward sees (the prompt's and the new ones; n_positions at most).
+  int64_t sample_tokens = 0, sample_context = 0;
   bool gemini = false;
   gemini::GeminiOptions gemini_options;  // policy, fractions, budget, margin, host capacity
   // Data parallel (docs/distributed.md): `batch` is the global batch, split across `ranks`. The
@@ -81,6 +86,9 @@ struct MemoryPlan {
 };
 
 MemoryPlan plan_memory(const PlanInputs& in);
+// The device bytes of one sampling forward (a no-grad forward of [1, sample_context]) beyond the
+// parameters: what --sample-every needs between steps under Gemini or on CUDA.
+int64_t sampling_forward_bytes(const PlanInputs& in);
 
 // What the machine has: the smaller of MemAvailable (/proc/meminfo) and the cgroup's memory.max
 // minus memory.current; free disk at dir (statvfs; "" = $TMPDIR or /tmp). -1 = unknown.
@@ -97,4 +105,4 @@ AvailableMemory available_memory(const std::string& nvme_dir);
 // disk need is the plan's times the ranks on this host.
 void check_plan_fits(const MemoryPlan& plan, const PlanInputs& in, const AvailableMemory& avail);
 
-}  // namespace mw::gpt2
+}  // namespace mw::train

@@ -1,33 +1,25 @@
-// The memory plan (memory_plan.h, Note [Activation arithmetic]) and the check against what the
-// machine has: /proc/meminfo, the cgroup's memory.max and memory.current, statvfs.
-#include "models/gpt2/memory_plan.h"
-
-#include <sys/statvfs.h>
+// The memory plan (memory_plan.h, Note [Activation arithmetic]); the check against what the
+// machine has is memory_check.cpp.
+#include "train/memory_plan.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <fstream>
 
 #include "core/allocator.h"
 #include "core/error.h"
 #include "models/gpt2/spec.h"
 #include "nn/checkpoint.h"
 #include "offload/gemini/chunk_search.h"
+#include "train/plan_bytes.h"
 
-namespace mw::gpt2 {
+namespace mw::train {
+
+using plan_bytes::clamp_bytes;
+using plan_bytes::mib;
+using plan_bytes::mib_text;
 
 namespace {
-
-double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
-
-// "1234.5 MiB", fixed-point whatever the size.
-std::string mib_text(int64_t bytes) {
-  char text[64];
-  std::snprintf(text, sizeof text, "%.1f MiB", mib(bytes));
-  return text;
-}
 
 // Saved tensors of the forward pass, each rounded to the allocator's granule.
 // In double: an absurd B x T x T must not overflow (the plan refuses it); doubles are exact for
@@ -58,38 +50,56 @@ Activations activations(const PlanInputs& in) {
   return a;
 }
 
-// Peak bytes of activations (and the gradients in flight with them) over one step.
-double activation_peak(const PlanInputs& in, const Activations& a, std::string* recompute) {
+// What recomputation keeps from the forward: `stored`, the checkpointed segments' inputs and the
+// other segments' saved tensors; `longest`, the most blocks one segment recomputes at once.
+// `inputs`: the checkpointed segments' inputs alone.
+struct Recomputation {
+  double stored = 0, longest = 0, inputs = 0;
+};
+
+// Empty (longest 0) without recomputation; `name` describes the choice for the plan.
+Recomputation recomputation(const PlanInputs& in, const Activations& a, std::string* name) {
   const int64_t L = in.config.n_layer;
-  const double Ld = static_cast<double>(L);
-  const double at_head = a.head + a.logits + a.backward_extra;
   if (!in.checkpoint_every_block && in.checkpoint_segments < 0) {
-    *recompute = "none";
-    return Ld * a.block + at_head;
+    *name = "none";
+    return {};
   }
   std::vector<nn::Segment> segments;
   if (in.checkpoint_segments >= 0) {
     const int64_t k =
         in.checkpoint_segments == 0 ? nn::sqrt_segments(L) : std::min(in.checkpoint_segments, L);
     segments = nn::plan_segments(L, k);
-    *recompute = str(segments.size(), " segments");
+    *name = str(segments.size(), " segments");
   } else {
     for (int64_t i = 0; i < L; ++i) segments.push_back({i, i + 1, true});
-    *recompute = "every block";
+    *name = "every block";
   }
-  double stored = 0, longest = 0;
+  Recomputation r;
   for (const auto& s : segments) {
     if (s.checkpointed) {
-      stored += a.input;
-      longest = std::max(longest, static_cast<double>(s.end - s.begin));
+      r.stored += a.input;
+      r.inputs += a.input;
+      r.longest = std::max(r.longest, static_cast<double>(s.end - s.begin));
     } else {
-      stored += static_cast<double>(s.end - s.begin) * a.block;
+      r.stored += static_cast<double>(s.end - s.begin) * a.block;
     }
   }
-  // Recomputing a segment rebuilds its blocks' saved tensors (its input is already stored), with
-  // wte's gradient, the incoming gradient [N, C] and, in the MLP's backward, one [N, F] alive.
-  const double recomputing = stored + longest * a.block - a.input + a.backward_extra + a.mlp_grad;
-  return std::max(stored + at_head, recomputing);
+  return r;
+}
+
+// Recomputing a segment rebuilds its blocks' saved tensors (its input is already stored), with
+// wte's gradient, the incoming gradient [N, C] and, in the MLP's backward, one [N, F] alive.
+// Excludes what is stored.
+double recomputing_bytes(const Activations& a, const Recomputation& r) {
+  return r.longest * a.block - a.input + a.backward_extra + a.mlp_grad;
+}
+
+// Peak bytes of activations (and the gradients in flight with them) over one step.
+double activation_peak(const PlanInputs& in, const Activations& a, std::string* name) {
+  const double at_head = a.head + a.logits + a.backward_extra;
+  const Recomputation r = recomputation(in, a, name);
+  if (r.longest == 0) return static_cast<double>(in.config.n_layer) * a.block + at_head;
+  return r.stored + std::max(at_head, recomputing_bytes(a, r));
 }
 
 // Elements of each parameter, in the tensor table's order (spec.h).
@@ -129,12 +139,6 @@ double parameter_bytes(const PlanInputs& in) {
   const double first = bytes_of(with_layers(in.config, 1));
   const double block = bytes_of(with_layers(in.config, 2)) - first;
   return first + static_cast<double>(L - 1) * block;
-}
-
-// Byte counts past 2^60 (1 EiB) are clamped there: they fit nowhere, and sums of a few stay in
-// range.
-int64_t clamp_bytes(double bytes) {
-  return static_cast<int64_t>(std::min(bytes, 1152921504606846976.0));
 }
 
 void add(MemoryPlan& p, const std::string& what, const std::string& tier, int64_t bytes,
@@ -312,28 +316,48 @@ void plan_gradient_buckets(MemoryPlan& p, const PlanInputs& in, int64_t params) 
         "freed after their reduce_scatter");
 }
 
-// --offload-activations. Without recomputation every saved tensor is offloaded, the head's and
-// the loss's included (gpt2_train computes the loss inside the offload scope): the host holds the
-// activation peak less the gradients in flight at the LM head's backward, and the device those
-// gradients, one logits-sized buffer, and what the offloader has prefetched back (up to
-// offload_in_flight_bytes; at the default a small model's activations all come back). With
-// recomputation only the checkpoints' inputs are offloaded: the device keeps the head and two
-// blocks in flight (coarse, not measured).
+// --offload-activations. Every tensor saved inside the offload scope goes to the host: without
+// recomputation all of them, the head's and the loss's included (gpt2_train computes the loss
+// inside the scope); with it, what recomputation stores (the checkpoints' inputs, packed by the
+// offloader: Trainer::build_recomputation) and the head's and the loss's. The device keeps the
+// gradients in flight, one logits-sized buffer (the logits' gradient) and, with recomputation,
+// the segment being recomputed; plus what the offloader has prefetched back, up to
+// offload_in_flight_bytes (at the default a small model's activations all come back). `kept` and
+// `in_flight` are the device's bytes at its peak moment.
 struct OffloadSplit {
   int64_t offloaded = 0, kept = 0, in_flight = 0;
-  bool recompute = false;
+  const char* kept_what = "logits and head gradients";
+  const char* in_flight_when = "prefetched back at the LM head's backward";
 };
 
 OffloadSplit offload_split(const PlanInputs& in, const Activations& a, int64_t act_peak) {
   OffloadSplit s;
-  s.recompute = in.checkpoint_every_block || in.checkpoint_segments >= 0;
-  s.kept = s.recompute ? clamp_bytes(a.logits + a.backward_extra + a.head + 2 * a.block)
-                       : clamp_bytes(a.logits + a.backward_extra);
-  s.offloaded = std::max<int64_t>(
-      0, s.recompute ? act_peak - s.kept : act_peak - clamp_bytes(a.backward_extra));
-  const int64_t returning =
-      s.recompute ? s.offloaded : std::max<int64_t>(0, s.offloaded - clamp_bytes(a.logits));
-  s.in_flight = std::min(returning, in.offload_in_flight_bytes);
+  std::string name;
+  const Recomputation r = recomputation(in, a, &name);
+  const double in_flight = static_cast<double>(in.offload_in_flight_bytes);
+  if (r.longest == 0) {
+    s.kept = clamp_bytes(a.logits + a.backward_extra);
+    s.offloaded = std::max<int64_t>(0, act_peak - clamp_bytes(a.backward_extra));
+    const int64_t returning = std::max<int64_t>(0, s.offloaded - clamp_bytes(a.logits));
+    s.in_flight = std::min(returning, in.offload_in_flight_bytes);
+    return s;
+  }
+  s.offloaded = clamp_bytes(r.stored + a.head + a.logits);
+  // The device's peak is the larger of two moments. At the LM head's backward everything stored
+  // and the head's tensors are on their way back; a segment stored whole is backwarded next and
+  // spent. When a checkpointed segment is recomputed only the checkpoints' inputs remain.
+  const double head = a.logits + a.backward_extra + std::min(r.stored + a.head, in_flight);
+  const double recompute_kept = recomputing_bytes(a, r);
+  const double recompute_back = std::min(r.inputs, in_flight);
+  if (head >= recompute_kept + recompute_back) {
+    s.kept = clamp_bytes(a.logits + a.backward_extra);
+    s.in_flight = clamp_bytes(head) - s.kept;
+  } else {
+    s.kept = clamp_bytes(recompute_kept);
+    s.in_flight = clamp_bytes(recompute_back);
+    s.kept_what = "a recomputed segment and gradients";
+    s.in_flight_when = "prefetched back to recompute";
+  }
   return s;
 }
 
@@ -341,13 +365,58 @@ void plan_offloaded_activations(MemoryPlan& p, const PlanInputs& in, const Activ
                                 int64_t act_peak, const std::string& act_note) {
   const OffloadSplit s = offload_split(in, a, act_peak);
   add(p, "activations (offloaded)", "host", s.offloaded, act_note);
-  add(p, s.recompute ? "head, logits, two blocks in flight" : "logits and head gradients",
-      p.device_name, s.kept, "");
-  add(p, "offloaded activations in flight", p.device_name, s.in_flight,
-      "prefetched back at the LM head's backward");
+  add(p, s.kept_what, p.device_name, s.kept, "");
+  add(p, "offloaded activations in flight", p.device_name, s.in_flight, s.in_flight_when);
+}
+
+// Note [Sampling during training] runs between steps, when the activations are gone. Without
+// Gemini on a host-addressable device the KV-cache decoder (models/gpt2/generate.h) holds keys and
+// values for n_positions in every layer plus a token's buffers, on the heap (outside the
+// allocators, in the RSS). Under Gemini or on CUDA a sampling forward is a no-grad forward of
+// [1, t] whose tensors die as the next op consumes them: its peak is the widest of three moments,
+// each with the residual stream and a layernorm's output [t, C]: the logits [t, V]; attention's
+// qkv [t, 3C], probabilities [H, t, t] and output [t, C]; the MLP's [t, F] input and output.
+bool samples_by_forwards(const PlanInputs& in) { return in.gemini || in.device.is_cuda(); }
+
+double kv_cache_bytes(const PlanInputs& in) {
+  const Config& c = in.config;
+  const double P = static_cast<double>(c.n_positions), C = static_cast<double>(c.n_embd);
+  const double V = static_cast<double>(c.vocab_size);
+  return 4 * (2 * static_cast<double>(c.n_layer) * P * C + P + V + 9 * C);
+}
+
+double sampling_forward_double(const PlanInputs& in) {
+  const Config& c = in.config;
+  const double e = static_cast<double>(in.dtype_bytes);
+  const double t =
+      static_cast<double>(std::min(std::max<int64_t>(1, in.sample_context), c.n_positions));
+  const double C = static_cast<double>(c.n_embd), F = static_cast<double>(c.mlp_width());
+  auto r = [](double bytes) { return std::ceil(bytes / kHostAlignment) * kHostAlignment; };
+  const double head = r(t * static_cast<double>(c.vocab_size) * e);
+  const double attention =
+      r(3 * t * C * e) + r(static_cast<double>(c.n_head) * t * t * e) + r(t * C * e);
+  const double mlp = 2 * r(t * F * e);
+  return 2 * r(t * C * e) + std::max({head, attention, mlp});
+}
+
+void plan_sampling(MemoryPlan& p, const PlanInputs& in, int64_t device_act_peak) {
+  if (in.sample_tokens <= 0) return;
+  if (!samples_by_forwards(in)) {
+    add(p, "sampling: KV cache", "host", clamp_bytes(kv_cache_bytes(in)),
+        str("--sample-every: ", in.config.n_layer, " layers x ", in.config.n_positions,
+            " positions, on the heap"));
+    return;
+  }
+  add(p, "sampling forward beyond the activations", p.device_name,
+      std::max<int64_t>(0, clamp_bytes(sampling_forward_double(in)) - device_act_peak),
+      str("--sample-every: a no-grad forward of up to ", in.sample_context, " tokens"));
 }
 
 }  // namespace
+
+int64_t sampling_forward_bytes(const PlanInputs& in) {
+  return clamp_bytes(sampling_forward_double(in));
+}
 
 MemoryPlan plan_memory(const PlanInputs& global) {
   PlanInputs in = global;  // one rank's: its rows of the global batch (Note [Global batch])
@@ -371,6 +440,8 @@ MemoryPlan plan_memory(const PlanInputs& global) {
           str("B", in.batch, " T", in.seq, ", recompute: ", p.recompute));
       device_act = s.kept + s.in_flight;
     }
+    if (in.sample_tokens > 0)  // Gemini's non-model memory covers the sampling forward too
+      device_act = std::max(device_act, clamp_bytes(sampling_forward_double(in)));
     plan_gemini(p, in, device_act);
     add(p, "token ids", p.device_name, io_bytes, "");
     return p;
@@ -384,6 +455,13 @@ MemoryPlan plan_memory(const PlanInputs& global) {
   } else {
     add(p, "activations + logits at the LM head's backward", dev, act_peak, act_note);
   }
+  plan_sampling(p, in,
+                in.offload_activations && on_device
+                    ? [&] {
+                        const OffloadSplit s = offload_split(in, a, act_peak);
+                        return s.kept + s.in_flight;
+                      }()
+                    : act_peak);
   if (in.ranks > 1 || in.zero_stage > 0) {
     plan_gradient_buckets(p, in, params);
   } else if (in.adamw || !in.update_in_backward) {
@@ -429,102 +507,4 @@ std::string MemoryPlan::table() const {
   return out;
 }
 
-namespace {
-
-int64_t read_int_file(const std::string& path) {  // -1: absent or "max"
-  std::ifstream f(path);
-  std::string s;
-  if (!(f >> s) || s == "max") return -1;
-  char* end = nullptr;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  return (end && *end == 0 && v >= 0) ? v : -1;
-}
-
-int64_t mem_available_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  int64_t kib = 0;
-  std::string unit;
-  while (f >> key >> kib) {
-    std::getline(f, unit);
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return -1;
-}
-
-// memory.max - memory.current of this process's cgroup (v2), -1 when unlimited or unknown.
-int64_t cgroup_free_bytes() {
-  std::ifstream f("/proc/self/cgroup");
-  std::string line, path;
-  while (std::getline(f, line))
-    if (line.rfind("0::", 0) == 0) path = line.substr(3);
-  if (path.empty()) return -1;
-  const std::string dir = "/sys/fs/cgroup" + path;
-  const int64_t max = read_int_file(dir + "/memory.max");
-  if (max < 0) return -1;
-  return std::max<int64_t>(0, max - std::max<int64_t>(0, read_int_file(dir + "/memory.current")));
-}
-
-}  // namespace
-
-AvailableMemory available_memory(const std::string& nvme_dir) {
-  AvailableMemory a;
-  a.host_bytes = mem_available_bytes();
-  a.host_source = "MemAvailable";
-  const int64_t cg = cgroup_free_bytes();
-  if (cg >= 0 && (a.host_bytes < 0 || cg < a.host_bytes)) {
-    a.host_bytes = cg;
-    a.host_source = "cgroup memory.max - memory.current";
-  }
-  a.disk_path = nvme_dir;
-  if (a.disk_path.empty()) {
-    const char* tmp = std::getenv("TMPDIR");
-    a.disk_path = tmp && *tmp ? tmp : "/tmp";
-  }
-  struct statvfs s {};
-  if (statvfs(a.disk_path.c_str(), &s) == 0)
-    a.disk_bytes = static_cast<int64_t>(s.f_bavail) * static_cast<int64_t>(s.f_frsize);
-  return a;
-}
-
-void check_plan_fits(const MemoryPlan& plan, const PlanInputs& in, const AvailableMemory& avail) {
-  std::string problems;
-  int64_t need = 0, have = 0, cap = 0;
-  const std::string act_advice = "a smaller --batch or --seq, --checkpoint-activations";
-  const auto ranks_on_host = static_cast<double>(plan.ranks_on_host);
-  const int64_t host_need = clamp_bytes(static_cast<double>(plan.host_bytes) * ranks_on_host);
-  const int64_t disk_need = clamp_bytes(static_cast<double>(plan.disk_bytes) * ranks_on_host);
-  const std::string ranks =
-      plan.ranks_on_host > 1 ? str(" (", plan.ranks_on_host, " ranks on this host)") : "";
-  if (avail.host_bytes >= 0 && host_need > avail.host_bytes) {
-    problems += str(
-        "host RAM: needs ", mib_text(host_need), ranks, ", ", mib_text(avail.host_bytes),
-        " available (", avail.host_source, "); to fit: ", act_advice,
-        in.device.is_cpu() ? "" : ", --offload-activations",
-        ", --offload nvme --fraction 1 (Adam states on disk)",
-        in.device.is_cpu() ? "" : ", --gemini auto --host-capacity SIZE",
-        plan.ranks_on_host > 1 ? ", --zero 1 or 2 (Adam states sharded), fewer ranks per host" : "",
-        ", or a smaller model. ");
-    need = host_need, have = avail.host_bytes;
-  }
-  if (in.device_capacity_bytes > 0 && plan.device_bytes > in.device_capacity_bytes) {
-    problems +=
-        str(plan.device_name, ": needs ", mib_text(plan.device_bytes), ", capacity ",
-            mib_text(in.device_capacity_bytes), "; to fit: ", act_advice, ", --offload-activations",
-            in.gemini ? ", a larger capacity" : ", --gemini auto (parameters in chunks)", ". ");
-    need = plan.device_bytes, cap = in.device_capacity_bytes;
-  }
-  if (avail.disk_bytes >= 0 && disk_need > avail.disk_bytes) {
-    problems += str("disk at '", avail.disk_path, "': needs ", mib_text(disk_need), ranks, ", ",
-                    mib_text(avail.disk_bytes),
-                    " free; to fit: --nvme-dir on a larger disk, a smaller --fraction or a "
-                    "larger --host-capacity. ");
-    need = disk_need, have = avail.disk_bytes;
-  }
-  if (!problems.empty())
-    throw OutOfMemory(str("the run does not fit, stopped before allocating: ", problems,
-                          "--skip-memory-check runs anyway"),
-                      need, have, cap);
-}
-
-}  // namespace mw::gpt2
+}  // namespace mw::train

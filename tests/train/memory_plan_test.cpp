@@ -1,7 +1,7 @@
-// The memory plan (models/gpt2/memory_plan.h) against the allocators' measured peaks after real
+// The memory plan (train/memory_plan.h) against the allocators' measured peaks after real
 // training steps in this process: host and sim, with and without recomputation, with and without
 // Gemini; and the refusal of a run that cannot fit.
-#include "models/gpt2/memory_plan.h"
+#include "train/memory_plan.h"
 
 #include <gtest/gtest.h>
 
@@ -21,8 +21,13 @@
 #include "optim/hybrid_adam.h"
 #include "optim/optimizer.h"
 
-namespace mw::gpt2 {
+namespace mw::train {
 namespace {
+
+using gpt2::GPT2;
+using gpt2::ParameterFactory;
+using gpt2::tensor_specs;
+using gpt2::TensorSpec;
 
 constexpr int kSim = 5;  // a sim device of its own (capacity and peak are per index)
 
@@ -84,13 +89,39 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const PlanInputs& in, GPT2& mod
   return std::make_unique<optim::HybridAdam>(model.parameters(), o);
 }
 
-// Every block recomputed in backward (--checkpoint-activations).
-void checkpoint_every_block(GPT2& model, int64_t n_layer) {
+// Recomputation as gpt2_train sets it up (Trainer::build_recomputation): every block
+// (--checkpoint-activations) or sqrt(L) segments (--checkpoint-segments 0); with an offloader
+// the checkpoints' inputs go through it.
+void recompute(GPT2& model, const PlanInputs& in, offload::ActivationOffloader* offloader) {
+  const int64_t n_layer = in.config.n_layer;
   std::vector<nn::Segment> plan;
-  for (int64_t i = 0; i < n_layer; ++i) plan.push_back({i, i + 1, true});
+  if (in.checkpoint_segments >= 0)
+    plan = nn::plan_segments(
+        n_layer, in.checkpoint_segments == 0 ? nn::sqrt_segments(n_layer) : in.checkpoint_segments);
+  else
+    for (int64_t i = 0; i < n_layer; ++i) plan.push_back({i, i + 1, true});
+  nn::CheckpointOptions copts;
+  if (offloader) {
+    copts.pack_input = offloader->pack_hook();
+    copts.unpack_input = offloader->unpack_hook();
+  }
   auto runner = std::make_shared<nn::SegmentedRunner>(
-      std::vector<std::shared_ptr<nn::Module>>(model.blocks().begin(), model.blocks().end()), plan);
+      std::vector<std::shared_ptr<nn::Module>>(model.blocks().begin(), model.blocks().end()), plan,
+      copts);
   model.run_block = [runner](nn::Block&, int64_t i, const Tensor& x) { return (*runner)(i, x); };
+}
+
+// A sampling forward as Trainer::sample_by_forwards runs it under Gemini (Note [Sampling during
+// training]): no grad, eval mode, inside an EvalScope, the longest context the plan assumes.
+void sample_forward(GPT2& model, const PlanInputs& in, const Device& dev, gemini::Gemini& gem) {
+  gemini::EvalScope scope(gem);
+  NoGradGuard no_grad;
+  model.eval();
+  const int64_t t = std::min(in.sample_context, in.config.n_positions);
+  const std::vector<int32_t> ids(static_cast<size_t>(t), 1);
+  const Tensor logits = model(Tensor::from_vector(ids, {1, t}, dev));
+  EXPECT_EQ(logits.size(1), t);
+  model.train();
 }
 
 Peaks measure(const PlanInputs& in) {
@@ -123,9 +154,8 @@ Peaks measure(const PlanInputs& in) {
   {
     GPT2 model(in.config, 3, DType::F32, in.gemini ? Device::cpu() : dev, factory);
     opt = make_optimizer(in, model, gem_owned);
-    if (in.checkpoint_every_block) checkpoint_every_block(model, in.config.n_layer);
     model.train();
-    // --offload-activations without recomputation, as gpt2_train sets it up (its defaults).
+    // --offload-activations, as gpt2_train sets it up (its defaults).
     std::unique_ptr<offload::ActivationOffloader> offloader;
     if (in.offload_activations) {
       offload::ActivationOffloadOptions o;
@@ -133,6 +163,8 @@ Peaks measure(const PlanInputs& in) {
       o.max_pending_bytes = std::min<int64_t>(o.max_pending_bytes, in.offload_in_flight_bytes);
       offloader = std::make_unique<offload::ActivationOffloader>(o);
     }
+    if (in.checkpoint_every_block || in.checkpoint_segments >= 0)
+      recompute(model, in, offloader.get());
     for (int step = 0; step < 2; ++step) {
       std::vector<int32_t> tokens(static_cast<size_t>(in.batch * in.seq));
       data::random_tokens(9, step, in.batch, in.seq, in.config.vocab_size, tokens.data());
@@ -146,6 +178,10 @@ Peaks measure(const PlanInputs& in) {
       logits = Tensor();
       backward(loss);
       opt->step();
+    }
+    if (in.sample_tokens > 0) {  // Gemini's path (the KV-cache decoder's heap is no allocator's)
+      EXPECT_TRUE(in.gemini);
+      if (in.gemini) sample_forward(model, in, dev, *static_cast<gemini::Gemini*>(opt.get()));
     }
     optim::HybridAdam* adam = in.gemini ? &static_cast<gemini::Gemini*>(opt.get())->adam()
                                         : dynamic_cast<optim::HybridAdam*>(opt.get());
@@ -247,6 +283,24 @@ TEST(MemoryPlan, SmallIshOnSimWithOffloadedActivations) {
   check_offloaded(in);
 }
 
+// With recomputation the host holds what recomputation stores (the checkpoints' inputs, packed by
+// the offloader) and the head's and loss's saved tensors; the device a recomputed segment, the
+// gradients in flight and what has been prefetched back (all of it, or the 1 MiB bound).
+TEST(MemoryPlan, SmallIshOnSimWithOffloadedActivationsAndRecomputation) {
+  PlanInputs in = on_sim(inputs(small_ish(), 4, 128));
+  in.config.n_layer = 9;  // sqrt segments: [0,3) [3,6) checkpointed, [6,9) stored whole
+  in.offload_activations = true;
+  in.checkpoint_every_block = true;
+  check_offloaded(in);
+  in.offload_in_flight_bytes = 1 << 20;
+  check_offloaded(in);
+  in.checkpoint_every_block = false;
+  in.checkpoint_segments = 0;
+  check_offloaded(in);
+  in.offload_in_flight_bytes = PlanInputs{}.offload_in_flight_bytes;
+  check_offloaded(in);
+}
+
 // Issue #17: the cpu plan at small widths. The plan counts the bytes the ops ask for; the cpu
 // allocator counts what each request was given, which splitting keeps to the request (Note [Host
 // caching]). Measured with the cache on and off, both are within the bar: no slack of reused
@@ -283,6 +337,66 @@ PlanInputs gemini_auto(const Config& c, int64_t chunk_numel) {
 }
 
 TEST(MemoryPlan, SmallIshOnSimWithGeminiAuto) { check(gemini_auto(small_ish(), 300000)); }
+
+// The sampling forward's arithmetic against a real no-grad forward of [1, t] on sim (the path of
+// CUDA without Gemini): a context where the attention probabilities are the widest moment (t 1024,
+// 16 MiB of them) and one where the logits are (V 8192, t 512: 16 MiB). The plan counts the widest
+// tensors of each moment; short-lived [t, C] temporaries beside them are not counted (about 0.75
+// MiB: at t 256 with V 2048 the plan says 2.50 MiB against 3.25 measured, a case too small to
+// matter next to a step's activations).
+TEST(MemoryPlan, ASamplingForwardNeedsWhatThePlanSays) {
+  struct Case {
+    int64_t t, vocab;
+  };
+  for (const Case k : {Case{1024, 2048}, Case{512, 8192}}) {
+    Config c = small_ish();
+    c.n_positions = 1024;
+    c.vocab_size = k.vocab;
+    PlanInputs in = on_sim(inputs(c, 1, 8));
+    in.sample_tokens = k.t - 1;
+    in.sample_context = k.t;
+    const Device dev = Device::sim(kSim);
+    GPT2 model(in.config, 3, DType::F32, dev);
+    model.eval();
+    NoGradGuard no_grad;
+    Allocator& sim = allocator_for(dev);
+    const Tensor ids =
+        Tensor::from_vector(std::vector<int32_t>(static_cast<size_t>(k.t), 1), {1, k.t}, dev);
+    const int64_t before = sim.stats().current_bytes;
+    sim.reset_peak();
+    { const Tensor logits = model(ids); }
+    expect_within(sampling_forward_bytes(in), sim.stats().peak_bytes - before, "sampling forward");
+  }
+}
+
+// --sample-every under Gemini: a no-grad forward of the whole context (1024 tokens: probabilities
+// of 16 MiB) between steps needs more than a B1 T8 step's activations (2.7 MiB, mostly wte's
+// gradient). The plan counts every chunk on the device beside it; an evaluation releases each
+// chunk after its last use (Note [Evaluation forward]), so the plan is an upper bound here
+// (37.1 MiB planned, 27.0 measured), never below the need.
+TEST(MemoryPlan, SmallIshOnSimWithGeminiAndSamplingIsBoundedByThePlan) {
+  Config c = small_ish();
+  c.n_positions = 1024;
+  PlanInputs in = gemini_auto(c, 600000);
+  in.batch = 1;
+  in.seq = 8;
+  const MemoryPlan without = plan_memory(in);
+  in.sample_tokens = 1100;
+  in.sample_context = 1101;  // more than n_positions: the context stops there
+  const MemoryPlan plan = plan_memory(in);
+  // The non-model row becomes the sampling forward: the device grows by the difference.
+  int64_t step_activations = 0;
+  for (const PlanRow& r : without.rows)
+    if (r.what == "activations + head") step_activations = r.bytes;
+  ASSERT_GT(step_activations, 0);
+  EXPECT_EQ(plan.device_bytes - without.device_bytes,
+            sampling_forward_bytes(in) - step_activations);
+  const Peaks measured = measure(in);
+  std::printf("sim: plan %.2f MiB, measured %.2f MiB\n", plan.device_bytes / 1048576.0,
+              measured.device_bytes / 1048576.0);
+  EXPECT_LE(measured.device_bytes, plan.device_bytes);
+  expect_within(plan.host_bytes, measured.host_bytes, "host");
+}
 
 // Under Gemini the parameters are chunk bytes: a model of many small tensors packed into 16 KiB
 // chunks counts each chunk rounded once, not every tensor rounded to 4 KiB. (Counting tensors put
@@ -440,4 +554,4 @@ TEST(MemoryPlan, TheLargestConfigIsPlannedQuicklyWithoutOverflow) {
 }
 
 }  // namespace
-}  // namespace mw::gpt2
+}  // namespace mw::train

@@ -1,0 +1,116 @@
+// The memory plan's check against what the machine has (memory_plan.h): /proc/meminfo, the
+// cgroup's memory.max and memory.current, statvfs at the NVMe directory.
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+
+#include "core/error.h"
+#include "train/memory_plan.h"
+#include "train/plan_bytes.h"
+
+namespace mw::train {
+
+using plan_bytes::clamp_bytes;
+using plan_bytes::mib_text;
+
+namespace {
+
+int64_t read_int_file(const std::string& path) {  // -1: absent or "max"
+  std::ifstream f(path);
+  std::string s;
+  if (!(f >> s) || s == "max") return -1;
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  return (end && *end == 0 && v >= 0) ? v : -1;
+}
+
+int64_t mem_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (f >> key >> kib) {
+    std::getline(f, unit);
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return -1;
+}
+
+// memory.max - memory.current of this process's cgroup (v2), -1 when unlimited or unknown.
+int64_t cgroup_free_bytes() {
+  std::ifstream f("/proc/self/cgroup");
+  std::string line, path;
+  while (std::getline(f, line))
+    if (line.rfind("0::", 0) == 0) path = line.substr(3);
+  if (path.empty()) return -1;
+  const std::string dir = "/sys/fs/cgroup" + path;
+  const int64_t max = read_int_file(dir + "/memory.max");
+  if (max < 0) return -1;
+  return std::max<int64_t>(0, max - std::max<int64_t>(0, read_int_file(dir + "/memory.current")));
+}
+
+}  // namespace
+
+AvailableMemory available_memory(const std::string& nvme_dir) {
+  AvailableMemory a;
+  a.host_bytes = mem_available_bytes();
+  a.host_source = "MemAvailable";
+  const int64_t cg = cgroup_free_bytes();
+  if (cg >= 0 && (a.host_bytes < 0 || cg < a.host_bytes)) {
+    a.host_bytes = cg;
+    a.host_source = "cgroup memory.max - memory.current";
+  }
+  a.disk_path = nvme_dir;
+  if (a.disk_path.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    a.disk_path = tmp && *tmp ? tmp : "/tmp";
+  }
+  struct statvfs s {};
+  if (statvfs(a.disk_path.c_str(), &s) == 0)
+    a.disk_bytes = static_cast<int64_t>(s.f_bavail) * static_cast<int64_t>(s.f_frsize);
+  return a;
+}
+
+void check_plan_fits(const MemoryPlan& plan, const PlanInputs& in, const AvailableMemory& avail) {
+  std::string problems;
+  int64_t need = 0, have = 0, cap = 0;
+  const std::string act_advice = "a smaller --batch or --seq, --checkpoint-activations";
+  const auto ranks_on_host = static_cast<double>(plan.ranks_on_host);
+  const int64_t host_need = clamp_bytes(static_cast<double>(plan.host_bytes) * ranks_on_host);
+  const int64_t disk_need = clamp_bytes(static_cast<double>(plan.disk_bytes) * ranks_on_host);
+  const std::string ranks =
+      plan.ranks_on_host > 1 ? str(" (", plan.ranks_on_host, " ranks on this host)") : "";
+  if (avail.host_bytes >= 0 && host_need > avail.host_bytes) {
+    problems += str(
+        "host RAM: needs ", mib_text(host_need), ranks, ", ", mib_text(avail.host_bytes),
+        " available (", avail.host_source, "); to fit: ", act_advice,
+        in.device.is_cpu() ? "" : ", --offload-activations",
+        ", --offload nvme --fraction 1 (Adam states on disk)",
+        in.device.is_cpu() ? "" : ", --gemini auto --host-capacity SIZE",
+        plan.ranks_on_host > 1 ? ", --zero 1 or 2 (Adam states sharded), fewer ranks per host" : "",
+        ", or a smaller model. ");
+    need = host_need, have = avail.host_bytes;
+  }
+  if (in.device_capacity_bytes > 0 && plan.device_bytes > in.device_capacity_bytes) {
+    problems +=
+        str(plan.device_name, ": needs ", mib_text(plan.device_bytes), ", capacity ",
+            mib_text(in.device_capacity_bytes), "; to fit: ", act_advice, ", --offload-activations",
+            in.gemini ? ", a larger capacity" : ", --gemini auto (parameters in chunks)", ". ");
+    need = plan.device_bytes, cap = in.device_capacity_bytes;
+  }
+  if (avail.disk_bytes >= 0 && disk_need > avail.disk_bytes) {
+    problems += str("disk at '", avail.disk_path, "': needs ", mib_text(disk_need), ranks, ", ",
+                    mib_text(avail.disk_bytes),
+                    " free; to fit: --nvme-dir on a larger disk, a smaller --fraction or a "
+                    "larger --host-capacity. ");
+    need = disk_need, have = avail.disk_bytes;
+  }
+  if (!problems.empty())
+    throw OutOfMemory(str("the run does not fit, stopped before allocating: ", problems,
+                          "--skip-memory-check runs anyway"),
+                      need, have, cap);
+}
+
+}  // namespace mw::train
