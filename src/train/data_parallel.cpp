@@ -2,9 +2,11 @@
 // (data_parallel.h, Note [Gradient buckets]).
 #include "train/data_parallel.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <functional>
 
 #include "autograd/autograd.h"
 #include "core/numbers.h"
@@ -40,11 +42,20 @@ DataParallel::DataParallel(std::shared_ptr<dist::Communicator> comm, std::vector
                " (CUDA tensors need the NCCL backend, not implemented "
                "yet)");
   build_buckets(bucket_bytes);
+  rows_grad_.resize(params_.size());
   std::weak_ptr<char> alive = alive_;
-  for (size_t i = 0; i < params_.size(); ++i)
+  for (size_t i = 0; i < params_.size(); ++i) {
     add_grad_ready_hook(params_[i], [this, alive, i](const Tensor&) {
       if (alive.lock()) on_grad_ready(i);
     });
+    // Row ids travel as floats in the gather: exact below 2^24 rows.
+    if (params_[i].dim() == 2 && params_[i].size(0) < (int64_t{1} << 24))
+      add_grad_rows_ready_hook(params_[i], [this, alive, i](const Tensor&, const Tensor& partial,
+                                                            const std::vector<int64_t>& rows) {
+        if (alive.lock()) on_rows_ready(i, partial, rows);
+        return std::function<void()>();
+      });
+  }
 }
 
 // Nothing to wait for: a collective still in flight holds its own references to the buffers it
@@ -137,8 +148,37 @@ void DataParallel::broadcast_parameters() {
   for (auto& w : works) w.wait();
 }
 
+void DataParallel::on_rows_ready(size_t param, const Tensor& partial,
+                                 const std::vector<int64_t>& rows) {
+  // An earlier micro-batch accumulates in place; an unusual buffer takes the whole-gradient path.
+  if (!armed_ || partial.dtype() != DType::F32 || !partial.is_contiguous() ||
+      !partial.device().is_host_addressable() || partial.shape() != params_[param].shape())
+    return;
+  Bucket& b = buckets_[bucket_of_[param]];
+  const Member& m = b.members[member_of_[param]];
+  if (!b.buffer.defined()) b.buffer = Tensor::zeros({b.padded});  // stage 2: a fresh buffer
+  b.buffer.narrow(0, m.offset, m.numel).view(partial.shape()).copy_(partial);
+  const int64_t C = partial.size(1);
+  float* p = partial.data<float>();
+  for (int64_t r : rows) std::fill(p + r * C, p + (r + 1) * C, 0.f);
+  rows_grad_[param].early = true;
+  rows_grad_[param].rows = rows;
+  b.filled[member_of_[param]] = 1;
+  if (++b.pending == static_cast<int64_t>(b.members.size())) launch(b);
+}
+
 void DataParallel::on_grad_ready(size_t param) {
   if (!armed_) return;  // an earlier micro-batch: the gradient accumulates in place
+  if (RowsGradient& rg = rows_grad_[param]; rg.early) {  // the embedding's rows alone
+    const Tensor g = grad(params_[param]).contiguous();
+    const int64_t C = g.size(1);
+    const float* x = g.data<float>();
+    rg.values.resize(rg.rows.size() * static_cast<size_t>(C));
+    for (size_t k = 0; k < rg.rows.size(); ++k)
+      std::copy(x + rg.rows[k] * C, x + (rg.rows[k] + 1) * C, rg.values.data() + k * C);
+    set_grad(params_[param], Tensor());
+    return;  // its bucket counted it at the rows-ready hook
+  }
   Bucket& b = buckets_[bucket_of_[param]];
   const Member& m = b.members[member_of_[param]];
   if (!b.buffer.defined()) b.buffer = Tensor::zeros({b.padded});  // stage 2: a fresh buffer
@@ -151,6 +191,7 @@ void DataParallel::on_grad_ready(size_t param) {
 
 void DataParallel::launch(Bucket& b) {
   b.launched = true;
+  launch_order_.push_back(static_cast<size_t>(&b - buckets_.data()));
   if (zero_stage_ == 0) {
     b.work = comm_->all_reduce(b.buffer);
     return;
@@ -170,7 +211,10 @@ void DataParallel::finish_gradients() {
     launch(b);
   }
   const auto t0 = clock::now();
-  for (Bucket& b : buckets_) b.work.wait();
+  // In launch order: a timed-out collective is the one reported, not a later one it broke.
+  for (size_t i : launch_order_) buckets_[i].work.wait();
+  launch_order_.clear();
+  add_gathered_rows();
   stats_.backward_end_wait_ms += ms_since(t0);
   const float inv = 1.f / static_cast<float>(comm_->size());
   for (Bucket& b : buckets_) {
@@ -192,6 +236,44 @@ void DataParallel::finish_gradients() {
         set_grad(optimizer_params_[k++], b.shard_grad.narrow(0, s.piece_offset, s.numel));
   }
   ++stats_.steps;
+}
+
+// Note [Split embedding reduction]: after the buckets' collectives, every rank's embedding rows are
+// added to the summed dense part, in rank order; before the division by N.
+void DataParallel::add_gathered_rows() {
+  const int64_t n = comm_->size(), rank = comm_->rank();
+  for (size_t param = 0; param < params_.size(); ++param) {
+    RowsGradient& rg = rows_grad_[param];
+    if (!rg.early) continue;
+    rg.early = false;
+    ++stats_.split_reductions;
+    Tensor count = Tensor::full({1}, static_cast<double>(rg.rows.size()));
+    Tensor counts = Tensor::empty({n});
+    comm_->all_gather(count, counts).wait();
+    const float* cs = counts.data<float>();
+    const auto K = static_cast<int64_t>(*std::max_element(cs, cs + n));
+    const int64_t C = params_[param].size(1), per_rank = K * (C + 1);
+    if (K == 0) continue;
+    Tensor mine = Tensor::zeros({per_rank}), all = Tensor::empty({n * per_rank});
+    float* out = mine.data<float>();
+    for (size_t k = 0; k < rg.rows.size(); ++k) out[k] = static_cast<float>(rg.rows[k]);
+    std::copy(rg.values.begin(), rg.values.end(), out + K);
+    comm_->all_gather(mine, all).wait();
+    const Bucket& b = buckets_[bucket_of_[param]];
+    const int64_t base = b.members[member_of_[param]].offset;
+    // Stage 0: the whole bucket; stages 1-2: elements [lo, lo + piece) of it, in shard_grad.
+    const int64_t lo = zero_stage_ == 0 ? 0 : rank * b.piece;
+    const int64_t hi = zero_stage_ == 0 ? b.padded : lo + b.piece;
+    float* dst = (zero_stage_ == 0 ? b.buffer : b.shard_grad).data<float>();
+    for (int64_t r = 0; r < n; ++r) {
+      const float* src = all.data<float>() + r * per_rank;
+      for (int64_t k = 0; k < static_cast<int64_t>(cs[r]); ++k) {
+        const int64_t first = base + static_cast<int64_t>(src[k]) * C;
+        const int64_t a = std::max(first, lo), e = std::min(first + C, hi);
+        for (int64_t i = a; i < e; ++i) dst[i - lo] += src[K + k * C + (i - first)];
+      }
+    }
+  }
 }
 
 void DataParallel::gather_parameters() {

@@ -18,6 +18,18 @@
 // Every rank builds the same buckets and starts the same collectives in the same order (MPI's
 // rule): the hooks fire in the engine's deterministic order, and buckets with a parameter that got
 // no gradient start after backward, in bucket order.
+//
+// Note [Split embedding reduction]: GPT-2's tied wte gets the LM head's dense [V, C] gradient at
+// the start of backward and the embedding's B*T rows only at its very end. Reduced as one final
+// gradient, its bucket (most of the volume: 31% of GPT-2 small, 72% of a narrow model) could only
+// start when backward ends. A rows-ready hook (Note [Rows-ready hooks]) instead copies the LM
+// head's part into the bucket as soon as it is final and zeroes the pending rows in the engine's
+// buffer, so the embedding's rows arrive there alone (0 + x is exact). The bucket's collective
+// sums the dense parts across ranks during the rest of backward; the rows, different on every
+// rank, are all_gathered after backward (a count per rank, then ids and values padded to the
+// largest count: B*T/N rows of C floats, against V*C) and added to the sum in rank order, the same
+// on every rank; ZeRO stages add only the elements of this rank's piece. The sum is a different
+// rounding of the same terms (the dense parts first, then each rank's rows).
 #pragma once
 
 #include <cstdint>
@@ -41,6 +53,7 @@ struct DataParallelStats {
   double backward_end_wait_ms = 0;    // waiting for gradient collectives after backward (exposed)
   double gather_ms = 0;               // the parameter all_gather after the step (stages 1-2)
   int64_t gradient_buffer_bytes = 0;  // persistent bucket and shard buffers
+  int64_t split_reductions = 0;       // Note [Split embedding reduction], summed over steps
   int64_t steps = 0;
 };
 
@@ -106,6 +119,9 @@ class DataParallel {
   void build_buckets(int64_t bucket_bytes);
   static std::vector<Segment> segments_of(const Bucket& b, int64_t rank);  // rank's piece of b
   void on_grad_ready(size_t param);
+  // Note [Split embedding reduction].
+  void on_rows_ready(size_t param, const Tensor& partial, const std::vector<int64_t>& rows);
+  void add_gathered_rows();
   void launch(Bucket& b);
   Tensor flat_param(size_t param) const;  // a 1-D view of the parameter's storage
 
@@ -114,7 +130,13 @@ class DataParallel {
   int zero_stage_;
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_, member_of_;
-  std::vector<size_t> launch_order_;
+  struct RowsGradient {  // Note [Split embedding reduction], per parameter, this update only
+    bool early = false;  // the dense part is in its bucket; the rows come separately
+    std::vector<int64_t> rows;
+    std::vector<float> values;  // rows.size() x C: the embedding's rows
+  };
+  std::vector<RowsGradient> rows_grad_;
+  std::vector<size_t> launch_order_;  // buckets, as launched in this update
   bool armed_ = false;
   std::shared_ptr<char> alive_ = std::make_shared<char>(0);
   DataParallelStats stats_;

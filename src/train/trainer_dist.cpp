@@ -103,7 +103,12 @@ std::string Trainer::data_parallel_report() const {
   out += str("Data parallel: collectives busy ", format_fixed(s.comm.busy_ms / steps, 1),
              " ms/step, waited after backward ", format_fixed(s.backward_end_wait_ms / steps, 1),
              " ms/step (exposed), parameter all_gather ", format_fixed(s.gather_ms / steps, 1),
-             " ms/step\n");
+             " ms/step",
+             s.split_reductions > 0
+                 ? str("; ", format_fixed(static_cast<double>(s.split_reductions) / steps, 1),
+                       " embedding gradient(s) per step reduced during backward, their rows after")
+                 : std::string(),
+             "\n");
   int64_t nvme_bytes = 0;
   if (hybrid_ && hybrid_->nvme()) nvme_bytes = hybrid_->offloaded_numel() * 8;
   out += str("Data parallel memory (this rank): parameters ", format_fixed(mib(psi * 4), 1),
