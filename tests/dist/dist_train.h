@@ -57,11 +57,14 @@ inline std::map<std::string, std::vector<float>> weights(const std::string& dir)
 constexpr double kWeightTol = 2e-6;
 constexpr double kLossTol = 1e-5;  // losses are means over 128 tokens of values ~4.6
 
-inline void expect_same_run(const std::string& a_dir, const std::string& b_dir) {
+// `resumed_at`: b resumed a's run at that step, so its log holds the steps from there on.
+inline void expect_same_run(const std::string& a_dir, const std::string& b_dir,
+                            size_t resumed_at = 0) {
   const auto la = losses(a_dir + "/log.jsonl"), lb = losses(b_dir + "/log.jsonl");
-  ASSERT_EQ(la.size(), lb.size());
-  ASSERT_FALSE(la.empty());
-  for (size_t i = 0; i < la.size(); ++i) EXPECT_NEAR(la[i], lb[i], kLossTol) << "step " << i;
+  ASSERT_EQ(la.size(), lb.size() + resumed_at);
+  ASSERT_FALSE(lb.empty());
+  for (size_t i = 0; i < lb.size(); ++i)
+    EXPECT_NEAR(la[i + resumed_at], lb[i], kLossTol) << "step " << i + resumed_at;
   const auto wa = weights(a_dir + "/model"), wb = weights(b_dir + "/model");
   ASSERT_EQ(wa.size(), wb.size());
   double worst = 0;

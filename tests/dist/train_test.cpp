@@ -66,6 +66,32 @@ INSTANTIATE_TEST_SUITE_P(Zero, DataParallelMatchesOneProcess,
                                            Case{0, "--dropout 0.1"},
                                            Case{2, "--dropout 0.1 --checkpoint-activations"}));
 
+// Four ranks (oversubscribed: one row of the global batch each) at every stage against one plain
+// process; then stage 2's checkpoint, written by 4 ranks, resumed by 2 (Note [ZeRO checkpoints]).
+TEST(DataParallelFourRanks, MatchOneProcessAndMoveTheirCheckpointToTwo) {
+  SKIP_WITHOUT_MPI();
+  TempDir tmp;
+  const std::string args = kTiny + "--steps 4 ";
+  const std::string one = tmp.path() + "/one";
+  ASSERT_EQ(train(0, args + "--zero 0" + outputs(one)).exit_code, 0);
+  for (int zero : {0, 1, 2}) {
+    SCOPED_TRACE("--zero " + std::to_string(zero));
+    const std::string four = tmp.path() + "/four" + std::to_string(zero);
+    AppResult r = train(4,
+                        args + "--zero " + std::to_string(zero) + outputs(four) +
+                            "--checkpoint-every 2 --checkpoint-dir " + four + "/ckpt",
+                        120);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("Data parallel: 4 ranks (mpi)"), std::string::npos) << r.output;
+    expect_same_run(one, four);
+  }
+  const std::string resumed = tmp.path() + "/resumed";
+  AppResult b = train(2, args + "--zero 2" + outputs(resumed) + "--resume " + tmp.path() +
+                             "/four2/ckpt/step_000002");
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  expect_same_run(one, resumed, 2);
+}
+
 // Note [Global batch]: the data position is the same micro-batch index at any number of ranks, so
 // a checkpoint resumes at another count: 2 ranks -> 1 process, and 1 process -> 2 ranks.
 TEST(DataParallelCheckpoint, MovesBetweenRankCounts) {
