@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "core/cpu_features.h"
@@ -143,8 +144,19 @@ void adam_update(Isa isa, const AdamHyper& hyper, int64_t step, float div_scale,
               exp_avg_sq, numel);
 }
 
+bool all_finite(const float* x, int64_t n) {
+  uint32_t bad = 0;  // an exponent of all ones: Inf or NaN (a branch-free loop vectorises)
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, x + i, sizeof u);
+    bad |= static_cast<uint32_t>((u & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
+
 void adam_update_parallel(Isa isa, const AdamStepScalars& scalars, float* param, const void* grad,
-                          DType grad_dtype, float* exp_avg, float* exp_avg_sq, int64_t numel) {
+                          DType grad_dtype, float* exp_avg, float* exp_avg_sq, int64_t numel,
+                          std::atomic<bool>* non_finite) {
   KernelFn kernel = checked_kernel(isa, param, grad, grad_dtype, exp_avg, exp_avg_sq, numel);
   const int64_t grad_elem_bytes = dtype_size(grad_dtype);
   const int64_t num_tasks = (numel + kAdamGrainNumel - 1) / kAdamGrainNumel;
@@ -155,6 +167,8 @@ void adam_update_parallel(Isa isa, const AdamStepScalars& scalars, float* param,
         const int64_t end = std::min(numel, r.end() * kAdamGrainNumel);
         kernel(scalars, param + begin, static_cast<const char*>(grad) + begin * grad_elem_bytes,
                grad_dtype, exp_avg + begin, exp_avg_sq + begin, end - begin);
+        if (non_finite && !all_finite(param + begin, end - begin))
+          non_finite->store(true, std::memory_order_relaxed);
       });
 }
 

@@ -12,6 +12,7 @@
 // produce bitwise identical results (tests/optim).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -55,8 +56,14 @@ void adam_update(Isa isa, const AdamHyper& hyper, int64_t step, float div_scale,
 
 // The same step split across oneTBB worker threads in tasks of kAdamGrainNumel elements. Results
 // are bitwise equal to adam_update(). Thread count: the caller's tbb::global_control / arena.
+// `non_finite` (optional) is set when an updated parameter element is NaN or Inf: each task checks
+// its elements right after writing them, while they are in cache (Note [Non-finite values] in
+// train/trainer.cpp: a non-finite gradient stepped during backward shows there).
 void adam_update_parallel(Isa isa, const AdamStepScalars& scalars, float* param, const void* grad,
-                          DType grad_dtype, float* exp_avg, float* exp_avg_sq, int64_t numel);
+                          DType grad_dtype, float* exp_avg, float* exp_avg_sq, int64_t numel,
+                          std::atomic<bool>* non_finite = nullptr);
+// True when none of x[0, n) is NaN or Inf.
+bool all_finite(const float* x, int64_t n);
 void adam_update_parallel(Isa isa, const AdamHyper& hyper, int64_t step, float div_scale,
                           float* param, const void* grad, DType grad_dtype, float* exp_avg,
                           float* exp_avg_sq, int64_t numel);

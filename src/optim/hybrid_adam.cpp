@@ -5,9 +5,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "autograd/autograd.h"
 #include "data/file_io.h"
@@ -124,9 +126,21 @@ void HybridAdam::update_in_memory(size_t i, const AdamStepScalars& s) {
   if (p.device().is_cuda())
     adam_update_cuda(s, p.data<float>(), gc.raw_data(), gc.dtype(), exp_avg_[i].data<float>(),
                      exp_avg_sq_[i].data<float>(), p.numel(), nullptr);
-  else
+  else {
+    std::atomic<bool> non_finite{false};
     adam_update_parallel(isa_, s, p.data<float>(), gc.raw_data(), gc.dtype(),
-                         exp_avg_[i].data<float>(), exp_avg_sq_[i].data<float>(), p.numel());
+                         exp_avg_[i].data<float>(), exp_avg_sq_[i].data<float>(), p.numel(),
+                         &non_finite);
+    if (non_finite && non_finite_param_ < 0) non_finite_param_ = static_cast<int64_t>(i);
+  }
+}
+
+int64_t HybridAdam::take_non_finite() {
+  int64_t i = std::exchange(non_finite_param_, -1);
+  const int offloaded = nvme_ ? nvme_->take_non_finite() : -1;
+  if (i < 0 && offloaded >= 0)
+    i = static_cast<int64_t>(nvme_params_[static_cast<size_t>(offloaded)]);
+  return i;
 }
 
 uint64_t HybridAdam::step_param(size_t i) {

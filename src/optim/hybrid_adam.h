@@ -97,6 +97,10 @@ class HybridAdam : public Optimizer {
   int64_t offloaded_numel() const;
   // Null without offload.
   NvmeAdamStates* nvme() { return nvme_.get(); }
+  // The first parameter whose update left a NaN or Inf in it since the last call (in memory or on
+  // NVMe, in backward or in step(); CPU kernels only), or -1; resets. Note [Non-finite values] in
+  // train/trainer.cpp.
+  int64_t take_non_finite();
 
   // Waits for the offloaded states' last write-backs (they overlap the next forward) and throws a
   // failure among them; call after the last step. No-op without offload.
@@ -120,6 +124,7 @@ class HybridAdam : public Optimizer {
   std::shared_ptr<char> alive_ = std::make_shared<char>(0);  // expires with the optimizer
   HybridAdamOptions options_;
   Isa isa_;
+  int64_t non_finite_param_ = -1;  // take_non_finite(), in-memory updates
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
   std::vector<int> nvme_index_;  // parameter -> index in nvme_, or -1
   std::vector<size_t> nvme_params_;

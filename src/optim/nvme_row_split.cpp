@@ -27,8 +27,10 @@ std::vector<NvmeAdamStates::Pages> NvmeAdamStates::step_slice(int64_t id, const 
   const int64_t esize = dtype_size(job.grad_dtype);
   float* v = m + s.numel;
   auto step_range = [&](int64_t lo, int64_t hi) {  // element indices of the parameter
+    std::atomic<bool> non_finite{false};
     adam_update_parallel(isa_, job.scalars, job.param + lo, job.grad + lo * esize, job.grad_dtype,
-                         m + (lo - s.offset), v + (lo - s.offset), hi - lo);
+                         m + (lo - s.offset), v + (lo - s.offset), hi - lo, &non_finite);
+    if (non_finite) note_non_finite(s.param);
   };
   const int64_t end = s.offset + s.numel;
   if (job.kind != Job::Kind::kExceptRows) {
@@ -85,10 +87,13 @@ void NvmeAdamStates::finish_rows(const Job& job) {
           return reinterpret_cast<float*>(static_cast<char*>(pg.bytes.data()) + byte - pg.offset);
       throw Error(str("NVMe row split: byte ", byte, " of slice ", id, " was not set aside"));
     };
+    std::atomic<bool> non_finite{false};
     for_each_pending(rs.ranges, s.offset, s.offset + s.numel, [&](int64_t lo, int64_t hi) {
       adam_update_parallel(isa_, job.scalars, job.param + lo, job.grad + lo * esize, job.grad_dtype,
-                           at(4 * (lo - s.offset)), at(4 * (s.numel + lo - s.offset)), hi - lo);
+                           at(4 * (lo - s.offset)), at(4 * (s.numel + lo - s.offset)), hi - lo,
+                           &non_finite);
     });
+    if (non_finite) note_non_finite(s.param);
     std::lock_guard<std::mutex> lock(mutex_);
     slices_[id].step = job.scalars.step;
     for (const Pages& pg : pages) stats_.held_bytes += pg.bytes.size();

@@ -62,6 +62,7 @@
 // gives is never removed; only our own (already unlinked) file was in it.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -178,6 +179,9 @@ class NvmeAdamStates {
   void flush();
   // True after an I/O failure: update() does nothing and finish_step() throws.
   bool failed() const;
+  // The first store parameter (its index among the offloaded ones) whose update left a NaN or Inf
+  // since the last call, or -1; resets (Note [Non-finite values] in train/trainer.cpp).
+  int take_non_finite() { return non_finite_param_.exchange(-1); }
 
   // Checkpointing. Both stop read-ahead, wait for all I/O and release the slots first.
   // Copies slice (k, i)'s current m and v (its numel floats each) out and returns the slice's
@@ -278,6 +282,12 @@ class NvmeAdamStates {
 
   NvmeOffloadOptions options_;
   Isa isa_;
+  std::atomic<int> non_finite_param_{-1};  // take_non_finite()
+  // Records `param` as non-finite unless an earlier one is.
+  void note_non_finite(int param) {
+    int none = -1;
+    non_finite_param_.compare_exchange_strong(none, param);
+  }
   std::vector<int64_t> numels_;
   std::vector<int64_t> first_slice_;  // per parameter, index of its first slice
   std::vector<Slice> slices_;

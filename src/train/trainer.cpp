@@ -379,9 +379,12 @@ double Trainer::micro_step(int64_t k, std::vector<int32_t>& tokens, StepResult& 
 // (--grad-clip, --grad-accum > 1, fp16, --optimizer adamw, data parallel, --update-in-backward
 // off): in fp32 a non-finite norm stops the run before the update; under fp16 loss scaling the
 // step is skipped and the scale lowered. Where parameters are stepped during backward (HybridAdam's
-// and Gemini's default fp32 paths) there is no norm, so a non-finite gradient under a finite loss
-// reaches the weights: the next step's loss then stops the run, and save_hf refuses non-finite
-// weights, so none is ever written over a save. --grad-clip makes every step's norm checked.
+// and Gemini's default fp32 paths) there is no norm: HybridAdam's CPU kernels check each element
+// they write, while it is in cache (adam_update_parallel), and a NaN or Inf, which a non-finite
+// gradient always leaves, stops the run at this step naming the parameter
+// (check_updates_finite). That parameter and those stepped before it hold it, so nothing is
+// saved; save_hf refuses non-finite weights anyway. (On CUDA the kernels do not check: the next
+// step's loss stops the run.)
 //
 // Note [Updates after backward]: 1/K and the clip factor become one divisor of the gradients.
 // fp16: gradients are unscaled in place (and checked) before they are measured or used. Returns
@@ -432,6 +435,24 @@ bool Trainer::measure_and_scale_gradients(StepResult& r) {
   return true;
 }
 
+// Note [Non-finite values]: where nothing measured the gradients before they were stepped (during
+// backward), HybridAdam's kernels check each parameter as they write it; a NaN or Inf stops the
+// run at this step. (Data parallel measures the norm on every rank first.)
+void Trainer::check_updates_finite() {
+  if (!hybrid_ || dp_) return;
+  const int64_t i = hybrid_->take_non_finite();
+  if (i < 0) return;
+  const auto named = model_->named_parameters();
+  const std::string what = !gem_ && static_cast<size_t>(i) < named.size()
+                               ? named[static_cast<size_t>(i)].first
+                               : str(gem_ ? "chunk " : "parameter ", i, " of the optimizer");
+  throw Error(str("the update of ", what, " at step ", step_,
+                  " left a NaN or Inf in it (its gradient was not finite, and it was stepped "
+                  "during backward, before any norm): training diverged (lower --lr, set "
+                  "--grad-clip, check the data and --init-from weights); stopped without saving, "
+                  "any earlier save is kept"));
+}
+
 StepResult Trainer::train_step() {
   throw_if_stop_requested(str("before step ", step_).c_str());
   StepResult r;
@@ -459,6 +480,7 @@ StepResult Trainer::train_step() {
   mark_phase("step_start");
   if (finite) {
     opt_->step();
+    check_updates_finite();
     if (dp_) dp_->gather_parameters();  // ZeRO: every rank's updated pieces to every rank
   } else {  // Note [Dynamic loss scaling]: no parameter changes, the gradients are dropped
     if (gem_)

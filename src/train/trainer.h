@@ -176,6 +176,10 @@ class Trainer {
   int64_t total_steps() const { return total_steps_; }
   bool done() const { return step_ >= total_steps_; }
   double lr_at(int64_t step) const { return schedule_.lr_at(step); }
+  // Tests: the base learning rate from the next step on (an infinite one breaks every update).
+  void set_learning_rate_for_testing(double lr) {
+    schedule_ = {o_.lr_schedule, lr, o_.min_lr, o_.warmup_steps, total_steps_};
+  }
 
   StepResult train_step();
   bool has_validation() const { return val_ != nullptr; }
@@ -217,6 +221,7 @@ class Trainer {
 
  private:
   void build_model();
+  void check_updates_finite();  // Note [Non-finite values]
   void build_optimizer();
   void build_recomputation();
   void resume_from(const std::string& dir);

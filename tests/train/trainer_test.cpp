@@ -188,12 +188,51 @@ TEST(Trainer, ANonFiniteGradientNormStopsTheStepBeforeTheUpdate) {
     });
     try {
       t.train_step();
-      FAIL() << "expected the step to stop";
+      ADD_FAILURE() << "expected the step to stop";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("the gradient norm is inf at step 1"), std::string::npos)
           << e.what();
     }
     EXPECT_EQ(weights(t), before);
+  }
+}
+
+// Note [Non-finite values]: where parameters are stepped during backward, with nothing measured
+// first (HybridAdam in memory and on NVMe, Gemini's chunks), the CPU kernels check what they
+// write. An infinite learning rate makes every update non-finite from finite gradients (a test
+// hook cannot reach a gradient there before its update, which runs first and frees it); the step
+// stops naming what its update broke.
+TEST(Trainer, ANonFiniteUpdateInBackwardStopsTheStep) {
+  TempDir tmp;
+  for (const char* mode : {"in memory", "nvme", "gemini"}) {
+    SCOPED_TRACE(mode);
+    TrainOptions o = tiny(write_shard(tmp, "train.bin", 6), 2);
+    const std::string m = mode;
+    if (m == "nvme") {
+      o.nvme.fraction = 1.0;
+      o.nvme.dir = tmp.file("nvme");
+    }
+    if (m == "gemini") {
+      o.device = Device::sim(0);
+      o.sim_capacity_bytes = int64_t{1} << 30;
+      o.gemini = "auto";
+      o.gemini_options.policy = gemini::Policy::kAuto;
+      o.gemini_options.device = o.device;
+      o.gemini_options.verbose = false;
+    }
+    Trainer t(o, nullptr);
+    t.train_step();
+    t.set_learning_rate_for_testing(std::numeric_limits<float>::infinity());
+    try {
+      t.train_step();
+      ADD_FAILURE() << "expected the step to stop";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(" at step 1 left a NaN or Inf in it"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find(m == "gemini" ? "chunk " : "transformer."),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 
