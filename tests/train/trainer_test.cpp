@@ -42,6 +42,16 @@ TrainOptions tiny(const std::string& data, int64_t steps) {
   return o;
 }
 
+// Gemini auto on a 1 GiB sim device, quietly.
+void on_gemini_auto(TrainOptions& o) {
+  o.device = Device::sim(0);
+  o.sim_capacity_bytes = int64_t{1} << 30;
+  o.gemini = "auto";
+  o.gemini_options.policy = gemini::Policy::kAuto;
+  o.gemini_options.device = o.device;
+  o.gemini_options.verbose = false;
+}
+
 std::vector<std::vector<float>> weights(Trainer& t) {
   std::vector<std::vector<float>> w;
   for (const Tensor& p : t.model().parameters()) w.push_back(p.contiguous().to_vector<float>());
@@ -213,12 +223,7 @@ TEST(Trainer, ANonFiniteUpdateInBackwardStopsTheStep) {
       o.nvme.dir = tmp.file("nvme");
     }
     if (m == "gemini") {
-      o.device = Device::sim(0);
-      o.sim_capacity_bytes = int64_t{1} << 30;
-      o.gemini = "auto";
-      o.gemini_options.policy = gemini::Policy::kAuto;
-      o.gemini_options.device = o.device;
-      o.gemini_options.verbose = false;
+      on_gemini_auto(o);
     }
     Trainer t(o, nullptr);
     t.train_step();
@@ -267,12 +272,7 @@ TEST_P(ExactResume, ResumedRunEqualsTheUninterruptedOneBitForBit) {
   }
   if (c.adamw) o.optimizer = "adamw";
   if (c.gemini) {
-    o.device = Device::sim(0);
-    o.sim_capacity_bytes = int64_t{1} << 30;
-    o.gemini = "auto";
-    o.gemini_options.policy = gemini::Policy::kAuto;
-    o.gemini_options.device = o.device;
-    o.gemini_options.verbose = false;
+    on_gemini_auto(o);
   }
   auto run = [&](TrainOptions opts, int64_t stop_after, std::vector<double>* losses) {
     Trainer t(opts, nullptr);
