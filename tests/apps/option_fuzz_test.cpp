@@ -94,7 +94,9 @@ void check(const AppCase& a, const Run& r, const Outcome& o, double seconds) {
                                                                         << o.output;
   EXPECT_FALSE(has(o.output, "internal error")) << o.output;
   EXPECT_FALSE(has(o.output, "terminate called")) << o.output;
-  if (o.exit_code == 2) EXPECT_TRUE(has(o.output, "usage: " + a.app)) << o.output;
+  if (o.exit_code == 2) {
+    EXPECT_TRUE(has(o.output, "usage: " + a.app)) << o.output;
+  }
   if (r.empty_value) {
     EXPECT_EQ(o.exit_code, 2) << o.output;
     EXPECT_TRUE(has(o.output, "'': an empty value; pass a value or leave the option out"))

@@ -192,7 +192,7 @@ TEST(Trainer, ANonFiniteGradientNormStopsTheStepBeforeTheUpdate) {
     Trainer t(o, nullptr);
     t.train_step();
     const auto before = weights(t);
-    const Tensor& poisoned = t.model().parameters().back();
+    const Tensor poisoned = t.model().parameters().back();  // a copy: the vector is a temporary
     add_grad_ready_hook(poisoned, [](const Tensor& leaf) {
       grad(leaf).data<float>()[0] = std::numeric_limits<float>::infinity();
     });
