@@ -171,7 +171,7 @@ void declare_model_and_loop(cli::Parser& p) {
   p.option("grad-accum", "1", "micro-batches of --batch per step (their loss averaged)");
   p.option("beta1", "0.9", "Adam beta1");
   p.option("beta2", "0.999", "Adam beta2");
-  p.option("eps", "1e-8", "Adam epsilon");
+  p.option("eps", "1e-8", "Adam epsilon, in [1e-30, 1]");
   p.option("weight-decay", "0", "decoupled weight decay");
   p.option("dropout", "",
            "dropout probability for embeddings, attention and residuals (default: "
@@ -383,7 +383,9 @@ Options parse_options(const cli::Parser& p) {
   parse_loop(p, o);
   o.hyper.beta1 = static_cast<float>(p.real("beta1", 0, 0.999999));
   o.hyper.beta2 = static_cast<float>(p.real("beta2", 0, 0.999999999));
-  o.hyper.eps = static_cast<float>(p.real("eps", 0, 1));
+  // Above 0: with eps 0 an element whose gradient has always been 0 updates by 0/0 (NaN), as in
+  // PyTorch (GPT-2's unused position rows are such elements). 1e-30 is a normal float.
+  o.hyper.eps = static_cast<float>(p.real("eps", 1e-30, 1));
   o.hyper.weight_decay = static_cast<float>(p.real("weight-decay", 0, 10));
   if (p.given("dropout")) o.dropout = p.real("dropout", 0, 0.99);
   o.optimizer = p.choice("optimizer", {"hybridadam", "adamw"});
