@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -381,8 +382,11 @@ Options parse_options(const cli::Parser& p) {
   o.threads = p.integer("threads", 0, 4096);
   o.hyper.lr = static_cast<float>(p.real("lr", 0, 10));
   parse_loop(p, o);
-  o.hyper.beta1 = static_cast<float>(p.real("beta1", 0, 0.999999));
-  o.hyper.beta2 = static_cast<float>(p.real("beta2", 0, 0.999999999));
+  // Below 1 as floats: the largest float under 1 is 1 - 2^-24 (0.999999999 rounds to 1, which
+  // the optimizer refuses, and 1 - beta^t would be 0).
+  const double below_one = std::nextafter(1.0f, 0.0f);
+  o.hyper.beta1 = static_cast<float>(p.real("beta1", 0, below_one));
+  o.hyper.beta2 = static_cast<float>(p.real("beta2", 0, below_one));
   // Above 0: with eps 0 an element whose gradient has always been 0 updates by 0/0 (NaN), as in
   // PyTorch (GPT-2's unused position rows are such elements). 1e-30 is a normal float.
   o.hyper.eps = static_cast<float>(p.real("eps", 1e-30, 1));
