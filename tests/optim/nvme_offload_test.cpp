@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -446,6 +447,14 @@ TEST(NvmeOffload, UnusableDirectoryIsAClearIoError) {
 }
 
 TEST(NvmeOffload, NoFileOutlivesTheOptimizerAndAGivenDirectoryIsKept) {
+  // A TMPDIR of this test's own: other tests running beside it (ctest -j) make and remove their
+  // private directories in the shared one, which would change the count.
+  const fs::path own_tmp =
+      fs::temp_directory_path() / ("mw_nvme_tmp_" + std::to_string(::getpid()));
+  fs::create_directories(own_tmp);
+  const char* old_tmpdir = std::getenv("TMPDIR");
+  const std::string saved = old_tmpdir ? old_tmpdir : "";
+  ::setenv("TMPDIR", own_tmp.c_str(), 1);
   auto count_private = [] {
     int n = 0;
     for (auto& e : fs::directory_iterator(fs::temp_directory_path()))
@@ -474,6 +483,11 @@ TEST(NvmeOffload, NoFileOutlivesTheOptimizerAndAGivenDirectoryIsKept) {
   }
   EXPECT_TRUE(fs::exists(given / "user_file"));
   fs::remove_all(given);
+  if (old_tmpdir)
+    ::setenv("TMPDIR", saved.c_str(), 1);
+  else
+    ::unsetenv("TMPDIR");
+  fs::remove_all(own_tmp);
 }
 
 // Note [Update in backward] for in-memory states: the same bits as AdamW's step(), with every
