@@ -275,8 +275,8 @@ void declare_tokenizer_sampling_and_dist(cli::Parser& p) {
   p.option("dist-timeout", "300",
            "seconds a collective may wait for the other ranks before the run stops with an error");
   p.option("zero", "0",
-           "0|1|2: with several ranks, shard the optimizer states (1) and the gradients too (2) "
-           "across them (ZeRO; 3 is not implemented yet)");
+           "0|1|2|3: with several ranks, shard the optimizer states (1), the gradients too (2) "
+           "and the parameters too (3, gathered around each use) across them (ZeRO)");
   p.option("bucket-mb", "25", "gradient bucket size for the collectives, MiB");
   p.option("shard-param-frac", "", "Gemini's chunks sharded across ranks: not implemented yet");
   p.flag("plan", "print the memory plan (host, device, disk) and exit without allocating");
@@ -439,9 +439,6 @@ dist::CommOptions parse_dist(const cli::Parser& p, Options& o) {
   c.backend = p.choice("dist", {"auto", "local", "mpi"});
   c.timeout_ms = 1000.0 * p.real("dist-timeout", 0.001, 1e7);
   o.zero_stage = static_cast<int>(p.integer("zero", 0, 3));
-  MW_CHECK_T(cli::UsageError, o.zero_stage < 3,
-             "--zero 3 (parameters sharded, gathered before use) is not implemented yet; use "
-             "--zero 1 or 2");
   MW_CHECK_T(cli::UsageError, !p.given("shard-param-frac"),
              "--shard-param-frac (Gemini's chunks sharded across ranks) is not implemented yet");
   o.bucket_bytes = static_cast<int64_t>(p.real("bucket-mb", 0.001, 65536) * (1 << 20));
@@ -520,8 +517,10 @@ int run(const Options& o) {
       print(str(tty ? "\n" : "", "[", r.step, "] skipped: inf/nan gradients; weights unchanged, ",
                 "loss scale now ", r.loss_scale, "\n"));
     log.write(train::step_record(t, r), r.step);
-    if (t.eval_due() && stop_signal() == 0) report_eval(t, log, tty);
-    if (t.sample_due() && stop_signal() == 0) print(str(tty ? "\n" : "", t.sample()));
+    // Under ZeRO 3 evaluating and sampling are collective: no rank may skip them on its own.
+    const bool go_on = stop_signal() == 0 || t.shards_parameters();
+    if (t.eval_due() && go_on) report_eval(t, log, tty);
+    if (t.sample_due() && go_on) print(str(tty ? "\n" : "", t.sample()));
     // Under ZeRO the ranks agree whether any of them was asked to stop (Note [ZeRO checkpoints]).
     if (const int sig = t.stop_signal_of_any_rank(stop_signal()); t.checkpoint_due() || sig != 0) {
       // Rank 0 writes it; under ZeRO the other ranks send it their optimizer states.
@@ -538,7 +537,7 @@ int run(const Options& o) {
   if (tty) print("\n");
   t.flush();
   const double total_s = std::chrono::duration<double>(clock::now() - t_start).count();
-  if (root && !o.save.empty()) {  // the model first, before anything optional
+  if (!o.save.empty()) {  // the model first, before anything optional; rank 0 writes it
     t.save_model(o.save);
     print(str("Saved to ", o.save, "\n"));
   }

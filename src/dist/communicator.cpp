@@ -87,7 +87,14 @@ void check_shard_shapes(const Tensor& input, const Tensor& output, int64_t size,
 
 namespace {
 
-// Size 1: the sum over one rank is the tensor itself, its only piece is the whole.
+// Size 1: the sum over one rank is the tensor itself, its only piece is the whole. Its copies
+// write raw bytes, as the MPI backend does: a collective is not an in-place op that autograd
+// tracks (ZeRO 3 gathers a parameter again, same values, under a tensor saved for backward).
+void copy_raw(const Tensor& input, const Tensor& output) {
+  if (!input.is_same(output))
+    copy_bytes(output.raw_data(), output.device(), input.raw_data(), input.device(), input.nbytes());
+}
+
 class LocalCommunicator : public Communicator {
  public:
   int rank() const override { return 0; }
@@ -101,13 +108,13 @@ class LocalCommunicator : public Communicator {
   Work reduce_scatter(const Tensor& input, const Tensor& output) override {
     check_shard_shapes(input, output, 1, true);
     count(Collective::kReduceScatter, input.nbytes());
-    if (!input.is_same(output)) Tensor(output).copy_(input.view(output.shape()));
+    copy_raw(input, output);
     return Work();
   }
   Work all_gather(const Tensor& input, const Tensor& output) override {
     check_shard_shapes(input, output, 1, false);
     count(Collective::kAllGather, output.nbytes());
-    if (!input.is_same(output)) Tensor(output).copy_(input.view(output.shape()));
+    copy_raw(input, output);
     return Work();
   }
   Work broadcast(const Tensor& t, int root) override {

@@ -31,8 +31,8 @@ void scale_(const Tensor& t, float factor) {
 DataParallel::DataParallel(std::shared_ptr<dist::Communicator> comm, std::vector<Tensor> params,
                            int zero_stage, int64_t bucket_bytes)
     : comm_(std::move(comm)), params_(std::move(params)), zero_stage_(zero_stage) {
-  MW_CHECK_T(InvalidArgument, zero_stage_ >= 0 && zero_stage_ <= 2, "--zero ", zero_stage_,
-             ": stages 0, 1 and 2 are implemented; stage 3 (parameters sharded) is not yet");
+  MW_CHECK_T(InvalidArgument, zero_stage_ >= 0 && zero_stage_ <= 3, "--zero ", zero_stage_,
+             ": expected a stage from 0 to 3");
   for (const Tensor& p : params_)
     MW_CHECK_T(InvalidArgument,
                p.dtype() == DType::F32 && p.is_contiguous() && !p.device().is_cuda(),
@@ -90,11 +90,14 @@ void DataParallel::build_buckets(int64_t bucket_bytes) {
     if (zero_stage_ == 1) b.buffer = Tensor::zeros({b.padded});
     b.shard_grad = Tensor::zeros({b.piece});
     b.segments = segments_of(b, r);
+    // Stage 3: filled by shard_parameters; zeros past the last member (the padding).
+    if (zero_stage_ == 3) b.param_shard = Tensor::zeros({b.piece}, DType::F32, params_[0].device());
   }
   for (Bucket& b : buckets_) {
     if (zero_stage_ == 0) continue;
     for (const Segment& s : b.segments) {
-      Tensor v = flat_param(s.param).narrow(0, s.param_offset, s.numel);
+      Tensor v = zero_stage_ == 3 ? b.param_shard.narrow(0, s.piece_offset, s.numel)
+                                  : flat_param(s.param).narrow(0, s.param_offset, s.numel);
       set_requires_grad(v);
       optimizer_params_.push_back(v);
     }
@@ -135,7 +138,9 @@ std::string DataParallel::describe() const {
                         "reduce_scatter of gradients, "
                         "optimizer states sharded, all_gather of parameters",
                         "reduce_scatter of gradients (gradients and optimizer states sharded), "
-                        "all_gather of parameters"};
+                        "all_gather of parameters",
+                        "parameters, gradients and optimizer states sharded: all_gather of "
+                        "parameters before each use, reduce_scatter of gradients"};
   return str("Data parallel: ", comm_->size(), comm_->size() == 1 ? " rank (" : " ranks (",
              comm_->backend(), "), ZeRO stage ", zero_stage_, ": ", what[zero_stage_], "; ",
              buckets_.size(), " buckets of ", format_thousands(total),
@@ -146,6 +151,7 @@ void DataParallel::broadcast_parameters() {
   std::vector<dist::Work> works;
   for (const Tensor& p : params_) works.push_back(comm_->broadcast(p.detach(), 0));
   for (auto& w : works) w.wait();
+  if (shards_parameters()) shard_parameters();
 }
 
 void DataParallel::on_rows_ready(size_t param, const Tensor& partial,
@@ -197,11 +203,12 @@ void DataParallel::launch(Bucket& b) {
     return;
   }
   b.work = comm_->reduce_scatter(b.buffer, b.shard_grad);
-  if (zero_stage_ == 2) b.buffer = Tensor();  // freed when the reduce_scatter has completed
+  if (zero_stage_ >= 2) b.buffer = Tensor();  // freed when the reduce_scatter has completed
 }
 
 void DataParallel::finish_gradients() {
   armed_ = false;
+  if (shards_parameters()) end_iteration();  // Note [ZeRO stage 3]
   // Parameters that got no gradient count zero; their buckets start now, in bucket order.
   for (Bucket& b : buckets_) {
     if (b.launched) continue;
@@ -277,7 +284,7 @@ void DataParallel::add_gathered_rows() {
 }
 
 void DataParallel::gather_parameters() {
-  if (zero_stage_ == 0) return;
+  if (zero_stage_ == 0 || zero_stage_ == 3) return;
   const auto t0 = clock::now();
   // At most two buckets in flight: stage 2 then holds two full-size buffers, not all of them.
   struct InFlight {
@@ -357,6 +364,7 @@ DataParallelStats DataParallel::stats() const {
   for (const Bucket& b : buckets_) {
     if (zero_stage_ < 2 && b.buffer.defined()) s.gradient_buffer_bytes += b.buffer.nbytes();
     if (b.shard_grad.defined()) s.gradient_buffer_bytes += b.shard_grad.nbytes();
+    if (b.param_shard.defined()) s.parameter_shard_bytes += b.param_shard.nbytes();
   }
   return s;
 }

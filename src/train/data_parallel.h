@@ -1,4 +1,4 @@
-// Data parallel training and ZeRO stages 1-2 for the Trainer (docs/distributed.md).
+// Data parallel training and ZeRO stages 1-3 for the Trainer (docs/distributed.md).
 //
 // Note [Gradient buckets]: the parameters are grouped, in the reverse of their registration order
 // (roughly the order backward finishes them), into buckets of about --bucket-mb each, a bucket's
@@ -13,7 +13,11 @@
 //            parameters everywhere. The full-size bucket buffers stay allocated (Psi floats).
 //   stage 2: as stage 1, but a bucket's full-size buffer is freed as soon as its reduce_scatter
 //            has completed, so gradients cost Psi/N plus the buckets in flight.
-// Volume per rank and step (ring algorithms): 2 Psi (N-1)/N elements in every stage.
+//   stage 3: as stage 2, and the parameters too are sharded by bucket: rank r keeps piece r of
+//            each bucket's parameters, which its optimizer steps in place; the full parameters
+//            exist only while an op uses them (Note [ZeRO stage 3], zero3.cpp).
+// Volume per rank and step (ring algorithms): 2 Psi (N-1)/N elements in stages 0-2, 3 Psi (N-1)/N
+// in stage 3 (the parameters are gathered once for forward and once more for backward).
 //
 // Every rank builds the same buckets and starts the same collectives in the same order (MPI's
 // rule): the hooks fire in the engine's deterministic order, and buckets with a parameter that got
@@ -34,10 +38,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "core/tensor.h"
 #include "dist/communicator.h"
+#include "nn/module.h"
 
 namespace mw::train {
 
@@ -53,6 +59,16 @@ struct DataParallelStats {
   double backward_end_wait_ms = 0;    // waiting for gradient collectives after backward (exposed)
   double gather_ms = 0;               // the parameter all_gather after the step (stages 1-2)
   int64_t gradient_buffer_bytes = 0;  // persistent bucket and shard buffers
+  // Stage 3: this rank's parameter pieces; the most bytes of full (gathered) parameters at once
+  // during the steps (not counting gather_all);
+  // the waits of ops for their parameters' all_gather (exposed) and how many gathers there were.
+  int64_t parameter_shard_bytes = 0, gathered_peak_bytes = 0;
+  double parameter_wait_ms = 0;
+  int64_t parameter_gathers = 0;
+  // Stage 3: the first iteration's gathers and collectives (recorded with the fewest buckets
+  // gathered, so more of them: Note [ZeRO stage 3]); the report shows the later steps apart.
+  int64_t recorded_gathers = 0;
+  dist::CommStats recorded_comm;
   int64_t split_reductions = 0;       // Note [Split embedding reduction], summed over steps
   int64_t steps = 0;
 };
@@ -65,11 +81,21 @@ class DataParallel {
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
+  // Stage 3: the model whose parameters these are, for its module hooks (Note [ZeRO stage 3]).
+  // Called once, before broadcast_parameters.
+  void attach_model(nn::Module& model);
+  bool shards_parameters() const { return zero_stage_ == 3; }
+  // Stage 3, between steps: every bucket's full parameters until the matching release_all
+  // (evaluation, sampling, saving). Collective: every rank calls both at the same point.
+  void gather_all();
+  void release_all();
+
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
   int zero_stage() const { return zero_stage_; }
   dist::Communicator& comm() { return *comm_; }
-  // Rank 0's parameters to every rank (before the first step: the same initial weights).
+  // Rank 0's parameters to every rank (before the first step: the same initial weights); stage 3
+  // then keeps this rank's pieces and releases the full parameters.
   void broadcast_parameters();
   // What the optimizer steps: the parameters (stage 0), or 1-D views of this rank's pieces.
   const std::vector<Tensor>& optimizer_params() const { return optimizer_params_; }
@@ -84,7 +110,8 @@ class DataParallel {
   // After the last backward: starts what is left, waits, divides by N and sets the optimizer
   // parameters' gradients.
   void finish_gradients();
-  // Stages 1-2, after the optimizer step: every rank's updated pieces to every rank.
+  // Stages 1-2, after the optimizer step: every rank's updated pieces to every rank (stage 3: none,
+  // the pieces are gathered when used).
   void gather_parameters();
   // The mean of `value` over ranks (the step's loss).
   double mean_over_ranks(double value);
@@ -115,7 +142,33 @@ class DataParallel {
     Tensor shard_grad;  // [piece]: stages 1-2
     dist::Work work;
     bool launched = false;
+    // Stage 3: this rank's piece of the parameters (what its optimizer steps), and the storage of
+    // the full parameters, of which every member parameter is a view; released between uses.
+    Tensor param_shard;
+    std::shared_ptr<Storage> params_full;
+    enum class Residency { kReleased, kGathering, kGathered } residency = Residency::kReleased;
+    dist::Work gather_work;
+    int pins = 0;  // ops using the parameters now
   };
+  // Note [ZeRO stage 3] (zero3.cpp).
+  struct ModuleUse {
+    std::vector<size_t> buckets;
+    bool needs_data_in_backward = true;
+    int64_t op = -1;  // its place in the recorded iteration while in use, or -1
+  };
+  struct Op {
+    const nn::Module* module;
+    bool backward;
+    bool operator==(const Op&) const = default;
+  };
+  void shard_parameters();
+  void pre_op(nn::Module& m, bool backward);
+  void end_op(nn::Module& m, bool backward);
+  bool next_op_uses(int64_t op, size_t bucket) const;
+  void start_gather(Bucket& b);
+  void finish_gather(Bucket& b);
+  void release(Bucket& b);
+  void end_iteration();
   void build_buckets(int64_t bucket_bytes);
   static std::vector<Segment> segments_of(const Bucket& b, int64_t rank);  // rank's piece of b
   void on_grad_ready(size_t param);
@@ -141,6 +194,31 @@ class DataParallel {
   std::shared_ptr<char> alive_ = std::make_shared<char>(0);
   DataParallelStats stats_;
   dist::CommStats excluded_;  // exclude_comm_since
+  // Stage 3: the uses of each parameter-owning module, the ops of the first iteration (recorded),
+  // and where this iteration is in them.
+  std::unordered_map<const nn::Module*, ModuleUse> uses_;
+  std::vector<Op> ops_;
+  bool recording_ = true, on_plan_ = true;
+  size_t cursor_ = 0;
+  int full_depth_ = 0;  // gather_all without release_all
+  int64_t gathered_bytes_ = 0;
+};
+
+// Stage 3: the full parameters readable for the scope (DataParallel::gather_all); nothing at other
+// stages or without data parallelism. Collective under stage 3.
+class FullParameters {
+ public:
+  explicit FullParameters(DataParallel* dp) : dp_(dp && dp->shards_parameters() ? dp : nullptr) {
+    if (dp_) dp_->gather_all();
+  }
+  ~FullParameters() {
+    if (dp_) dp_->release_all();
+  }
+  FullParameters(const FullParameters&) = delete;
+  FullParameters& operator=(const FullParameters&) = delete;
+
+ private:
+  DataParallel* dp_;
 };
 
 }  // namespace mw::train

@@ -304,14 +304,16 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // activations for the whole of backward. Stage 0 keeps every bucket (Psi floats); stage 1 those
 // and this rank's summed piece (Psi/N); stage 2 only the piece, a bucket's buffer being freed when
 // its reduce_scatter completes: the buckets in flight are bounded by two of --bucket-mb here
-// (coarse: the overlap of the collectives decides it).
+// (coarse: the overlap of the collectives decides it). Stage 3 reduces gradients as stage 2; its
+// parameters stay counted whole: every rank builds the model whole before sharding it, and
+// gathers every bucket to evaluate, sample or save (Note [ZeRO stage 3], train/zero3.cpp).
 void plan_gradient_buckets(MemoryPlan& p, const PlanInputs& in, int64_t params) {
   const int64_t piece = ceil_div(params, in.ranks);
   if (in.zero_stage < 2)
     add(p, "gradient buckets", p.device_name, params, "data parallel: every bucket kept");
   if (in.zero_stage >= 1)
     add(p, "gradient shard", p.device_name, piece, str("ZeRO ", in.zero_stage, ": 1/", in.ranks));
-  if (in.zero_stage == 2)
+  if (in.zero_stage >= 2)
     add(p, "gradient buckets in flight", p.device_name, std::min(params, 2 * in.bucket_bytes),
         "freed after their reduce_scatter");
 }

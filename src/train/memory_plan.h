@@ -61,7 +61,7 @@ struct PlanInputs {
   // Data parallel (docs/distributed.md): `batch` is the global batch, split across `ranks`. The
   // plan is one rank's; ranks_on_host of them share this machine's RAM and disk.
   int64_t ranks = 1;
-  int zero_stage = 0;  // 1: Adam states sharded; 2: gradients too
+  int zero_stage = 0;  // 1: Adam states sharded; 2: gradients too; 3: parameters too
   int64_t bucket_bytes = int64_t{25} << 20;
   int64_t ranks_on_host = 1;
 };

@@ -5,6 +5,7 @@
 
 #include "autograd/autocast.h"
 #include "core/error.h"
+#include "train/data_parallel.h"
 #include "train/trainer.h"
 #include "train/zero_state_file.h"
 
@@ -112,7 +113,8 @@ bool Trainer::checkpoint_due() const {
 }
 
 std::string Trainer::save_checkpoint() {
-  flush();           // the offloaded states' last write-backs land before they are streamed out
+  flush();  // the offloaded states' last write-backs land before they are streamed out
+  FullParameters full(dp_.get());  // ZeRO 3: rank 0 saves the model (Note [ZeRO stage 3])
   if (!is_root()) {  // under ZeRO its optimizer states go to rank 0, which writes them
     if (shards_optimizer()) save_sharded_optimizer_state("");
     return o_.checkpoint_dir;

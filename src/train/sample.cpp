@@ -5,6 +5,7 @@
 #include "autograd/autocast.h"
 #include "autograd/autograd.h"
 #include "core/error.h"
+#include "train/data_parallel.h"
 #include "train/trainer.h"
 
 namespace mw::train {
@@ -79,6 +80,7 @@ std::vector<int32_t> Trainer::sample_by_forwards() {
 
 std::string Trainer::sample() {
   flush();  // the optimizer's last write-backs land first (Note [Sampling during training])
+  FullParameters full(dp_.get());  // ZeRO 3: every rank gathers them (Note [ZeRO stage 3])
   const std::vector<int32_t> ids =
       (gem_ || o_.device.is_cuda())
           ? sample_by_forwards()

@@ -515,6 +515,7 @@ EvalResult Trainer::evaluate() {
   // Evaluation draws no random numbers in eval mode; the generator is restored anyway, so that
   // evaluating can never change the training run (Note [Exact resume]).
   const RngState rng = default_generator().state();
+  FullParameters full(dp_.get());  // ZeRO 3: every rank gathers them (Note [ZeRO stage 3])
   model_->eval();
   EvalResult r;
   std::vector<int32_t> tokens(static_cast<size_t>(o_.batch * o_.seq));
@@ -545,6 +546,8 @@ void Trainer::flush() {
 }
 
 void Trainer::save_model(const std::string& dir) {
+  FullParameters full(dp_.get());  // ZeRO 3: every rank calls this; rank 0 writes
+  if (!is_root()) return;
   if (gem_)  // disk-homed chunks are read in one at a time (Note [Streaming save])
     gem_->with_parameters_streamed([&](const gemini::Gemini::Touch& touch) {
       gpt2::save_hf(*model_, dir, saved_config_, touch, tokenizer_bytes_);

@@ -198,7 +198,10 @@ class Trainer {
   std::string save_optimizer_output();
   // Waits for the optimizer's last write-backs; call after the last step.
   void flush();
+  // Rank 0 writes the model; under ZeRO 3 every rank must call it (the parameters are gathered).
   void save_model(const std::string& dir);
+  // ZeRO 3: evaluating, sampling and saving are collective (Note [ZeRO stage 3]).
+  bool shards_parameters() const;
   // The step's Gemini counters for the log (empty object without Gemini).
   json::Value take_gemini_step_stats();
   // The closing lines (time, memory per tier, NVMe, Gemini, activation offload), writing the
@@ -228,7 +231,7 @@ class Trainer {
   // HybridAdam's or AdamW's (one file format, Note [Optimizer checkpoint format]).
   void save_optimizer_state(const std::string& file);
   void load_optimizer_state(const std::string& file);
-  // ZeRO stages 1-2: the optimizer holds this rank's pieces (trainer_dist.cpp).
+  // ZeRO stages 1-3: the optimizer holds this rank's pieces (trainer_dist.cpp).
   bool shards_optimizer() const;
   void save_sharded_optimizer_state(const std::string& file);  // collective; rank 0 writes
   json::Value run_fingerprint() const;

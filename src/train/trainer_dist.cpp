@@ -49,10 +49,9 @@ void Trainer::setup_data_parallel() {
   refuse_not_implemented(!o_.gemini.empty(),
                          "--gemini with several ranks or --zero (chunks sharded across ranks)");
   refuse_not_implemented(o_.device.is_cuda(), "--device cuda with several ranks (NCCL backend)");
-  if (o_.zero_stage > 0) {
-  }
   dp_ =
       std::make_unique<DataParallel>(o_.comm, model_->parameters(), o_.zero_stage, o_.bucket_bytes);
+  if (dp_->shards_parameters()) dp_->attach_model(*model_);  // Note [ZeRO stage 3]
   set_dropout_batch_shard({local_batch() * dp_->rank(), local_batch(), o_.batch});
   dp_->broadcast_parameters();  // the same initial weights everywhere, whatever each rank built
   print_(dp_->describe() +
@@ -61,6 +60,8 @@ void Trainer::setup_data_parallel() {
 }
 
 bool Trainer::shards_optimizer() const { return dp_ && dp_->zero_stage() > 0; }
+
+bool Trainer::shards_parameters() const { return dp_ && dp_->shards_parameters(); }
 
 void Trainer::save_sharded_optimizer_state(const std::string& file) {
   save_zero_state(*dp_, *opt_,
@@ -89,8 +90,9 @@ std::string Trainer::data_parallel_report() const {
   const double steps = static_cast<double>(std::max<int64_t>(1, s.steps));
   const int64_t n = dp_->size();
   const int64_t psi = model_->num_parameters();
-  const double formula =
-      2.0 * static_cast<double>(psi) * 4.0 * static_cast<double>(n - 1) / static_cast<double>(n);
+  const int times = dp_->shards_parameters() ? 3 : 2;  // the parameters are gathered twice
+  const double formula = times * static_cast<double>(psi) * 4.0 * static_cast<double>(n - 1) /
+                         static_cast<double>(n);
   std::string out = str("Data parallel: ", n, " ranks, ZeRO stage ", dp_->zero_stage(),
                         " | sent per rank per step (ring):");
   for (int k = 0; k < dist::kNumCollectives; ++k)
@@ -98,7 +100,7 @@ std::string Trainer::data_parallel_report() const {
       out += str(" ", dist::collective_name(static_cast<dist::Collective>(k)), " ",
                  format_fixed(mib(s.comm.wire_bytes[k]) / steps, 2), " MiB");
   out += str(" = ", format_fixed(mib(s.comm.total_wire_bytes()) / steps, 2),
-             " MiB; formula 2 Psi (N-1)/N x 4 B = ",
+             " MiB; formula ", times, " Psi (N-1)/N x 4 B = ",
              format_fixed(mib(static_cast<int64_t>(formula)), 2), " MiB\n");
   out += str("Data parallel: collectives busy ", format_fixed(s.comm.busy_ms / steps, 1),
              " ms/step, waited after backward ", format_fixed(s.backward_end_wait_ms / steps, 1),
@@ -111,8 +113,27 @@ std::string Trainer::data_parallel_report() const {
              "\n");
   int64_t nvme_bytes = 0;
   if (hybrid_ && hybrid_->nvme()) nvme_bytes = hybrid_->offloaded_numel() * 8;
-  out += str("Data parallel memory (this rank): parameters ", format_fixed(mib(psi * 4), 1),
-             " MiB, gradient buffers ", format_fixed(mib(s.gradient_buffer_bytes), 1),
+  if (dp_->shards_parameters() && s.steps > 1) {  // Note [ZeRO stage 3]: step 1 is recorded
+    const auto gather = static_cast<size_t>(dist::Collective::kAllGather);
+    const double later = static_cast<double>(s.steps - 1);
+    out += str("Data parallel: stage 3 gathered parameter buckets ",
+               format_fixed(static_cast<double>(s.parameter_gathers - s.recorded_gathers) / later, 1),
+               " times per step after the first (recorded) step's ", s.recorded_gathers,
+               "; all_gather after it ",
+               format_fixed(mib(s.comm.wire_bytes[gather] - s.recorded_comm.wire_bytes[gather]) / later,
+                            2),
+               " MiB/step against 2 Psi (N-1)/N x 4 B = ", format_fixed(mib(static_cast<int64_t>(
+                                                                   formula * 2 / 3)), 2),
+               " MiB; ops waited ", format_fixed(s.parameter_wait_ms / steps, 1),
+               " ms/step for parameters (exposed)\n");
+  }
+  const std::string params =
+      dp_->shards_parameters()
+          ? str(format_fixed(mib(s.parameter_shard_bytes), 2), " MiB (this rank's pieces; full ",
+                "parameters at most ", format_fixed(mib(s.gathered_peak_bytes), 2),
+                " MiB at once in the steps, of ", format_fixed(mib(psi * 4), 2), ")")
+          : str(format_fixed(mib(psi * 4), 1), " MiB");
+  out += str("Data parallel memory (this rank): parameters ", params, ", gradient buffers ", format_fixed(mib(s.gradient_buffer_bytes), 1),
              " MiB, optimizer states ", format_fixed(mib(opt_->state_bytes_in_memory()), 1),
              " MiB in memory + ", format_fixed(mib(nvme_bytes), 1), " MiB on NVMe for ",
              format_thousands(dp_->shard_numel()), " of ", format_thousands(psi), " parameters\n");

@@ -1,5 +1,5 @@
 // Data parallel training end to end: gpt2_train under `mpirun -np 2` against one process on the
-// same global batch (plain data parallel and ZeRO 1 and 2), checkpoints moving between rank
+// same global batch (plain data parallel and ZeRO 1, 2 and 3), checkpoints moving between rank
 // counts, a rank that dies or stalls, and the options a multi-rank run refuses. Tiny models (29,600
 // parameters), --dropout 0 except where dropout is what is tested (Note [Dropout under data
 // parallel]).
@@ -7,8 +7,10 @@
 
 #include <filesystem>
 #include <ostream>
+#include <regex>
 
 #include "../data/temp_dir.h"
+#include "data/token_shard.h"
 #include "dist_train.h"
 
 namespace mw {
@@ -64,7 +66,15 @@ INSTANTIATE_TEST_SUITE_P(Zero, DataParallelMatchesOneProcess,
                                            Case{2, "--offload nvme --nvme-window 1MiB"},
                                            // Note [Dropout under data parallel]: the same masks
                                            Case{0, "--dropout 0.1"},
-                                           Case{2, "--dropout 0.1 --checkpoint-activations"}));
+                                           Case{2, "--dropout 0.1 --checkpoint-activations"},
+                                           // Note [ZeRO stage 3]: the same paths with the
+                                           // parameters gathered around each use; recomputation
+                                           // gathers again inside backward
+                                           Case{3, ""},
+                                           Case{3, "--grad-accum 2 --grad-clip 0.5"},
+                                           Case{3, "--device sim:1GiB --optimizer adamw"},
+                                           Case{3, "--offload nvme --nvme-window 1MiB"},
+                                           Case{3, "--dropout 0.1 --checkpoint-activations"}));
 
 // Four ranks (oversubscribed: one row of the global batch each) at every stage against one plain
 // process; then stage 2's checkpoint, written by 4 ranks, resumed by 2 (Note [ZeRO checkpoints]).
@@ -74,7 +84,7 @@ TEST(DataParallelFourRanks, MatchOneProcessAndMoveTheirCheckpointToTwo) {
   const std::string args = kTiny + "--steps 4 ";
   const std::string one = tmp.path() + "/one";
   ASSERT_EQ(train(0, args + "--zero 0" + outputs(one)).exit_code, 0);
-  for (int zero : {0, 1, 2}) {
+  for (int zero : {0, 1, 2, 3}) {
     SCOPED_TRACE("--zero " + std::to_string(zero));
     const std::string four = tmp.path() + "/four" + std::to_string(zero);
     AppResult r = train(4,
@@ -85,11 +95,57 @@ TEST(DataParallelFourRanks, MatchOneProcessAndMoveTheirCheckpointToTwo) {
     EXPECT_NE(r.output.find("Data parallel: 4 ranks (mpi)"), std::string::npos) << r.output;
     expect_same_run(one, four);
   }
-  const std::string resumed = tmp.path() + "/resumed";
-  AppResult b = train(2, args + "--zero 2" + outputs(resumed) + "--resume " + tmp.path() +
-                             "/four2/ckpt/step_000002");
+  for (int zero : {2, 3}) {
+    SCOPED_TRACE("resumed at --zero " + std::to_string(zero));
+    const std::string resumed = tmp.path() + "/resumed" + std::to_string(zero);
+    AppResult b = train(2, args + "--zero " + std::to_string(zero) + outputs(resumed) +
+                               "--resume " + tmp.path() + "/four" + std::to_string(zero) +
+                               "/ckpt/step_000002");
+    ASSERT_EQ(b.exit_code, 0) << b.output;
+    expect_same_run(one, resumed, 2);
+  }
+}
+
+// Note [ZeRO stage 3]: evaluation and sampling between steps (collective: every bucket gathered)
+// give what one process gives; after the recorded first step each bucket is gathered exactly twice
+// per step (forward, backward), and the steps never hold the whole model's parameters at once.
+TEST(DataParallelZero3, EvaluatesSamplesAndGathersEachBucketTwicePerStep) {
+  SKIP_WITHOUT_MPI();
+  TempDir tmp;
+  std::vector<uint16_t> tokens(4000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7) % 97);
+  data::write_token_shard(tmp.path() + "/val_000000.bin", tokens);
+  const std::string args = kTiny + "--steps 4 --val-data " + tmp.path() +
+                           " --eval-every 2 --eval-batches 2 --sample-every 2 --sample-tokens 6 "
+                           "--sample-temperature 0 ";
+  const std::string one = tmp.path() + "/one", three = tmp.path() + "/three";
+  AppResult a = train(0, args + outputs(one));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  AppResult b = train(2, args + "--zero 3" + outputs(three));
   ASSERT_EQ(b.exit_code, 0) << b.output;
-  expect_same_run(one, resumed, 2);
+  expect_same_run(one, three);
+  // One process under --zero 3 (the local communicator: one bucket piece, the whole) too.
+  const std::string alone = tmp.path() + "/alone";
+  AppResult c = train(0, args + "--zero 3" + outputs(alone));
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  expect_same_run(one, alone);
+  for (const char* line : {"[2] val loss: ", "[4] val loss: ", "[2] sample ids:", "[4] sample ids:"}) {
+    const size_t at = a.output.find(line);
+    ASSERT_NE(at, std::string::npos) << a.output;
+    const std::string expected = a.output.substr(at, a.output.find('\n', at) - at);
+    EXPECT_NE(b.output.find(expected), std::string::npos) << expected << "\n" << b.output;
+  }
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(b.output, m, std::regex("; ([0-9]+) buckets of "))) << b.output;
+  const int buckets = std::stoi(m[1]);
+  EXPECT_GT(buckets, 3);  // --bucket-mb 0.02: several, so that sharding shows
+  ASSERT_TRUE(std::regex_search(b.output, m, std::regex("gathered parameter buckets ([0-9.]+) times")))
+      << b.output;
+  EXPECT_DOUBLE_EQ(std::stod(m[1]), 2.0 * buckets) << b.output;
+  ASSERT_TRUE(std::regex_search(
+      b.output, m, std::regex("full parameters at most ([0-9.]+) MiB at once in the steps, of ([0-9.]+)")))
+      << b.output;
+  EXPECT_LT(std::stod(m[1]), 0.75 * std::stod(m[2])) << b.output;
 }
 
 // Note [Global batch]: the data position is the same micro-batch index at any number of ranks, so
@@ -142,13 +198,21 @@ TEST(DataParallelFailure, StalledRankTimesOut) {
   EXPECT_NE(r.output.find("gpt2_train: rank 0: error: all_reduce #"), std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("did not complete within 2.0 s"), std::string::npos) << r.output;
+  // Under ZeRO 3 the wait is in a forward op's parameter gather (a module hook): the same error.
+  r = train(2, kTiny + "--steps 50 --dist-timeout 2 --zero 3", 60,
+            "MW_TEST_EXIT_RANK=1 MW_TEST_EXIT_STEP=1 MW_TEST_EXIT_HOW=stall");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "timed out: the job hung\n" << r.output;
+  EXPECT_NE(r.output.find("gpt2_train: rank 0: error: all_gather #"), std::string::npos)
+      << r.output;
 }
 
 // --precision fp16 under ZeRO: each rank checks only its shard of the gradients for overflow, so
 // the ranks must agree to skip a step together. A start scale (1e6) at which the first two steps
 // overflow: ZeRO 1 and 2 at 2 ranks skip the steps plain data parallel at 2 ranks skips and end
 // with its weights. (The reference is data parallel at the same rank count: each rank meets the
-// same fp16 roundings; one process's GEMMs over all rows may round differently in fp16.)
+// same fp16 roundings; one process's GEMMs over all rows may round differently in fp16.) ZeRO 3
+// too: its weights are gathered for the autocast casts of each op.
 TEST(DataParallelFp16, RanksSkipOverflowingStepsTogetherUnderZero) {
   SKIP_WITHOUT_MPI();
   TempDir tmp;
@@ -164,7 +228,7 @@ TEST(DataParallelFp16, RanksSkipOverflowingStepsTogetherUnderZero) {
   AppResult a = train(2, args + "--zero 0" + outputs(plain));
   ASSERT_EQ(a.exit_code, 0) << a.output;
   EXPECT_EQ(skipped(a.output), "[0][1]") << a.output;
-  for (int zero : {1, 2}) {
+  for (int zero : {1, 2, 3}) {
     const std::string dir = tmp.path() + "/zero" + std::to_string(zero);
     AppResult b = train(2, args + "--zero " + std::to_string(zero) + outputs(dir));
     ASSERT_EQ(b.exit_code, 0) << b.output;
@@ -188,9 +252,11 @@ TEST(DataParallelOptions, RefusedWithAReason) {
   EXPECT_NE(r.output.find("--batch 3 is the global batch, split across the 2 ranks"),
             std::string::npos)
       << r.output;
-  r = train(0, kTiny + "--steps 1 --zero 3");
+  r = train(0, kTiny + "--steps 1 --zero 3 --shard-param-frac 0.5");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.output.find("--zero 3 (parameters sharded"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--shard-param-frac (Gemini's chunks sharded across ranks) is not"),
+            std::string::npos)
+      << r.output;
 }
 
 }  // namespace
