@@ -278,7 +278,8 @@ void declare_tokenizer_sampling_and_dist(cli::Parser& p) {
            "0|1|2|3: with several ranks, shard the optimizer states (1), the gradients too (2) "
            "and the parameters too (3, gathered around each use) across them (ZeRO)");
   p.option("bucket-mb", "25", "gradient bucket size for the collectives, MiB");
-  p.option("shard-param-frac", "", "Gemini's chunks sharded across ranks: not implemented yet");
+  p.option("shard-param-frac", "",
+           "Gemini's chunks sharded across ranks: not implemented yet (--zero 3 shards buckets)");
   p.flag("plan", "print the memory plan (host, device, disk) and exit without allocating");
   p.flag("skip-memory-check",
          "expert: run even when the memory plan exceeds what the machine has (the plan is an "

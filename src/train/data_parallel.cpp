@@ -31,8 +31,9 @@ void scale_(const Tensor& t, float factor) {
 DataParallel::DataParallel(std::shared_ptr<dist::Communicator> comm, std::vector<Tensor> params,
                            int zero_stage, int64_t bucket_bytes)
     : comm_(std::move(comm)), params_(std::move(params)), zero_stage_(zero_stage) {
-  MW_CHECK_T(InvalidArgument, zero_stage_ >= 0 && zero_stage_ <= 3, "--zero ", zero_stage_,
-             ": expected a stage from 0 to 3");
+  MW_CHECK_T(InvalidArgument, zero_stage_ >= 0 && zero_stage_ <= 2, "--zero ", zero_stage_,
+             ": expected 0, 1 or 2 here; stage 3 builds the model into its buckets (the layout "
+             "constructor)");
   for (const Tensor& p : params_)
     MW_CHECK_T(InvalidArgument,
                p.dtype() == DType::F32 && p.is_contiguous() && !p.device().is_cuda(),
@@ -41,7 +42,13 @@ DataParallel::DataParallel(std::shared_ptr<dist::Communicator> comm, std::vector
                p.desc(),
                " (CUDA tensors need the NCCL backend, not implemented "
                "yet)");
+  for (const Tensor& p : params_) numels_.push_back(p.numel());
+  if (!params_.empty()) device_ = params_[0].device();
   build_buckets(bucket_bytes);
+  install_gradient_hooks();
+}
+
+void DataParallel::install_gradient_hooks() {
   rows_grad_.resize(params_.size());
   std::weak_ptr<char> alive = alive_;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -67,17 +74,17 @@ Tensor DataParallel::flat_param(size_t param) const { return params_[param].deta
 void DataParallel::build_buckets(int64_t bucket_bytes) {
   const int64_t n = comm_->size(), r = comm_->rank();
   const int64_t cap = std::max<int64_t>(1, bucket_bytes / 4);
-  bucket_of_.assign(params_.size(), 0);
-  member_of_.assign(params_.size(), 0);
-  for (size_t k = params_.size(); k-- > 0;) {  // reverse registration order
+  bucket_of_.assign(numels_.size(), 0);
+  member_of_.assign(numels_.size(), 0);
+  for (size_t k = numels_.size(); k-- > 0;) {  // reverse registration order
     if (buckets_.empty() ||
-        (buckets_.back().numel > 0 && buckets_.back().numel + params_[k].numel() > cap))
+        (buckets_.back().numel > 0 && buckets_.back().numel + numels_[k] > cap))
       buckets_.emplace_back();
     Bucket& b = buckets_.back();
     bucket_of_[k] = buckets_.size() - 1;
     member_of_[k] = b.members.size();
-    b.members.push_back({k, b.numel, params_[k].numel()});
-    b.numel += params_[k].numel();
+    b.members.push_back({k, b.numel, numels_[k]});
+    b.numel += numels_[k];
   }
   for (Bucket& b : buckets_) {
     b.padded = (b.numel + n - 1) / n * n;
@@ -91,7 +98,7 @@ void DataParallel::build_buckets(int64_t bucket_bytes) {
     b.shard_grad = Tensor::zeros({b.piece});
     b.segments = segments_of(b, r);
     // Stage 3: filled by shard_parameters; zeros past the last member (the padding).
-    if (zero_stage_ == 3) b.param_shard = Tensor::zeros({b.piece}, DType::F32, params_[0].device());
+    if (zero_stage_ == 3) b.param_shard = Tensor::zeros({b.piece}, DType::F32, device_);
   }
   for (Bucket& b : buckets_) {
     if (zero_stage_ == 0) continue;
@@ -148,10 +155,10 @@ std::string DataParallel::describe() const {
 }
 
 void DataParallel::broadcast_parameters() {
+  if (shards_parameters()) return;  // done bucket by bucket while the model was built
   std::vector<dist::Work> works;
   for (const Tensor& p : params_) works.push_back(comm_->broadcast(p.detach(), 0));
   for (auto& w : works) w.wait();
-  if (shards_parameters()) shard_parameters();
 }
 
 void DataParallel::on_rows_ready(size_t param, const Tensor& partial,
@@ -348,6 +355,14 @@ void DataParallel::exclude_comm_since(const dist::CommStats& before) {
   }
   excluded_.busy_ms += now.busy_ms - before.busy_ms;
   excluded_.wait_ms += now.wait_ms - before.wait_ms;
+}
+
+void DataParallel::begin_uncounted() {
+  if (uncounted_++ == 0) uncounted_since_ = comm_->stats();
+}
+
+void DataParallel::end_uncounted() {
+  if (uncounted_ > 0 && --uncounted_ == 0) exclude_comm_since(uncounted_since_);
 }
 
 DataParallelStats DataParallel::stats() const {

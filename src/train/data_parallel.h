@@ -37,7 +37,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -60,8 +62,8 @@ struct DataParallelStats {
   double gather_ms = 0;               // the parameter all_gather after the step (stages 1-2)
   int64_t gradient_buffer_bytes = 0;  // persistent bucket and shard buffers
   // Stage 3: this rank's parameter pieces; the most bytes of full (gathered) parameters at once
-  // during the steps (not counting gather_all);
-  // the waits of ops for their parameters' all_gather (exposed) and how many gathers there were.
+  // during the steps; the waits of ops for their parameters' all_gather (exposed) and how many
+  // gathers there were (saving's, between steps, not counted).
   int64_t parameter_shard_bytes = 0, gathered_peak_bytes = 0;
   double parameter_wait_ms = 0;
   int64_t parameter_gathers = 0;
@@ -75,27 +77,39 @@ struct DataParallelStats {
 
 class DataParallel {
  public:
+  // Stages 0-2, over the parameters of a built model.
   DataParallel(std::shared_ptr<dist::Communicator> comm, std::vector<Tensor> params, int zero_stage,
                int64_t bucket_bytes);
+  // Stage 3 (Note [ZeRO stage 3], zero3.cpp): the model is built into the buckets from its layout
+  // (names and shapes in parameter order): the model's constructor takes each parameter from
+  // make_parameter and calls parameter_ready once its values are set; when a bucket's last
+  // parameter is ready, rank 0's values are broadcast, this rank keeps its piece and the bucket's
+  // memory is released, so a rank never holds more than the buckets being built. adopt() then
+  // installs the hooks. Collective from the first parameter_ready on.
+  DataParallel(std::shared_ptr<dist::Communicator> comm,
+               const std::vector<std::pair<std::string, Shape>>& layout, int64_t bucket_bytes,
+               Device device);
+  Tensor make_parameter(const std::string& name);
+  void parameter_ready(const std::string& name);
+  void adopt(nn::Module& model);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
-  // Stage 3: the model whose parameters these are, for its module hooks (Note [ZeRO stage 3]).
-  // Called once, before broadcast_parameters.
-  void attach_model(nn::Module& model);
   bool shards_parameters() const { return zero_stage_ == 3; }
-  // Stage 3, between steps: every bucket's full parameters until the matching release_all
-  // (evaluation, sampling, saving). Collective: every rank calls both at the same point.
-  void gather_all();
-  void release_all();
+  // Stage 3, between steps: write(touch) runs on rank 0, where touch(name) makes that parameter
+  // readable (its bucket gathered, the bucket gathered before released); the other ranks take part
+  // in the same gathers, in rank 0's order (it announces each bucket). Collective; RAM holds one
+  // bucket beyond the pieces. Saving uses it (Note [Streaming save], models/gpt2/hf_io.cpp).
+  using Touch = std::function<void(const std::string& name)>;
+  void stream_parameters(const std::function<void(const Touch& touch)>& write);
 
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
   int zero_stage() const { return zero_stage_; }
   dist::Communicator& comm() { return *comm_; }
-  // Rank 0's parameters to every rank (before the first step: the same initial weights); stage 3
-  // then keeps this rank's pieces and releases the full parameters.
+  // Rank 0's parameters to every rank (before the first step: the same initial weights). Stage 3
+  // did so while the model was built.
   void broadcast_parameters();
   // What the optimizer steps: the parameters (stage 0), or 1-D views of this rank's pieces.
   const std::vector<Tensor>& optimizer_params() const { return optimizer_params_; }
@@ -120,6 +134,10 @@ class DataParallel {
   // Leaves out of stats() the collectives since `before` (a checkpoint's, Note [ZeRO checkpoints]),
   // so that the report counts training steps only.
   void exclude_comm_since(const dist::CommStats& before);
+  // The same for everything between begin_uncounted and end_uncounted (evaluation, sampling and
+  // saving between steps; under ZeRO 3 their gathers too). Nestable.
+  void begin_uncounted();
+  void end_uncounted();
   DataParallelStats stats() const;
   std::string describe() const;  // one line for the setup output
 
@@ -148,7 +166,8 @@ class DataParallel {
     std::shared_ptr<Storage> params_full;
     enum class Residency { kReleased, kGathering, kGathered } residency = Residency::kReleased;
     dist::Work gather_work;
-    int pins = 0;  // ops using the parameters now
+    int pins = 0;   // ops using the parameters now
+    int ready = 0;  // members built (construction)
   };
   // Note [ZeRO stage 3] (zero3.cpp).
   struct ModuleUse {
@@ -161,7 +180,8 @@ class DataParallel {
     bool backward;
     bool operator==(const Op&) const = default;
   };
-  void shard_parameters();
+  void install_gradient_hooks();
+  void install_module_hooks(nn::Module& model);
   void pre_op(nn::Module& m, bool backward);
   void end_op(nn::Module& m, bool backward);
   bool next_op_uses(int64_t op, size_t bucket) const;
@@ -200,22 +220,29 @@ class DataParallel {
   std::vector<Op> ops_;
   bool recording_ = true, on_plan_ = true;
   size_t cursor_ = 0;
-  int full_depth_ = 0;  // gather_all without release_all
+  int uncounted_ = 0;  // begin_uncounted depth: not the steps' collectives
+  dist::CommStats uncounted_since_;
   int64_t gathered_bytes_ = 0;
+  // The layout (stage 3 builds the model from it) and where the buckets' memory lives.
+  std::vector<int64_t> numels_;
+  std::vector<std::string> names_;
+  std::vector<Shape> shapes_;
+  std::unordered_map<std::string, size_t> index_of_;
+  Device device_ = Device::cpu();
 };
 
-// Stage 3: the full parameters readable for the scope (DataParallel::gather_all); nothing at other
-// stages or without data parallelism. Collective under stage 3.
-class FullParameters {
+// Evaluation, sampling or saving between steps: left out of the data-parallel report (a no-op
+// without data parallelism).
+class UncountedScope {
  public:
-  explicit FullParameters(DataParallel* dp) : dp_(dp && dp->shards_parameters() ? dp : nullptr) {
-    if (dp_) dp_->gather_all();
+  explicit UncountedScope(DataParallel* dp) : dp_(dp) {
+    if (dp_) dp_->begin_uncounted();
   }
-  ~FullParameters() {
-    if (dp_) dp_->release_all();
+  ~UncountedScope() {
+    if (dp_) dp_->end_uncounted();
   }
-  FullParameters(const FullParameters&) = delete;
-  FullParameters& operator=(const FullParameters&) = delete;
+  UncountedScope(const UncountedScope&) = delete;
+  UncountedScope& operator=(const UncountedScope&) = delete;
 
  private:
   DataParallel* dp_;

@@ -305,8 +305,8 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // and this rank's summed piece (Psi/N); stage 2 only the piece, a bucket's buffer being freed when
 // its reduce_scatter completes: the buckets in flight are bounded by two of --bucket-mb here
 // (coarse: the overlap of the collectives decides it). Stage 3 reduces gradients as stage 2; its
-// parameters stay counted whole: every rank builds the model whole before sharding it, and
-// gathers every bucket to evaluate, sample or save (Note [ZeRO stage 3], train/zero3.cpp).
+// parameters stay counted whole, an upper bound: a rank holds its pieces (Psi/N) and the buckets
+// in use (Note [ZeRO stage 3], train/zero3.cpp), which the plan does not lay out.
 void plan_gradient_buckets(MemoryPlan& p, const PlanInputs& in, int64_t params) {
   const int64_t piece = ceil_div(params, in.ranks);
   if (in.zero_stage < 2)

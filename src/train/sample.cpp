@@ -80,9 +80,10 @@ std::vector<int32_t> Trainer::sample_by_forwards() {
 
 std::string Trainer::sample() {
   flush();  // the optimizer's last write-backs land first (Note [Sampling during training])
-  FullParameters full(dp_.get());  // ZeRO 3: every rank gathers them (Note [ZeRO stage 3])
+  UncountedScope uncounted(dp_.get());  // ZeRO 3: every rank runs the same forwards (the same
+                                        // logits, the same ids), whose gathers are left out
   const std::vector<int32_t> ids =
-      (gem_ || o_.device.is_cuda())
+      (gem_ || o_.device.is_cuda() || shards_parameters())  // ZeRO 3: through the hooks
           ? sample_by_forwards()
           : gpt2::generate(*model_, sample_prompt_, o_.sample_tokens, o_.sampling,
                            [&](int32_t id) { return !tokenizer_ || id != tokenizer_->eot_id(); });

@@ -231,6 +231,8 @@ void Trainer::build_model() {
     factory.ready = [this](const gpt2::TensorSpec& spec) {
       gemini_owned_->parameter_ready(spec.name);
     };
+  } else if (o_.data_parallel() && o_.zero_stage == 3) {
+    dp_ = make_zero3(factory);  // Note [ZeRO stage 3]: built one bucket at a time
   }
   // Weights stream from the file into each parameter as the model is built (Note [Streaming
   // load], models/gpt2/hf_io.h); the file is checked against the config first.
@@ -241,6 +243,7 @@ void Trainer::build_model() {
   }
   model_ = std::make_unique<gpt2::GPT2>(config_, o_.seed, DType::F32,
                                         o_.gemini.empty() ? o_.device : Device::cpu(), factory);
+  if (dp_) dp_->adopt(*model_);
 }
 
 void Trainer::build_optimizer() {
@@ -515,7 +518,7 @@ EvalResult Trainer::evaluate() {
   // Evaluation draws no random numbers in eval mode; the generator is restored anyway, so that
   // evaluating can never change the training run (Note [Exact resume]).
   const RngState rng = default_generator().state();
-  FullParameters full(dp_.get());  // ZeRO 3: every rank gathers them (Note [ZeRO stage 3])
+  UncountedScope uncounted(dp_.get());  // not a training step's communication (ZeRO 3 gathers)
   model_->eval();
   EvalResult r;
   std::vector<int32_t> tokens(static_cast<size_t>(o_.batch * o_.seq));
@@ -546,7 +549,12 @@ void Trainer::flush() {
 }
 
 void Trainer::save_model(const std::string& dir) {
-  FullParameters full(dp_.get());  // ZeRO 3: every rank calls this; rank 0 writes
+  if (shards_parameters()) {  // one bucket at a time; the other ranks gather with rank 0
+    dp_->stream_parameters([&](const DataParallel::Touch& touch) {
+      gpt2::save_hf(*model_, dir, saved_config_, touch, tokenizer_bytes_);
+    });
+    return;
+  }
   if (!is_root()) return;
   if (gem_)  // disk-homed chunks are read in one at a time (Note [Streaming save])
     gem_->with_parameters_streamed([&](const gemini::Gemini::Touch& touch) {

@@ -231,6 +231,8 @@ class Trainer {
   // HybridAdam's or AdamW's (one file format, Note [Optimizer checkpoint format]).
   void save_optimizer_state(const std::string& file);
   void load_optimizer_state(const std::string& file);
+  void check_data_parallel_options() const;
+  std::unique_ptr<DataParallel> make_zero3(gpt2::ParameterFactory& factory);
   // ZeRO stages 1-3: the optimizer holds this rank's pieces (trainer_dist.cpp).
   bool shards_optimizer() const;
   void save_sharded_optimizer_state(const std::string& file);  // collective; rank 0 writes

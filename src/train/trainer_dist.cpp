@@ -41,7 +41,7 @@ void Trainer::keep_rank_rows(std::vector<int32_t>& tokens) const {
   tokens.resize(static_cast<size_t>(rows * o_.seq));
 }
 
-void Trainer::setup_data_parallel() {
+void Trainer::check_data_parallel_options() const {
   const int n = o_.comm->size();
   MW_CHECK_T(InvalidArgument, o_.batch % n == 0, "--batch ", o_.batch,
              " is the global batch, split across the ", n, " ranks, so it must be a multiple of ",
@@ -49,11 +49,29 @@ void Trainer::setup_data_parallel() {
   refuse_not_implemented(!o_.gemini.empty(),
                          "--gemini with several ranks or --zero (chunks sharded across ranks)");
   refuse_not_implemented(o_.device.is_cuda(), "--device cuda with several ranks (NCCL backend)");
-  dp_ =
-      std::make_unique<DataParallel>(o_.comm, model_->parameters(), o_.zero_stage, o_.bucket_bytes);
-  if (dp_->shards_parameters()) dp_->attach_model(*model_);  // Note [ZeRO stage 3]
+}
+
+// ZeRO 3 builds the model into its buckets (Note [ZeRO stage 3]): the DataParallel comes first.
+std::unique_ptr<DataParallel> Trainer::make_zero3(gpt2::ParameterFactory& factory) {
+  check_data_parallel_options();
+  std::vector<std::pair<std::string, Shape>> tensors;
+  for (const auto& spec : gpt2::tensor_specs(config_)) tensors.emplace_back(spec.name, spec.shape);
+  auto dp = std::make_unique<DataParallel>(o_.comm, tensors, o_.bucket_bytes, o_.device);
+  DataParallel* raw = dp.get();
+  factory.make = [raw](const gpt2::TensorSpec& spec) { return raw->make_parameter(spec.name); };
+  factory.ready = [raw](const gpt2::TensorSpec& spec) { raw->parameter_ready(spec.name); };
+  return dp;
+}
+
+void Trainer::setup_data_parallel() {
+  check_data_parallel_options();
+  const int n = o_.comm->size();
+  if (!dp_) {  // stages 0-2: over the built model; rank 0's weights to every rank
+    dp_ = std::make_unique<DataParallel>(o_.comm, model_->parameters(), o_.zero_stage,
+                                         o_.bucket_bytes);
+    dp_->broadcast_parameters();  // the same initial weights everywhere, whatever each rank built
+  }
   set_dropout_batch_shard({local_batch() * dp_->rank(), local_batch(), o_.batch});
-  dp_->broadcast_parameters();  // the same initial weights everywhere, whatever each rank built
   print_(dp_->describe() +
          str("; global batch ", o_.batch, " = ", n, " x ", local_batch(), " rows\n"));
   o_.comm->reset_stats();  // from here on: the training steps' collectives only

@@ -1,11 +1,15 @@
 // ZeRO stage 3 for DataParallel: the parameters sharded by bucket, gathered around each op that
 // uses them (data_parallel.h).
 //
-// Note [ZeRO stage 3]: after the initial broadcast, rank r keeps piece r of each bucket's
-// parameters (param_shard, which its optimizer steps in place: m and v of the same elements, on
-// NVMe too) and every member parameter is re-pointed into the bucket's full storage (Note
-// [Parameters in chunks], offload/gemini/chunk.h: the layers and the saved tensors of the graph
-// follow), which is released: a rank holds Psi/N of parameters between uses. Every parameter use is
+// Note [ZeRO stage 3]: rank r keeps piece r of each bucket's parameters (param_shard, which its
+// optimizer steps in place: m and v of the same elements, on NVMe too); every parameter is a view
+// into its bucket's full storage (Note [Parameters in chunks], offload/gemini/chunk.h: the layers
+// and the saved tensors of the graph follow it), which is released between uses. The model is
+// built into the buckets (Note [Streaming construction], offload/gemini/gemini.h, the same
+// pattern): a bucket's storage exists from its first parameter's make_parameter until its last
+// parameter is ready, then rank 0's values are broadcast, the piece kept and the storage released;
+// buckets are contiguous runs of the parameters, so construction holds about one bucket. A rank
+// therefore holds Psi/N of parameters plus the buckets in use, from start-up on. Every parameter use is
 // a module call (Note [Every parameter use is a module call], nn/module.h), and hooks make each
 // use an *op*: its forward pre-hook, or its backward pre-hook (except an embedding's, whose
 // backward reads only the ids), all_gathers the buckets the op needs before it runs; its forward or
@@ -24,12 +28,11 @@
 //  - an op that is not the recorded one (an evaluation forward without no-grad, a different
 //    sequence) leaves the plan for the rest of the iteration: the first iteration's rule again.
 //    Forwards without grad mode never touch the record.
-// Evaluation, sampling and saving happen between steps with every bucket gathered (FullParameters,
-// collective), so they cost Psi of memory for their duration. Every rank runs the same ops in the
-// same order, hence the same collectives in the same order (MPI's rule); a rank whose hooks see a
-// different sequence would mismatch its collectives and fail on the communicator's timeout.
-// The model is built whole on every rank before it is sharded (no lazy initialisation): the peak
-// at start-up is Psi of parameters.
+// Evaluation and sampling are forwards like any other (without grad mode: a bucket per op, never
+// recorded); saving streams the buckets one at a time in the writer's order (stream_parameters).
+// Every rank runs the same ops in the same order, hence the same collectives in the same order
+// (MPI's rule); a rank whose hooks saw a different sequence would mismatch its collectives and
+// fail on the communicator's timeout.
 #include <algorithm>
 #include <chrono>
 
@@ -48,8 +51,66 @@ bool contains(const std::vector<size_t>& v, size_t x) {
 
 }  // namespace
 
-void DataParallel::attach_model(nn::Module& model) {
-  MW_CHECK(shards_parameters() && uses_.empty(), "DataParallel::attach_model: stage 3, once");
+DataParallel::DataParallel(std::shared_ptr<dist::Communicator> comm,
+                           const std::vector<std::pair<std::string, Shape>>& layout,
+                           int64_t bucket_bytes, Device device)
+    : comm_(std::move(comm)), zero_stage_(3), device_(device) {
+  MW_CHECK_T(InvalidArgument, !device.is_cuda(),
+             "ZeRO 3 takes parameters in host memory (cpu or sim); CUDA tensors need the NCCL "
+             "backend, not implemented yet");
+  for (const auto& [name, shape] : layout) {
+    index_of_.emplace(name, names_.size());
+    names_.push_back(name);
+    shapes_.push_back(shape);
+    numels_.push_back(shape_numel(shape));
+  }
+  build_buckets(bucket_bytes);
+  for (Bucket& b : buckets_) {
+    b.params_full = Storage::create(0, device_);
+    b.params_full->resize_uninitialized(b.padded * 4);  // released: no bytes until built
+  }
+}
+
+Tensor DataParallel::make_parameter(const std::string& name) {
+  auto it = index_of_.find(name);
+  MW_CHECK_T(InvalidArgument, it != index_of_.end(), "ZeRO 3: no parameter '", name,
+             "' in the layout");
+  Bucket& b = buckets_[bucket_of_[it->second]];
+  if (b.params_full->is_released()) b.params_full->materialize();
+  return Tensor::from_storage(b.params_full, b.members[member_of_[it->second]].offset,
+                              shapes_[it->second], contiguous_strides(shapes_[it->second]),
+                              DType::F32);
+}
+
+void DataParallel::parameter_ready(const std::string& name) {
+  Bucket& b = buckets_[bucket_of_[index_of_.at(name)]];
+  if (++b.ready < static_cast<int>(b.members.size())) return;
+  Tensor full = Tensor::from_storage(b.params_full, 0, {b.padded}, {1}, DType::F32);
+  if (b.padded > b.numel) full.narrow(0, b.numel, b.padded - b.numel).zero_();  // the padding
+  comm_->broadcast(full, 0).wait();  // the same initial weights everywhere: rank 0's
+  b.param_shard.copy_(full.narrow(0, comm_->rank() * b.piece, b.piece));
+  b.params_full->release();
+}
+
+void DataParallel::adopt(nn::Module& model) {
+  MW_CHECK(shards_parameters() && params_.empty(), "DataParallel::adopt: stage 3, once");
+  auto named = model.named_parameters();
+  MW_CHECK_T(InvalidArgument, named.size() == names_.size(), "ZeRO 3: the model has ",
+             named.size(), " parameters, the layout ", names_.size());
+  for (size_t i = 0; i < named.size(); ++i) {
+    const Bucket& b = buckets_[bucket_of_[i]];
+    MW_CHECK_T(InvalidArgument,
+               named[i].first == names_[i] && named[i].second.storage() == b.params_full &&
+                   b.ready == static_cast<int>(b.members.size()),
+               "ZeRO 3: parameter ", i, " '", named[i].first,
+               "' was not built in its bucket (expected '", names_[i], "' from make_parameter)");
+    params_.push_back(named[i].second);
+  }
+  install_gradient_hooks();
+  install_module_hooks(model);
+}
+
+void DataParallel::install_module_hooks(nn::Module& model) {
   std::unordered_map<const TensorImpl*, size_t> index;
   for (size_t i = 0; i < params_.size(); ++i) index[params_[i].impl()] = i;
   std::weak_ptr<char> alive = alive_;
@@ -61,7 +122,8 @@ void DataParallel::attach_model(nn::Module& model) {
       auto it = index.find(t.impl());
       MW_CHECK(it != index.end(), "DataParallel: module '", name, "' owns '", pname,
                "', which is not among the parameters given");
-      if (!contains(use.buckets, bucket_of_[it->second])) use.buckets.push_back(bucket_of_[it->second]);
+      if (!contains(use.buckets, bucket_of_[it->second]))
+        use.buckets.push_back(bucket_of_[it->second]);
     }
     uses_.emplace(m, std::move(use));
     m->add_forward_pre_hook([this, alive](nn::Module& mod, const Tensor&) {
@@ -79,27 +141,11 @@ void DataParallel::attach_model(nn::Module& model) {
   }
 }
 
-void DataParallel::shard_parameters() {
-  MW_CHECK(!uses_.empty(), "DataParallel: stage 3 needs attach_model before broadcast_parameters");
-  const Device device = params_[0].device();
-  for (Bucket& b : buckets_) {
-    for (const Segment& s : b.segments)
-      b.param_shard.narrow(0, s.piece_offset, s.numel)
-          .copy_(flat_param(s.param).narrow(0, s.param_offset, s.numel));
-    b.params_full = Storage::create(0, device);
-    b.params_full->resize_uninitialized(b.padded * 4);  // released: no bytes until gathered
-    for (const Member& m : b.members) {  // the old storage goes with its last view
-      params_[m.param].impl()->storage = b.params_full;
-      params_[m.param].impl()->offset = m.offset;
-    }
-  }
-}
-
 void DataParallel::start_gather(Bucket& b) {
   if (b.residency != Bucket::Residency::kReleased) return;
   b.params_full->materialize();
   gathered_bytes_ += b.params_full->nbytes();
-  if (full_depth_ == 0) {  // the steps' figures; gather_all holds every bucket by definition
+  if (uncounted_ == 0) {  // the steps' figures; gather_all holds every bucket by definition
     stats_.gathered_peak_bytes = std::max(stats_.gathered_peak_bytes, gathered_bytes_);
     ++stats_.parameter_gathers;
   }
@@ -112,7 +158,7 @@ void DataParallel::finish_gather(Bucket& b) {
   if (b.residency != Bucket::Residency::kGathering) return;
   const auto t0 = std::chrono::steady_clock::now();
   b.gather_work.wait();
-  if (full_depth_ == 0)
+  if (uncounted_ == 0)
     stats_.parameter_wait_ms +=
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   b.residency = Bucket::Residency::kGathered;
@@ -133,7 +179,7 @@ bool DataParallel::next_op_uses(int64_t op, size_t bucket) const {
 
 void DataParallel::pre_op(nn::Module& m, bool backward) {
   ModuleUse& use = uses_.at(&m);
-  if (full_depth_ > 0 || (backward && !use.needs_data_in_backward)) return;
+  if ((backward && !use.needs_data_in_backward)) return;
   use.op = -1;
   // A training iteration's op (backward runs without grad mode; a forward with it, recomputations
   // too): recorded, followed, or off the plan.
@@ -161,7 +207,7 @@ void DataParallel::pre_op(nn::Module& m, bool backward) {
 
 void DataParallel::end_op(nn::Module& m, bool backward) {
   ModuleUse& use = uses_.at(&m);
-  if (full_depth_ > 0 || (backward && !use.needs_data_in_backward)) return;
+  if ((backward && !use.needs_data_in_backward)) return;
   for (size_t k : use.buckets) {
     Bucket& b = buckets_[k];
     if (b.pins > 0) --b.pins;
@@ -184,24 +230,52 @@ void DataParallel::end_iteration() {
   cursor_ = 0;
 }
 
-void DataParallel::gather_all() {
-  if (!shards_parameters()) return;
-  if (full_depth_++ > 0) return;
+void DataParallel::stream_parameters(const std::function<void(const Touch& touch)>& write) {
+  MW_CHECK(shards_parameters() && !uses_.empty(), "stream_parameters: ZeRO 3 after adopt");
+  UncountedScope uncounted(this);
+  int64_t held = -1;
+  Tensor next = Tensor::empty({1}, DType::I64);
+  // Rank 0 announces each bucket it needs (-1: done); every rank then gathers it.
+  auto announce = [&](int64_t k) {
+    next.data<int64_t>()[0] = k;
+    comm_->broadcast(next, 0).wait();
+    const int64_t got = next.data<int64_t>()[0];
+    if (got < 0 || got == held) return got;
+    if (held >= 0) release(buckets_[static_cast<size_t>(held)]);
+    held = -1;
+    Bucket& b = buckets_[static_cast<size_t>(got)];
+    start_gather(b);
+    finish_gather(b);
+    held = got;
+    return got;
+  };
+  auto finish = [&] {
+    if (held >= 0) release(buckets_[static_cast<size_t>(held)]);
+  };
   try {
-    const dist::CommStats before = comm_->stats();
-    for (Bucket& b : buckets_) start_gather(b);
-    for (Bucket& b : buckets_) finish_gather(b);
-    exclude_comm_since(before);  // between steps: not the training steps' communication
+    if (comm_->rank() != 0) {
+      while (announce(-1) >= 0) {
+      }
+    } else {
+      try {
+        write([&](const std::string& name) {
+          const auto k = static_cast<int64_t>(bucket_of_[index_of_.at(name)]);
+          if (k != held) announce(k);
+        });
+      } catch (...) {
+        try {
+          announce(-1);  // let the others go before failing
+        } catch (...) {
+        }
+        throw;
+      }
+      announce(-1);
+    }
   } catch (...) {
-    --full_depth_;
+    finish();
     throw;
   }
-}
-
-void DataParallel::release_all() {
-  if (!shards_parameters() || full_depth_ == 0 || --full_depth_ > 0) return;
-  for (Bucket& b : buckets_)
-    if (b.pins == 0) release(b);
+  finish();
 }
 
 }  // namespace mw::train
