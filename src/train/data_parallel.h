@@ -140,6 +140,9 @@ class DataParallel {
   void end_uncounted();
   DataParallelStats stats() const;
   std::string describe() const;  // one line for the setup output
+  // Gemini reduces its own chunks' gradients (Note [Gemini under data parallel]): the time the
+  // step waited for them after backward, for the report.
+  void add_backward_end_wait_ms(double ms) { stats_.backward_end_wait_ms += ms; }
 
  private:
   struct Member {

@@ -257,12 +257,13 @@ void Trainer::build_optimizer() {
       gem_->set_trace(trace_.get());
     }
     hybrid_ = &gem_->adam();
-    if (o_.updates_after_backward()) {
+    if (o_.updates_after_backward() || dp_) {  // data parallel: the gradients are reduced first
       gem_->set_deferred_updates(true);
-      print_(
-          "Gemini: updates deferred to after backward for --grad-clip/--grad-accum/fp16: chunk "
-          "gradients accumulate over the micro-batches (Note [Deferred updates])\n");
+      print_(str("Gemini: updates deferred to after backward for ",
+                 dp_ ? "data parallel" : "--grad-clip/--grad-accum/fp16",
+                 ": chunk gradients accumulate over the micro-batches (Note [Deferred updates])\n"));
     }
+    if (dp_) connect_gemini();
   } else if (o_.optimizer == "adamw") {
     opt_ = std::make_unique<optim::AdamW>(dp_ ? dp_->optimizer_params() : model_->parameters(),
                                           o_.hyper);
@@ -411,9 +412,11 @@ bool Trainer::measure_and_scale_gradients(StepResult& r) {
   if (!grads_kept || !finite) return finite;
   // Gemini keeps gradients in chunk buffers; its norm sums in the same order (Note [Norm order]).
   // Under ZeRO each rank holds a shard of the reduced gradients (Note [Gradient buckets]).
+  const auto t_norm = clock::now();  // under data parallel Gemini waits for its reductions here
   double sum_norm = gem_                           ? gem_->grad_norm()
                     : dp_ && dp_->zero_stage() > 0 ? dp_->grad_norm()
                                                    : global_grad_norm(opt_->params());
+  if (gem_ && dp_) dp_->add_backward_end_wait_ms(ms_since(t_norm));
   // fp32 (no scaler): a non-finite gradient cannot be skipped as an overflow; stop before it
   // reaches the weights (Note [Non-finite values]).
   MW_CHECK(scaler_ || std::isfinite(sum_norm), "the gradient norm is ", sum_norm, " at step ",

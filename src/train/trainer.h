@@ -232,6 +232,7 @@ class Trainer {
   void save_optimizer_state(const std::string& file);
   void load_optimizer_state(const std::string& file);
   void check_data_parallel_options() const;
+  void connect_gemini();  // Note [Gemini under data parallel]
   std::unique_ptr<DataParallel> make_zero3(gpt2::ParameterFactory& factory);
   // ZeRO stages 1-3: the optimizer holds this rank's pieces (trainer_dist.cpp).
   bool shards_optimizer() const;

@@ -46,8 +46,12 @@ void Trainer::check_data_parallel_options() const {
   MW_CHECK_T(InvalidArgument, o_.batch % n == 0, "--batch ", o_.batch,
              " is the global batch, split across the ", n, " ranks, so it must be a multiple of ",
              n, "; use --batch ", (o_.batch / n + 1) * n);
-  refuse_not_implemented(!o_.gemini.empty(),
-                         "--gemini with several ranks or --zero (chunks sharded across ranks)");
+  // Note [Gemini under data parallel]: replicated chunks, gradients all_reduced per chunk.
+  refuse_not_implemented(!o_.gemini.empty() && o_.zero_stage > 0,
+                         "--gemini with --zero 1-3 (Gemini's chunks sharded across ranks; under "
+                         "Gemini every rank holds every chunk, --zero 0)");
+  refuse_not_implemented(!o_.gemini.empty() && o_.gemini_options.host_capacity_bytes > 0,
+                         "--host-capacity (three tiers) with several ranks");
   refuse_not_implemented(o_.device.is_cuda(), "--device cuda with several ranks (NCCL backend)");
 }
 
@@ -66,15 +70,41 @@ std::unique_ptr<DataParallel> Trainer::make_zero3(gpt2::ParameterFactory& factor
 void Trainer::setup_data_parallel() {
   check_data_parallel_options();
   const int n = o_.comm->size();
-  if (!dp_) {  // stages 0-2: over the built model; rank 0's weights to every rank
+  if (!o_.gemini.empty()) {  // Gemini reduces its chunks' gradients (connect_gemini): no buckets
+    dp_ = std::make_unique<DataParallel>(o_.comm, std::vector<Tensor>(), 0, o_.bucket_bytes);
+  } else if (!dp_) {  // stages 0-2: over the built model; rank 0's weights to every rank
     dp_ = std::make_unique<DataParallel>(o_.comm, model_->parameters(), o_.zero_stage,
                                          o_.bucket_bytes);
     dp_->broadcast_parameters();  // the same initial weights everywhere, whatever each rank built
   }
   set_dropout_batch_shard({local_batch() * dp_->rank(), local_batch(), o_.batch});
-  print_(dp_->describe() +
-         str("; global batch ", o_.batch, " = ", n, " x ", local_batch(), " rows\n"));
+  const std::string what =
+      o_.gemini.empty()
+          ? dp_->describe()
+          : str("Data parallel: ", n, n == 1 ? " rank (" : " ranks (", o_.comm->backend(),
+                "), ZeRO stage 0 under Gemini: every rank holds every chunk, each chunk's gradient "
+                "all_reduced as soon as backward completes it, updates after backward");
+  print_(what + str("; global batch ", o_.batch, " = ", n, " x ", local_batch(), " rows\n"));
   o_.comm->reset_stats();  // from here on: the training steps' collectives only
+}
+
+// Note [Gemini under data parallel] (offload/gemini/deferred.cpp): rank 0's chunks to every rank,
+// then each chunk's gradient summed over the ranks when backward completes it, scaled to the mean.
+void Trainer::connect_gemini() {
+  gem_->with_parameters_readable([&] {
+    std::vector<dist::Work> works;
+    for (const auto& c : gem_->chunks()) works.push_back(o_.comm->broadcast(c->flat(), 0));
+    for (auto& w : works) w.wait();
+  });
+  std::shared_ptr<dist::Communicator> comm = o_.comm;
+  gemini::Gemini::GradientReduction r;
+  r.start = [comm](const Tensor& grad) {
+    auto work = std::make_shared<dist::Work>(comm->all_reduce(grad));
+    return std::function<void()>([work] { work->wait(); });
+  };
+  r.scale = 1.f / static_cast<float>(comm->size());
+  gem_->set_gradient_reduction(std::move(r));
+  o_.comm->reset_stats();  // the broadcast is not a training step's communication
 }
 
 bool Trainer::shards_optimizer() const { return dp_ && dp_->zero_stage() > 0; }
@@ -129,6 +159,9 @@ std::string Trainer::data_parallel_report() const {
                        " embedding gradient(s) per step reduced during backward, their rows after")
                  : std::string(),
              "\n");
+  if (gem_)  // Note [Gemini under data parallel]
+    return out + "Data parallel memory (this rank): Gemini's, as one process's (every chunk, its "
+                 "gradient buffer and its Adam states on every rank)\n";
   int64_t nvme_bytes = 0;
   if (hybrid_ && hybrid_->nvme()) nvme_bytes = hybrid_->offloaded_numel() * 8;
   if (dp_->shards_parameters() && s.steps > 1) {  // Note [ZeRO stage 3]: step 1 is recorded

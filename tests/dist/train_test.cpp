@@ -47,7 +47,9 @@ TEST_P(DataParallelMatchesOneProcess, LossesAndWeights) {
       << b.output;
   // Note [Split embedding reduction]: wte's dense part went out during backward (not when its
   // gradient accumulates over micro-batches: the rows-ready hook needs a first contribution).
-  const bool split = std::string(c.options).find("--grad-accum") == std::string::npos;
+  const std::string options = c.options;
+  const bool split = options.find("--grad-accum") == std::string::npos &&
+                     options.find("--gemini") == std::string::npos;  // Gemini reduces chunks
   EXPECT_EQ(b.output.find("1.0 embedding gradient(s) per step reduced during backward") !=
                 std::string::npos,
             split)
@@ -74,7 +76,16 @@ INSTANTIATE_TEST_SUITE_P(Zero, DataParallelMatchesOneProcess,
                                            Case{3, "--grad-accum 2 --grad-clip 0.5"},
                                            Case{3, "--device sim:1GiB --optimizer adamw"},
                                            Case{3, "--offload nvme --nvme-window 1MiB"},
-                                           Case{3, "--dropout 0.1 --checkpoint-activations"}));
+                                           Case{3, "--dropout 0.1 --checkpoint-activations"},
+                                           // Note [Gemini under data parallel]: replicated chunks,
+                                           // each chunk's gradient all_reduced; every policy
+                                           Case{0, "--device sim:64MiB --gemini auto"},
+                                           Case{0, "--device sim:64MiB --gemini static "
+                                                   "--offload-param-frac 1 --offload-optim-frac 1 "
+                                                   "--grad-accum 2 --grad-clip 0.5"},
+                                           Case{0, "--device sim:64MiB --gemini const "
+                                                   "--const-budget 1MiB --dropout 0.1 "
+                                                   "--checkpoint-activations"}));
 
 // Four ranks (oversubscribed: one row of the global batch each) at every stage against one plain
 // process; then stage 2's checkpoint, written by 4 ranks, resumed by 2 (Note [ZeRO checkpoints]).
@@ -250,6 +261,16 @@ TEST(DataParallelOptions, RefusedWithAReason) {
   AppResult r = train(2, kTiny + "--steps 1 --batch 3");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--batch 3 is the global batch, split across the 2 ranks"),
+            std::string::npos)
+      << r.output;
+  r = train(2, kTiny + "--steps 1 --device sim:64MiB --gemini auto --zero 2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--gemini with --zero 1-3 (Gemini's chunks sharded across ranks"),
+            std::string::npos)
+      << r.output;
+  r = train(2, kTiny + "--steps 1 --device sim:64MiB --gemini auto --host-capacity 1MiB");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--host-capacity (three tiers) with several ranks is not implemented"),
             std::string::npos)
       << r.output;
   r = train(0, kTiny + "--steps 1 --zero 3 --shard-param-frac 0.5");

@@ -40,6 +40,8 @@ void Gemini::skip_step() {
 
 void Gemini::abandon_step() {
   failed_ = failed_ || stepped_chunks_ > 0;
+  // Reductions in flight keep their buffers alive in the communicator; nothing waits for them.
+  for (auto& wait : reducing_) wait = nullptr;
   for (auto& [c, read] : inflight_) read.join();  // never free bytes a read is filling
   inflight_.clear();
   // Stepped disk-homed chunks: their update, then their write-back.

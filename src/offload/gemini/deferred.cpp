@@ -20,6 +20,17 @@
 // read of its parameters (in backward its update took them from the device copy) and a write and
 // read of its gradient (docs/gemini.md has the measured bytes).
 //
+// Note [Gemini under data parallel]: every rank holds the same chunks (replicated: ZeRO stage 0;
+// sharding chunks across ranks, ColossalAI's shard_param_frac, is not implemented) and trains on
+// its rows of the global batch. Updates are deferred: in the step's last backward, a chunk whose
+// gradients are complete starts an all_reduce of its buffer at once, so the reductions overlap the
+// rest of backward; the chunks that never completed (a member without a gradient) start theirs
+// after backward, in chunk order. Every rank completes the same chunks in the same order, so the
+// collectives match. Before the norm (grad_norm) or the update (step), each reduction is waited
+// for in chunk order, the sum scaled to the mean, and the chunk's norm partials taken from it.
+// Gradient buffers of disk-homed chunks are not supported under data parallel (their spill would
+// write a buffer a reduction is still filling).
+//
 // Note [Evaluation forward]: an evaluation (no_grad forwards, between steps) must neither record
 // into nor disturb the training plan. With a plan, it uses the warmup's forward ops (the trace up
 // to the first backward op: an evaluation forward calls the same modules in the same order) with
@@ -68,8 +79,36 @@ void Gemini::add_gradient(Chunk& c, const ChunkMember& member, const Tensor& g,
 void Gemini::complete_deferred(Chunk& c) {
   c.grads_ready = 0;
   ++c.backwards_done;
-  if (final_backward_) take_norm_parts(c);
+  if (final_backward_ && reduction_.start)  // Note [Gemini under data parallel]
+    reducing_[static_cast<size_t>(c.index())] = reduction_.start(c.grad);
+  else if (final_backward_)
+    take_norm_parts(c);
   if (c.on_nvme()) spill_grads(/*all=*/false);
+}
+
+void Gemini::set_gradient_reduction(GradientReduction reduction) {
+  MW_CHECK(op_ == 0 && !evaluating_, "Gemini::set_gradient_reduction must be called between steps");
+  MW_CHECK_T(InvalidArgument, deferred_ && !swap_,
+             "Gemini under data parallel needs deferred updates and no disk tier "
+             "(--host-capacity is not supported with several ranks yet)");
+  reduction_ = std::move(reduction);
+  reducing_.assign(chunks_.size(), nullptr);
+}
+
+void Gemini::settle_reductions() {
+  if (!reduction_.start) return;
+  for (auto& c : chunks_)  // chunks the backward never completed start now, in chunk order
+    if (c->grad.defined() && !reducing_[static_cast<size_t>(c->index())] && !c->norm_taken)
+      reducing_[static_cast<size_t>(c->index())] = reduction_.start(c->grad);
+  for (auto& c : chunks_) {
+    std::function<void()> wait = std::move(reducing_[static_cast<size_t>(c->index())]);
+    reducing_[static_cast<size_t>(c->index())] = nullptr;
+    if (!wait) continue;
+    wait();  // throws the communicator's error (a timeout names the collective)
+    float* x = static_cast<float*>(c->grad.raw_data());
+    for (int64_t i = 0, n = c->grad.numel(); i < n; ++i) x[i] *= reduction_.scale;
+    take_norm_parts(*c);
+  }
 }
 
 void Gemini::take_norm_parts(Chunk& c) {
@@ -144,6 +183,7 @@ void Gemini::restore_grad(Chunk& c) {
 
 double Gemini::grad_norm() {
   MW_CHECK(deferred_, "Gemini::grad_norm needs deferred updates (set_deferred_updates)");
+  settle_reductions();  // Note [Gemini under data parallel]
   // A chunk that did not complete (a member without a gradient) gives its share now.
   for (auto& c : chunks_)
     if ((c->grad.defined() || c->grad_on_disk) && !c->norm_taken) {
@@ -156,6 +196,7 @@ double Gemini::grad_norm() {
 }
 
 void Gemini::step_deferred() {
+  settle_reductions();
   std::vector<int> order;
   for (auto& c : chunks_)
     if (c->grad.defined() && !c->on_nvme()) order.push_back(c->index());

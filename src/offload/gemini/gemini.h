@@ -140,6 +140,16 @@ class Gemini : public optim::Optimizer {
   // Whether the coming backward is the step's last (default true): then each chunk's gradient is
   // final when complete, and its share of the norm is taken at once.
   void set_final_backward(bool final) { final_backward_ = final; }
+  // Note [Gemini under data parallel] (deferred.cpp): with several ranks, `start` begins summing a
+  // chunk's gradient buffer over the ranks in place (an asynchronous all_reduce; it returns the
+  // wait), as soon as the step's last backward completes the chunk; the sum is then multiplied by
+  // `scale` (1/N) before the norm and the update. Needs deferred updates and no disk tier; set
+  // between steps.
+  struct GradientReduction {
+    std::function<std::function<void()>(const Tensor& grad)> start;
+    float scale = 1.f;
+  };
+  void set_gradient_reduction(GradientReduction reduction);
   // After the step's last backward, deferred mode: the global L2 norm of every gradient, summed
   // in the plain run's order (Note [Norm order], optim/grad_norm.h).
   double grad_norm();
@@ -206,6 +216,7 @@ class Gemini : public optim::Optimizer {
   void restore_grad(Chunk& c);
   void poll_spills(bool wait);
   void step_deferred();
+  void settle_reductions();
   void drop_spill(Chunk& c);
   int64_t device_model_bytes() const { return gathered_bytes_ + device_home_bytes_; }
   double now_us() const;
@@ -269,6 +280,9 @@ class Gemini : public optim::Optimizer {
   std::vector<Spill> spills_;
   std::vector<int> grads_in_ram_;
   std::vector<std::vector<double>> norm_parts_;
+  // Note [Gemini under data parallel]: per chunk, the wait of its reduction in flight.
+  GradientReduction reduction_;
+  std::vector<std::function<void()>> reducing_;
   // Note [Evaluation forward]: the warmup's forward ops, their next uses, and the counters the
   // evaluation interrupted.
   bool evaluating_ = false;
