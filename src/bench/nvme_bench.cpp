@@ -214,6 +214,11 @@ std::string text_line(const NvmeBenchRun& run, const NvmeBenchConfig& c, const S
 
 }  // namespace
 
+FioRates measure_fio(const std::string& dir, int64_t size_bytes) {
+  const Rates r = run_fio_pair(dir, size_bytes, {io::BackendKind::kUring, int64_t{1} << 20, 32});
+  return {r.write_GBps, r.read_GBps};
+}
+
 bool have_fio() {
   const char* path = std::getenv("PATH");
   std::string p = path ? path : "/usr/bin:/bin";

@@ -39,6 +39,13 @@ struct NvmeBenchRun {
 // signal (Note [Stop signals]) ends it with Interrupted, leaving no file behind.
 std::string run_nvme_bench(const NvmeBenchRun& run, const NvmeBenchConfig& c);
 
+// fio alone in `dir` (io_uring, O_DIRECT, 1 MiB blocks, depth 32): write `size_bytes`, then read
+// them back; GB/s each way. Its file is removed on every path. Needs have_fio().
+struct FioRates {
+  double write_GBps = 0, read_GBps = 0;
+};
+FioRates measure_fio(const std::string& dir, int64_t size_bytes);
+
 // "2GiB", "256KiB", "4096B": the largest binary unit that divides n.
 std::string format_bytes(int64_t n);
 

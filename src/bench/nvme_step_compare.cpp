@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "autograd/functions.h"
+#include "bench/nvme_bench.h"
 #include "bench/step_compare.h"
 #include "core/numbers.h"
 #include "core/parallel.h"
@@ -67,6 +68,28 @@ std::string summary(const std::vector<double>& mem_ms, const std::vector<double>
              st.consumer_wait_ms, static_cast<long long>(st.spare_slices));
 }
 
+// Note [Disk floor]: the least time a step can take when its states cross the disk: the bytes it
+// reads at fio's read rate plus the bytes it writes at fio's write rate, fio run in the states'
+// directory before and after the steps (the faster of the two runs each way, so the floor is the
+// lowest the disk showed). Bytes per step are the steps after the warmup's. An offloaded step at the
+// larger of the in-memory step and the floor runs at the device's speed.
+std::string disk_floor(const std::string& dir, const FioRates& a, const optim::NvmeStats& first,
+                       const optim::NvmeStats& last, int64_t steps, double mem_ms,
+                       double nvme_ms) {
+  const FioRates b = measure_fio(dir, int64_t{1} << 30);
+  const double w = std::max(a.write_GBps, b.write_GBps), r = std::max(a.read_GBps, b.read_GBps);
+  const double read_gb = static_cast<double>(last.bytes_read - first.bytes_read) / 1e9 /
+                         static_cast<double>(steps);
+  const double written_gb = static_cast<double>(last.bytes_written - first.bytes_written) / 1e9 /
+                            static_cast<double>(steps);
+  const double floor_ms = 1e3 * (read_gb / r + written_gb / w);
+  return strprintf(
+      "disk floor per step: %.3f GB read / fio %.2f GB/s + %.3f GB written / fio %.2f GB/s = "
+      "%.0f ms | nvme step %.1f ms = %.3fx the larger of the in-memory step (%.1f ms) and the "
+      "floor\n",
+      read_gb, r, written_gb, w, floor_ms, nvme_ms, nvme_ms / std::max(mem_ms, floor_ms), mem_ms);
+}
+
 }  // namespace
 
 bool compare_nvme_steps(const StepCompareShape& shape, const optim::NvmeOffloadOptions& nvme,
@@ -81,6 +104,10 @@ bool compare_nvme_steps(const StepCompareShape& shape, const optim::NvmeOffloadO
                 100.0 * static_cast<double>(m->nvme_opt.offloaded_numel()) /
                     static_cast<double>(m->mem_model.num_parameters()),
                 static_cast<long long>(m->mem_model.num_parameters())));
+  const bool floor = m->nvme_opt.nvme() != nullptr && have_fio();
+  FioRates fio_before;
+  if (floor) fio_before = measure_fio(m->nvme_opt.nvme()->dir(), int64_t{1} << 30);
+  optim::NvmeStats after_warmup;
   std::vector<int32_t> tokens(static_cast<size_t>(B * T));
   std::vector<double> mem_ms, nvme_ms, ratios;
   bool same_losses = true;
@@ -114,13 +141,19 @@ bool compare_nvme_steps(const StepCompareShape& shape, const optim::NvmeOffloadO
     log(strprintf("[%lld] loss %.6f %s | in memory %.1f ms | nvme %.1f ms | ratio %.3f\n",
                   static_cast<long long>(step), mem_loss, same ? "(equal)" : "(DIFFERENT)", a, b,
                   b / a));
-    if (step == 0) continue;  // warmup: first touches of every buffer, nothing on disk yet
+    if (step == 0) {  // warmup: first touches of every buffer, nothing on disk yet
+      if (m->nvme_opt.nvme()) after_warmup = m->nvme_opt.nvme()->stats();
+      continue;
+    }
     mem_ms.push_back(a);
     nvme_ms.push_back(b);
     ratios.push_back(b / a);
   }
   const optim::NvmeStats st = m->nvme_opt.nvme() ? m->nvme_opt.nvme()->stats() : optim::NvmeStats{};
   log(summary(mem_ms, nvme_ms, ratios, same_losses, st));
+  if (floor && !mem_ms.empty())
+    log(disk_floor(m->nvme_opt.nvme()->dir(), fio_before, after_warmup, st,
+                   static_cast<int64_t>(mem_ms.size()), median(mem_ms), median(nvme_ms)));
   return same_losses;
 }
 
