@@ -71,15 +71,14 @@ std::string summary(const std::vector<double>& mem_ms, const std::vector<double>
 // Note [Disk floor]: the least time a step can take when its states cross the disk: the bytes it
 // reads at fio's read rate plus the bytes it writes at fio's write rate, fio run in the states'
 // directory before and after the steps (the faster of the two runs each way, so the floor is the
-// lowest the disk showed). Bytes per step are the steps after the warmup's. An offloaded step at the
-// larger of the in-memory step and the floor runs at the device's speed.
+// lowest the disk showed). Bytes per step are the steps after the warmup's. An offloaded step at
+// the larger of the in-memory step and the floor runs at the device's speed.
 std::string disk_floor(const std::string& dir, const FioRates& a, const optim::NvmeStats& first,
-                       const optim::NvmeStats& last, int64_t steps, double mem_ms,
-                       double nvme_ms) {
+                       const optim::NvmeStats& last, int64_t steps, double mem_ms, double nvme_ms) {
   const FioRates b = measure_fio(dir, int64_t{1} << 30);
   const double w = std::max(a.write_GBps, b.write_GBps), r = std::max(a.read_GBps, b.read_GBps);
-  const double read_gb = static_cast<double>(last.bytes_read - first.bytes_read) / 1e9 /
-                         static_cast<double>(steps);
+  const double read_gb =
+      static_cast<double>(last.bytes_read - first.bytes_read) / 1e9 / static_cast<double>(steps);
   const double written_gb = static_cast<double>(last.bytes_written - first.bytes_written) / 1e9 /
                             static_cast<double>(steps);
   const double floor_ms = 1e3 * (read_gb / r + written_gb / w);

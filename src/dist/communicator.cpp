@@ -92,7 +92,8 @@ namespace {
 // tracks (ZeRO 3 gathers a parameter again, same values, under a tensor saved for backward).
 void copy_raw(const Tensor& input, const Tensor& output) {
   if (!input.is_same(output))
-    copy_bytes(output.raw_data(), output.device(), input.raw_data(), input.device(), input.nbytes());
+    copy_bytes(output.raw_data(), output.device(), input.raw_data(), input.device(),
+               input.nbytes());
 }
 
 class LocalCommunicator : public Communicator {

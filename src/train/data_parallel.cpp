@@ -77,8 +77,7 @@ void DataParallel::build_buckets(int64_t bucket_bytes) {
   bucket_of_.assign(numels_.size(), 0);
   member_of_.assign(numels_.size(), 0);
   for (size_t k = numels_.size(); k-- > 0;) {  // reverse registration order
-    if (buckets_.empty() ||
-        (buckets_.back().numel > 0 && buckets_.back().numel + numels_[k] > cap))
+    if (buckets_.empty() || (buckets_.back().numel > 0 && buckets_.back().numel + numels_[k] > cap))
       buckets_.emplace_back();
     Bucket& b = buckets_.back();
     bucket_of_[k] = buckets_.size() - 1;

@@ -71,7 +71,7 @@ struct DataParallelStats {
   // gathered, so more of them: Note [ZeRO stage 3]); the report shows the later steps apart.
   int64_t recorded_gathers = 0;
   dist::CommStats recorded_comm;
-  int64_t split_reductions = 0;       // Note [Split embedding reduction], summed over steps
+  int64_t split_reductions = 0;  // Note [Split embedding reduction], summed over steps
   int64_t steps = 0;
 };
 

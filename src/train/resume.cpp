@@ -113,7 +113,7 @@ bool Trainer::checkpoint_due() const {
 }
 
 std::string Trainer::save_checkpoint() {
-  flush();  // the offloaded states' last write-backs land before they are streamed out
+  flush();           // the offloaded states' last write-backs land before they are streamed out
   if (!is_root()) {  // under ZeRO its optimizer states go to rank 0, which writes them
     if (shards_parameters()) save_model("");  // the gathers of rank 0's model save
     if (shards_optimizer()) save_sharded_optimizer_state("");

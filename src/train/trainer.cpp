@@ -259,9 +259,10 @@ void Trainer::build_optimizer() {
     hybrid_ = &gem_->adam();
     if (o_.updates_after_backward() || dp_) {  // data parallel: the gradients are reduced first
       gem_->set_deferred_updates(true);
-      print_(str("Gemini: updates deferred to after backward for ",
-                 dp_ ? "data parallel" : "--grad-clip/--grad-accum/fp16",
-                 ": chunk gradients accumulate over the micro-batches (Note [Deferred updates])\n"));
+      print_(
+          str("Gemini: updates deferred to after backward for ",
+              dp_ ? "data parallel" : "--grad-clip/--grad-accum/fp16",
+              ": chunk gradients accumulate over the micro-batches (Note [Deferred updates])\n"));
     }
     if (dp_) connect_gemini();
   } else if (o_.optimizer == "adamw") {

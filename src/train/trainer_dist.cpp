@@ -139,17 +139,17 @@ std::string Trainer::data_parallel_report() const {
   const int64_t n = dp_->size();
   const int64_t psi = model_->num_parameters();
   const int times = dp_->shards_parameters() ? 3 : 2;  // the parameters are gathered twice
-  const double formula = times * static_cast<double>(psi) * 4.0 * static_cast<double>(n - 1) /
-                         static_cast<double>(n);
+  const double formula =
+      times * static_cast<double>(psi) * 4.0 * static_cast<double>(n - 1) / static_cast<double>(n);
   std::string out = str("Data parallel: ", n, " ranks, ZeRO stage ", dp_->zero_stage(),
                         " | sent per rank per step (ring):");
   for (int k = 0; k < dist::kNumCollectives; ++k)
     if (s.comm.calls[k] > 0 && s.comm.wire_bytes[k] > 0)
       out += str(" ", dist::collective_name(static_cast<dist::Collective>(k)), " ",
                  format_fixed(mib(s.comm.wire_bytes[k]) / steps, 2), " MiB");
-  out += str(" = ", format_fixed(mib(s.comm.total_wire_bytes()) / steps, 2),
-             " MiB; formula ", times, " Psi (N-1)/N x 4 B = ",
-             format_fixed(mib(static_cast<int64_t>(formula)), 2), " MiB\n");
+  out +=
+      str(" = ", format_fixed(mib(s.comm.total_wire_bytes()) / steps, 2), " MiB; formula ", times,
+          " Psi (N-1)/N x 4 B = ", format_fixed(mib(static_cast<int64_t>(formula)), 2), " MiB\n");
   out += str("Data parallel: collectives busy ", format_fixed(s.comm.busy_ms / steps, 1),
              " ms/step, waited after backward ", format_fixed(s.backward_end_wait_ms / steps, 1),
              " ms/step (exposed), parameter all_gather ", format_fixed(s.gather_ms / steps, 1),
@@ -160,23 +160,24 @@ std::string Trainer::data_parallel_report() const {
                  : std::string(),
              "\n");
   if (gem_)  // Note [Gemini under data parallel]
-    return out + "Data parallel memory (this rank): Gemini's, as one process's (every chunk, its "
-                 "gradient buffer and its Adam states on every rank)\n";
+    return out +
+           "Data parallel memory (this rank): Gemini's, as one process's (every chunk, its "
+           "gradient buffer and its Adam states on every rank)\n";
   int64_t nvme_bytes = 0;
   if (hybrid_ && hybrid_->nvme()) nvme_bytes = hybrid_->offloaded_numel() * 8;
   if (dp_->shards_parameters() && s.steps > 1) {  // Note [ZeRO stage 3]: step 1 is recorded
     const auto gather = static_cast<size_t>(dist::Collective::kAllGather);
     const double later = static_cast<double>(s.steps - 1);
-    out += str("Data parallel: stage 3 gathered parameter buckets ",
-               format_fixed(static_cast<double>(s.parameter_gathers - s.recorded_gathers) / later, 1),
-               " times per step after the first (recorded) step's ", s.recorded_gathers,
-               "; all_gather after it ",
-               format_fixed(mib(s.comm.wire_bytes[gather] - s.recorded_comm.wire_bytes[gather]) / later,
-                            2),
-               " MiB/step against 2 Psi (N-1)/N x 4 B = ", format_fixed(mib(static_cast<int64_t>(
-                                                                   formula * 2 / 3)), 2),
-               " MiB; ops waited ", format_fixed(s.parameter_wait_ms / steps, 1),
-               " ms/step for parameters (exposed)\n");
+    out +=
+        str("Data parallel: stage 3 gathered parameter buckets ",
+            format_fixed(static_cast<double>(s.parameter_gathers - s.recorded_gathers) / later, 1),
+            " times per step after the first (recorded) step's ", s.recorded_gathers,
+            "; all_gather after it ",
+            format_fixed(
+                mib(s.comm.wire_bytes[gather] - s.recorded_comm.wire_bytes[gather]) / later, 2),
+            " MiB/step against 2 Psi (N-1)/N x 4 B = ",
+            format_fixed(mib(static_cast<int64_t>(formula * 2 / 3)), 2), " MiB; ops waited ",
+            format_fixed(s.parameter_wait_ms / steps, 1), " ms/step for parameters (exposed)\n");
   }
   const std::string params =
       dp_->shards_parameters()
@@ -184,9 +185,10 @@ std::string Trainer::data_parallel_report() const {
                 "parameters at most ", format_fixed(mib(s.gathered_peak_bytes), 2),
                 " MiB at once in the steps, of ", format_fixed(mib(psi * 4), 2), ")")
           : str(format_fixed(mib(psi * 4), 1), " MiB");
-  out += str("Data parallel memory (this rank): parameters ", params, ", gradient buffers ", format_fixed(mib(s.gradient_buffer_bytes), 1),
-             " MiB, optimizer states ", format_fixed(mib(opt_->state_bytes_in_memory()), 1),
-             " MiB in memory + ", format_fixed(mib(nvme_bytes), 1), " MiB on NVMe for ",
+  out += str("Data parallel memory (this rank): parameters ", params, ", gradient buffers ",
+             format_fixed(mib(s.gradient_buffer_bytes), 1), " MiB, optimizer states ",
+             format_fixed(mib(opt_->state_bytes_in_memory()), 1), " MiB in memory + ",
+             format_fixed(mib(nvme_bytes), 1), " MiB on NVMe for ",
              format_thousands(dp_->shard_numel()), " of ", format_thousands(psi), " parameters\n");
   return out;
 }

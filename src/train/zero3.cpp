@@ -9,9 +9,9 @@
 // pattern): a bucket's storage exists from its first parameter's make_parameter until its last
 // parameter is ready, then rank 0's values are broadcast, the piece kept and the storage released;
 // buckets are contiguous runs of the parameters, so construction holds about one bucket. A rank
-// therefore holds Psi/N of parameters plus the buckets in use, from start-up on. Every parameter use is
-// a module call (Note [Every parameter use is a module call], nn/module.h), and hooks make each
-// use an *op*: its forward pre-hook, or its backward pre-hook (except an embedding's, whose
+// therefore holds Psi/N of parameters plus the buckets in use, from start-up on. Every parameter
+// use is a module call (Note [Every parameter use is a module call], nn/module.h), and hooks make
+// each use an *op*: its forward pre-hook, or its backward pre-hook (except an embedding's, whose
 // backward reads only the ids), all_gathers the buckets the op needs before it runs; its forward or
 // backward hook ends the use.
 // What happens between ops is decided by the order of the ops:
@@ -31,8 +31,9 @@
 // Evaluation and sampling are forwards like any other (without grad mode: a bucket per op, never
 // recorded); saving streams the buckets one at a time in the writer's order (stream_parameters).
 // Every rank runs the same ops in the same order, hence the same collectives in the same order
-// (MPI's rule); a rank whose hooks saw a different sequence would mismatch its collectives and
-// fail on the communicator's timeout.
+// (MPI's rule; sampling too: the same logits give the same ids everywhere). A rank whose hooks saw
+// another sequence would mismatch its collectives, which MPI leaves undefined (an error, wrong
+// values, or a wait that the communicator's timeout ends).
 #include <algorithm>
 #include <chrono>
 
@@ -95,8 +96,8 @@ void DataParallel::parameter_ready(const std::string& name) {
 void DataParallel::adopt(nn::Module& model) {
   MW_CHECK(shards_parameters() && params_.empty(), "DataParallel::adopt: stage 3, once");
   auto named = model.named_parameters();
-  MW_CHECK_T(InvalidArgument, named.size() == names_.size(), "ZeRO 3: the model has ",
-             named.size(), " parameters, the layout ", names_.size());
+  MW_CHECK_T(InvalidArgument, named.size() == names_.size(), "ZeRO 3: the model has ", named.size(),
+             " parameters, the layout ", names_.size());
   for (size_t i = 0; i < named.size(); ++i) {
     const Bucket& b = buckets_[bucket_of_[i]];
     MW_CHECK_T(InvalidArgument,

@@ -72,20 +72,21 @@ INSTANTIATE_TEST_SUITE_P(Zero, DataParallelMatchesOneProcess,
                                            // Note [ZeRO stage 3]: the same paths with the
                                            // parameters gathered around each use; recomputation
                                            // gathers again inside backward
-                                           Case{3, ""},
-                                           Case{3, "--grad-accum 2 --grad-clip 0.5"},
+                                           Case{3, ""}, Case{3, "--grad-accum 2 --grad-clip 0.5"},
                                            Case{3, "--device sim:1GiB --optimizer adamw"},
                                            Case{3, "--offload nvme --nvme-window 1MiB"},
                                            Case{3, "--dropout 0.1 --checkpoint-activations"},
                                            // Note [Gemini under data parallel]: replicated chunks,
                                            // each chunk's gradient all_reduced; every policy
                                            Case{0, "--device sim:64MiB --gemini auto"},
-                                           Case{0, "--device sim:64MiB --gemini static "
-                                                   "--offload-param-frac 1 --offload-optim-frac 1 "
-                                                   "--grad-accum 2 --grad-clip 0.5"},
-                                           Case{0, "--device sim:64MiB --gemini const "
-                                                   "--const-budget 1MiB --dropout 0.1 "
-                                                   "--checkpoint-activations"}));
+                                           Case{0,
+                                                "--device sim:64MiB --gemini static "
+                                                "--offload-param-frac 1 --offload-optim-frac 1 "
+                                                "--grad-accum 2 --grad-clip 0.5"},
+                                           Case{0,
+                                                "--device sim:64MiB --gemini const "
+                                                "--const-budget 1MiB --dropout 0.1 "
+                                                "--checkpoint-activations"}));
 
 // Four ranks (oversubscribed: one row of the global batch each) at every stage against one plain
 // process; then stage 2's checkpoint, written by 4 ranks, resumed by 2 (Note [ZeRO checkpoints]).
@@ -109,9 +110,9 @@ TEST(DataParallelFourRanks, MatchOneProcessAndMoveTheirCheckpointToTwo) {
   for (int zero : {2, 3}) {
     SCOPED_TRACE("resumed at --zero " + std::to_string(zero));
     const std::string resumed = tmp.path() + "/resumed" + std::to_string(zero);
-    AppResult b = train(2, args + "--zero " + std::to_string(zero) + outputs(resumed) +
-                               "--resume " + tmp.path() + "/four" + std::to_string(zero) +
-                               "/ckpt/step_000002");
+    AppResult b =
+        train(2, args + "--zero " + std::to_string(zero) + outputs(resumed) + "--resume " +
+                     tmp.path() + "/four" + std::to_string(zero) + "/ckpt/step_000002");
     ASSERT_EQ(b.exit_code, 0) << b.output;
     expect_same_run(one, resumed, 2);
   }
@@ -140,7 +141,8 @@ TEST(DataParallelZero3, EvaluatesSamplesAndGathersEachBucketTwicePerStep) {
   AppResult c = train(0, args + "--zero 3" + outputs(alone));
   ASSERT_EQ(c.exit_code, 0) << c.output;
   expect_same_run(one, alone);
-  for (const char* line : {"[2] val loss: ", "[4] val loss: ", "[2] sample ids:", "[4] sample ids:"}) {
+  for (const char* line :
+       {"[2] val loss: ", "[4] val loss: ", "[2] sample ids:", "[4] sample ids:"}) {
     const size_t at = a.output.find(line);
     ASSERT_NE(at, std::string::npos) << a.output;
     const std::string expected = a.output.substr(at, a.output.find('\n', at) - at);
@@ -150,11 +152,13 @@ TEST(DataParallelZero3, EvaluatesSamplesAndGathersEachBucketTwicePerStep) {
   ASSERT_TRUE(std::regex_search(b.output, m, std::regex("; ([0-9]+) buckets of "))) << b.output;
   const int buckets = std::stoi(m[1]);
   EXPECT_GT(buckets, 3);  // --bucket-mb 0.02: several, so that sharding shows
-  ASSERT_TRUE(std::regex_search(b.output, m, std::regex("gathered parameter buckets ([0-9.]+) times")))
+  ASSERT_TRUE(
+      std::regex_search(b.output, m, std::regex("gathered parameter buckets ([0-9.]+) times")))
       << b.output;
   EXPECT_DOUBLE_EQ(std::stod(m[1]), 2.0 * buckets) << b.output;
   ASSERT_TRUE(std::regex_search(
-      b.output, m, std::regex("full parameters at most ([0-9.]+) MiB at once in the steps, of ([0-9.]+)")))
+      b.output, m,
+      std::regex("full parameters at most ([0-9.]+) MiB at once in the steps, of ([0-9.]+)")))
       << b.output;
   EXPECT_LT(std::stod(m[1]), 0.75 * std::stod(m[2])) << b.output;
 }

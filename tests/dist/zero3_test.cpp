@@ -56,7 +56,8 @@ TEST(Zero3, BuildsAndStreamsTheModelOneBucketAtATime) {
   dp.stream_parameters([&](const train::DataParallel::Touch& touch) {
     for (const auto& spec : model.specs()) {
       touch(spec.name);
-      const std::vector<float> got = model.parameter(spec.name).to(Device::cpu()).to_vector<float>();
+      const std::vector<float> got =
+          model.parameter(spec.name).to(Device::cpu()).to_vector<float>();
       EXPECT_EQ(got, plain.parameter(spec.name).to_vector<float>()) << spec.name;
       ++touched;
     }
