@@ -88,8 +88,12 @@ void Trainer::load_optimizer_state(const std::string& file) {
 }
 
 void Trainer::resume_from(const std::string& path) {
-  const TrainState state = verify_checkpoint(path);
+  const TrainState& state = resumed_state_;
   // The total is this run's --steps: check_fingerprint compares it with the checkpoint's.
+  MW_CHECK_T(InvalidArgument, o_.steps >= state.step, "--resume '", path,
+             "': the checkpoint is at step ", state.step, ", past --steps ", o_.steps,
+             " (with --resume, the run's total); pass --steps above ", state.step,
+             " to train on from it");
   total_steps_ = o_.steps;
   check_fingerprint(state.run, path);
   // Weights came in with the model (weights_from_); now the optimizer, the data and the RNG.

@@ -104,6 +104,13 @@ void TokenStream::batch(int64_t index, int64_t B, int64_t T, int32_t* out) {
   }
 }
 
+void check_stream_length(const TokenStream& stream, const std::string& option, int64_t seq) {
+  MW_CHECK_T(InvalidArgument, stream.num_tokens() >= seq, option, " holds ", stream.num_tokens(),
+             " tokens in ", stream.num_shards(), " shard(s), fewer than one sequence of --seq ",
+             seq, ": every row would repeat that text; add data or lower --seq to at most ",
+             stream.num_tokens());
+}
+
 int64_t TokenStream::epoch_of(int64_t index, int64_t B, int64_t T) const {
   if (shuffle_) return ((index + 1) * B - 1) / std::max<int64_t>(1, total_tokens_ / T);
   return ((index + 1) * B * T - 1) / total_tokens_;

@@ -25,6 +25,12 @@ namespace mw::train {
 std::vector<std::string> resolve_shards(const std::string& spec, const std::string& split,
                                         const std::string& option);
 
+class TokenStream;
+
+// InvalidArgument when `stream` holds fewer than `seq` tokens: every row would wrap around inside
+// itself, training on a short text repeated (a too-small or wrong shard, accepted silently before).
+void check_stream_length(const TokenStream& stream, const std::string& option, int64_t seq);
+
 class TokenStream {
  public:
   // shuffle_seed is used only when `shuffle`. `option` ("--val-data") is named when a shard

@@ -167,6 +167,8 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
   }
   if (!o_.resume.empty()) {
     resumed_path_ = find_checkpoint(o_.resume);
+    // Before its weights are read: a damaged checkpoint is named as such, with what to do.
+    resumed_state_ = verify_checkpoint(resumed_path_);
     weights_from_ = (std::filesystem::path(resumed_path_) / "model").string();
   } else {
     weights_from_ = o_.init_from;
@@ -184,11 +186,13 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
     train_data_ = std::make_unique<TokenStream>(resolve_shards(o_.data, "train", "--data"),
                                                 o_.shuffle, o_.data_seed);
     train_data_->check_vocab(config_.vocab_size);
+    check_stream_length(*train_data_, "--data", o_.seq);
   }
   if (!o_.val_data.empty()) {
     val_ = std::make_unique<TokenStream>(resolve_shards(o_.val_data, "val", "--val-data"), false, 0,
                                          "--val-data");
     val_->check_vocab(config_.vocab_size);
+    check_stream_length(*val_, "--val-data", o_.seq);
   }
   build_optimizer();
   build_recomputation();

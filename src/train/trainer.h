@@ -256,6 +256,7 @@ class Trainer {
   LrSchedule schedule_;
   std::string weights_from_;  // --init-from, or the resumed checkpoint's model folder
   std::string resumed_path_;
+  TrainState resumed_state_;     // verified (verify_checkpoint) before the model is built
   std::string optimizer_saved_;  // save_optimizer_output's line once written
   std::unique_ptr<gemini::Gemini> gemini_owned_;
   std::unique_ptr<gpt2::GPT2> model_;

@@ -136,6 +136,19 @@ TEST(Gpt2Train, ReadsAnLlmcTokenShard) {
   Result bad = run(std::string(kTiny) + "--steps 1 --data " + tmp.file("bad.bin"));
   EXPECT_EQ(bad.exit_code, 1) << bad.output;
   EXPECT_NE(bad.output.find("500"), std::string::npos) << bad.output;
+  // Fewer tokens than one sequence (--seq 16): every row would repeat them. Refused for both
+  // streams, with the count found and the largest --seq that would do.
+  tokens.assign(15, 3);
+  data::write_token_shard(tmp.file("short.bin"), tokens);
+  for (const char* option : {"--data ", "--val-data "}) {
+    Result s = run(std::string(kTiny) + "--steps 1 " + option + tmp.file("short.bin"));
+    EXPECT_EQ(s.exit_code, 1) << s.output;
+    EXPECT_NE(s.output.find("holds 15 tokens"), std::string::npos) << s.output;
+    EXPECT_NE(s.output.find("at most 15"), std::string::npos) << s.output;
+  }
+  tokens.assign(16, 3);  // exactly one sequence is enough
+  data::write_token_shard(tmp.file("one.bin"), tokens);
+  EXPECT_EQ(run(std::string(kTiny) + "--steps 1 --data " + tmp.file("one.bin")).exit_code, 0);
 }
 
 TEST(Gpt2Train, MissingOrCorruptInputsGiveAClearErrorAndExit1) {

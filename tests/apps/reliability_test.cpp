@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -460,6 +461,34 @@ TEST(Reliability, KillNineDuringACheckpointThenResumeEqualsTheUninterruptedRun) 
   EXPECT_EQ(bad.exit_code, 1) << bad.output;
   EXPECT_TRUE(has(bad.output, "step_000003' is corrupt: file 'optimizer.bin' has checksum"))
       << bad.output;
+  // Truncated weights are found by the manifest before the model reads them, so the message
+  // says which checkpoint is damaged and what to do (not only the safetensors parser's error).
+  const std::string weights = tmp.file("ck/step_000002/model/model.safetensors");
+  fs::resize_file(weights, 100);
+  std::vector<std::string> at2 = resume;
+  at2.back() = tmp.file("resumed2");
+  at2[std::find(at2.begin(), at2.end(), "--resume") - at2.begin() + 1] = tmp.file("ck/step_000002");
+  const Outcome cut = run_app(tmp, "gpt2_train", at2);
+  EXPECT_EQ(cut.exit_code, 1) << cut.output;
+  EXPECT_TRUE(has(cut.output,
+                  "step_000002' is corrupt: file 'model/model.safetensors' is 100 "
+                  "bytes"))
+      << cut.output;
+  // A checkpoint past this run's --steps is refused, not "resumed" with -1 steps to go.
+  std::vector<std::string> past = resume;
+  past[std::find(past.begin(), past.end(), "--steps") - past.begin() + 1] = "2";
+  past[std::find(past.begin(), past.end(), "--resume") - past.begin() + 1] =
+      tmp.file("ck/step_000001");
+  fs::remove_all(tmp.file("ck/step_000003"));
+  fs::remove_all(tmp.file("ck/step_000002"));
+  const Outcome ok = run_app(tmp, "gpt2_train", past);  // step 1 of 2: trains one step
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  past[std::find(past.begin(), past.end(), "--steps") - past.begin() + 1] = "1";
+  past[std::find(past.begin(), past.end(), "--resume") - past.begin() + 1] =
+      tmp.file("ck/step_000002");
+  const Outcome over = run_app(tmp, "gpt2_train", past);
+  EXPECT_EQ(over.exit_code, 1) << over.output;
+  EXPECT_TRUE(has(over.output, "the checkpoint is at step 2, past --steps 1")) << over.output;
 }
 
 }  // namespace
