@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "cli.h"
@@ -90,24 +91,11 @@ std::unique_ptr<data::BpeTokenizer> load_tokenizer(const cli::Parser& p,
       data::load_vocab_and_merges(p.str("vocab"), p.str("merges")), p.str("vocab"));
 }
 
-int run(cli::Parser& p) {
-  const std::vector<std::string>& inputs = p.positional_values();
-  if ((p.given("vocab") || p.given("merges")) + p.given("tokenizer") + p.given("train-bpe") != 1)
-    throw cli::UsageError(
-        "choose one tokenizer: --vocab and --merges, or --tokenizer, or --train-bpe VOCAB_SIZE");
-  if (inputs.empty())
-    throw cli::UsageError("no input files: pass text files or .jsonl files after the options");
-  if (!p.given("out")) throw cli::UsageError("--out DIR is required");
-  const std::string out_dir = p.str("out");
-  const double val_fraction = p.real("val-fraction", 0.0, 0.5);
-  const int64_t shard_tokens = p.integer("shard-tokens", 1, INT32_MAX);
-  set_num_threads(static_cast<int>(p.integer("threads", 0, 1024)));
-  data::CorpusReader reader(inputs, p.str("field"));  // checks the inputs before any work
-  // The given tokenizer files are read before the output directory is made; --train-bpe writes
-  // its files there.
-  std::vector<std::unique_ptr<data::BpeTokenizer>> workers;
-  if (!p.given("train-bpe")) workers.push_back(load_tokenizer(p, inputs, out_dir));
-  data::prepare_shard_dir(out_dir);
+// Everything after the output directory is ready: the tokenizer threads, the shards, the summary.
+int tokenize(cli::Parser& p, data::CorpusReader& reader,
+             std::vector<std::unique_ptr<data::BpeTokenizer>>& workers,
+             const std::vector<std::string>& inputs, const std::string& out_dir,
+             double val_fraction, int64_t shard_tokens) {
   if (workers.empty()) workers.push_back(load_tokenizer(p, inputs, out_dir));
   while (static_cast<int>(workers.size()) < num_threads())
     workers.push_back(std::make_unique<data::BpeTokenizer>(*workers.front()));
@@ -137,6 +125,36 @@ int run(cli::Parser& p) {
                  "split, and the first one is train; pass several files or a .jsonl\n",
                  val_fraction);
   return 0;
+}
+
+int run(cli::Parser& p) {
+  const std::vector<std::string>& inputs = p.positional_values();
+  if ((p.given("vocab") || p.given("merges")) + p.given("tokenizer") + p.given("train-bpe") != 1)
+    throw cli::UsageError(
+        "choose one tokenizer: --vocab and --merges, or --tokenizer, or --train-bpe VOCAB_SIZE");
+  if (inputs.empty())
+    throw cli::UsageError("no input files: pass text files or .jsonl files after the options");
+  if (!p.given("out")) throw cli::UsageError("--out DIR is required");
+  const std::string out_dir = p.str("out");
+  const double val_fraction = p.real("val-fraction", 0.0, 0.5);
+  const int64_t shard_tokens = p.integer("shard-tokens", 1, INT32_MAX);
+  set_num_threads(static_cast<int>(p.integer("threads", 0, 1024)));
+  data::CorpusReader reader(inputs, p.str("field"));  // checks the inputs before any work
+  // The given tokenizer files are read before the output directory is made; --train-bpe writes
+  // its files there.
+  std::vector<std::unique_ptr<data::BpeTokenizer>> workers;
+  if (!p.given("train-bpe")) workers.push_back(load_tokenizer(p, inputs, out_dir));
+  // A failure from here on (a bad line in the inputs, a full disk) leaves nothing: the writers
+  // remove their unfinished shards, and a directory this run created goes with what it wrote.
+  std::error_code ec;
+  const bool created = !std::filesystem::exists(out_dir, ec);
+  data::prepare_shard_dir(out_dir);
+  try {
+    return tokenize(p, reader, workers, inputs, out_dir, val_fraction, shard_tokens);
+  } catch (...) {
+    if (created) std::filesystem::remove_all(out_dir, ec);
+    throw;
+  }
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 
 #include "../data/temp_dir.h"
@@ -183,6 +184,8 @@ TEST(Gpt2Tokenize, BadInputsGiveClearErrors) {
     const AppResult r = tokenize(c.args);
     EXPECT_EQ(r.exit_code, c.exit_code) << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
+    // A failed run leaves nothing: the --out directory it created is gone with its contents.
+    EXPECT_FALSE(std::filesystem::exists(tmp.file("out"))) << r.output;
   }
 }
 
