@@ -121,8 +121,15 @@ std::string write_checkpoint(const std::string& dir, const TrainState& state,
   const std::string final_path = (fs::path(dir) / checkpoint_name(state.step)).string();
   const std::string hint = "pass --checkpoint-dir a writable directory with free space";
   data::StagedDirectory staged(final_path, hint);
-  save_model(staged.file("model"));
-  if (save_optimizer) save_optimizer(staged.file("optimizer.bin"));
+  try {
+    save_model(staged.file("model"));
+    if (save_optimizer) save_optimizer(staged.file("optimizer.bin"));
+  } catch (const IoError& e) {  // the writers name their staging paths and --save: say which
+    throw IoError(str("writing the checkpoint of step ", state.step, " to '", final_path,
+                      "' failed and none of it was kept (earlier checkpoints in '", dir,
+                      "' are whole): ", e.what(), ". For checkpoints: ", hint),
+                  e.path, e.offset, e.length, e.err);
+  }
   write_text(staged.file(kTrainerState), to_json(state).dump() + "\n", hint);
   const std::string root = fs::path(staged.file(kTrainerState)).parent_path().string();
   json::Value files = json::Value::array();

@@ -406,6 +406,29 @@ TEST(Reliability, NvmeBenchLeavesNoScratchFileEvenWhileRunningAndStopsOnSigterm)
   EXPECT_TRUE(fs::is_empty(dir));
 }
 
+// A full disk while the second checkpoint is written (ENOSPC at write 50; a tiny checkpoint takes
+// ~35): exit 1 naming that checkpoint and --checkpoint-dir, no staging left, the first one whole.
+TEST(Reliability, AFullDiskDuringACheckpointKeepsTheEarlierOne) {
+  TempDir tmp;
+  const Outcome o =
+      run_app(tmp, "gpt2_train",
+              tiny({"--steps", "3", "--checkpoint-dir", tmp.file("ck"), "--checkpoint-every", "1"}),
+              {"MW_WRITE_FAULT=enospc@50"});
+  EXPECT_EQ(o.exit_code, 1) << o.output;
+  EXPECT_TRUE(has(o.output, "writing the checkpoint of step 2 to '" + tmp.file("ck/step_000002") +
+                                "' failed and none of it was kept"))
+      << o.output;
+  EXPECT_TRUE(has(o.output, "pass --checkpoint-dir a writable directory with free space"))
+      << o.output;
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(tmp.file("ck")))
+    left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"step_000001"});
+  const Outcome r = run_app(tmp, "gpt2_train", tiny({"--steps", "3", "--resume", tmp.file("ck")}));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "at step 1 (2 steps to go)")) << r.output;
+}
+
 // Issue #12: kill -9 while a training checkpoint is being written (stalled half-way through the
 // second one, write 50 of ~35 per tiny checkpoint) leaves the first checkpoint whole; resuming
 // from it gives the uninterrupted run's losses and weights bit for bit (Note [Exact resume]).
