@@ -17,7 +17,8 @@ enum mw_dist_dtype { MW_DIST_F32 = 0, MW_DIST_F64 = 1, MW_DIST_I32 = 2, MW_DIST_
 
 enum mw_dist_op_kind {
   MW_DIST_ALL_REDUCE = 0,      // sum of `count` elements, send -> recv (recv may equal send)
-  MW_DIST_REDUCE_SCATTER = 1,  // send: size * count elements, recv: count (the sum's rank-th piece)
+  MW_DIST_REDUCE_SCATTER = 1,  // send: size * count elements, recv: count (the sum's rank-th
+                               // piece); recv == send: in place, the piece lands at the front
   MW_DIST_ALL_GATHER = 2,      // send: count elements, recv: size * count (rank r's at r * count)
   MW_DIST_BROADCAST = 3,       // `count` elements of recv from rank `root` to all
   MW_DIST_BARRIER = 4

@@ -91,7 +91,7 @@ namespace {
 // write raw bytes, as the MPI backend does: a collective is not an in-place op that autograd
 // tracks (ZeRO 3 gathers a parameter again, same values, under a tensor saved for backward).
 void copy_raw(const Tensor& input, const Tensor& output) {
-  if (!input.is_same(output))
+  if (!input.is_same(output) && input.raw_data() != output.raw_data())  // in place: nothing
     copy_bytes(output.raw_data(), output.device(), input.raw_data(), input.device(),
                input.nbytes());
 }

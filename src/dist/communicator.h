@@ -77,7 +77,8 @@ class Communicator {
   virtual std::string backend() const = 0;  // "local", "mpi"
   // Sum over ranks, in place.
   virtual Work all_reduce(const Tensor& t) = 0;
-  // input: size() * k elements; output: k elements, this rank's piece of the sum.
+  // input: size() * k elements; output: k elements, this rank's piece of the sum. output may be
+  // input's first k elements (the same address): in place, input's other elements then undefined.
   virtual Work reduce_scatter(const Tensor& input, const Tensor& output) = 0;
   // input: k elements; output: size() * k, rank r's input at [r * k, (r + 1) * k).
   virtual Work all_gather(const Tensor& input, const Tensor& output) = 0;

@@ -207,6 +207,34 @@ ChunkBytes chunk_bytes(const PlanInputs& in) {
   return out;
 }
 
+// Homes and state devices as Gemini's constructor chooses them (offload/gemini/placement.h), and
+// the Adam states' bytes on each side.
+struct GeminiHomes {
+  std::vector<bool> params_off, optim_on_host;
+  int64_t host_chunks = 0, host_states = 0, device_states = 0;
+};
+
+GeminiHomes gemini_homes(const PlanInputs& in, const ChunkBytes& chunks) {
+  const auto& g = in.gemini_options;
+  const size_t n = chunks.each.size();
+  GeminiHomes h;
+  h.params_off.assign(n, true);
+  h.optim_on_host.assign(n, true);
+  if (g.policy == gemini::Policy::kStatic) {
+    h.params_off = gemini::choose_offloaded(chunks.each, g.offload_param_frac);
+    const std::vector<bool> optim_off = gemini::choose_offloaded(chunks.each, g.offload_optim_frac);
+    for (size_t c = 0; c < n; ++c) h.optim_on_host[c] = h.params_off[c] || optim_off[c];
+  }
+  // Note [Sharded optimizer states] (--zero 2 under mpirun): each rank's m, v of its 1/N piece.
+  const int64_t pieces = in.zero_stage == 2 && in.ranks > 1 ? in.ranks : 1;
+  for (size_t c = 0; c < n; ++c) {
+    if (h.params_off[c]) h.host_chunks += chunks.each[c];
+    const int64_t states = 2 * ((chunks.each[c] / 4 + pieces - 1) / pieces) * 4;
+    (h.optim_on_host[c] ? h.host_states : h.device_states) += states;
+  }
+  return h;
+}
+
 // Gemini (docs/gemini.md): chunks hold the parameters; gradients and Adam states of a chunk live
 // where its placement says. Update in backward keeps one chunk's gradient buffer on the host at a
 // time (measured: the host chunk peak is the homes plus the largest chunk). The device peaks at
@@ -218,20 +246,12 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t act_peak) {
   const int64_t largest = chunks.largest;
   const auto& g = in.gemini_options;
   const std::string dev = p.device_name;
-  // Homes and state devices as Gemini's constructor chooses them (offload/gemini/placement.h).
   const size_t n = chunks.each.size();
-  std::vector<bool> params_off(n, true), optim_on_host(n, true);
-  if (g.policy == gemini::Policy::kStatic) {
-    params_off = gemini::choose_offloaded(chunks.each, g.offload_param_frac);
-    const std::vector<bool> optim_off = gemini::choose_offloaded(chunks.each, g.offload_optim_frac);
-    for (size_t c = 0; c < n; ++c) optim_on_host[c] = params_off[c] || optim_off[c];
-  }
-  int64_t host_chunks = 0, host_states = 0;
-  for (size_t c = 0; c < n; ++c) {
-    if (params_off[c]) host_chunks += chunks.each[c];
-    if (optim_on_host[c]) host_states += 2 * chunks.each[c];
-  }
-  const int64_t device_states = 2 * params - host_states;
+  const GeminiHomes h = gemini_homes(in, chunks);
+  const std::vector<bool>& params_off = h.params_off;
+  const std::vector<bool>& optim_on_host = h.optim_on_host;
+  const int64_t host_chunks = h.host_chunks, host_states = h.host_states;
+  const int64_t device_states = h.device_states;
   int64_t device_chunks = params;  // auto keeps what fits, below
   if (g.policy == gemini::Policy::kStatic) {
     // Offloaded chunks (wte's first) are gathered one op at a time: wte's at the peak.

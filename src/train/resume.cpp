@@ -79,7 +79,9 @@ void Trainer::save_optimizer_state(const std::string& file) {
 }
 
 void Trainer::load_optimizer_state(const std::string& file) {
-  if (shards_optimizer())
+  if (shards_optimizer() && gem_)  // Note [Sharded optimizer states]: pieces of the chunks
+    load_zero_state(gemini_shard_layout(), dp_->rank(), gem_->adam(), file);
+  else if (shards_optimizer())
     load_zero_state(*dp_, *opt_, file);  // this rank's pieces (Note [ZeRO checkpoints])
   else if (hybrid_)
     hybrid_->load_state(file);

@@ -225,6 +225,10 @@ void Trainer::build_model() {
     g.search.interval_numel = config_.n_embd;  // ColossalAI's hidden_dim
     g.adam = optim::HybridAdamOptions(o_.hyper, -1.f, o_.nvme);
     g.adam.nvme.window_bytes = o_.gemini_nvme_window_bytes;
+    if (o_.data_parallel() && o_.zero_stage == 2) {  // Note [Sharded optimizer states]
+      g.shard_rank = o_.comm->rank();
+      g.shard_ranks = o_.comm->size();
+    }
     std::vector<std::pair<std::string, Shape>> tensors;
     for (const auto& spec : gpt2::tensor_specs(config_))
       tensors.emplace_back(spec.name, spec.shape);

@@ -152,6 +152,7 @@ struct EvalResult {
 };
 
 class DataParallel;
+struct ShardLayout;
 
 class Trainer {
  public:
@@ -236,6 +237,7 @@ class Trainer {
   std::unique_ptr<DataParallel> make_zero3(gpt2::ParameterFactory& factory);
   // ZeRO stages 1-3: the optimizer holds this rank's pieces (trainer_dist.cpp).
   bool shards_optimizer() const;
+  ShardLayout gemini_shard_layout() const;                     // Note [Sharded optimizer states]
   void save_sharded_optimizer_state(const std::string& file);  // collective; rank 0 writes
   json::Value run_fingerprint() const;
   void check_fingerprint(const json::Value& saved, const std::string& path) const;

@@ -47,9 +47,15 @@ void Trainer::check_data_parallel_options() const {
              " is the global batch, split across the ", n, " ranks, so it must be a multiple of ",
              n, "; use --batch ", (o_.batch / n + 1) * n);
   // Note [Gemini under data parallel]: replicated chunks, gradients all_reduced per chunk.
-  refuse_not_implemented(!o_.gemini.empty() && o_.zero_stage > 0,
-                         "--gemini with --zero 1-3 (Gemini's chunks sharded across ranks; under "
-                         "Gemini every rank holds every chunk, --zero 0)");
+  // Note [Sharded optimizer states] (offload/gemini/shard.cpp): --zero 2 on Gemini's chunks.
+  refuse_not_implemented(!o_.gemini.empty() && o_.zero_stage == 3,
+                         "--gemini with --zero 3 (Gemini's chunks' parameters sharded across "
+                         "ranks, ColossalAI's shard_param_frac; --zero 2 shards their Adam states "
+                         "and gradients)");
+  MW_CHECK_T(InvalidArgument, o_.gemini.empty() || o_.zero_stage != 1,
+             "--zero 1 with --gemini: pass --zero 2. Gemini reduces each chunk's gradient as "
+             "backward completes it, so sharding its Adam states shards the reduced gradient "
+             "too, at no cost (stage 1 would keep it whole for nothing)");
   refuse_not_implemented(!o_.gemini.empty() && o_.gemini_options.host_capacity_bytes > 0,
                          "--host-capacity (three tiers) with several ranks");
   refuse_not_implemented(o_.device.is_cuda(), "--device cuda with several ranks (NCCL backend)");
@@ -79,8 +85,15 @@ void Trainer::setup_data_parallel() {
   }
   set_dropout_batch_shard({local_batch() * dp_->rank(), local_batch(), o_.batch});
   const std::string what =
-      o_.gemini.empty()
-          ? dp_->describe()
+      o_.gemini.empty() ? dp_->describe()
+      : o_.zero_stage == 2
+          ? str("Data parallel: ", n, n == 1 ? " rank (" : " ranks (", o_.comm->backend(),
+                "), ZeRO stage 2 under Gemini: every rank holds every chunk's parameters and "
+                "steps its 1/",
+                n,
+                " piece of each (Adam states and reduced gradients), each "
+                "chunk's gradient reduce_scattered as soon as backward completes it, the updated "
+                "pieces all_gathered after the updates")
           : str("Data parallel: ", n, n == 1 ? " rank (" : " ranks (", o_.comm->backend(),
                 "), ZeRO stage 0 under Gemini: every rank holds every chunk, each chunk's gradient "
                 "all_reduced as soon as backward completes it, updates after backward");
@@ -98,20 +111,64 @@ void Trainer::connect_gemini() {
   });
   std::shared_ptr<dist::Communicator> comm = o_.comm;
   gemini::Gemini::GradientReduction r;
-  r.start = [comm](const Tensor& grad) {
-    auto work = std::make_shared<dist::Work>(comm->all_reduce(grad));
+  auto waiter = [](dist::Work w) {
+    auto work = std::make_shared<dist::Work>(std::move(w));
     return std::function<void()>([work] { work->wait(); });
   };
+  if (gem_->options().shard_ranks > 1) {  // Note [Sharded optimizer states]
+    auto started = [](dist::Work w) {
+      auto work = std::make_shared<dist::Work>(std::move(w));
+      return gemini::Gemini::GradientReduction::Started{[work] { work->wait(); },
+                                                        [work] { return work->done(); }};
+    };
+    r.reduce_scatter = [comm, started](const Tensor& in, const Tensor& out) {
+      return started(comm->reduce_scatter(in, out));
+    };
+    r.all_gather = [comm, started](const Tensor& in, const Tensor& out) {
+      return started(comm->all_gather(in, out));
+    };
+    r.sum_over_ranks = [comm](double x) {
+      Tensor t = Tensor::full({1}, x, DType::F64);
+      comm->all_reduce(t).wait();
+      return t.data<double>()[0];
+    };
+  } else {
+    r.start = [comm, waiter](const Tensor& grad) { return waiter(comm->all_reduce(grad)); };
+  }
   r.scale = 1.f / static_cast<float>(comm->size());
   gem_->set_gradient_reduction(std::move(r));
   o_.comm->reset_stats();  // the broadcast is not a training step's communication
 }
 
-bool Trainer::shards_optimizer() const { return dp_ && dp_->zero_stage() > 0; }
+bool Trainer::shards_optimizer() const {
+  return dp_ && (dp_->zero_stage() > 0 || (gem_ && gem_->options().shard_ranks > 1));
+}
+
+// Note [Sharded optimizer states]: the file's parameters are the chunks (one process's Gemini
+// steps whole chunks), each rank's optimizer steps its nonempty pieces of them in chunk order.
+ShardLayout Trainer::gemini_shard_layout() const {
+  ShardLayout shards;
+  const int n = gem_->options().shard_ranks;
+  for (const auto& c : gem_->chunks()) shards.numels.push_back(c->numel());
+  shards.pieces.resize(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r)
+    for (size_t c = 0; c < shards.numels.size(); ++c) {
+      const gemini::ChunkPiece p = gemini::chunk_piece(shards.numels[c], r, n);
+      if (p.numel > 0) shards.pieces[static_cast<size_t>(r)].push_back({c, p.offset, p.numel});
+    }
+  return shards;
+}
 
 bool Trainer::shards_parameters() const { return dp_ && dp_->shards_parameters(); }
 
 void Trainer::save_sharded_optimizer_state(const std::string& file) {
+  if (gem_) {
+    std::vector<Tensor> chunks;
+    for (const auto& c : gem_->chunks()) chunks.push_back(c->flat());
+    save_zero_state(*dp_, gemini_shard_layout(), gem_->adam(),
+                    one_process_layout(chunks, o_.nvme, true), file);
+    return;
+  }
   save_zero_state(*dp_, *opt_,
                   one_process_layout(model_->parameters(), o_.nvme, hybrid_ != nullptr), file);
 }
@@ -141,8 +198,9 @@ std::string Trainer::data_parallel_report() const {
   const int times = dp_->shards_parameters() ? 3 : 2;  // the parameters are gathered twice
   const double formula =
       times * static_cast<double>(psi) * 4.0 * static_cast<double>(n - 1) / static_cast<double>(n);
-  std::string out = str("Data parallel: ", n, " ranks, ZeRO stage ", dp_->zero_stage(),
-                        " | sent per rank per step (ring):");
+  std::string out =
+      str("Data parallel: ", n, " ranks, ZeRO stage ", gem_ ? o_.zero_stage : dp_->zero_stage(),
+          " | sent per rank per step (ring):");
   for (int k = 0; k < dist::kNumCollectives; ++k)
     if (s.comm.calls[k] > 0 && s.comm.wire_bytes[k] > 0)
       out += str(" ", dist::collective_name(static_cast<dist::Collective>(k)), " ",
@@ -159,6 +217,16 @@ std::string Trainer::data_parallel_report() const {
                        " embedding gradient(s) per step reduced during backward, their rows after")
                  : std::string(),
              "\n");
+  if (gem_ && gem_->options().shard_ranks > 1) {  // Note [Sharded optimizer states]
+    int64_t stepped = 0;
+    for (const Tensor& p : hybrid_->params()) stepped += p.numel();
+    return out + str("Data parallel memory (this rank): Gemini's chunks, every chunk's parameters "
+                     "on every rank (",
+                     format_fixed(mib(psi * 4), 1), " MiB); Adam states ",
+                     format_fixed(mib(hybrid_->state_bytes_in_memory()), 1),
+                     " MiB in memory for this rank's pieces, ", format_thousands(stepped), " of ",
+                     format_thousands(psi), " parameters\n");
+  }
   if (gem_)  // Note [Gemini under data parallel]
     return out +
            "Data parallel memory (this rank): Gemini's, as one process's (every chunk, its "

@@ -29,11 +29,11 @@ struct FileSegment {
   int64_t offset = 0, numel = 0;
 };
 
-// Per model parameter, every rank's runs of it, by offset; they tile the parameter.
-std::vector<std::vector<Run>> runs_by_param(const DataParallel& dp) {
-  std::vector<std::vector<Run>> runs(dp.params().size());
-  for (int r = 0; r < dp.size(); ++r) {
-    const std::vector<ShardPiece> pieces = dp.pieces(r);
+// Per file parameter, every rank's runs of it, by offset; they tile the parameter.
+std::vector<std::vector<Run>> runs_by_param(const ShardLayout& shards) {
+  std::vector<std::vector<Run>> runs(shards.numels.size());
+  for (int r = 0; r < static_cast<int>(shards.pieces.size()); ++r) {
+    const std::vector<ShardPiece>& pieces = shards.pieces[static_cast<size_t>(r)];
     for (size_t k = 0; k < pieces.size(); ++k)
       runs[pieces[k].param].push_back({r, k, pieces[k].offset, pieces[k].numel});
   }
@@ -46,8 +46,8 @@ std::vector<std::vector<Run>> runs_by_param(const DataParallel& dp) {
                  " do not tile it (a gap or overlap at element ", next, ")");
       next += run.numel;
     }
-    MW_CHECK_T(Error, next == dp.params()[p].numel(), "ZeRO pieces of parameter ", p, " cover ",
-               next, " of its ", dp.params()[p].numel(), " elements");
+    MW_CHECK_T(Error, next == shards.numels[p], "ZeRO pieces of parameter ", p, " cover ", next,
+               " of its ", shards.numels[p], " elements");
   }
   return runs;
 }
@@ -268,11 +268,29 @@ OneProcessLayout one_process_layout(const std::vector<Tensor>& params,
   return layout;
 }
 
+ShardLayout shard_layout(const DataParallel& dp) {
+  ShardLayout shards;
+  for (const Tensor& p : dp.params()) shards.numels.push_back(p.numel());
+  for (int r = 0; r < dp.size(); ++r) shards.pieces.push_back(dp.pieces(r));
+  return shards;
+}
+
 void save_zero_state(DataParallel& dp, optim::Optimizer& opt, const OneProcessLayout& layout,
                      const std::string& path) {
+  save_zero_state(dp, shard_layout(dp), opt, layout, path);
+}
+
+void save_zero_state(DataParallel& dp, const ShardLayout& shards, optim::Optimizer& opt,
+                     const OneProcessLayout& layout, const std::string& path) {
+  MW_CHECK_T(InvalidArgument,
+             static_cast<int>(shards.pieces.size()) == dp.size() &&
+                 shards.pieces[static_cast<size_t>(dp.rank())].size() == opt.params().size(),
+             "save_zero_state: the layout has ", shards.pieces.size(), " ranks and this rank ",
+             shards.pieces.empty() ? 0 : shards.pieces[0].size(), " pieces; expected ", dp.size(),
+             " ranks and the optimizer's ", opt.params().size(), " parameters");
   const dist::CommStats before = dp.comm().stats();
   ShardStates states(opt);
-  const std::vector<std::vector<Run>> runs = runs_by_param(dp);
+  const std::vector<std::vector<Run>> runs = runs_by_param(shards);
   const std::vector<FileSegment> segments = file_segments(layout);
   const std::vector<int64_t> steps = agreed_steps(dp, segments, runs, states);
   // One process writes a segment per stepped parameter (in memory), or every slice (on NVMe).
@@ -302,9 +320,14 @@ void save_zero_state(DataParallel& dp, optim::Optimizer& opt, const OneProcessLa
 }
 
 void load_zero_state(DataParallel& dp, optim::Optimizer& opt, const std::string& path) {
+  load_zero_state(shard_layout(dp), dp.rank(), opt, path);
+}
+
+void load_zero_state(const ShardLayout& shards, int rank, optim::Optimizer& opt,
+                     const std::string& path) {
   optim::StateFileMap map;
-  for (const Tensor& p : dp.params()) map.file_numels.push_back(p.numel());
-  for (const ShardPiece& piece : dp.pieces(dp.rank())) {
+  map.file_numels = shards.numels;
+  for (const ShardPiece& piece : shards.pieces[static_cast<size_t>(rank)]) {
     map.param.push_back(piece.param);
     map.offset.push_back(piece.offset);
   }

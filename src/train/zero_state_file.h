@@ -47,11 +47,25 @@ struct OneProcessLayout {
 OneProcessLayout one_process_layout(const std::vector<Tensor>& params,
                                     const optim::NvmeOffloadOptions& nvme, bool hybrid);
 
+// Who steps what: the file's parameters, and per rank its optimizer's parameters as pieces of
+// them, in that optimizer's order. DataParallel's (stages 1-2: pieces of the model's parameters)
+// or Gemini's (Note [Sharded optimizer states]: pieces of its chunks).
+struct ShardLayout {
+  std::vector<int64_t> numels;
+  std::vector<std::vector<ShardPiece>> pieces;  // [rank]
+};
+ShardLayout shard_layout(const DataParallel& dp);
+
 // Collective: every rank calls it with its optimizer (HybridAdam or AdamW over
-// dp.optimizer_params()); rank 0 writes `path` (the other ranks ignore it).
+// dp.optimizer_params(), or over the pieces of `shards`); rank 0 writes `path` (the other ranks
+// ignore it). dp provides the communicator.
 void save_zero_state(DataParallel& dp, optim::Optimizer& opt, const OneProcessLayout& layout,
                      const std::string& path);
+void save_zero_state(DataParallel& dp, const ShardLayout& shards, optim::Optimizer& opt,
+                     const OneProcessLayout& layout, const std::string& path);
 // Each rank on its own: this rank's pieces' states from a one-process file (any rank count).
 void load_zero_state(DataParallel& dp, optim::Optimizer& opt, const std::string& path);
+void load_zero_state(const ShardLayout& shards, int rank, optim::Optimizer& opt,
+                     const std::string& path);
 
 }  // namespace mw::train

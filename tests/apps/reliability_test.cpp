@@ -474,44 +474,42 @@ TEST(Reliability, KillNineDuringACheckpointThenResumeEqualsTheUninterruptedRun) 
   EXPECT_EQ(steps, "{\"step\":0;{\"step\":1;{\"step\":2;");
   EXPECT_EQ(read_bytes(tmp.file("resumed/model.safetensors")),
             read_bytes(tmp.file("full/model.safetensors")));
+}
 
-  // A corrupted checkpoint is named, with the file and the checksum, and exit 1.
+// A damaged checkpoint is refused before its weights are read, naming the checkpoint, the file and
+// what to do; a checkpoint past this run's --steps is refused, not "resumed" with -1 steps to go.
+TEST(Reliability, DamagedOrPassedCheckpointsAreRefusedSayingWhatToDo) {
+  TempDir tmp;
+  std::vector<std::string> args = tiny({"--steps", "3", "--checkpoint-dir", tmp.file("ck"),
+                                        "--checkpoint-every", "1", "--save", tmp.file("m")});
+  ASSERT_EQ(run_app(tmp, "gpt2_train", args).exit_code, 0);
+  const auto resume_from = [&](const std::string& step, const std::string& steps) {
+    std::vector<std::string> r = args;
+    r[std::find(r.begin(), r.end(), "--steps") - r.begin() + 1] = steps;
+    r.insert(r.end(), {"--resume", tmp.file("ck/" + step)});
+    return run_app(tmp, "gpt2_train", r);
+  };
   const std::string opt = tmp.file("ck/step_000003/optimizer.bin");
   std::string bytes = read_bytes(opt);
   bytes[bytes.size() / 2] ^= 0x40;
   write_bytes(opt, bytes);
-  const Outcome bad = run_app(tmp, "gpt2_train", resume);
+  const Outcome bad = resume_from("step_000003", "3");
   EXPECT_EQ(bad.exit_code, 1) << bad.output;
   EXPECT_TRUE(has(bad.output, "step_000003' is corrupt: file 'optimizer.bin' has checksum"))
       << bad.output;
-  // Truncated weights are found by the manifest before the model reads them, so the message
-  // says which checkpoint is damaged and what to do (not only the safetensors parser's error).
-  const std::string weights = tmp.file("ck/step_000002/model/model.safetensors");
-  fs::resize_file(weights, 100);
-  std::vector<std::string> at2 = resume;
-  at2.back() = tmp.file("resumed2");
-  at2[std::find(at2.begin(), at2.end(), "--resume") - at2.begin() + 1] = tmp.file("ck/step_000002");
-  const Outcome cut = run_app(tmp, "gpt2_train", at2);
+  fs::resize_file(tmp.file("ck/step_000002/model/model.safetensors"), 100);
+  const Outcome cut = resume_from("step_000002", "3");
   EXPECT_EQ(cut.exit_code, 1) << cut.output;
   EXPECT_TRUE(has(cut.output,
                   "step_000002' is corrupt: file 'model/model.safetensors' is 100 "
                   "bytes"))
       << cut.output;
-  // A checkpoint past this run's --steps is refused, not "resumed" with -1 steps to go.
-  std::vector<std::string> past = resume;
-  past[std::find(past.begin(), past.end(), "--steps") - past.begin() + 1] = "2";
-  past[std::find(past.begin(), past.end(), "--resume") - past.begin() + 1] =
-      tmp.file("ck/step_000001");
-  fs::remove_all(tmp.file("ck/step_000003"));
-  fs::remove_all(tmp.file("ck/step_000002"));
-  const Outcome ok = run_app(tmp, "gpt2_train", past);  // step 1 of 2: trains one step
-  EXPECT_EQ(ok.exit_code, 0) << ok.output;
-  past[std::find(past.begin(), past.end(), "--steps") - past.begin() + 1] = "1";
-  past[std::find(past.begin(), past.end(), "--resume") - past.begin() + 1] =
-      tmp.file("ck/step_000002");
-  const Outcome over = run_app(tmp, "gpt2_train", past);
+  EXPECT_TRUE(has(cut.output, "delete that folder to resume from the previous checkpoint"))
+      << cut.output;
+  const Outcome over = resume_from("step_000001", "0");
   EXPECT_EQ(over.exit_code, 1) << over.output;
-  EXPECT_TRUE(has(over.output, "the checkpoint is at step 2, past --steps 1")) << over.output;
+  EXPECT_TRUE(has(over.output, "the checkpoint is at step 1, past --steps 0")) << over.output;
+  EXPECT_EQ(resume_from("step_000001", "2").exit_code, 0);  // one more step from it
 }
 
 }  // namespace

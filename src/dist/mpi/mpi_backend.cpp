@@ -71,7 +71,8 @@ int start(int kind, const void* send, void* recv, int64_t count, int dtype, int 
       break;
     case MW_DIST_REDUCE_SCATTER:
       what = "MPI_Ireduce_scatter_block";
-      rc = MPI_Ireduce_scatter_block(send, recv, n, t, MPI_SUM, MPI_COMM_WORLD, req);
+      rc = MPI_Ireduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, n, t, MPI_SUM,
+                                     MPI_COMM_WORLD, req);
       break;
     case MW_DIST_ALL_GATHER:
       what = "MPI_Iallgather";

@@ -42,6 +42,9 @@ void Gemini::abandon_step() {
   failed_ = failed_ || stepped_chunks_ > 0;
   // Reductions in flight keep their buffers alive in the communicator; nothing waits for them.
   for (auto& wait : reducing_) wait = nullptr;
+  for (auto& g : piece_grads_) g = Tensor();  // Note [Sharded optimizer states]
+  for (auto& done : reduced_) done = nullptr;
+  gathering_.clear();
   for (auto& [c, read] : inflight_) read.join();  // never free bytes a read is filling
   inflight_.clear();
   // Stepped disk-homed chunks: their update, then their write-back.

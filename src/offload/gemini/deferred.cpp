@@ -79,8 +79,8 @@ void Gemini::add_gradient(Chunk& c, const ChunkMember& member, const Tensor& g,
 void Gemini::complete_deferred(Chunk& c) {
   c.grads_ready = 0;
   ++c.backwards_done;
-  if (final_backward_ && reduction_.start)  // Note [Gemini under data parallel]
-    reducing_[static_cast<size_t>(c.index())] = reduction_.start(c.grad);
+  if (final_backward_ && reducing())  // Note [Gemini under data parallel]
+    start_reduction(c);
   else if (final_backward_)
     take_norm_parts(c);
   if (c.on_nvme()) spill_grads(/*all=*/false);
@@ -91,20 +91,30 @@ void Gemini::set_gradient_reduction(GradientReduction reduction) {
   MW_CHECK_T(InvalidArgument, deferred_ && !swap_,
              "Gemini under data parallel needs deferred updates and no disk tier "
              "(--host-capacity is not supported with several ranks yet)");
+  MW_CHECK_T(InvalidArgument,
+             sharded()
+                 ? reduction.reduce_scatter && reduction.all_gather && reduction.sum_over_ranks
+                 : static_cast<bool>(reduction.start),
+             "Gemini: sharded optimizer states need reduce_scatter, all_gather and "
+             "sum_over_ranks; replicated chunks need start");
   reduction_ = std::move(reduction);
   reducing_.assign(chunks_.size(), nullptr);
 }
 
 void Gemini::settle_reductions() {
-  if (!reduction_.start) return;
+  if (!reducing()) return;
   for (auto& c : chunks_)  // chunks the backward never completed start now, in chunk order
     if (c->grad.defined() && !reducing_[static_cast<size_t>(c->index())] && !c->norm_taken)
-      reducing_[static_cast<size_t>(c->index())] = reduction_.start(c->grad);
+      start_reduction(*c);
   for (auto& c : chunks_) {
     std::function<void()> wait = std::move(reducing_[static_cast<size_t>(c->index())]);
     reducing_[static_cast<size_t>(c->index())] = nullptr;
     if (!wait) continue;
-    wait();  // throws the communicator's error (a timeout names the collective)
+    wait();           // throws the communicator's error (a timeout names the collective)
+    if (sharded()) {  // Note [Sharded optimizer states]
+      settle_piece(*c);
+      continue;
+    }
     float* x = static_cast<float*>(c->grad.raw_data());
     for (int64_t i = 0, n = c->grad.numel(); i < n; ++i) x[i] *= reduction_.scale;
     take_norm_parts(*c);
@@ -184,6 +194,7 @@ void Gemini::restore_grad(Chunk& c) {
 double Gemini::grad_norm() {
   MW_CHECK(deferred_, "Gemini::grad_norm needs deferred updates (set_deferred_updates)");
   settle_reductions();  // Note [Gemini under data parallel]
+  if (sharded()) return sharded_norm();
   // A chunk that did not complete (a member without a gradient) gives its share now.
   for (auto& c : chunks_)
     if ((c->grad.defined() || c->grad_on_disk) && !c->norm_taken) {
@@ -199,7 +210,9 @@ void Gemini::step_deferred() {
   settle_reductions();
   std::vector<int> order;
   for (auto& c : chunks_)
-    if (c->grad.defined() && !c->on_nvme()) order.push_back(c->index());
+    if ((sharded() ? piece_grads_[static_cast<size_t>(c->index())] : c->grad).defined() &&
+        !c->on_nvme())
+      order.push_back(c->index());
   for (auto it = grads_in_ram_.rbegin(); it != grads_in_ram_.rend(); ++it) order.push_back(*it);
   for (auto& c : chunks_)
     if (c->grad_on_disk) order.push_back(c->index());
@@ -222,6 +235,7 @@ void Gemini::step_deferred() {
                         grads_in_ram_.end());
     finish_chunk(c);
   }
+  finish_gather(true);  // Note [Sharded optimizer states]
   poll_spills(true);
 }
 

@@ -186,9 +186,23 @@ void Gemini::attach(nn::Module& model) {
              " has ", filled_[c], " of its ", chunks_[c]->members().size(), " tensors");
   for (size_t i = 0; i < names_.size(); ++i) states_.set(i, TensorState::kHold);
   params_ = model.parameters();
-  std::vector<Tensor> flats;
-  for (auto& c : chunks_) flats.push_back(c->flat());
-  adam_ = std::make_unique<optim::HybridAdam>(flats, adam_options_);
+  // What HybridAdam steps: each chunk, or this rank's piece of it (Note [Sharded optimizer
+  // states], shard.cpp), with its states where the chunk's go.
+  std::vector<Tensor> stepped;
+  std::vector<Device> state_devices;
+  adam_index_.assign(chunks_.size(), -1);
+  for (auto& c : chunks_) {
+    const ChunkPiece p = piece(*c);
+    if (p.numel == 0) continue;
+    adam_index_[static_cast<size_t>(c->index())] = static_cast<int>(stepped.size());
+    stepped.push_back(sharded() ? c->flat().narrow(0, p.offset, p.numel) : c->flat());
+    state_devices.push_back(adam_options_.state_devices[static_cast<size_t>(c->index())]);
+  }
+  adam_options_.state_devices = std::move(state_devices);
+  piece_grads_.assign(chunks_.size(), Tensor());
+  reduced_.assign(chunks_.size(), nullptr);
+  piece_norm_sq_.assign(chunks_.size(), 0.0);
+  adam_ = std::make_unique<optim::HybridAdam>(stepped, adam_options_);
   install_hooks(model);
 }
 
@@ -419,8 +433,10 @@ void Gemini::on_grad_ready(size_t i) {
   const Device grad_device = optim_on_host_[chunk_of_[i]] ? Device::cpu() : options_.device;
   if (c.grad_on_disk) restore_grad(c);  // Note [Deferred updates]: a later micro-batch
   if (!c.grad.defined()) {
-    c.grad = Tensor::zeros({c.numel()}, DType::F32, grad_device);
-    if (grad_device.is_cpu()) track_host(c.nbytes());
+    // Sharded states: ranks x stride elements, the reduce_scatter's input (shard.cpp).
+    const int64_t numel = sharded() ? piece(c).stride * options_.shard_ranks : c.numel();
+    c.grad = Tensor::zeros({numel}, DType::F32, grad_device);
+    if (grad_device.is_cpu()) track_host(c.grad.nbytes());
     if (deferred_ && c.on_nvme()) grads_in_ram_.push_back(c.index());
   }
   const ChunkMember* member = nullptr;
@@ -440,6 +456,7 @@ void Gemini::on_grad_ready(size_t i) {
 
 void Gemini::finish_chunk(Chunk& c) {
   if (deferred_ && !updating_) return complete_deferred(c);
+  if (sharded()) return update_piece(c);  // Note [Sharded optimizer states]
   if (c.gathered() && pinned(c)) return;  // still in use: step() updates it
   // Its last use in the iteration: the update needs the home bytes.
   if (c.on_nvme())
@@ -452,7 +469,7 @@ void Gemini::finish_chunk(Chunk& c) {
   c.grad = Tensor();
   c.grads_ready = 0;
   ++stepped_chunks_;
-  const uint64_t ticket = adam_->step_param(static_cast<size_t>(c.index()));
+  const uint64_t ticket = adam_->step_param(static_cast<size_t>(adam_index_[c.index()]));
   if (c.on_nvme()) pending_.push_back({c.index(), ticket, io::IoHandle(), false});
   if (trace_out_) trace_out_->slice(str("adam chunk ", c.index()), "optim", t0, now_us() - t0);
   poll_pending(false);

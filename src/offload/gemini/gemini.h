@@ -78,7 +78,20 @@ struct GeminiOptions {
   int64_t host_capacity_bytes = 0;
   std::string nvme_dir;
   bool verbose = true;  // print the search line and the auto plan
+  // Note [Sharded optimizer states] (shard.cpp): with shard_ranks > 1, this rank's HybridAdam
+  // holds and steps only its piece of each chunk (ZeRO stage 2 on chunks); the gradients are
+  // reduce_scattered into those pieces and the updated pieces all_gathered
+  // (set_gradient_reduction).
+  int shard_rank = 0, shard_ranks = 1;
 };
+
+// A rank's piece of a chunk under sharded states: elements [offset, offset + numel) of the chunk
+// (numel 0: the rank has none of it). Every rank's piece starts at rank * stride, where stride =
+// ceil(chunk numel / ranks), so the collectives work on stride x ranks elements.
+struct ChunkPiece {
+  int64_t offset = 0, numel = 0, stride = 0;
+};
+ChunkPiece chunk_piece(int64_t chunk_numel, int rank, int ranks);
 
 // Counters of one iteration (take_step_stats) or of the whole run (run_stats).
 struct GeminiStats {
@@ -148,6 +161,16 @@ class Gemini : public optim::Optimizer {
   struct GradientReduction {
     std::function<std::function<void()>(const Tensor& grad)> start;
     float scale = 1.f;
+    // Sharded states instead (Note [Sharded optimizer states]): the sum's piece of each rank
+    // (input: ranks x stride elements, output: stride), every rank's updated piece to every rank
+    // (input: stride, output: ranks x stride), and a double summed over the ranks (the norm).
+    struct Started {
+      std::function<void()> wait;  // throws the communicator's error
+      std::function<bool()> done;  // without blocking
+    };
+    using Collective = std::function<Started(const Tensor& in, const Tensor& out)>;
+    Collective reduce_scatter, all_gather;
+    std::function<double(double)> sum_over_ranks;
   };
   void set_gradient_reduction(GradientReduction reduction);
   // After the step's last backward, deferred mode: the global L2 norm of every gradient, summed
@@ -218,6 +241,16 @@ class Gemini : public optim::Optimizer {
   void step_deferred();
   void settle_reductions();
   void drop_spill(Chunk& c);
+  // Note [Sharded optimizer states] (shard.cpp).
+  bool sharded() const { return options_.shard_ranks > 1; }
+  bool reducing() const { return reduction_.start || reduction_.reduce_scatter; }
+  ChunkPiece piece(const Chunk& c) const;
+  void start_reduction(Chunk& c);
+  void settle_piece(Chunk& c);
+  void settle_done_pieces();
+  void update_piece(Chunk& c);
+  void finish_gather(bool all);
+  double sharded_norm();
   int64_t device_model_bytes() const { return gathered_bytes_ + device_home_bytes_; }
   double now_us() const;
 
@@ -283,6 +316,18 @@ class Gemini : public optim::Optimizer {
   // Note [Gemini under data parallel]: per chunk, the wait of its reduction in flight.
   GradientReduction reduction_;
   std::vector<std::function<void()>> reducing_;
+  // Note [Sharded optimizer states]: per chunk, its HybridAdam parameter (-1: no piece here), this
+  // rank's piece of the reduced gradient and its sum of squares; the all_gathers in flight.
+  std::vector<int> adam_index_;
+  std::vector<std::function<bool()>> reduced_;  // per chunk in flight: its reduce_scatter is done
+  std::vector<Tensor> piece_grads_;
+  std::vector<double> piece_norm_sq_;
+  struct Gathering {
+    int chunk = 0;
+    Tensor in, out;
+    std::function<void()> wait;
+  };
+  std::vector<Gathering> gathering_;
   // Note [Evaluation forward]: the warmup's forward ops, their next uses, and the counters the
   // evaluation interrupted.
   bool evaluating_ = false;

@@ -1,0 +1,142 @@
+// Note [Sharded optimizer states]: ZeRO stage 2 on Gemini's chunks (gpt2_train --gemini POLICY
+// --zero 2 under mpirun). Every rank still holds every chunk's parameters (they are gathered,
+// released and placed as in one process), but rank r's HybridAdam steps only its piece of each
+// chunk, elements [r * stride, (r + 1) * stride) clipped to the chunk (stride = ceil(numel /
+// ranks), chunk_piece), so m and v take 1/N of one process's memory.
+//  - In the step's last backward, a chunk whose gradients are complete starts a reduce_scatter of
+//    its gradient buffer (ranks x stride elements, the tail past the chunk zero) into this rank's
+//    piece, as the replicated path starts its all_reduce (Note [Gemini under data parallel]).
+//    The reduce_scatter is in place (the piece lands at the front of the buffer), so no second
+//    buffer is alive while the backward goes on.
+//  - As each reduction completes (polled in backward, waited for in chunk order after it), its
+//    piece is copied out scaled to the mean, its sum of squares taken and the chunk's full buffer
+//    freed, so after the reductions only pieces remain (the gradients are sharded too). The norm
+//    for clipping is the sum of every rank's squares: one all_reduce of a double (the order of the
+//    additions differs from one process's, so a clipped run matches it within rounding, not
+//    bitwise).
+//  - step() updates each piece with the CPU kernel (where the chunk's states live) and then
+//    all_gathers every rank's updated piece into the chunk, at most two chunks' gathers in flight
+//    so their buffers stay two chunks' worth.
+// Per step and rank that is (N-1)/N x Psi elements each way, 2 Psi (N-1)/N in all: the ring
+// all_reduce's volume, ZeRO-2's figure. Every rank completes, reduces and gathers the same chunks
+// in the same order, so the collectives match. Parameters stay replicated, so evaluation,
+// sampling and saving the model are those of one process; the optimizer's file is one process's
+// too (train/zero_state_file.h), so a checkpoint resumes at any rank count.
+#include <algorithm>
+#include <cmath>
+
+#include "core/allocator.h"
+#include "offload/gemini/gemini.h"
+
+namespace mw::gemini {
+
+ChunkPiece chunk_piece(int64_t chunk_numel, int rank, int ranks) {
+  MW_CHECK_T(InvalidArgument, ranks >= 1 && rank >= 0 && rank < ranks && chunk_numel >= 0,
+             "chunk_piece: rank ", rank, " of ", ranks, " ranks, chunk of ", chunk_numel);
+  ChunkPiece p;
+  p.stride = (chunk_numel + ranks - 1) / ranks;
+  p.offset = std::min<int64_t>(rank * p.stride, chunk_numel);
+  p.numel = std::min<int64_t>(p.stride, chunk_numel - p.offset);
+  return p;
+}
+
+ChunkPiece Gemini::piece(const Chunk& c) const {
+  if (!sharded()) return {0, c.numel(), c.numel()};
+  return chunk_piece(c.numel(), options_.shard_rank, options_.shard_ranks);
+}
+
+void Gemini::start_reduction(Chunk& c) {
+  const size_t ci = static_cast<size_t>(c.index());
+  if (!sharded()) {
+    reducing_[ci] = reduction_.start(c.grad);
+    return;
+  }
+  // In place: the piece lands at the front of the chunk's buffer (no second buffer while the
+  // backward goes on); settle_piece copies it out and frees the buffer.
+  Gemini::GradientReduction::Started started =
+      reduction_.reduce_scatter(c.grad, c.grad.narrow(0, 0, piece(c).stride));
+  reducing_[ci] = std::move(started.wait);
+  reduced_[ci] = std::move(started.done);
+  settle_done_pieces();
+}
+
+// During backward: the chunks whose reduce_scatter completed give back their full buffers at
+// once, so the full gradients alive are those still being reduced, not every chunk's.
+void Gemini::settle_done_pieces() {
+  for (auto& c : chunks_) {
+    const size_t ci = static_cast<size_t>(c->index());
+    if (!reducing_[ci] || !reduced_[ci] || !reduced_[ci]()) continue;
+    std::function<void()> wait = std::move(reducing_[ci]);
+    reducing_[ci] = nullptr;
+    reduced_[ci] = nullptr;
+    wait();
+    settle_piece(*c);
+  }
+}
+
+// After its reduce_scatter: the mean, the norm's share, and the full buffer freed.
+void Gemini::settle_piece(Chunk& c) {
+  const size_t ci = static_cast<size_t>(c.index());
+  const ChunkPiece p = piece(c);
+  reduced_[ci] = nullptr;
+  piece_grads_[ci] = Tensor::empty({std::max<int64_t>(1, p.numel)}, DType::F32, c.grad.device());
+  float* x = static_cast<float*>(piece_grads_[ci].raw_data());
+  const float* sum = static_cast<const float*>(c.grad.raw_data());
+  double sum_sq = 0;
+  for (int64_t i = 0; i < p.numel; ++i) {
+    x[i] = sum[i] * reduction_.scale;
+    sum_sq += static_cast<double>(x[i]) * x[i];
+  }
+  piece_norm_sq_[ci] = sum_sq;
+  if (c.grad.device().is_cpu()) track_host(-c.grad.nbytes());
+  c.grad = Tensor();
+  c.norm_taken = true;
+}
+
+double Gemini::sharded_norm() {
+  double local = 0;
+  for (auto& c : chunks_)
+    if (piece_grads_[static_cast<size_t>(c->index())].defined())
+      local += piece_norm_sq_[static_cast<size_t>(c->index())];
+  return std::sqrt(reduction_.sum_over_ranks(local));
+}
+
+// step(): this rank's piece stepped, then every rank's piece gathered into the chunk.
+void Gemini::update_piece(Chunk& c) {
+  const size_t ci = static_cast<size_t>(c.index());
+  if (c.gathered()) release(c, false);  // the home is stepped: a device copy would be stale
+  const ChunkPiece p = piece(c);
+  const double t0 = now_us();
+  if (adam_index_[ci] >= 0) {
+    const size_t k = static_cast<size_t>(adam_index_[ci]);
+    set_grad(adam_->params()[k], piece_grads_[ci].narrow(0, 0, p.numel));
+    adam_->step_param(k);  // in memory: done on return
+  }
+  piece_grads_[ci] = Tensor();
+  ++stepped_chunks_;
+  if (trace_out_) trace_out_->slice(str("adam piece ", c.index()), "optim", t0, now_us() - t0);
+  Gathering g;
+  g.chunk = c.index();
+  g.in = Tensor::zeros({p.stride}, DType::F32, Device::cpu());
+  g.out = Tensor::empty({p.stride * options_.shard_ranks}, DType::F32, Device::cpu());
+  copy_bytes(g.in.raw_data(), Device::cpu(), static_cast<float*>(c.flat().raw_data()) + p.offset,
+             c.flat().device(), p.numel * 4);
+  track_host(g.in.nbytes() + g.out.nbytes());
+  g.wait = reduction_.all_gather(g.in, g.out).wait;
+  gathering_.push_back(std::move(g));
+  finish_gather(false);
+}
+
+// Completes the oldest gathers (all, or all but the newest), copying each into its chunk.
+void Gemini::finish_gather(bool all) {
+  while (gathering_.size() > (all ? 0u : 1u)) {
+    Gathering g = std::move(gathering_.front());
+    gathering_.erase(gathering_.begin());
+    g.wait();  // throws the communicator's error (a timeout names the collective)
+    Chunk& c = *chunks_[static_cast<size_t>(g.chunk)];
+    copy_bytes(c.flat().raw_data(), c.flat().device(), g.out.raw_data(), Device::cpu(), c.nbytes());
+    track_host(-(g.in.nbytes() + g.out.nbytes()));
+  }
+}
+
+}  // namespace mw::gemini
