@@ -248,19 +248,15 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t act_peak) {
   const std::string dev = p.device_name;
   const size_t n = chunks.each.size();
   const GeminiHomes h = gemini_homes(in, chunks);
-  const std::vector<bool>& params_off = h.params_off;
-  const std::vector<bool>& optim_on_host = h.optim_on_host;
-  const int64_t host_chunks = h.host_chunks, host_states = h.host_states;
-  const int64_t device_states = h.device_states;
   int64_t device_chunks = params;  // auto keeps what fits, below
   if (g.policy == gemini::Policy::kStatic) {
     // Offloaded chunks (wte's first) are gathered one op at a time: wte's at the peak.
-    device_chunks = params - host_chunks + (host_chunks > 0 ? chunks.first : 0);
+    device_chunks = params - h.host_chunks + (h.host_chunks > 0 ? chunks.first : 0);
   } else if (g.policy == gemini::Policy::kConst) {
     const int64_t more = std::max<int64_t>(0, g.const_budget_bytes - chunks.first) / largest;
     device_chunks = std::min(params, chunks.first + more * largest);
   }
-  int64_t device_total = device_chunks + device_states + act_peak;
+  int64_t device_total = device_chunks + h.device_states + act_peak;
   std::string chunk_note = "chunks on the device at the peak";
   if (g.policy == gemini::Policy::kAuto && in.device_capacity_bytes > 0) {
     const double margin =
@@ -268,16 +264,16 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t act_peak) {
     const auto cap = static_cast<int64_t>(in.device_capacity_bytes * (1.0 - margin));
     const int64_t floor = act_peak + chunks.first;  // the op's chunk plus non-model memory
     const int64_t fitted = std::max(std::min(device_total, cap), floor);
-    device_chunks = std::max<int64_t>(0, fitted - act_peak - device_states);
+    device_chunks = std::max<int64_t>(0, fitted - act_peak - h.device_states);
     chunk_note = "auto: what fits in capacity x (1 - margin)";
   }
   add(p, "parameter chunks", dev, device_chunks, chunk_note);
-  add(p, "Adam m, v", dev, device_states, "chunks whose states stay on the device");
+  add(p, "Adam m, v", dev, h.device_states, "chunks whose states stay on the device");
   add(p, "activations + head", dev, act_peak, "Note [Activation arithmetic]");
   // Note [Three tiers] (docs/gemini.md), by Gemini's own arithmetic.
   gemini::TierPlan t;
   if (g.host_capacity_bytes > 0)
-    t = gemini::plan_tiers(chunks.each, params_off, optim_on_host, g.host_capacity_bytes,
+    t = gemini::plan_tiers(chunks.each, h.params_off, h.optim_on_host, g.host_capacity_bytes,
                            in.nvme_fraction, in.nvme_window_bytes);
   // Note [Deferred updates] (offload/gemini/deferred.cpp): with --grad-clip/--grad-accum every
   // chunk's gradient buffer lives until step(), where its Adam states are; those of disk-homed
@@ -286,7 +282,7 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t act_peak) {
   if (!in.update_in_backward) {
     int64_t device_grads = 0;
     for (size_t c = 0; c < n; ++c)
-      if (!optim_on_host[c])
+      if (!h.optim_on_host[c])
         device_grads += chunks.each[c];
       else if (t.on_disk.empty() || !t.on_disk[c])
         deferred_host_grads += chunks.each[c];
@@ -296,7 +292,7 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t act_peak) {
   }
   if (t.disk_chunk_bytes == 0 && t.disk_state_bytes == 0) {
     add(p, "chunk homes + Adam m, v + gradient buffers", "host",
-        host_chunks + host_states + std::max(largest, deferred_host_grads),
+        h.host_chunks + h.host_states + std::max(largest, deferred_host_grads),
         deferred_host_grads > 0 ? "every chunk's gradients until step()"
                                 : "the largest chunk for gradients");
     return;

@@ -104,13 +104,6 @@ void TokenStream::batch(int64_t index, int64_t B, int64_t T, int32_t* out) {
   }
 }
 
-void check_stream_length(const TokenStream& stream, const std::string& option, int64_t seq) {
-  MW_CHECK_T(InvalidArgument, stream.num_tokens() >= seq, option, " holds ", stream.num_tokens(),
-             " tokens in ", stream.num_shards(), " shard(s), fewer than one sequence of --seq ",
-             seq, ": every row would repeat that text; add data or lower --seq to at most ",
-             stream.num_tokens());
-}
-
 int64_t TokenStream::epoch_of(int64_t index, int64_t B, int64_t T) const {
   if (shuffle_) return ((index + 1) * B - 1) / std::max<int64_t>(1, total_tokens_ / T);
   return ((index + 1) * B * T - 1) / total_tokens_;
@@ -118,6 +111,13 @@ int64_t TokenStream::epoch_of(int64_t index, int64_t B, int64_t T) const {
 
 void TokenStream::check_vocab(int64_t vocab_size) const {
   for (const auto& s : shards_) s.check_vocab(vocab_size);
+}
+
+void TokenStream::check_length(int64_t seq, const std::string& option) const {
+  MW_CHECK_T(InvalidArgument, total_tokens_ >= seq, option, " holds ", total_tokens_, " tokens in ",
+             num_shards(), " shard(s), fewer than one sequence of --seq ", seq,
+             ": every row would repeat that text; add data or lower --seq to at most ",
+             total_tokens_);
 }
 
 }  // namespace mw::train

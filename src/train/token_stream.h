@@ -25,12 +25,6 @@ namespace mw::train {
 std::vector<std::string> resolve_shards(const std::string& spec, const std::string& split,
                                         const std::string& option);
 
-class TokenStream;
-
-// InvalidArgument when `stream` holds fewer than `seq` tokens: every row would wrap around inside
-// itself, training on a short text repeated (a too-small or wrong shard, accepted silently before).
-void check_stream_length(const TokenStream& stream, const std::string& option, int64_t seq);
-
 class TokenStream {
  public:
   // shuffle_seed is used only when `shuffle`. `option` ("--val-data") is named when a shard
@@ -47,6 +41,9 @@ class TokenStream {
   int64_t epoch_of(int64_t index, int64_t B, int64_t T) const;
   // FormatError naming the shard holding a token >= vocab_size.
   void check_vocab(int64_t vocab_size) const;
+  // InvalidArgument naming `option` when the stream holds fewer than `seq` tokens: every row
+  // would wrap around inside itself, training on a short text repeated.
+  void check_length(int64_t seq, const std::string& option) const;
 
  private:
   // Stream tokens [first, first + count) with indices modulo num_tokens().

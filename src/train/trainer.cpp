@@ -186,13 +186,13 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
     train_data_ = std::make_unique<TokenStream>(resolve_shards(o_.data, "train", "--data"),
                                                 o_.shuffle, o_.data_seed);
     train_data_->check_vocab(config_.vocab_size);
-    check_stream_length(*train_data_, "--data", o_.seq);
+    train_data_->check_length(o_.seq, "--data");
   }
   if (!o_.val_data.empty()) {
     val_ = std::make_unique<TokenStream>(resolve_shards(o_.val_data, "val", "--val-data"), false, 0,
                                          "--val-data");
     val_->check_vocab(config_.vocab_size);
-    check_stream_length(*val_, "--val-data", o_.seq);
+    val_->check_length(o_.seq, "--val-data");
   }
   build_optimizer();
   build_recomputation();

@@ -68,9 +68,8 @@ void Gemini::settle_done_pieces() {
     if (!reducing_[ci] || !reduced_[ci] || !reduced_[ci]()) continue;
     std::function<void()> wait = std::move(reducing_[ci]);
     reducing_[ci] = nullptr;
-    reduced_[ci] = nullptr;
     wait();
-    settle_piece(*c);
+    settle_piece(*c);  // clears reduced_[ci]
   }
 }
 
