@@ -276,10 +276,9 @@ void declare_tokenizer_sampling_and_dist(cli::Parser& p) {
            "seconds a collective may wait for the other ranks before the run stops with an error");
   p.option("zero", "0",
            "0|1|2|3: with several ranks, shard the optimizer states (1), the gradients too (2) "
-           "and the parameters too (3, gathered around each use) across them (ZeRO; Gemini: 2)");
+           "and the parameters too (3, gathered around each use) across them (ZeRO; Gemini: 2, 3)");
   p.option("bucket-mb", "25", "gradient bucket size for the collectives, MiB");
-  p.option("shard-param-frac", "",
-           "Gemini's chunk parameters sharded across ranks: not implemented yet (use --zero)");
+  p.option("shard-param-frac", "", "--gemini --zero 2|3: share of chunks with sharded parameters");
   p.flag("plan", "print the memory plan (host, device, disk) and exit without allocating");
   p.flag("skip-memory-check",
          "expert: run even when the memory plan exceeds what the machine has (the plan is an "
@@ -440,9 +439,10 @@ dist::CommOptions parse_dist(const cli::Parser& p, Options& o) {
   c.backend = p.choice("dist", {"auto", "local", "mpi"});
   c.timeout_ms = 1000.0 * p.real("dist-timeout", 0.001, 1e7);
   o.zero_stage = static_cast<int>(p.integer("zero", 0, 3));
-  MW_CHECK_T(cli::UsageError, !p.given("shard-param-frac"),
-             "--shard-param-frac (Gemini's chunk parameters sharded across ranks) is not "
-             "implemented yet; --gemini --zero 2 shards their Adam states and gradients");
+  if (p.given("shard-param-frac")) o.shard_param_frac = p.real("shard-param-frac", 0, 1);
+  MW_CHECK_T(cli::UsageError, o.shard_param_frac < 0 || (!o.gemini.empty() && o.zero_stage >= 2),
+             "--shard-param-frac shards Gemini's chunk parameters across ranks (default 1 at "
+             "--zero 3, 0 at --zero 2): pass --gemini POLICY and --zero 2 or 3 with it");
   o.bucket_bytes = static_cast<int64_t>(p.real("bucket-mb", 0.001, 65536) * (1 << 20));
   return c;
 }

@@ -210,6 +210,7 @@ ChunkBytes chunk_bytes(const PlanInputs& in) {
 // Homes and state devices as Gemini's constructor chooses them (offload/gemini/placement.h), and
 // the Adam states' bytes on each side.
 struct GeminiHomes {
+  int64_t device_homes = 0;  // chunks (or sharded chunks' pieces) homed on the device
   std::vector<bool> params_off, optim_on_host;
   int64_t host_chunks = 0, host_states = 0, device_states = 0;
 };
@@ -225,12 +226,18 @@ GeminiHomes gemini_homes(const PlanInputs& in, const ChunkBytes& chunks) {
     const std::vector<bool> optim_off = gemini::choose_offloaded(chunks.each, g.offload_optim_frac);
     for (size_t c = 0; c < n; ++c) h.optim_on_host[c] = h.params_off[c] || optim_off[c];
   }
-  // Note [Sharded optimizer states] (--zero 2 under mpirun): each rank's m, v of its 1/N piece.
-  const int64_t pieces = in.zero_stage == 2 && in.ranks > 1 ? in.ranks : 1;
+  // Note [Sharded optimizer states] (--zero 2|3 under mpirun): each rank's m, v of its 1/N
+  // piece; Note [Sharded parameters]: the sharded chunks' homes hold pieces too.
+  const int64_t pieces = in.zero_stage >= 2 && in.ranks > 1 ? in.ranks : 1;
+  const std::vector<bool> sharded = pieces > 1
+                                        ? gemini::choose_offloaded(chunks.each, g.shard_param_frac)
+                                        : std::vector<bool>(n, false);
   for (size_t c = 0; c < n; ++c) {
-    if (h.params_off[c]) h.host_chunks += chunks.each[c];
-    const int64_t states = 2 * ((chunks.each[c] / 4 + pieces - 1) / pieces) * 4;
-    (h.optim_on_host[c] ? h.host_states : h.device_states) += states;
+    const int64_t piece = ((chunks.each[c] / 4 + pieces - 1) / pieces) * 4;
+    const int64_t home = sharded[c] ? piece : chunks.each[c];
+    if (h.params_off[c]) h.host_chunks += home;
+    if (!h.params_off[c]) h.device_homes += home;
+    (h.optim_on_host[c] ? h.host_states : h.device_states) += 2 * piece;
   }
   return h;
 }
@@ -251,7 +258,7 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t act_peak) {
   int64_t device_chunks = params;  // auto keeps what fits, below
   if (g.policy == gemini::Policy::kStatic) {
     // Offloaded chunks (wte's first) are gathered one op at a time: wte's at the peak.
-    device_chunks = params - h.host_chunks + (h.host_chunks > 0 ? chunks.first : 0);
+    device_chunks = h.device_homes + (h.device_homes < params ? chunks.first : 0);
   } else if (g.policy == gemini::Policy::kConst) {
     const int64_t more = std::max<int64_t>(0, g.const_budget_bytes - chunks.first) / largest;
     device_chunks = std::min(params, chunks.first + more * largest);

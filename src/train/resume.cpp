@@ -5,6 +5,7 @@
 
 #include "autograd/autocast.h"
 #include "core/error.h"
+#include "models/gpt2/hf_io.h"
 #include "train/data_parallel.h"
 #include "train/trainer.h"
 #include "train/zero_state_file.h"
@@ -111,6 +112,29 @@ void Trainer::resume_from(const std::string& path) {
   if (scaler_) scaler_->load_state(state.scaler);
   print_(str("Resumed from ", path, " at step ", step_, " (", total_steps_ - step_,
              " steps to go)\n"));
+}
+
+void Trainer::save_model(const std::string& dir) {
+  if (gem_ && gem_->shards_parameters()) {  // every rank gathers, rank 0 writes (stream_sharded)
+    UncountedScope uncounted(dp_.get());    // not a training step's communication
+    gem_->with_parameters_streamed([&](const gemini::Gemini::Touch& touch) {
+      gpt2::save_hf(*model_, dir, saved_config_, touch, tokenizer_bytes_);
+    });
+    return;
+  }
+  if (shards_parameters()) {  // one bucket at a time; the other ranks gather with rank 0
+    dp_->stream_parameters([&](const DataParallel::Touch& touch) {
+      gpt2::save_hf(*model_, dir, saved_config_, touch, tokenizer_bytes_);
+    });
+    return;
+  }
+  if (!is_root()) return;
+  if (gem_)  // disk-homed chunks are read in one at a time (Note [Streaming save])
+    gem_->with_parameters_streamed([&](const gemini::Gemini::Touch& touch) {
+      gpt2::save_hf(*model_, dir, saved_config_, touch, tokenizer_bytes_);
+    });
+  else
+    gpt2::save_hf(*model_, dir, saved_config_, {}, tokenizer_bytes_);
 }
 
 bool Trainer::checkpoint_due() const {

@@ -88,6 +88,7 @@ bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Traine
   if (o.data_parallel()) {
     in.ranks = o.comm->size();
     in.zero_stage = o.zero_stage;
+    in.gemini_options.shard_param_frac = o.gemini_shard_param_frac();
     in.bucket_bytes = o.bucket_bytes;
     in.ranks_on_host = ranks_on_this_host(in.ranks);
   }
@@ -225,9 +226,14 @@ void Trainer::build_model() {
     g.search.interval_numel = config_.n_embd;  // ColossalAI's hidden_dim
     g.adam = optim::HybridAdamOptions(o_.hyper, -1.f, o_.nvme);
     g.adam.nvme.window_bytes = o_.gemini_nvme_window_bytes;
-    if (o_.data_parallel() && o_.zero_stage == 2) {  // Note [Sharded optimizer states]
+    if (o_.data_parallel() && o_.zero_stage >= 2) {  // Note [Sharded optimizer states]
       g.shard_rank = o_.comm->rank();
       g.shard_ranks = o_.comm->size();
+      g.verbose = g.verbose && o_.comm->rank() == 0;
+      // Note [Sharded parameters]: --zero 3 shards every chunk's parameters unless told less.
+      g.shard_param_frac = o_.gemini_shard_param_frac();
+      std::shared_ptr<dist::Communicator> comm = o_.comm;
+      g.broadcast_from_rank0 = [comm](const Tensor& t) { comm->broadcast(t, 0).wait(); };
     }
     std::vector<std::pair<std::string, Shape>> tensors;
     for (const auto& spec : gpt2::tensor_specs(config_))
@@ -560,22 +566,6 @@ void Trainer::flush() {
   if (hybrid_) hybrid_->flush();  // the last write-backs, and any failure among them
 }
 
-void Trainer::save_model(const std::string& dir) {
-  if (shards_parameters()) {  // one bucket at a time; the other ranks gather with rank 0
-    dp_->stream_parameters([&](const DataParallel::Touch& touch) {
-      gpt2::save_hf(*model_, dir, saved_config_, touch, tokenizer_bytes_);
-    });
-    return;
-  }
-  if (!is_root()) return;
-  if (gem_)  // disk-homed chunks are read in one at a time (Note [Streaming save])
-    gem_->with_parameters_streamed([&](const gemini::Gemini::Touch& touch) {
-      gpt2::save_hf(*model_, dir, saved_config_, touch, tokenizer_bytes_);
-    });
-  else
-    gpt2::save_hf(*model_, dir, saved_config_, {}, tokenizer_bytes_);
-}
-
 json::Value Trainer::take_gemini_step_stats() {
   json::Value rec = json::Value::object();
   if (!gem_) return rec;
@@ -587,6 +577,7 @@ json::Value Trainer::take_gemini_step_stats() {
   rec.set("nvme_write_bytes", g.nvme_write_bytes);
   rec.set("evictions", g.evictions);
   rec.set("prefetch_wait_ms", g.prefetch_wait_ms);
+  if (gem_->shards_parameters()) rec.set("shard_gather_ms", g.shard_gather_ms);
   rec.set("illegal_transitions", gem_->illegal_transitions());
   return rec;
 }

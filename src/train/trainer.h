@@ -100,6 +100,12 @@ struct TrainOptions {
   // (null: this process alone); --batch stays the GLOBAL batch, split across the ranks.
   std::shared_ptr<dist::Communicator> comm;
   int zero_stage = 0;
+  // Under Gemini with --zero 2|3: the share of chunks whose parameters are sharded too (Note
+  // [Sharded parameters]); < 0: 1 for --zero 3, 0 for --zero 2.
+  double shard_param_frac = -1;
+  double gemini_shard_param_frac() const {
+    return shard_param_frac >= 0 ? shard_param_frac : zero_stage == 3 ? 1.0 : 0.0;
+  }
   int64_t bucket_bytes = int64_t{25} << 20;
   bool data_parallel() const { return comm && (comm->size() > 1 || zero_stage > 0); }
 

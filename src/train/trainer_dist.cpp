@@ -8,6 +8,7 @@
 // Each rank draws the dropout masks of its rows as one process draws them for those rows (Note
 // [Dropout under data parallel], autograd/functions.h), so runs with dropout are equal across rank
 // counts to rounding too.
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 
@@ -26,6 +27,26 @@ double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0
 void refuse_not_implemented(bool given, const char* what) {
   MW_CHECK_T(InvalidArgument, !given, what,
              " is not implemented yet (issue #15); run without it, or with one process");
+}
+
+// The per-rank memory line under Gemini (Notes [Sharded optimizer states], [Sharded parameters]).
+std::string gemini_memory_text(gemini::Gemini& gem, int64_t psi, int64_t sharded_numel) {
+  if (gem.options().shard_ranks == 1)  // Note [Gemini under data parallel]
+    return "Data parallel memory (this rank): Gemini's, as one process's (every chunk, its "
+           "gradient buffer and its Adam states on every rank)\n";
+  int64_t stepped = 0;
+  for (const Tensor& p : gem.adam().params()) stepped += p.numel();
+  const std::string params =
+      gem.shards_parameters()
+          ? str("parameters ", format_fixed(mib(gem.sharded_param_bytes()), 1),
+                " MiB (this rank's pieces of the ", format_fixed(mib(sharded_numel * 4), 1),
+                " MiB of sharded chunks) + ", format_fixed(mib((psi - sharded_numel) * 4), 1),
+                " MiB of chunks on every rank")
+          : str("every chunk's parameters on every rank (", format_fixed(mib(psi * 4), 1), " MiB)");
+  return str("Data parallel memory (this rank): Gemini's chunks, ", params, "; Adam states ",
+             format_fixed(mib(gem.adam().state_bytes_in_memory()), 1),
+             " MiB in memory for this rank's pieces, ", format_thousands(stepped), " of ",
+             format_thousands(psi), " parameters\n");
 }
 
 }  // namespace
@@ -47,11 +68,8 @@ void Trainer::check_data_parallel_options() const {
              " is the global batch, split across the ", n, " ranks, so it must be a multiple of ",
              n, "; use --batch ", (o_.batch / n + 1) * n);
   // Note [Gemini under data parallel]: replicated chunks, gradients all_reduced per chunk.
-  // Note [Sharded optimizer states] (offload/gemini/shard.cpp): --zero 2 on Gemini's chunks.
-  refuse_not_implemented(!o_.gemini.empty() && o_.zero_stage == 3,
-                         "--gemini with --zero 3 (Gemini's chunks' parameters sharded across "
-                         "ranks, ColossalAI's shard_param_frac; --zero 2 shards their Adam states "
-                         "and gradients)");
+  // Note [Sharded optimizer states] (offload/gemini/shard.cpp): --zero 2 on Gemini's chunks,
+  // Note [Sharded parameters]: --zero 3 (or --shard-param-frac) shards their parameters too.
   MW_CHECK_T(InvalidArgument, o_.gemini.empty() || o_.zero_stage != 1,
              "--zero 1 with --gemini: pass --zero 2. Gemini reduces each chunk's gradient as "
              "backward completes it, so sharding its Adam states shards the reduced gradient "
@@ -86,14 +104,15 @@ void Trainer::setup_data_parallel() {
   set_dropout_batch_shard({local_batch() * dp_->rank(), local_batch(), o_.batch});
   const std::string what =
       o_.gemini.empty() ? dp_->describe()
-      : o_.zero_stage == 2
+      : o_.zero_stage >= 2
           ? str("Data parallel: ", n, n == 1 ? " rank (" : " ranks (", o_.comm->backend(),
-                "), ZeRO stage 2 under Gemini: every rank holds every chunk's parameters and "
-                "steps its 1/",
-                n,
-                " piece of each (Adam states and reduced gradients), each "
-                "chunk's gradient reduce_scattered as soon as backward completes it, the updated "
-                "pieces all_gathered after the updates")
+                "), ZeRO stage ", o_.zero_stage, " under Gemini: every rank steps its 1/", n,
+                " piece of each chunk (Adam states and reduced gradients), each chunk's gradient "
+                "reduce_scattered as soon as backward completes it; ",
+                gemini_owned_->shards_parameters()
+                    ? "sharded chunks keep only their pieces, all_gathered around the ops that "
+                      "use them, the others are all_gathered after the updates"
+                    : "the updated pieces all_gathered after the updates")
           : str("Data parallel: ", n, n == 1 ? " rank (" : " ranks (", o_.comm->backend(),
                 "), ZeRO stage 0 under Gemini: every rank holds every chunk, each chunk's gradient "
                 "all_reduced as soon as backward completes it, updates after backward");
@@ -104,11 +123,6 @@ void Trainer::setup_data_parallel() {
 // Note [Gemini under data parallel] (offload/gemini/deferred.cpp): rank 0's chunks to every rank,
 // then each chunk's gradient summed over the ranks when backward completes it, scaled to the mean.
 void Trainer::connect_gemini() {
-  gem_->with_parameters_readable([&] {
-    std::vector<dist::Work> works;
-    for (const auto& c : gem_->chunks()) works.push_back(o_.comm->broadcast(c->flat(), 0));
-    for (auto& w : works) w.wait();
-  });
   std::shared_ptr<dist::Communicator> comm = o_.comm;
   gemini::Gemini::GradientReduction r;
   auto waiter = [](dist::Work w) {
@@ -132,11 +146,22 @@ void Trainer::connect_gemini() {
       comm->all_reduce(t).wait();
       return t.data<double>()[0];
     };
+    r.from_rank0 = [comm](int64_t x) {  // Note [Sharded parameters]: saving
+      Tensor t = Tensor::full({1}, static_cast<double>(x), DType::I64);
+      comm->broadcast(t, 0).wait();
+      return t.data<int64_t>()[0];
+    };
   } else {
     r.start = [comm, waiter](const Tensor& grad) { return waiter(comm->all_reduce(grad)); };
   }
   r.scale = 1.f / static_cast<float>(comm->size());
   gem_->set_gradient_reduction(std::move(r));
+  // Rank 0's chunks to every rank (sharded chunks took theirs as they were filled). No chunk is
+  // on disk under data parallel (check_data_parallel_options).
+  std::vector<dist::Work> works;
+  for (const auto& c : gem_->chunks())
+    if (!c->sharded()) works.push_back(o_.comm->broadcast(c->flat(), 0));
+  for (auto& w : works) w.wait();
   o_.comm->reset_stats();  // the broadcast is not a training step's communication
 }
 
@@ -159,7 +184,9 @@ ShardLayout Trainer::gemini_shard_layout() const {
   return shards;
 }
 
-bool Trainer::shards_parameters() const { return dp_ && dp_->shards_parameters(); }
+bool Trainer::shards_parameters() const {
+  return (dp_ && dp_->shards_parameters()) || (gem_ && gem_->shards_parameters());
+}
 
 void Trainer::save_sharded_optimizer_state(const std::string& file) {
   if (gem_) {
@@ -195,7 +222,14 @@ std::string Trainer::data_parallel_report() const {
   const double steps = static_cast<double>(std::max<int64_t>(1, s.steps));
   const int64_t n = dp_->size();
   const int64_t psi = model_->num_parameters();
-  const int times = dp_->shards_parameters() ? 3 : 2;  // the parameters are gathered twice
+  // ZeRO 3 gathers the parameters twice (forward, backward); under Gemini only its sharded chunks
+  int64_t sharded_numel = 0;
+  if (gem_)
+    for (const auto& c : gem_->chunks())
+      if (c->sharded()) sharded_numel += c->numel();
+  const double times = dp_->shards_parameters()
+                           ? 3.0
+                           : 2.0 + static_cast<double>(sharded_numel) / static_cast<double>(psi);
   const double formula =
       times * static_cast<double>(psi) * 4.0 * static_cast<double>(n - 1) / static_cast<double>(n);
   std::string out =
@@ -206,31 +240,20 @@ std::string Trainer::data_parallel_report() const {
       out += str(" ", dist::collective_name(static_cast<dist::Collective>(k)), " ",
                  format_fixed(mib(s.comm.wire_bytes[k]) / steps, 2), " MiB");
   out +=
-      str(" = ", format_fixed(mib(s.comm.total_wire_bytes()) / steps, 2), " MiB; formula ", times,
+      str(" = ", format_fixed(mib(s.comm.total_wire_bytes()) / steps, 2), " MiB; formula ",
+          format_fixed(times, times == std::floor(times) ? 0 : 3),
           " Psi (N-1)/N x 4 B = ", format_fixed(mib(static_cast<int64_t>(formula)), 2), " MiB\n");
   out += str("Data parallel: collectives busy ", format_fixed(s.comm.busy_ms / steps, 1),
              " ms/step, waited after backward ", format_fixed(s.backward_end_wait_ms / steps, 1),
-             " ms/step (exposed), parameter all_gather ", format_fixed(s.gather_ms / steps, 1),
+             " ms/step (exposed), parameter all_gather ",
+             format_fixed((gem_ ? gem_->run_stats().shard_gather_ms : s.gather_ms) / steps, 1),
              " ms/step",
              s.split_reductions > 0
                  ? str("; ", format_fixed(static_cast<double>(s.split_reductions) / steps, 1),
                        " embedding gradient(s) per step reduced during backward, their rows after")
                  : std::string(),
              "\n");
-  if (gem_ && gem_->options().shard_ranks > 1) {  // Note [Sharded optimizer states]
-    int64_t stepped = 0;
-    for (const Tensor& p : hybrid_->params()) stepped += p.numel();
-    return out + str("Data parallel memory (this rank): Gemini's chunks, every chunk's parameters "
-                     "on every rank (",
-                     format_fixed(mib(psi * 4), 1), " MiB); Adam states ",
-                     format_fixed(mib(hybrid_->state_bytes_in_memory()), 1),
-                     " MiB in memory for this rank's pieces, ", format_thousands(stepped), " of ",
-                     format_thousands(psi), " parameters\n");
-  }
-  if (gem_)  // Note [Gemini under data parallel]
-    return out +
-           "Data parallel memory (this rank): Gemini's, as one process's (every chunk, its "
-           "gradient buffer and its Adam states on every rank)\n";
+  if (gem_) return out + gemini_memory_text(*gem_, psi, sharded_numel);
   int64_t nvme_bytes = 0;
   if (hybrid_ && hybrid_->nvme()) nvme_bytes = hybrid_->offloaded_numel() * 8;
   if (dp_->shards_parameters() && s.steps > 1) {  // Note [ZeRO stage 3]: step 1 is recorded

@@ -22,11 +22,15 @@ using namespace testing::dist_train;
 
 struct Case {
   int zero;
-  const char* options;  // beyond kTiny
+  const char* options;             // beyond kTiny
+  const char* ranks_options = "";  // for the data-parallel run only
 };
 
 // The ctest name shows the options (not the struct's bytes, which hold a pointer).
-void PrintTo(const Case& c, std::ostream* os) { *os << "--zero " << c.zero << " " << c.options; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "--zero " << c.zero << " " << c.options << (*c.ranks_options ? " " : "")
+      << c.ranks_options;
+}
 
 class DataParallelMatchesOneProcess : public ::testing::TestWithParam<Case> {};
 
@@ -40,7 +44,8 @@ TEST_P(DataParallelMatchesOneProcess, LossesAndWeights) {
   const std::string args = kTiny + "--steps 4 " + c.options;
   AppResult a = train(0, args + " --zero 0" + outputs(one));
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  AppResult b = train(2, args + " --zero " + std::to_string(c.zero) + outputs(two));
+  AppResult b =
+      train(2, args + " --zero " + std::to_string(c.zero) + " " + c.ranks_options + outputs(two));
   ASSERT_EQ(b.exit_code, 0) << b.output;
   EXPECT_NE(b.output.find("Data parallel: 2 ranks (mpi), ZeRO stage " + std::to_string(c.zero)),
             std::string::npos)
@@ -53,6 +58,12 @@ TEST_P(DataParallelMatchesOneProcess, LossesAndWeights) {
   EXPECT_EQ(b.output.find("1.0 embedding gradient(s) per step reduced during backward") !=
                 std::string::npos,
             split)
+      << b.output;
+  // Note [Sharded parameters]: Gemini's chunks keep pieces at --zero 3 or with a share given.
+  const bool shards =
+      options.find("--gemini") != std::string::npos && (c.zero == 3 || *c.ranks_options != '\0');
+  EXPECT_EQ(b.output.find("sharded across 2 ranks: this rank homes its") != std::string::npos,
+            shards)
       << b.output;
   expect_same_run(one, two);
 }
@@ -98,7 +109,26 @@ INSTANTIATE_TEST_SUITE_P(Zero, DataParallelMatchesOneProcess,
                                            Case{2,
                                                 "--device sim:64MiB --gemini const "
                                                 "--const-budget 1MiB --dropout 0.1 "
-                                                "--checkpoint-activations"}));
+                                                "--checkpoint-activations"},
+                                           // Note [Sharded parameters]: chunks keep their
+                                           // pieces, gathered around their ops (small chunks:
+                                           // several per block); pieces homed on the device;
+                                           // half the chunks sharded
+                                           Case{3,
+                                                "--device sim:64MiB --gemini auto "
+                                                "--chunk-size 4096"},
+                                           Case{3,
+                                                "--device sim:64MiB --gemini static "
+                                                "--offload-param-frac 0.5 --offload-optim-frac 1 "
+                                                "--chunk-size 4096 --grad-accum 2 --grad-clip 0.5"},
+                                           Case{3,
+                                                "--device sim:64MiB --gemini const "
+                                                "--const-budget 1MiB --chunk-size 4096 "
+                                                "--dropout 0.1 --checkpoint-activations"},
+                                           Case{2,
+                                                "--device sim:64MiB --gemini auto "
+                                                "--chunk-size 4096",
+                                                "--shard-param-frac 0.5"}));
 
 // Four ranks (oversubscribed: one row of the global batch each) at every stage against one plain
 // process; then stage 2's checkpoint, written by 4 ranks, resumed by 2 (Note [ZeRO checkpoints]).
@@ -154,6 +184,48 @@ TEST(DataParallelGeminiZero2, CheckpointsMoveBetweenRankCounts) {
                             two + "/ckpt/step_000002",
                         120);
     ASSERT_EQ(b.exit_code, 0) << b.output;
+    expect_same_run(one, resumed, 2);
+  }
+}
+
+// Note [Sharded parameters]: with Gemini's chunks sharded (13 chunks here), evaluation and
+// sampling are collective forwards, saving gathers each chunk on every rank while rank 0 writes,
+// and a checkpoint written by 2 ranks resumes at 4 ranks and in one process; every run gives what
+// one process gives from the start.
+TEST(DataParallelGeminiZero3, EvaluatesSamplesSavesAndMovesCheckpoints) {
+  SKIP_WITHOUT_MPI();
+  TempDir tmp;
+  std::vector<uint16_t> tokens(4000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7) % 97);
+  data::write_token_shard(tmp.path() + "/val_000000.bin", tokens);
+  const std::string args = kTiny + "--steps 4 --device sim:64MiB --gemini auto --chunk-size 4096 " +
+                           "--val-data " + tmp.path() +
+                           " --eval-every 2 --eval-batches 2 --sample-every 2 --sample-tokens 6 "
+                           "--sample-temperature 0 ";
+  const std::string one = tmp.path() + "/one", two = tmp.path() + "/two";
+  AppResult a = train(0, args + outputs(one));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  AppResult b = train(
+      2, args + "--zero 3 --checkpoint-every 2 --checkpoint-dir " + two + "/ckpt" + outputs(two));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(b.output.find("13 chunks (0.1 MiB) sharded across 2 ranks"), std::string::npos)
+      << b.output;
+  expect_same_run(one, two);
+  for (const char* line :
+       {"[2] val loss: ", "[4] val loss: ", "[2] sample ids:", "[4] sample ids:"}) {
+    const size_t at = a.output.find(line);
+    ASSERT_NE(at, std::string::npos) << a.output;
+    const std::string expected = a.output.substr(at, a.output.find('\n', at) - at);
+    EXPECT_NE(b.output.find(expected), std::string::npos) << expected << "\n" << b.output;
+  }
+  for (int ranks : {4, 0}) {
+    SCOPED_TRACE(str(ranks, " ranks"));
+    const std::string resumed = tmp.path() + "/resumed" + std::to_string(ranks);
+    AppResult r = train(ranks,
+                        args + (ranks > 0 ? "--zero 3 " : "") + outputs(resumed) + "--resume " +
+                            two + "/ckpt/step_000002",
+                        120);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
     expect_same_run(one, resumed, 2);
   }
 }
@@ -260,6 +332,13 @@ TEST(DataParallelFailure, StalledRankTimesOut) {
   EXPECT_NE(r.exit_code, 124) << "timed out: the job hung\n" << r.output;
   EXPECT_NE(r.output.find("gpt2_train: rank 0: error: all_gather #"), std::string::npos)
       << r.output;
+  // Gemini's sharded chunks (Note [Sharded parameters]): the wait is in a chunk's all_gather.
+  r = train(2, kTiny + "--steps 50 --dist-timeout 2 --device sim:64MiB --gemini auto --zero 3", 60,
+            "MW_TEST_EXIT_RANK=1 MW_TEST_EXIT_STEP=1 MW_TEST_EXIT_HOW=stall");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "timed out: the job hung\n" << r.output;
+  EXPECT_NE(r.output.find("gpt2_train: rank 0: error: all_gather #"), std::string::npos)
+      << r.output;
 }
 
 // --precision fp16 under ZeRO: each rank checks only its shard of the gradients for overflow, so
@@ -307,11 +386,6 @@ TEST(DataParallelOptions, RefusedWithAReason) {
   EXPECT_NE(r.output.find("--batch 3 is the global batch, split across the 2 ranks"),
             std::string::npos)
       << r.output;
-  r = train(2, kTiny + "--steps 1 --device sim:64MiB --gemini auto --zero 3");
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("--gemini with --zero 3 (Gemini's chunks' parameters sharded across"),
-            std::string::npos)
-      << r.output;
   r = train(2, kTiny + "--steps 1 --device sim:64MiB --gemini auto --zero 1");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--zero 1 with --gemini: pass --zero 2"), std::string::npos) << r.output;
@@ -322,8 +396,9 @@ TEST(DataParallelOptions, RefusedWithAReason) {
       << r.output;
   r = train(0, kTiny + "--steps 1 --zero 3 --shard-param-frac 0.5");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.output.find("--shard-param-frac (Gemini's chunk parameters sharded across ranks)"),
-            std::string::npos)
+  EXPECT_NE(
+      r.output.find("--shard-param-frac shards Gemini's chunk parameters across ranks (default"),
+      std::string::npos)
       << r.output;
 }
 

@@ -23,8 +23,9 @@ void Chunk::set_home(Device home) {
 }
 
 void Chunk::gather(Device device) {
-  MW_CHECK(host_home_ && !gathered() && !on_nvme_, "chunk ", index_, ": gather of a chunk that is ",
-           host_home_ ? "gathered or on disk" : "homed on the device");
+  MW_CHECK(host_home_ && !gathered() && !on_nvme_ && !sharded(), "chunk ", index_,
+           ": gather of a chunk that is ",
+           host_home_ ? "gathered, on disk or sharded" : "homed on the device");
   void* copy = allocator_for(device).allocate(nbytes());  // throws OutOfMemory: nothing changed
   void* host = storage_->take_bytes();
   try {
@@ -42,7 +43,7 @@ void Chunk::gather(Device device) {
 void Chunk::release_copy() {
   MW_CHECK(gathered(), "chunk ", index_, ": release_copy of a chunk that is not gathered");
   storage_->release();
-  if (on_nvme_)
+  if (on_nvme_ || sharded())
     storage_->move_to(Device::cpu());  // released: only the home changes
   else
     storage_->adopt_bytes(parked_, Device::cpu());
@@ -57,6 +58,15 @@ void Chunk::set_on_nvme() {
   on_nvme_ = true;
 }
 
+void Chunk::set_sharded(Tensor shard, int64_t gathered_numel) {
+  MW_CHECK(!gathered_ && !on_nvme_ && !sharded() && host_home_ && gathered_numel >= numel_,
+           "chunk ", index_, ": set_sharded of a gathered, disk-homed or sharded chunk");
+  storage_->release();
+  storage_->resize_uninitialized(gathered_numel * 4);
+  shard_ = std::move(shard);
+  host_home_ = shard_.device().is_cpu();
+}
+
 void Chunk::keep_in_ram() {
   MW_CHECK(on_nvme_ && !gathered_ && !storage_->is_released() && storage_->device().is_cpu(),
            "chunk ", index_, ": keep_in_ram needs an NVMe-homed chunk with its bytes in RAM");
@@ -64,8 +74,8 @@ void Chunk::keep_in_ram() {
 }
 
 void* Chunk::gather_uninitialized(Device device) {
-  MW_CHECK(on_nvme_ && !gathered_ && storage_->is_released(), "chunk ", index_,
-           ": gather_uninitialized needs a chunk on disk");
+  MW_CHECK((on_nvme_ || sharded()) && !gathered_ && storage_->is_released(), "chunk ", index_,
+           ": gather_uninitialized needs a chunk on disk or sharded");
   storage_->move_to(device);
   try {
     storage_->materialize();

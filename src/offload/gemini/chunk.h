@@ -65,11 +65,20 @@ class Chunk {
   void release_copy();
   // Note [NVMe-homed chunks]. set_on_nvme: the bytes were written to disk; frees them in RAM.
   void set_on_nvme();
-  // Allocates the device copy (uninitialised) for a read from disk and returns its bytes.
+  // Allocates the device copy (uninitialised) for a read from disk, or for a sharded chunk's
+  // all_gather, and returns its bytes.
   void* gather_uninitialized(Device device);
   // Gives the chunk RAM bytes for its update: copied from the device copy (then dropped) if
   // gathered, returning true; else uninitialised (the caller reads them from disk), false.
   bool bring_home_to_ram();
+  // Note [Sharded parameters] (shard.cpp): the chunk's parameters are spread over the ranks.
+  // set_sharded frees the whole chunk and keeps `shard`, this rank's piece (zero past the chunk's
+  // end), at the chunk's home; the storage, sized for the all_gather (`gathered_numel`, ranks x
+  // stride elements), holds the whole chunk only while gathered (gather_uninitialized, then
+  // release_copy), as an NVMe-homed chunk's does.
+  void set_sharded(Tensor shard, int64_t gathered_numel);
+  bool sharded() const { return shard_.defined(); }
+  const Tensor& shard() const { return shard_; }
   // Frees the RAM bytes of an NVMe-homed chunk after its write-back.
   void drop_ram() { storage_->release(); }
   // An NVMe-homed chunk whose RAM bytes are newer than its blob (the write-back failed) becomes
@@ -94,6 +103,7 @@ class Chunk {
   bool on_nvme_ = false;
   bool gathered_ = false;
   void* parked_ = nullptr;  // host bytes while gathered (RAM-homed chunks)
+  Tensor shard_;            // Note [Sharded parameters]
 };
 
 }  // namespace mw::gemini

@@ -21,7 +21,7 @@
 // read of its gradient (docs/gemini.md has the measured bytes).
 //
 // Note [Gemini under data parallel]: every rank holds the same chunks (replicated: ZeRO stage 0;
-// sharding chunks across ranks, ColossalAI's shard_param_frac, is not implemented) and trains on
+// stages 2 and 3 in shard.cpp) and trains on
 // its rows of the global batch. Updates are deferred: in the step's last backward, a chunk whose
 // gradients are complete starts an all_reduce of its buffer at once, so the reductions overlap the
 // rest of backward; the chunks that never completed (a member without a gradient) start theirs
@@ -93,10 +93,12 @@ void Gemini::set_gradient_reduction(GradientReduction reduction) {
              "(--host-capacity is not supported with several ranks yet)");
   MW_CHECK_T(InvalidArgument,
              sharded()
-                 ? reduction.reduce_scatter && reduction.all_gather && reduction.sum_over_ranks
+                 ? reduction.reduce_scatter && reduction.all_gather && reduction.sum_over_ranks &&
+                       (reduction.from_rank0 || !shards_parameters())
                  : static_cast<bool>(reduction.start),
              "Gemini: sharded optimizer states need reduce_scatter, all_gather and "
-             "sum_over_ranks; replicated chunks need start");
+             "sum_over_ranks (and from_rank0 with sharded parameters); replicated chunks need "
+             "start");
   reduction_ = std::move(reduction);
   reducing_.assign(chunks_.size(), nullptr);
 }

@@ -111,6 +111,8 @@ void Gemini::layout(const std::vector<std::pair<std::string, Shape>>& tensors) {
     params_off_ = choose_offloaded(bytes, options_.offload_param_frac);
     optim_off = choose_offloaded(bytes, options_.offload_optim_frac);
   }
+  shard_params_.assign(chunks_.size(), false);  // Note [Sharded parameters] (shard.cpp)
+  if (sharded()) shard_params_ = choose_offloaded(bytes, options_.shard_param_frac);
   optim_on_host_.resize(chunks_.size());
   adam_options_ = options_.adam;
   adam_options_.update_in_backward = false;  // Gemini steps chunks itself (step_param)
@@ -145,7 +147,9 @@ void Gemini::parameter_ready(const std::string& name) {
   const size_t c = chunk_of_[i];
   if (++filled_[c] < static_cast<int64_t>(chunks_[c]->members().size())) return;
   Chunk& chunk = *chunks_[c];
-  if (to_disk_[c]) {
+  if (shard_params_[c]) {
+    shard_chunk(chunk);  // Note [Sharded parameters]
+  } else if (to_disk_[c]) {
     swap_->write(str("chunk.", c), chunk.storage()->data(), chunk.nbytes()).wait();
     iter_.nvme_write_bytes += chunk.nbytes();
     run_.nvme_write_bytes += chunk.nbytes();
@@ -195,7 +199,9 @@ void Gemini::attach(nn::Module& model) {
     const ChunkPiece p = piece(*c);
     if (p.numel == 0) continue;
     adam_index_[static_cast<size_t>(c->index())] = static_cast<int>(stepped.size());
-    stepped.push_back(sharded() ? c->flat().narrow(0, p.offset, p.numel) : c->flat());
+    stepped.push_back(c->sharded() ? c->shard().narrow(0, 0, p.numel)
+                      : sharded()  ? c->flat().narrow(0, p.offset, p.numel)
+                                   : c->flat());
     state_devices.push_back(adam_options_.state_devices[static_cast<size_t>(c->index())]);
   }
   adam_options_.state_devices = std::move(state_devices);
@@ -272,7 +278,9 @@ void Gemini::gather(Chunk& c, const std::string& why) {
             "). Raise the capacity, lower the batch, enable checkpointing, or pass a smaller "
             "--chunk-size"),
         c.nbytes(), st.capacity_bytes - st.current_bytes, st.capacity_bytes);
-  if (c.on_nvme()) {  // Note [NVMe-homed chunks]: disk -> device copy
+  if (c.sharded()) {
+    gather_shard(c, options_.device);  // Note [Sharded parameters]: from every rank
+  } else if (c.on_nvme()) {            // Note [NVMe-homed chunks]: disk -> device copy
     void* bytes = c.gather_uninitialized(options_.device);
     try {
       swap_->read(str("chunk.", c.index()), bytes).wait();
@@ -332,7 +340,9 @@ void Gemini::pre_op(nn::Module& m, bool backward) {
   std::vector<int> need;
   if (!backward || info.needs_data_in_backward)
     for (int c : info.chunks)
-      if (chunks_[static_cast<size_t>(c)]->host_home()) need.push_back(c);
+      if (chunks_[static_cast<size_t>(c)]->host_home() ||
+          chunks_[static_cast<size_t>(c)]->sharded())
+        need.push_back(c);
   // Note [Evaluation forward]: each forward of an evaluation repeats the recorded forward ops.
   if (evaluating_ && eval_ops_ > 0 && op_ == eval_ops_) op_ = 0;
   const int64_t t = op_++;
@@ -378,14 +388,14 @@ int64_t Gemini::plan_ops() const {
 }
 
 void Gemini::make_room(const std::vector<int>& need, int64_t t) {
-  if (!planned()) {  // Note [Minimal residency]
-    for (int c : std::vector<int>(gathered_)) {
-      Chunk& chunk = *chunks_[static_cast<size_t>(c)];
-      if (std::find(need.begin(), need.end(), c) == need.end() && !pinned(chunk))
-        release(chunk, false);
-    }
-    return;
+  // Note [Minimal residency]; a sharded chunk always (Note [Sharded parameters]).
+  for (int c : std::vector<int>(gathered_)) {
+    Chunk& chunk = *chunks_[static_cast<size_t>(c)];
+    if ((!planned() || chunk.sharded()) && std::find(need.begin(), need.end(), c) == need.end() &&
+        !pinned(chunk))
+      release(chunk, false);
   }
+  if (!planned()) return;
   std::vector<int> keep = need;
   for (int c : gathered_)
     if (pinned(*chunks_[static_cast<size_t>(c)])) keep.push_back(c);
@@ -571,27 +581,6 @@ GeminiStats Gemini::take_step_stats() {
   GeminiStats s = iter_;
   iter_ = GeminiStats();
   iter_.host_chunk_peak_bytes = host_chunk_bytes_;
-  return s;
-}
-
-std::string Gemini::describe() const {
-  int64_t host = 0, dev = 0, optim_host = 0;
-  for (size_t c = 0; c < chunks_.size(); ++c) {
-    if (!to_disk_[c]) (params_off_[c] ? host : dev) += chunks_[c]->nbytes();
-    if (optim_on_host_[c]) optim_host += chunks_[c]->nbytes();
-  }
-  std::string s =
-      str("Gemini ", policy_name(options_.policy), ": ", chunks_.size(), " chunks of up to ",
-          options_.chunk_numel > 0 ? options_.chunk_numel : search_.chunk_numel, " elements on ",
-          options_.device.str(), " | params homed on host ");
-  char buf[160];
-  std::snprintf(buf, sizeof buf,
-                "%.1f MiB, on disk %.1f MiB, on device %.1f MiB | Adam states off the device for "
-                "%.1f MiB of params",
-                mib(host), mib(nvme_chunk_bytes()), mib(dev), mib(optim_host));
-  s += buf;
-  if (options_.policy == Policy::kConst)
-    s += str(" | budget ", static_cast<long long>(mib(options_.const_budget_bytes)), " MiB");
   return s;
 }
 

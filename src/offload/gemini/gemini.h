@@ -83,6 +83,12 @@ struct GeminiOptions {
   // reduce_scattered into those pieces and the updated pieces all_gathered
   // (set_gradient_reduction).
   int shard_rank = 0, shard_ranks = 1;
+  // Note [Sharded parameters] (shard.cpp): with shard_ranks > 1, the first chunks holding this
+  // share of the bytes (chunk order, ColossalAI's shard_param_frac: 1 is ZeRO stage 3) keep only
+  // this rank's piece of their parameters, all_gathered around each run of ops that uses them.
+  // Each such chunk takes rank 0's values from broadcast_from_rank0 (when set) as it is filled.
+  double shard_param_frac = 0.0;
+  std::function<void(const Tensor& t)> broadcast_from_rank0;
 };
 
 // A rank's piece of a chunk under sharded states: elements [offset, offset + numel) of the chunk
@@ -100,6 +106,8 @@ struct GeminiStats {
   int64_t gathers = 0;
   int64_t evictions = 0;  // forced by room (releases after a last use are not counted)
   double prefetch_wait_ms = 0;
+  double shard_gather_ms =
+      0;  // ops waiting for sharded chunks' all_gathers (Note [Sharded parameters])
   int64_t host_chunk_peak_bytes = 0;  // host bytes of chunks: homes, parked, gradient buffers
   int64_t off_plan = 0;  // iterations (or evaluations) whose ops left the recorded plan
 };
@@ -128,6 +136,10 @@ class Gemini : public optim::Optimizer {
   const std::vector<std::unique_ptr<Chunk>>& chunks() const { return chunks_; }
   optim::HybridAdam& adam() { return *adam_; }
   const GeminiOptions& options() const { return options_; }
+  // Note [Sharded parameters]: whether some chunks keep only this rank's piece of their
+  // parameters, and the bytes of those pieces here.
+  bool shards_parameters() const { return sharded_param_bytes_ > 0; }
+  int64_t sharded_param_bytes() const { return sharded_param_bytes_; }
   bool warmed_up() const { return !recording_; }
   // auto, after warmup: the least device memory any schedule needs (the largest, over ops, of
   // that op's non-model memory plus its chunks, plus the chunks homed on the device).
@@ -171,6 +183,8 @@ class Gemini : public optim::Optimizer {
     using Collective = std::function<Started(const Tensor& in, const Tensor& out)>;
     Collective reduce_scatter, all_gather;
     std::function<double(double)> sum_over_ranks;
+    // Sharded parameters (Note [Sharded parameters]): rank 0's value on every rank.
+    std::function<int64_t(int64_t)> from_rank0;
   };
   void set_gradient_reduction(GradientReduction reduction);
   // After the step's last backward, deferred mode: the global L2 norm of every gradient, summed
@@ -182,7 +196,8 @@ class Gemini : public optim::Optimizer {
   // Counters of the last evaluation (kept out of the steps' counters).
   const GeminiStats& eval_stats() const { return eval_stats_; }
   // Runs fn with every parameter readable on its home tier: disk-homed chunks are read into RAM
-  // for the call and freed after (saving a model, tests). Between steps only.
+  // for the call and freed after (saving a model, tests), sharded chunks gathered into RAM (then
+  // every rank must call it: Note [Sharded parameters]). Between steps only.
   void with_parameters_readable(const std::function<void()>& fn);
   // Note [Abandoning a step]: closes an iteration that an exception left open (abandon.cpp).
   // Afterwards the parameters can be read and saved, and any further step or op is refused.
@@ -194,7 +209,8 @@ class Gemini : public optim::Optimizer {
   bool failed() const { return failed_; }
   // The same, one disk-homed chunk at a time (Note [Streaming save], models/gpt2/hf_io.cpp): fn
   // gets `touch(name)`, which makes that parameter readable, reading its chunk in and freeing
-  // the chunk read before it; RAM holds at most one disk-homed chunk. Between steps only.
+  // the chunk read before it; RAM holds at most one disk-homed chunk. Between steps only. With
+  // sharded parameters every rank calls it and rank 0's fn alone runs (stream_sharded).
   using Touch = std::function<void(const std::string& name)>;
   void with_parameters_streamed(const std::function<void(const Touch& touch)>& fn);
 
@@ -251,6 +267,10 @@ class Gemini : public optim::Optimizer {
   void update_piece(Chunk& c);
   void finish_gather(bool all);
   double sharded_norm();
+  // Note [Sharded parameters] (shard.cpp).
+  void shard_chunk(Chunk& c);
+  void gather_shard(Chunk& c, Device where);
+  void stream_sharded(const std::function<void(const Touch& touch)>& fn);
   int64_t device_model_bytes() const { return gathered_bytes_ + device_home_bytes_; }
   double now_us() const;
 
@@ -260,7 +280,8 @@ class Gemini : public optim::Optimizer {
   std::vector<Shape> shapes_;
   std::unordered_map<std::string, size_t> index_of_;
   std::vector<int64_t> filled_;  // per chunk: members with their values
-  std::vector<bool> params_off_, to_disk_;
+  std::vector<bool> params_off_, to_disk_, shard_params_;
+  int64_t sharded_param_bytes_ = 0;
   optim::HybridAdamOptions adam_options_;
   std::vector<size_t> chunk_of_;  // tensor -> chunk
   std::vector<std::unique_ptr<Chunk>> chunks_;

@@ -22,7 +22,33 @@
 // in the same order, so the collectives match. Parameters stay replicated, so evaluation,
 // sampling and saving the model are those of one process; the optimizer's file is one process's
 // too (train/zero_state_file.h), so a checkpoint resumes at any rank count.
+//
+// Note [Sharded parameters]: ZeRO stage 3 on Gemini's chunks (gpt2_train --gemini POLICY --zero 3,
+// or --zero 2 --shard-param-frac F: ColossalAI's shard_param_frac, the first chunks holding that
+// share of the bytes). A sharded chunk keeps only this rank's piece of its parameters (the same
+// elements as its piece of the Adam states, so HybridAdam steps the piece in place and nothing is
+// gathered after the update), at the chunk's home (the host when offloaded, else the device). The
+// whole chunk exists only while ops use it:
+//  - Construction: as each chunk is filled (Note [Streaming construction]), rank 0's values are
+//    broadcast into it, the piece is copied out and the whole chunk freed: one chunk at a time.
+//  - An op that needs a sharded chunk all_gathers every rank's piece straight into the chunk's
+//    device storage (sized ranks x stride for it), blocking the op; the chunk is released when an
+//    op starts that does not use it, under every policy: a run of consecutive ops (a block's layers
+//    in one chunk) gathers once. With a plan (auto, const) it may go earlier, after its last use
+//    in the iteration; the plan never evicts it otherwise. Both rules follow the order of the ops
+//    alone, which every rank shares, so every rank gathers the same chunks in the same order and
+//    the collectives match (device memory, which may differ between ranks, decides only the
+//    replicated chunks' evictions, which involve no collective).
+//  - Backward gathers a chunk again where an op needs its data (an embedding's backward does
+//    not), the gradients are reduce_scattered into pieces as under stage 2, each piece stepped.
+// Per step and rank that is, for a chunk used in one run of forward ops and one of backward ops,
+// two all_gathers and one reduce_scatter of (N-1)/N of it: 3 Psi (N-1)/N for every chunk sharded,
+// ZeRO-3's figure (recomputation gathers again). Evaluation and sampling are forwards like any
+// other: every rank runs them. Saving is collective too: rank 0's writer touches parameters in
+// its order, each chunk it reaches is announced to every rank (from_rank0) and gathered into RAM,
+// one at a time (stream_sharded), while rank 0 writes it.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "core/allocator.h"
@@ -114,6 +140,7 @@ void Gemini::update_piece(Chunk& c) {
   piece_grads_[ci] = Tensor();
   ++stepped_chunks_;
   if (trace_out_) trace_out_->slice(str("adam piece ", c.index()), "optim", t0, now_us() - t0);
+  if (c.sharded()) return;  // stepped in place; the next op that needs it gathers it
   Gathering g;
   g.chunk = c.index();
   g.in = Tensor::zeros({p.stride}, DType::F32, Device::cpu());
@@ -136,6 +163,93 @@ void Gemini::finish_gather(bool all) {
     copy_bytes(c.flat().raw_data(), c.flat().device(), g.out.raw_data(), Device::cpu(), c.nbytes());
     track_host(-(g.in.nbytes() + g.out.nbytes()));
   }
+}
+
+// Note [Sharded parameters]: a filled chunk keeps this rank's piece of rank 0's values.
+void Gemini::shard_chunk(Chunk& c) {
+  MW_CHECK_T(InvalidArgument, options_.host_capacity_bytes == 0,
+             "Gemini: chunks sharded across ranks cannot be homed on disk (--host-capacity)");
+  if (options_.broadcast_from_rank0) options_.broadcast_from_rank0(c.flat());
+  const ChunkPiece p = piece(c);
+  const Device home = params_off_[static_cast<size_t>(c.index())] ? Device::cpu() : options_.device;
+  Tensor shard = Tensor::zeros({p.stride}, DType::F32, home);
+  copy_bytes(shard.raw_data(), home, static_cast<const float*>(c.flat().raw_data()) + p.offset,
+             c.flat().device(), p.numel * 4);
+  c.set_sharded(shard, p.stride * options_.shard_ranks);
+  sharded_param_bytes_ += shard.nbytes();
+  if (home.is_cpu())
+    track_host(shard.nbytes());
+  else
+    device_home_bytes_ += shard.nbytes();
+}
+
+// Every rank's piece into the chunk's storage on `where` (the device for an op, the host for
+// with_parameters_readable and saving). Collective: every rank gathers the same chunk.
+void Gemini::gather_shard(Chunk& c, Device where) {
+  MW_CHECK(static_cast<bool>(reduction_.all_gather), "Gemini: chunk ", c.index(),
+           " is sharded across ranks, but no all_gather was given (set_gradient_reduction)");
+  const ChunkPiece p = piece(c);
+  const auto t0 = std::chrono::steady_clock::now();
+  c.gather_uninitialized(where);
+  try {
+    const Tensor whole =
+        Tensor::from_storage(c.storage(), 0, {p.stride * options_.shard_ranks}, {1}, DType::F32);
+    reduction_.all_gather(c.shard(), whole).wait();  // throws the communicator's error
+  } catch (...) {
+    c.release_copy();
+    throw;
+  }
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  iter_.shard_gather_ms += ms;
+  run_.shard_gather_ms += ms;
+}
+
+// with_parameters_streamed under sharded parameters: rank 0's writer decides which chunk comes
+// next (-1: done); every rank gathers it into RAM, one chunk at a time.
+void Gemini::stream_sharded(const std::function<void(const Touch& touch)>& fn) {
+  MW_CHECK(static_cast<bool>(reduction_.from_rank0), "Gemini: saving sharded chunks needs ",
+           "from_rank0 (set_gradient_reduction)");
+  Chunk* held = nullptr;
+  auto drop = [&] {
+    if (held) held->release_copy();
+    held = nullptr;
+  };
+  auto announce = [&](int64_t k) {
+    k = reduction_.from_rank0(k);
+    if (k < 0 || (held && held->index() == k)) return k;
+    drop();
+    gather_shard(*chunks_[static_cast<size_t>(k)], Device::cpu());
+    held = chunks_[static_cast<size_t>(k)].get();
+    return k;
+  };
+  try {
+    if (options_.shard_rank != 0) {
+      while (announce(-1) >= 0) {
+      }
+    } else {
+      try {
+        fn([&](const std::string& name) {
+          auto it = index_of_.find(name);
+          MW_CHECK_T(InvalidArgument, it != index_of_.end(), "Gemini: no parameter named '", name,
+                     "'");
+          const Chunk& c = *chunks_[chunk_of_[it->second]];
+          if (c.sharded() && &c != held) announce(c.index());
+        });
+      } catch (...) {
+        try {
+          announce(-1);  // let the others go before failing
+        } catch (...) {
+        }
+        throw;
+      }
+      announce(-1);
+    }
+  } catch (...) {
+    drop();
+    throw;
+  }
+  drop();
 }
 
 }  // namespace mw::gemini

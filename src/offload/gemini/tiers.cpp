@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "core/allocator.h"
+#include "core/numbers.h"
 #include "offload/gemini/gemini.h"
 #include "offload/io/scratch_dir.h"
 
@@ -65,6 +66,37 @@ void Gemini::plan_tiers(optim::HybridAdamOptions& adam) {
         adam.nvme.fraction > 0 ? "on disk (NVMe offload)" : "in RAM");
 }
 
+std::string Gemini::describe() const {
+  int64_t host = 0, dev = 0, optim_host = 0;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    const Chunk& k = *chunks_[c];  // a sharded chunk homes this rank's piece
+    if (!to_disk_[c])
+      (params_off_[c] ? host : dev) += k.sharded() ? k.shard().nbytes() : k.nbytes();
+    if (optim_on_host_[c]) optim_host += chunks_[c]->nbytes();
+  }
+  std::string s =
+      str("Gemini ", policy_name(options_.policy), ": ", chunks_.size(), " chunks of up to ",
+          options_.chunk_numel > 0 ? options_.chunk_numel : search_.chunk_numel, " elements on ",
+          options_.device.str(), " | params homed on host ");
+  char buf[160];
+  std::snprintf(buf, sizeof buf,
+                "%.1f MiB, on disk %.1f MiB, on device %.1f MiB | Adam states off the device for "
+                "%.1f MiB of params",
+                mib(host), mib(nvme_chunk_bytes()), mib(dev), mib(optim_host));
+  s += buf;
+  if (shards_parameters()) {
+    int64_t n = 0, whole = 0;
+    for (const auto& c : chunks_)
+      if (c->sharded()) ++n, whole += c->nbytes();
+    s += str(" | ", n, " chunks (", format_fixed(mib(whole), 1), " MiB) sharded across ",
+             options_.shard_ranks, " ranks: this rank homes its ",
+             format_fixed(mib(sharded_param_bytes_), 1), " MiB of them");
+  }
+  if (options_.policy == Policy::kConst)
+    s += str(" | budget ", static_cast<long long>(mib(options_.const_budget_bytes)), " MiB");
+  return s;
+}
+
 void Gemini::with_parameters_readable(const std::function<void()>& fn) {
   MW_CHECK(pending_.empty() && gathered_.empty(),
            "with_parameters_readable must be called between steps");
@@ -75,6 +107,18 @@ void Gemini::with_parameters_readable(const std::function<void()>& fn) {
       for (Chunk* c : chunks) c->drop_ram();
     }
   } drop{read};
+  std::vector<Chunk*> gathered;
+  struct Release {  // Note [Sharded parameters]: every rank's pieces, for the call only
+    std::vector<Chunk*>& chunks;
+    ~Release() {
+      for (Chunk* c : chunks) c->release_copy();
+    }
+  } release{gathered};
+  for (auto& c : chunks_)
+    if (c->sharded()) {
+      gather_shard(*c, Device::cpu());
+      gathered.push_back(c.get());
+    }
   for (auto& c : chunks_)
     if (c->on_nvme()) {
       c->bring_home_to_ram();
@@ -87,6 +131,7 @@ void Gemini::with_parameters_readable(const std::function<void()>& fn) {
 void Gemini::with_parameters_streamed(const std::function<void(const Touch& touch)>& fn) {
   MW_CHECK(pending_.empty() && gathered_.empty(),
            "with_parameters_streamed must be called between steps");
+  if (shards_parameters()) return stream_sharded(fn);  // Note [Sharded parameters]
   Chunk* current = nullptr;
   struct Drop {  // frees the RAM copy on every exit path
     Chunk*& chunk;
