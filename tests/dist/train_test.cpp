@@ -210,6 +210,9 @@ TEST(DataParallelGeminiZero3, EvaluatesSamplesSavesAndMovesCheckpoints) {
   ASSERT_EQ(b.exit_code, 0) << b.output;
   EXPECT_NE(b.output.find("13 chunks (0.1 MiB) sharded across 2 ranks"), std::string::npos)
       << b.output;
+  // Note [Shard prefetch]: the ranks agreed to gather the next op's chunks ahead.
+  EXPECT_NE(b.output.find("gemini: sharded chunks gathered one op ahead"), std::string::npos)
+      << b.output;
   expect_same_run(one, two);
   for (const char* line :
        {"[2] val loss: ", "[4] val loss: ", "[2] sample ids:", "[4] sample ids:"}) {

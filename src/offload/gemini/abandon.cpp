@@ -46,6 +46,11 @@ void Gemini::abandon_step() {
   for (auto& done : reduced_) done = nullptr;
   gathering_.clear();
   for (auto& [c, read] : inflight_) read.join();  // never free bytes a read is filling
+  for (auto& [c, wait] : shard_inflight_) try {   // or an all_gather (Note [Shard prefetch])
+      wait();
+    } catch (...) {
+    }
+  shard_inflight_.clear();
   inflight_.clear();
   // Stepped disk-homed chunks: their update, then their write-back.
   for (PendingWrite& w : pending_) {

@@ -64,6 +64,10 @@ Gemini::~Gemini() {
   alive_.reset();                           // hooks see the optimizer gone and do nothing
   for (auto& w : pending_) w.write.join();  // never leave I/O into freed memory
   for (auto& [c, read] : inflight_) read.join();
+  for (auto& [c, wait] : shard_inflight_) try {  // Note [Shard prefetch]
+      wait();
+    } catch (...) {
+    }
   for (auto& spill : spills_) spill.write.join();
   for (auto& c : chunks_)
     if (c->gathered()) c->release_copy();
@@ -312,6 +316,13 @@ void Gemini::forget_gathered(Chunk& c) {
 }
 
 void Gemini::release(Chunk& c, bool eviction) {
+  if (shard_inflight_.count(c.index())) {  // never free bytes an all_gather is filling
+    try {
+      join_shard_gather(c);
+    } catch (...) {  // released by the join; the communicator's next collective reports it
+      return;
+    }
+  }
   if (auto it = inflight_.find(c.index()); it != inflight_.end()) {
     it->second.join();  // never free bytes a read is filling; its error dies with the copy
     inflight_.erase(it);
@@ -567,6 +578,7 @@ void Gemini::step() {
     sample_nonmodel();
     recording_ = false;
     if (options_.policy != Policy::kStatic) build_plan();
+    plan_shard_prefetch();  // Note [Shard prefetch]
   }
   // A gathered copy of an offloaded chunk is stale once its home was stepped.
   for (auto& c : chunks_)

@@ -271,6 +271,10 @@ class Gemini : public optim::Optimizer {
   void shard_chunk(Chunk& c);
   void gather_shard(Chunk& c, Device where);
   void stream_sharded(const std::function<void(const Touch& touch)>& fn);
+  std::function<void()> start_shard_gather(Chunk& c, Device where);
+  void plan_shard_prefetch();
+  void prefetch_shards(int64_t t);
+  void join_shard_gather(Chunk& c);
   int64_t device_model_bytes() const { return gathered_bytes_ + device_home_bytes_; }
   double now_us() const;
 
@@ -349,6 +353,10 @@ class Gemini : public optim::Optimizer {
     std::function<void()> wait;
   };
   std::vector<Gathering> gathering_;
+  // Note [Shard prefetch]: whether every rank agreed to gather the next op's sharded chunks
+  // ahead, and the waits of those all_gathers in flight, by chunk.
+  bool prefetch_shards_ = false;
+  std::unordered_map<int, std::function<void()>> shard_inflight_;
   // Note [Evaluation forward]: the warmup's forward ops, their next uses, and the counters the
   // evaluation interrupted.
   bool evaluating_ = false;

@@ -184,23 +184,107 @@ void Gemini::shard_chunk(Chunk& c) {
 }
 
 // Every rank's piece into the chunk's storage on `where` (the device for an op, the host for
-// with_parameters_readable and saving). Collective: every rank gathers the same chunk.
-void Gemini::gather_shard(Chunk& c, Device where) {
+// with_parameters_readable and saving). Collective: every rank gathers the same chunk. Returns
+// the wait, which throws the communicator's error.
+std::function<void()> Gemini::start_shard_gather(Chunk& c, Device where) {
   MW_CHECK(static_cast<bool>(reduction_.all_gather), "Gemini: chunk ", c.index(),
            " is sharded across ranks, but no all_gather was given (set_gradient_reduction)");
   const ChunkPiece p = piece(c);
-  const auto t0 = std::chrono::steady_clock::now();
   c.gather_uninitialized(where);
   try {
     const Tensor whole =
         Tensor::from_storage(c.storage(), 0, {p.stride * options_.shard_ranks}, {1}, DType::F32);
-    reduction_.all_gather(c.shard(), whole).wait();  // throws the communicator's error
+    return reduction_.all_gather(c.shard(), whole).wait;
+  } catch (...) {
+    c.release_copy();
+    throw;
+  }
+}
+
+void Gemini::gather_shard(Chunk& c, Device where) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::function<void()> wait = start_shard_gather(c, where);
+  try {
+    wait();
   } catch (...) {
     c.release_copy();
     throw;
   }
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  iter_.shard_gather_ms += ms;
+  run_.shard_gather_ms += ms;
+}
+
+// Note [Shard prefetch]: with a plan, while op t runs, the sharded chunks of op t + 1 are being
+// all_gathered (on the communicator's progress thread), so an op waits only for what the gather
+// did not finish in the time of the op before it. Whether to prefetch must be the same on every
+// rank, since the all_gather is collective: after the warmup each rank checks that every op's
+// non-model memory, its chunks and the next op's sharded chunks fit the policy's room (capacity x
+// (1 - margin) with auto, the budget with const), and one all_reduce makes the answer every
+// rank's. Only when every offloaded chunk is sharded: the plan keeps replicated chunks up to the
+// room, leaving none for a prefetched one.
+void Gemini::plan_shard_prefetch() {
+  prefetch_shards_ = false;
+  if (!shards_parameters() || options_.policy == Policy::kStatic) return;
+  bool fits = true;
+  for (const auto& c : chunks_)
+    if (c->host_home() && !c->sharded()) fits = false;
+  const int64_t capacity = allocator_for(options_.device).stats().capacity_bytes;
+  const double room =
+      options_.policy == Policy::kConst ? static_cast<double>(options_.const_budget_bytes)
+      : capacity > 0 ? static_cast<double>(capacity) * (1.0 - margin_) - device_home_bytes_
+                     : 1e300;
+  for (size_t t = 0; t < trace_.size(); ++t) {
+    const std::vector<int>& own = trace_[t].chunks;
+    double bytes = options_.policy == Policy::kAuto ? static_cast<double>(nonmodel_[t]) : 0.0;
+    for (int c : own) bytes += chunks_[static_cast<size_t>(c)]->nbytes();
+    if (t + 1 < trace_.size())
+      for (int c : trace_[t + 1].chunks)
+        if (chunks_[static_cast<size_t>(c)]->sharded() &&
+            std::find(own.begin(), own.end(), c) == own.end())
+          bytes += chunks_[static_cast<size_t>(c)]->nbytes();
+    if (bytes > room) fits = false;
+  }
+  prefetch_shards_ = reduction_.sum_over_ranks(fits ? 0.0 : 1.0) == 0.0;
+  if (options_.verbose)
+    std::printf("gemini: sharded chunks %s\n",
+                prefetch_shards_ ? "gathered one op ahead (Note [Shard prefetch])"
+                                 : "gathered by the op that needs them: a rank has no room to "
+                                   "gather one op ahead, or a replicated chunk is offloaded");
+}
+
+void Gemini::prefetch_shards(int64_t t) {
+  if (t + 1 >= plan_ops()) return;
+  for (int c : trace_[static_cast<size_t>(t + 1)].chunks) {
+    Chunk& chunk = *chunks_[static_cast<size_t>(c)];
+    if (!chunk.sharded() || chunk.gathered()) continue;
+    const double t0 = now_us();
+    shard_inflight_[c] = start_shard_gather(chunk, options_.device);
+    gathered_.push_back(c);
+    gathered_bytes_ += chunk.nbytes();
+    ++iter_.gathers;
+    ++run_.gathers;
+    if (trace_out_) trace_out_->slice(str("prefetch chunk ", c), "move", t0, now_us() - t0, 1);
+  }
+}
+
+// The op that needs a prefetched chunk waits for the rest of its all_gather.
+void Gemini::join_shard_gather(Chunk& c) {
+  auto it = shard_inflight_.find(c.index());
+  if (it == shard_inflight_.end()) return;
+  std::function<void()> wait = std::move(it->second);
+  shard_inflight_.erase(it);
+  const auto w0 = std::chrono::steady_clock::now();
+  try {
+    wait();
+  } catch (...) {
+    c.release_copy();
+    forget_gathered(c);
+    throw;
+  }
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
   iter_.shard_gather_ms += ms;
   run_.shard_gather_ms += ms;
 }

@@ -167,6 +167,7 @@ int64_t Gemini::nvme_chunk_bytes() const {
 // beside two compute threads on two cores only moves the same work around (measured:
 // docs/gemini.md).
 void Gemini::prefetch_after(int64_t t) {
+  if (prefetch_shards_) prefetch_shards(t);  // Note [Shard prefetch]
   if (!swap_) return;
   const int64_t n = plan_ops();
   const AllocatorStats st = allocator_for(options_.device).stats();
@@ -195,6 +196,7 @@ void Gemini::prefetch_after(int64_t t) {
 }
 
 void Gemini::wait_inflight(Chunk& c) {
+  if (c.sharded()) return join_shard_gather(c);  // Note [Shard prefetch]
   auto it = inflight_.find(c.index());
   if (it == inflight_.end()) return;
   io::IoHandle handle = it->second;
