@@ -386,7 +386,7 @@ void Gemini::pre_op(nn::Module& m, bool backward) {
     else
       wait_inflight(chunk);
   }
-  if (planned()) prefetch_after(t);
+  prefetch_after(t);
 }
 
 // With a plan: the warmup's, or during an evaluation its forward part (Note [Evaluation forward]).
@@ -510,7 +510,7 @@ void Gemini::finish_chunk(Chunk& c) {
 // allocator's peak over the interval minus them is exactly its non-model peak. The period's
 // reserve is the largest over its intervals.
 void Gemini::close_interval() {
-  if (!recording_ || evaluating_ || options_.policy != Policy::kAuto) return;
+  if (!recording_ || evaluating_ || !samples_nonmodel()) return;
   Allocator& a = allocator_for(options_.device);
   const int64_t peak = a.stats().peak_bytes;
   a.reset_peak();
@@ -518,7 +518,7 @@ void Gemini::close_interval() {
 }
 
 void Gemini::sample_nonmodel() {
-  if (!recording_ || evaluating_ || options_.policy != Policy::kAuto) return;
+  if (!recording_ || evaluating_ || !samples_nonmodel()) return;
   close_interval();
   if (op_ > 0) nonmodel_.push_back(std::max<int64_t>(0, period_nonmodel_bytes_));
   period_nonmodel_bytes_ = 0;

@@ -246,6 +246,8 @@ class Gemini : public optim::Optimizer {
   void refuse_if_failed() const;
   void track_host(int64_t delta);
   bool planned() const;
+  // auto's plan, and the prefetch of sharded chunks under any policy (Note [Shard prefetch]).
+  bool samples_nonmodel() const { return options_.policy == Policy::kAuto || shards_parameters(); }
   const NextUse& plan_next() const { return evaluating_ ? *eval_next_ : *next_; }
   int64_t plan_ops() const;
   void complete_deferred(Chunk& c);

@@ -216,17 +216,19 @@ void Gemini::gather_shard(Chunk& c, Device where) {
   run_.shard_gather_ms += ms;
 }
 
-// Note [Shard prefetch]: with a plan, while op t runs, the sharded chunks of op t + 1 are being
-// all_gathered (on the communicator's progress thread), so an op waits only for what the gather
-// did not finish in the time of the op before it. Whether to prefetch must be the same on every
-// rank, since the all_gather is collective: after the warmup each rank checks that every op's
-// non-model memory, its chunks and the next op's sharded chunks fit the policy's room (capacity x
-// (1 - margin) with auto, the budget with const), and one all_reduce makes the answer every
-// rank's. Only when every offloaded chunk is sharded: the plan keeps replicated chunks up to the
-// room, leaving none for a prefetched one.
+// Note [Shard prefetch]: after the warmup, while op t runs, the sharded chunks of op t + 1 are
+// being all_gathered (on the communicator's progress thread), so an op waits only for what the
+// gather did not finish in the time of the op before it. Whether to prefetch must be the same on
+// every rank, since the all_gather is collective: after the warmup each rank checks that every op's
+// non-model memory (sampled in the warmup under every policy when chunks are sharded), its chunks
+// and the next op's sharded chunks fit the policy's room (capacity x (1 - margin) under static and
+// auto, the budget on gathered chunks under const), and one all_reduce makes the answer every
+// rank's. Only when every offloaded chunk is sharded: auto's plan keeps replicated chunks up to the
+// room, leaving none for a prefetched one. Evaluations prefetch under a plan only (static's run
+// with minimal residency).
 void Gemini::plan_shard_prefetch() {
   prefetch_shards_ = false;
-  if (!shards_parameters() || options_.policy == Policy::kStatic) return;
+  if (!shards_parameters()) return;
   bool fits = true;
   for (const auto& c : chunks_)
     if (c->host_home() && !c->sharded()) fits = false;
@@ -237,7 +239,7 @@ void Gemini::plan_shard_prefetch() {
                      : 1e300;
   for (size_t t = 0; t < trace_.size(); ++t) {
     const std::vector<int>& own = trace_[t].chunks;
-    double bytes = options_.policy == Policy::kAuto ? static_cast<double>(nonmodel_[t]) : 0.0;
+    double bytes = options_.policy == Policy::kConst ? 0.0 : static_cast<double>(nonmodel_.at(t));
     for (int c : own) bytes += chunks_[static_cast<size_t>(c)]->nbytes();
     if (t + 1 < trace_.size())
       for (int c : trace_[t + 1].chunks)

@@ -167,8 +167,8 @@ int64_t Gemini::nvme_chunk_bytes() const {
 // beside two compute threads on two cores only moves the same work around (measured:
 // docs/gemini.md).
 void Gemini::prefetch_after(int64_t t) {
-  if (prefetch_shards_) prefetch_shards(t);  // Note [Shard prefetch]
-  if (!swap_) return;
+  if (prefetch_shards_ && !recording_ && !off_plan_) prefetch_shards(t);  // Note [Shard prefetch]
+  if (!planned() || !swap_) return;
   const int64_t n = plan_ops();
   const AllocatorStats st = allocator_for(options_.device).stats();
   int64_t room = avail_[static_cast<size_t>(t)];
