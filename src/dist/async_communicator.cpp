@@ -48,6 +48,10 @@ std::shared_ptr<AsyncCommunicator::Op> make_op(Collective kind, const Tensor& se
 }  // namespace
 
 AsyncCommunicator::AsyncCommunicator(const mw_dist_backend_v1* backend, double timeout_ms)
+    : AsyncCommunicator(mw_dist_backend_v2{*backend, MW_DIST_MEMORY_HOST, nullptr, nullptr},
+                        timeout_ms) {}
+
+AsyncCommunicator::AsyncCommunicator(const mw_dist_backend_v2& backend, double timeout_ms)
     : backend_(backend), timeout_ms_(timeout_ms), stats_(std::make_shared<StatsBox>()) {
   thread_ = std::thread([this] { run(); });
   std::unique_lock<std::mutex> lock(mutex_);
@@ -55,7 +59,7 @@ AsyncCommunicator::AsyncCommunicator(const mw_dist_backend_v1* backend, double t
   if (!start_error_.empty()) {
     lock.unlock();
     thread_.join();
-    throw CommError(str("the ", backend_->name, " backend did not start: ", start_error_));
+    throw CommError(str("the ", backend_.v1.name, " backend did not start: ", start_error_));
   }
 }
 
@@ -70,9 +74,10 @@ AsyncCommunicator::~AsyncCommunicator() {
 
 void AsyncCommunicator::run() {
   char err[512] = {0};
-  const int rc = backend_->init(&rank_, &size_, err, sizeof err);
+  const int rc = backend_.v1.init(&rank_, &size_, err, sizeof err);
   char host[256] = {0};
-  if (rc == 0) backend_->host_name(host, sizeof host);
+  if (rc == 0) backend_.v1.host_name(host, sizeof host);
+  if (rc == 0 && backend_.memory == MW_DIST_MEMORY_CUDA) cuda_device_ = backend_.device();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     started_ = true;
@@ -93,8 +98,12 @@ void AsyncCommunicator::run() {
     progress(*op);
   }
   // A broken communicator may have a collective in flight that will never complete: MPI_Finalize
-  // would wait for it, so the process exits without it (Note [Collective timeouts]).
-  if (!broken_ && !abandoned_) backend_->finalize();
+  // would wait for it, so the process exits without it (Note [Collective timeouts]); a backend
+  // that can abort (NCCL: ncclCommAbort) releases its library without waiting.
+  if (!broken_ && !abandoned_)
+    backend_.v1.finalize();
+  else if (backend_.abort)
+    backend_.abort();
 }
 
 std::string AsyncCommunicator::describe(const Op& op) const {
@@ -119,9 +128,9 @@ void AsyncCommunicator::progress(Op& op) {
   const void* send = op.send.defined() ? op.send.raw_data() : nullptr;
   void* recv = op.recv.defined() ? op.recv.raw_data() : nullptr;
   const auto t0 = clock::now();
-  if (backend_->start(static_cast<int>(op.kind), send, recv, op.count,
-                      op.recv.defined() ? abi_dtype(op.recv) : MW_DIST_F32, op.root, &request, err,
-                      sizeof err) != 0) {
+  if (backend_.v1.start(static_cast<int>(op.kind), send, recv, op.count,
+                        op.recv.defined() ? abi_dtype(op.recv) : MW_DIST_F32, op.root, &request,
+                        err, sizeof err) != 0) {
     broken_ = true, broken_reason_ = err;
     fail(CommError(str(describe(op), ": ", err)));
     return;
@@ -130,7 +139,7 @@ void AsyncCommunicator::progress(Op& op) {
   // microseconds, a waiting one costs no core (the machine may be oversubscribed).
   auto sleep = std::chrono::microseconds(2);
   for (;;) {
-    const int done = backend_->test(request, err, sizeof err);
+    const int done = backend_.v1.test(request, err, sizeof err);
     const double elapsed_ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
     if (done == 1) {
       std::lock_guard<std::mutex> lock(stats_->mutex);
@@ -196,22 +205,22 @@ Work AsyncCommunicator::enqueue(std::shared_ptr<Op> op) {
 }
 
 Work AsyncCommunicator::all_reduce(const Tensor& t) {
-  check_collective_tensor(t, "all_reduce");
+  check_collective_tensor(t, "all_reduce", cuda_device_);
   return enqueue(make_op(Collective::kAllReduce, t, t, t.numel()));
 }
 
 Work AsyncCommunicator::reduce_scatter(const Tensor& input, const Tensor& output) {
-  check_shard_shapes(input, output, size_, true);
+  check_shard_shapes(input, output, size_, true, cuda_device_);
   return enqueue(make_op(Collective::kReduceScatter, input, output, output.numel()));
 }
 
 Work AsyncCommunicator::all_gather(const Tensor& input, const Tensor& output) {
-  check_shard_shapes(input, output, size_, false);
+  check_shard_shapes(input, output, size_, false, cuda_device_);
   return enqueue(make_op(Collective::kAllGather, input, output, input.numel()));
 }
 
 Work AsyncCommunicator::broadcast(const Tensor& t, int root) {
-  check_collective_tensor(t, "broadcast");
+  check_collective_tensor(t, "broadcast", cuda_device_);
   MW_CHECK_T(InvalidArgument, root >= 0 && root < size_, "broadcast from rank ", root,
              ": expected a rank in 0-", size_ - 1);
   return enqueue(make_op(Collective::kBroadcast, Tensor(), t, t.numel(), root));

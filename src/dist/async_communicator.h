@@ -5,7 +5,8 @@
 // gradient bucket is reduced).
 //
 // Invariant: at most one collective is in flight; they start and complete in call order, the same
-// order on every rank.
+// order on every rank. A backend of CUDA memory (NCCL) takes tensors on its device only, every
+// other backend host tensors only (check_collective_tensor).
 #pragma once
 
 #include <atomic>
@@ -23,11 +24,14 @@ namespace mw::dist {
 class AsyncCommunicator : public Communicator {
  public:
   // Starts the progress thread and the library; CommError when the library cannot start.
+  AsyncCommunicator(const mw_dist_backend_v2& backend, double timeout_ms);
+  // A v1 backend: host memory, no abort (backend_abi.h).
   AsyncCommunicator(const mw_dist_backend_v1* backend, double timeout_ms);
   ~AsyncCommunicator() override;
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  std::string backend() const override { return backend_->name; }
+  std::string backend() const override { return backend_.v1.name; }
+  int cuda_device() const override { return cuda_device_; }
   Work all_reduce(const Tensor& t) override;
   Work reduce_scatter(const Tensor& input, const Tensor& output) override;
   Work all_gather(const Tensor& input, const Tensor& output) override;
@@ -46,8 +50,9 @@ class AsyncCommunicator : public Communicator {
   void progress(Op& op);  // starts and polls one collective on the progress thread
   std::string describe(const Op& op) const;
 
-  const mw_dist_backend_v1* backend_;
+  const mw_dist_backend_v2 backend_;
   int rank_ = 0, size_ = 1;
+  int cuda_device_ = -1;  // the backend's device (set by the progress thread before started_)
   std::string host_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;

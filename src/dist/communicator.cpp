@@ -58,11 +58,18 @@ void Work::State::finish(std::exception_ptr e) {
   cv.notify_all();
 }
 
-void check_collective_tensor(const Tensor& t, const char* what) {
+void check_collective_tensor(const Tensor& t, const char* what, int cuda_device) {
   MW_CHECK_T(InvalidArgument, t.defined(), what, ": the tensor is undefined");
-  MW_CHECK_T(InvalidArgument, !t.device().is_cuda(), what, ": ", t.desc(),
-             " is on a CUDA device; the MPI and local backends take cpu or sim tensors (copy it "
-             "to the host first; the NCCL backend is not implemented yet)");
+  if (cuda_device < 0) {
+    MW_CHECK_T(InvalidArgument, !t.device().is_cuda(), what, ": ", t.desc(),
+               " is on a CUDA device; the MPI and local backends take cpu or sim tensors (copy it "
+               "to the host first, or use the NCCL backend: --dist nccl)");
+  } else {
+    MW_CHECK_T(InvalidArgument, t.device().is_cuda() && t.device().index == cuda_device, what, ": ",
+               t.desc(), " is not on cuda:", cuda_device,
+               ", the device of this rank's NCCL communicator (chosen by the rank's place on its "
+               "host); put the tensor there, or use --dist mpi for cpu or sim tensors");
+  }
   MW_CHECK_T(InvalidArgument, t.is_contiguous(), what, ": ", t.desc(),
              " is not contiguous; pass .contiguous()");
   const DType d = t.dtype();
@@ -71,10 +78,11 @@ void check_collective_tensor(const Tensor& t, const char* what) {
              t.desc(), " has a dtype collectives do not take; use f32, f64, i32 or i64");
 }
 
-void check_shard_shapes(const Tensor& input, const Tensor& output, int64_t size, bool scatter) {
+void check_shard_shapes(const Tensor& input, const Tensor& output, int64_t size, bool scatter,
+                        int cuda_device) {
   const char* what = scatter ? "reduce_scatter" : "all_gather";
-  check_collective_tensor(input, what);
-  check_collective_tensor(output, what);
+  check_collective_tensor(input, what, cuda_device);
+  check_collective_tensor(output, what, cuda_device);
   MW_CHECK_T(InvalidArgument, input.dtype() == output.dtype(), what, ": input ", input.desc(),
              " and output ", output.desc(), " differ in dtype");
   const Tensor& whole = scatter ? input : output;

@@ -2,17 +2,20 @@
 // its asynchronous Work handles, its errors and statistics, and make_communicator, which picks the
 // backend for how the process was launched (docs/distributed.md).
 //
-// Every collective takes contiguous host-addressable tensors (cpu or sim) of f32, f64, i32 or
-// i64, is started in the order of the calls (all ranks must call the same collectives in the same
-// order: MPI's rule), and returns a Work at once; the tensors must stay untouched until its wait()
-// returns. The communicator keeps a reference to them until the collective completes, so a caller
-// may drop its own (a bucket freed as soon as its reduction is done).
+// Every collective takes contiguous tensors of f32, f64, i32 or i64: in host memory (cpu or sim)
+// on the local and MPI backends, on the communicator's CUDA device (cuda_device()) on the NCCL
+// backend. It is started in the order of the calls (all ranks must call the same collectives in
+// the same order: MPI's rule) and returns a Work at once; the tensors must stay untouched until
+// its wait() returns. The communicator keeps a reference to them until the collective completes,
+// so a caller may drop its own (a bucket freed as soon as its reduction is done). On the NCCL
+// backend a collective runs after every kernel enqueued on the compute stream before the call,
+// so its input needs no synchronisation first (Note [NCCL stream order], dist/nccl/).
 //
 // Note [Collective timeouts]: a collective that has not completed `timeout_ms` after it started
 // fails with CommTimeout naming the collective, its size, this rank and the ranks taking part;
 // the communicator is then broken (every later collective fails at once) and is torn down without
-// MPI_Finalize, so the process can exit with the error instead of hanging on a rank that died or
-// stalled. The launcher (mpirun) then stops the other ranks.
+// MPI_Finalize (NCCL: with ncclCommAbort), so the process can exit with the error instead of
+// hanging on a rank that died or stalled. The launcher (mpirun) then stops the other ranks.
 #pragma once
 
 #include <array>
@@ -74,7 +77,10 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::string backend() const = 0;  // "local", "mpi"
+  virtual std::string backend() const = 0;  // "local", "mpi", "nccl"
+  // The CUDA device whose tensors the collectives take (NCCL: chosen by this rank's place on its
+  // host, so the caller puts its model there); -1 for the backends of host tensors.
+  virtual int cuda_device() const { return -1; }
   // Sum over ranks, in place.
   virtual Work all_reduce(const Tensor& t) = 0;
   // input: size() * k elements; output: k elements, this rank's piece of the sum. output may be
@@ -99,7 +105,8 @@ class Communicator {
 std::shared_ptr<Communicator> make_local_communicator();
 
 struct CommOptions {
-  // "auto": MPI when launched by mpirun (Note [Backend module]), else local; "local"; "mpi".
+  // "auto": MPI when launched by mpirun (Note [Backend module]), else local; "local"; "mpi";
+  // "nccl" (CUDA tensors; never chosen by auto).
   std::string backend = "auto";
   double timeout_ms = 300000;  // Note [Collective timeouts]
 };
@@ -109,7 +116,8 @@ bool launched_by_mpi();
 std::shared_ptr<Communicator> make_communicator(const CommOptions& options);
 
 // The element type of a collective; InvalidArgument naming `what` for any other dtype, a
-// non-contiguous tensor, or one not in host memory (cuda tensors need the NCCL backend).
-void check_collective_tensor(const Tensor& t, const char* what);
+// non-contiguous tensor, or one in the wrong memory: cuda_device < 0 (local, MPI) takes host
+// tensors only, cuda_device >= 0 (NCCL) tensors on cuda:cuda_device only.
+void check_collective_tensor(const Tensor& t, const char* what, int cuda_device = -1);
 
 }  // namespace mw::dist

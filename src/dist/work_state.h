@@ -20,7 +20,9 @@ struct Work::State {
   void finish(std::exception_ptr e = nullptr);
 };
 
-// Checks reduce_scatter (scatter) and all_gather shapes: the whole is size x the piece.
-void check_shard_shapes(const Tensor& input, const Tensor& output, int64_t size, bool scatter);
+// Checks reduce_scatter (scatter) and all_gather shapes: the whole is size x the piece; and both
+// tensors as check_collective_tensor(.., cuda_device).
+void check_shard_shapes(const Tensor& input, const Tensor& output, int64_t size, bool scatter,
+                        int cuda_device = -1);
 
 }  // namespace mw::dist
