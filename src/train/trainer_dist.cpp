@@ -30,7 +30,8 @@ void refuse_not_implemented(bool given, const char* what) {
 }
 
 // The per-rank memory line under Gemini (Notes [Sharded optimizer states], [Sharded parameters]).
-std::string gemini_memory_text(gemini::Gemini& gem, int64_t psi, int64_t sharded_numel) {
+std::string gemini_memory_text(gemini::Gemini& gem, int64_t psi) {
+  const int64_t sharded_numel = gem.sharded_numel();
   if (gem.options().shard_ranks == 1)  // Note [Gemini under data parallel]
     return "Data parallel memory (this rank): Gemini's, as one process's (every chunk, its "
            "gradient buffer and its Adam states on every rank)\n";
@@ -223,10 +224,7 @@ std::string Trainer::data_parallel_report() const {
   const int64_t n = dp_->size();
   const int64_t psi = model_->num_parameters();
   // ZeRO 3 gathers the parameters twice (forward, backward); under Gemini only its sharded chunks
-  int64_t sharded_numel = 0;
-  if (gem_)
-    for (const auto& c : gem_->chunks())
-      if (c->sharded()) sharded_numel += c->numel();
+  const int64_t sharded_numel = gem_ ? gem_->sharded_numel() : 0;
   const double times = dp_->shards_parameters()
                            ? 3.0
                            : 2.0 + static_cast<double>(sharded_numel) / static_cast<double>(psi);
@@ -253,7 +251,7 @@ std::string Trainer::data_parallel_report() const {
                        " embedding gradient(s) per step reduced during backward, their rows after")
                  : std::string(),
              "\n");
-  if (gem_) return out + gemini_memory_text(*gem_, psi, sharded_numel);
+  if (gem_) return out + gemini_memory_text(*gem_, psi);
   int64_t nvme_bytes = 0;
   if (hybrid_ && hybrid_->nvme()) nvme_bytes = hybrid_->offloaded_numel() * 8;
   if (dp_->shards_parameters() && s.steps > 1) {  // Note [ZeRO stage 3]: step 1 is recorded

@@ -40,6 +40,7 @@
 #include "autograd/autograd.h"
 #include "core/numbers.h"
 #include "nn/layers.h"
+#include "offload/gemini/rank0_stream.h"
 #include "train/data_parallel.h"
 
 namespace mw::train {
@@ -231,52 +232,30 @@ void DataParallel::end_iteration() {
   cursor_ = 0;
 }
 
+// Note [Streaming from rank 0] (offload/gemini/rank0_stream.h): rank 0's writer announces each
+// bucket it needs; every rank gathers it.
 void DataParallel::stream_parameters(const std::function<void(const Touch& touch)>& write) {
   MW_CHECK(shards_parameters() && !uses_.empty(), "stream_parameters: ZeRO 3 after adopt");
   UncountedScope uncounted(this);
-  int64_t held = -1;
   Tensor next = Tensor::empty({1}, DType::I64);
-  // Rank 0 announces each bucket it needs (-1: done); every rank then gathers it.
-  auto announce = [&](int64_t k) {
+  gemini::Rank0Stream s;
+  s.root = comm_->rank() == 0;
+  s.from_rank0 = [&](int64_t k) {
     next.data<int64_t>()[0] = k;
     comm_->broadcast(next, 0).wait();
-    const int64_t got = next.data<int64_t>()[0];
-    if (got < 0 || got == held) return got;
-    if (held >= 0) release(buckets_[static_cast<size_t>(held)]);
-    held = -1;
-    Bucket& b = buckets_[static_cast<size_t>(got)];
+    return next.data<int64_t>()[0];
+  };
+  s.gather = [&](int64_t k) {
+    Bucket& b = buckets_[static_cast<size_t>(k)];
     start_gather(b);
     finish_gather(b);
-    held = got;
-    return got;
   };
-  auto finish = [&] {
-    if (held >= 0) release(buckets_[static_cast<size_t>(held)]);
-  };
-  try {
-    if (comm_->rank() != 0) {
-      while (announce(-1) >= 0) {
-      }
-    } else {
-      try {
-        write([&](const std::string& name) {
-          const auto k = static_cast<int64_t>(bucket_of_[index_of_.at(name)]);
-          if (k != held) announce(k);
-        });
-      } catch (...) {
-        try {
-          announce(-1);  // let the others go before failing
-        } catch (...) {
-        }
-        throw;
-      }
-      announce(-1);
-    }
-  } catch (...) {
-    finish();
-    throw;
-  }
-  finish();
+  s.release = [&](int64_t k) { release(buckets_[static_cast<size_t>(k)]); };
+  gemini::stream_from_rank0(s, [&](const std::function<void(int64_t)>& need) {
+    write([&](const std::string& name) {
+      need(static_cast<int64_t>(bucket_of_[index_of_.at(name)]));
+    });
+  });
 }
 
 }  // namespace mw::train

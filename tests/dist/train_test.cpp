@@ -188,6 +188,28 @@ TEST(DataParallelGeminiZero2, CheckpointsMoveBetweenRankCounts) {
   }
 }
 
+// A validation shard in `tmp` and the options that evaluate on it and sample greedily at steps 2
+// and 4.
+std::string eval_and_sample(const TempDir& tmp) {
+  std::vector<uint16_t> tokens(4000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7) % 97);
+  data::write_token_shard(tmp.path() + "/val_000000.bin", tokens);
+  return "--val-data " + tmp.path() +
+         " --eval-every 2 --eval-batches 2 --sample-every 2 --sample-tokens 6 "
+         "--sample-temperature 0 ";
+}
+
+// b printed a's validation losses and samples (eval_and_sample's steps).
+void expect_same_evals_and_samples(const AppResult& a, const AppResult& b) {
+  for (const char* line :
+       {"[2] val loss: ", "[4] val loss: ", "[2] sample ids:", "[4] sample ids:"}) {
+    const size_t at = a.output.find(line);
+    ASSERT_NE(at, std::string::npos) << a.output;
+    const std::string expected = a.output.substr(at, a.output.find('\n', at) - at);
+    EXPECT_NE(b.output.find(expected), std::string::npos) << expected << "\n" << b.output;
+  }
+}
+
 // Note [Sharded parameters]: with Gemini's chunks sharded (13 chunks here), evaluation and
 // sampling are collective forwards, saving gathers each chunk on every rank while rank 0 writes,
 // and a checkpoint written by 2 ranks resumes at 4 ranks and in one process; every run gives what
@@ -195,13 +217,8 @@ TEST(DataParallelGeminiZero2, CheckpointsMoveBetweenRankCounts) {
 TEST(DataParallelGeminiZero3, EvaluatesSamplesSavesAndMovesCheckpoints) {
   SKIP_WITHOUT_MPI();
   TempDir tmp;
-  std::vector<uint16_t> tokens(4000);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7) % 97);
-  data::write_token_shard(tmp.path() + "/val_000000.bin", tokens);
   const std::string args = kTiny + "--steps 4 --device sim:64MiB --gemini auto --chunk-size 4096 " +
-                           "--val-data " + tmp.path() +
-                           " --eval-every 2 --eval-batches 2 --sample-every 2 --sample-tokens 6 "
-                           "--sample-temperature 0 ";
+                           eval_and_sample(tmp);
   const std::string one = tmp.path() + "/one", two = tmp.path() + "/two";
   AppResult a = train(0, args + outputs(one));
   ASSERT_EQ(a.exit_code, 0) << a.output;
@@ -214,13 +231,7 @@ TEST(DataParallelGeminiZero3, EvaluatesSamplesSavesAndMovesCheckpoints) {
   EXPECT_NE(b.output.find("gemini: sharded chunks gathered one op ahead"), std::string::npos)
       << b.output;
   expect_same_run(one, two);
-  for (const char* line :
-       {"[2] val loss: ", "[4] val loss: ", "[2] sample ids:", "[4] sample ids:"}) {
-    const size_t at = a.output.find(line);
-    ASSERT_NE(at, std::string::npos) << a.output;
-    const std::string expected = a.output.substr(at, a.output.find('\n', at) - at);
-    EXPECT_NE(b.output.find(expected), std::string::npos) << expected << "\n" << b.output;
-  }
+  expect_same_evals_and_samples(a, b);
   for (int ranks : {4, 0}) {
     SCOPED_TRACE(str(ranks, " ranks"));
     const std::string resumed = tmp.path() + "/resumed" + std::to_string(ranks);
@@ -239,12 +250,7 @@ TEST(DataParallelGeminiZero3, EvaluatesSamplesSavesAndMovesCheckpoints) {
 TEST(DataParallelZero3, EvaluatesSamplesAndGathersEachBucketTwicePerStep) {
   SKIP_WITHOUT_MPI();
   TempDir tmp;
-  std::vector<uint16_t> tokens(4000);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7) % 97);
-  data::write_token_shard(tmp.path() + "/val_000000.bin", tokens);
-  const std::string args = kTiny + "--steps 4 --val-data " + tmp.path() +
-                           " --eval-every 2 --eval-batches 2 --sample-every 2 --sample-tokens 6 "
-                           "--sample-temperature 0 ";
+  const std::string args = kTiny + "--steps 4 " + eval_and_sample(tmp);
   const std::string one = tmp.path() + "/one", three = tmp.path() + "/three";
   AppResult a = train(0, args + outputs(one));
   ASSERT_EQ(a.exit_code, 0) << a.output;
@@ -256,13 +262,7 @@ TEST(DataParallelZero3, EvaluatesSamplesAndGathersEachBucketTwicePerStep) {
   AppResult c = train(0, args + "--zero 3" + outputs(alone));
   ASSERT_EQ(c.exit_code, 0) << c.output;
   expect_same_run(one, alone);
-  for (const char* line :
-       {"[2] val loss: ", "[4] val loss: ", "[2] sample ids:", "[4] sample ids:"}) {
-    const size_t at = a.output.find(line);
-    ASSERT_NE(at, std::string::npos) << a.output;
-    const std::string expected = a.output.substr(at, a.output.find('\n', at) - at);
-    EXPECT_NE(b.output.find(expected), std::string::npos) << expected << "\n" << b.output;
-  }
+  expect_same_evals_and_samples(a, b);
   std::smatch m;
   ASSERT_TRUE(std::regex_search(b.output, m, std::regex("; ([0-9]+) buckets of "))) << b.output;
   const int buckets = std::stoi(m[1]);

@@ -137,9 +137,10 @@ class Gemini : public optim::Optimizer {
   optim::HybridAdam& adam() { return *adam_; }
   const GeminiOptions& options() const { return options_; }
   // Note [Sharded parameters]: whether some chunks keep only this rank's piece of their
-  // parameters, and the bytes of those pieces here.
+  // parameters, the bytes of those pieces here, and the elements of those chunks.
   bool shards_parameters() const { return sharded_param_bytes_ > 0; }
   int64_t sharded_param_bytes() const { return sharded_param_bytes_; }
+  int64_t sharded_numel() const { return sharded_numel_; }
   bool warmed_up() const { return !recording_; }
   // auto, after warmup: the least device memory any schedule needs (the largest, over ops, of
   // that op's non-model memory plus its chunks, plus the chunks homed on the device).
@@ -243,6 +244,7 @@ class Gemini : public optim::Optimizer {
   void forget_gathered(Chunk& c);
   void prefetch_after(int64_t t);
   void wait_inflight(Chunk& c);
+  double await_copy(Chunk& c, const std::function<void()>& wait);
   void refuse_if_failed() const;
   void track_host(int64_t delta);
   bool planned() const;
@@ -287,7 +289,7 @@ class Gemini : public optim::Optimizer {
   std::unordered_map<std::string, size_t> index_of_;
   std::vector<int64_t> filled_;  // per chunk: members with their values
   std::vector<bool> params_off_, to_disk_, shard_params_;
-  int64_t sharded_param_bytes_ = 0;
+  int64_t sharded_param_bytes_ = 0, sharded_numel_ = 0;
   optim::HybridAdamOptions adam_options_;
   std::vector<size_t> chunk_of_;  // tensor -> chunk
   std::vector<std::unique_ptr<Chunk>> chunks_;

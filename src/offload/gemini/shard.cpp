@@ -53,6 +53,7 @@
 
 #include "core/allocator.h"
 #include "offload/gemini/gemini.h"
+#include "offload/gemini/rank0_stream.h"
 
 namespace mw::gemini {
 
@@ -177,6 +178,7 @@ void Gemini::shard_chunk(Chunk& c) {
              c.flat().device(), p.numel * 4);
   c.set_sharded(shard, p.stride * options_.shard_ranks);
   sharded_param_bytes_ += shard.nbytes();
+  sharded_numel_ += c.numel();
   if (home.is_cpu())
     track_host(shard.nbytes());
   else
@@ -277,65 +279,29 @@ void Gemini::join_shard_gather(Chunk& c) {
   if (it == shard_inflight_.end()) return;
   std::function<void()> wait = std::move(it->second);
   shard_inflight_.erase(it);
-  const auto w0 = std::chrono::steady_clock::now();
-  try {
-    wait();
-  } catch (...) {
-    c.release_copy();
-    forget_gathered(c);
-    throw;
-  }
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
+  const double ms = await_copy(c, wait);
   iter_.shard_gather_ms += ms;
   run_.shard_gather_ms += ms;
 }
 
-// with_parameters_streamed under sharded parameters: rank 0's writer decides which chunk comes
-// next (-1: done); every rank gathers it into RAM, one chunk at a time.
+// with_parameters_streamed under sharded parameters (Note [Streaming from rank 0]): every rank
+// gathers the sharded chunks rank 0's writer reaches into RAM, one at a time.
 void Gemini::stream_sharded(const std::function<void(const Touch& touch)>& fn) {
   MW_CHECK(static_cast<bool>(reduction_.from_rank0), "Gemini: saving sharded chunks needs ",
            "from_rank0 (set_gradient_reduction)");
-  Chunk* held = nullptr;
-  auto drop = [&] {
-    if (held) held->release_copy();
-    held = nullptr;
-  };
-  auto announce = [&](int64_t k) {
-    k = reduction_.from_rank0(k);
-    if (k < 0 || (held && held->index() == k)) return k;
-    drop();
-    gather_shard(*chunks_[static_cast<size_t>(k)], Device::cpu());
-    held = chunks_[static_cast<size_t>(k)].get();
-    return k;
-  };
-  try {
-    if (options_.shard_rank != 0) {
-      while (announce(-1) >= 0) {
-      }
-    } else {
-      try {
-        fn([&](const std::string& name) {
-          auto it = index_of_.find(name);
-          MW_CHECK_T(InvalidArgument, it != index_of_.end(), "Gemini: no parameter named '", name,
-                     "'");
-          const Chunk& c = *chunks_[chunk_of_[it->second]];
-          if (c.sharded() && &c != held) announce(c.index());
-        });
-      } catch (...) {
-        try {
-          announce(-1);  // let the others go before failing
-        } catch (...) {
-        }
-        throw;
-      }
-      announce(-1);
-    }
-  } catch (...) {
-    drop();
-    throw;
-  }
-  drop();
+  Rank0Stream s;
+  s.root = options_.shard_rank == 0;
+  s.from_rank0 = reduction_.from_rank0;
+  s.gather = [&](int64_t k) { gather_shard(*chunks_[static_cast<size_t>(k)], Device::cpu()); };
+  s.release = [&](int64_t k) { chunks_[static_cast<size_t>(k)]->release_copy(); };
+  stream_from_rank0(s, [&](const std::function<void(int64_t)>& need) {
+    fn([&](const std::string& name) {
+      auto it = index_of_.find(name);
+      MW_CHECK_T(InvalidArgument, it != index_of_.end(), "Gemini: no parameter named '", name, "'");
+      const Chunk& c = *chunks_[chunk_of_[it->second]];
+      if (c.sharded()) need(c.index());
+    });
+  });
 }
 
 }  // namespace mw::gemini

@@ -85,11 +85,10 @@ std::string Gemini::describe() const {
                 mib(host), mib(nvme_chunk_bytes()), mib(dev), mib(optim_host));
   s += buf;
   if (shards_parameters()) {
-    int64_t n = 0, whole = 0;
-    for (const auto& c : chunks_)
-      if (c->sharded()) ++n, whole += c->nbytes();
-    s += str(" | ", n, " chunks (", format_fixed(mib(whole), 1), " MiB) sharded across ",
-             options_.shard_ranks, " ranks: this rank homes its ",
+    int64_t n = 0;
+    for (const auto& c : chunks_) n += c->sharded();
+    s += str(" | ", n, " chunks (", format_fixed(mib(sharded_numel_ * 4), 1),
+             " MiB) sharded across ", options_.shard_ranks, " ranks: this rank homes its ",
              format_fixed(mib(sharded_param_bytes_), 1), " MiB of them");
   }
   if (options_.policy == Policy::kConst)
@@ -195,6 +194,21 @@ void Gemini::prefetch_after(int64_t t) {
   }
 }
 
+// Waits for bytes in flight into a gathered chunk (a disk read, an all_gather) and returns the
+// milliseconds waited; on failure the copy is given up (the chunk no longer gathered) and the
+// error rethrown.
+double Gemini::await_copy(Chunk& c, const std::function<void()>& wait) {
+  const auto w0 = std::chrono::steady_clock::now();
+  try {
+    wait();
+  } catch (...) {
+    c.release_copy();
+    forget_gathered(c);
+    throw;
+  }
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
+}
+
 void Gemini::wait_inflight(Chunk& c) {
   if (c.sharded()) return join_shard_gather(c);  // Note [Shard prefetch]
   auto it = inflight_.find(c.index());
@@ -202,16 +216,7 @@ void Gemini::wait_inflight(Chunk& c) {
   io::IoHandle handle = it->second;
   inflight_.erase(it);
   const double t0 = now_us();
-  const auto w0 = std::chrono::steady_clock::now();
-  try {
-    handle.wait();
-  } catch (...) {
-    c.release_copy();
-    forget_gathered(c);
-    throw;
-  }
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
+  const double ms = await_copy(c, [&] { handle.wait(); });
   iter_.prefetch_wait_ms += ms;
   run_.prefetch_wait_ms += ms;
   if (trace_out_) trace_out_->slice(str("prefetch wait chunk ", c.index()), "wait", t0, ms * 1e3);
