@@ -213,6 +213,7 @@ struct GeminiHomes {
   int64_t device_homes = 0;  // chunks (or sharded chunks' pieces) homed on the device
   std::vector<bool> params_off, optim_on_host;
   int64_t host_chunks = 0, host_states = 0, device_states = 0;
+  std::vector<gemini::TierChunk> tiers;  // Note [Three tiers], as this rank holds them
 };
 
 GeminiHomes gemini_homes(const PlanInputs& in, const ChunkBytes& chunks) {
@@ -238,6 +239,8 @@ GeminiHomes gemini_homes(const PlanInputs& in, const ChunkBytes& chunks) {
     if (h.params_off[c]) h.host_chunks += home;
     if (!h.params_off[c]) h.device_homes += home;
     (h.optim_on_host[c] ? h.host_states : h.device_states) += 2 * piece;
+    h.tiers.push_back({chunks.each[c], home, 2 * piece, h.params_off[c], h.optim_on_host[c],
+                       static_cast<bool>(sharded[c])});
   }
   return h;
 }
@@ -280,8 +283,7 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t act_peak) {
   // Note [Three tiers] (docs/gemini.md), by Gemini's own arithmetic.
   gemini::TierPlan t;
   if (g.host_capacity_bytes > 0)
-    t = gemini::plan_tiers(chunks.each, h.params_off, h.optim_on_host, g.host_capacity_bytes,
-                           in.nvme_fraction, in.nvme_window_bytes);
+    t = gemini::plan_tiers(h.tiers, g.host_capacity_bytes, in.nvme_fraction, in.nvme_window_bytes);
   // Note [Deferred updates] (offload/gemini/deferred.cpp): with --grad-clip/--grad-accum every
   // chunk's gradient buffer lives until step(), where its Adam states are; those of disk-homed
   // chunks go to disk (all but the newest, inside the reserve).

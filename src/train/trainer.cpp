@@ -226,14 +226,16 @@ void Trainer::build_model() {
     g.search.interval_numel = config_.n_embd;  // ColossalAI's hidden_dim
     g.adam = optim::HybridAdamOptions(o_.hyper, -1.f, o_.nvme);
     g.adam.nvme.window_bytes = o_.gemini_nvme_window_bytes;
+    if (o_.data_parallel()) {  // chunks that leave RAM as filled take rank 0's values first
+      std::shared_ptr<dist::Communicator> comm = o_.comm;
+      g.broadcast_from_rank0 = [comm](const Tensor& t) { comm->broadcast(t, 0).wait(); };
+    }
     if (o_.data_parallel() && o_.zero_stage >= 2) {  // Note [Sharded optimizer states]
       g.shard_rank = o_.comm->rank();
       g.shard_ranks = o_.comm->size();
       g.verbose = g.verbose && o_.comm->rank() == 0;
       // Note [Sharded parameters]: --zero 3 shards every chunk's parameters unless told less.
       g.shard_param_frac = o_.gemini_shard_param_frac();
-      std::shared_ptr<dist::Communicator> comm = o_.comm;
-      g.broadcast_from_rank0 = [comm](const Tensor& t) { comm->broadcast(t, 0).wait(); };
     }
     std::vector<std::pair<std::string, Shape>> tensors;
     for (const auto& spec : gpt2::tensor_specs(config_))

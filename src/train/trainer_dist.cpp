@@ -75,8 +75,6 @@ void Trainer::check_data_parallel_options() const {
              "--zero 1 with --gemini: pass --zero 2. Gemini reduces each chunk's gradient as "
              "backward completes it, so sharding its Adam states shards the reduced gradient "
              "too, at no cost (stage 1 would keep it whole for nothing)");
-  refuse_not_implemented(!o_.gemini.empty() && o_.gemini_options.host_capacity_bytes > 0,
-                         "--host-capacity (three tiers) with several ranks");
   refuse_not_implemented(o_.device.is_cuda(), "--device cuda with several ranks (NCCL backend)");
 }
 
@@ -157,11 +155,10 @@ void Trainer::connect_gemini() {
   }
   r.scale = 1.f / static_cast<float>(comm->size());
   gem_->set_gradient_reduction(std::move(r));
-  // Rank 0's chunks to every rank (sharded chunks took theirs as they were filled). No chunk is
-  // on disk under data parallel (check_data_parallel_options).
+  // Rank 0's chunks to every rank (sharded and disk-homed chunks took theirs as they were filled).
   std::vector<dist::Work> works;
   for (const auto& c : gem_->chunks())
-    if (!c->sharded()) works.push_back(o_.comm->broadcast(c->flat(), 0));
+    if (!c->sharded() && !c->on_nvme()) works.push_back(o_.comm->broadcast(c->flat(), 0));
   for (auto& w : works) w.wait();
   o_.comm->reset_stats();  // the broadcast is not a training step's communication
 }

@@ -34,6 +34,15 @@ void PrintTo(const Case& c, std::ostream* os) {
 
 class DataParallelMatchesOneProcess : public ::testing::TestWithParam<Case> {};
 
+// Three tiers on the tiny model: 13 chunks of 16 KiB, a host budget that homes most on disk.
+constexpr const char* kThreeTiersNoAccum =
+    "--device sim:64MiB --gemini auto --chunk-size 4096 --host-capacity 160KiB --nvme-window 64KiB";
+constexpr const char* kThreeTiers =
+    "--device sim:64MiB --gemini auto --chunk-size 4096 --host-capacity 160KiB --nvme-window 64KiB "
+    "--grad-accum 2 --grad-clip 0.5";
+constexpr const char* kThreeTiersZero3 =
+    "--device sim:64MiB --gemini auto --chunk-size 4096 --host-capacity 200KiB --nvme-window 64KiB";
+
 TEST_P(DataParallelMatchesOneProcess, LossesAndWeights) {
   SKIP_WITHOUT_MPI();
   const Case c = GetParam();
@@ -65,6 +74,13 @@ TEST_P(DataParallelMatchesOneProcess, LossesAndWeights) {
   EXPECT_EQ(b.output.find("sharded across 2 ranks: this rank homes its") != std::string::npos,
             shards)
       << b.output;
+  // Note [Three tiers under data parallel]: each rank's own budget homed chunks (replicated
+  // ones) or Adam states on disk.
+  if (options.find("--host-capacity") != std::string::npos) {
+    EXPECT_NE(b.output.find(c.zero == 3 ? "beyond --host-capacity (three tiers)" : "homed on disk"),
+              std::string::npos)
+        << b.output;
+  }
   expect_same_run(one, two);
 }
 
@@ -128,7 +144,14 @@ INSTANTIATE_TEST_SUITE_P(Zero, DataParallelMatchesOneProcess,
                                            Case{2,
                                                 "--device sim:64MiB --gemini auto "
                                                 "--chunk-size 4096",
-                                                "--shard-param-frac 0.5"}));
+                                                "--shard-param-frac 0.5"},
+                                           // Note [Three tiers under data parallel]: chunks
+                                           // homed on disk (their gradient buffers spilled
+                                           // after their reductions), Adam states on disk;
+                                           // at --zero 3 the pieces stay home, states on disk
+                                           Case{0, kThreeTiers}, Case{2, kThreeTiers},
+                                           Case{2, kThreeTiersNoAccum, "--shard-param-frac 0.5"},
+                                           Case{3, kThreeTiersZero3}));
 
 // Four ranks (oversubscribed: one row of the global batch each) at every stage against one plain
 // process; then stage 2's checkpoint, written by 4 ranks, resumed by 2 (Note [ZeRO checkpoints]).
@@ -160,6 +183,23 @@ TEST(DataParallelFourRanks, MatchOneProcessAndMoveTheirCheckpointToTwo) {
   }
 }
 
+// The checkpoint `two` wrote at step 2, resumed at 4 ranks (with `ranks_args`) and in one process,
+// gives what one process `one` gave from the start.
+void expect_resumes_across_rank_counts(const TempDir& tmp, const std::string& args,
+                                       const std::string& ranks_args, const std::string& one,
+                                       const std::string& two) {
+  for (int ranks : {4, 0}) {
+    SCOPED_TRACE(str(ranks, " ranks"));
+    const std::string resumed = tmp.path() + "/resumed" + std::to_string(ranks);
+    AppResult r = train(ranks,
+                        args + (ranks > 0 ? ranks_args : "") + outputs(resumed) + "--resume " +
+                            two + "/ckpt/step_000002",
+                        120);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    expect_same_run(one, resumed, 2);
+  }
+}
+
 // Note [Sharded optimizer states]: Gemini's pieces of the Adam states go into one process's file,
 // so a checkpoint written by 2 ranks at --zero 2 resumes at 4 ranks and in one process, each
 // giving what one process gives from the start.
@@ -176,16 +216,7 @@ TEST(DataParallelGeminiZero2, CheckpointsMoveBetweenRankCounts) {
             std::string::npos)
       << r.output;
   expect_same_run(one, two);
-  for (int ranks : {4, 0}) {
-    SCOPED_TRACE(str(ranks, " ranks"));
-    const std::string resumed = tmp.path() + "/resumed" + std::to_string(ranks);
-    AppResult b = train(ranks,
-                        args + (ranks > 0 ? "--zero 2 " : "") + outputs(resumed) + "--resume " +
-                            two + "/ckpt/step_000002",
-                        120);
-    ASSERT_EQ(b.exit_code, 0) << b.output;
-    expect_same_run(one, resumed, 2);
-  }
+  expect_resumes_across_rank_counts(tmp, args, "--zero 2 ", one, two);
 }
 
 // A validation shard in `tmp` and the options that evaluate on it and sample greedily at steps 2
@@ -232,16 +263,33 @@ TEST(DataParallelGeminiZero3, EvaluatesSamplesSavesAndMovesCheckpoints) {
       << b.output;
   expect_same_run(one, two);
   expect_same_evals_and_samples(a, b);
-  for (int ranks : {4, 0}) {
-    SCOPED_TRACE(str(ranks, " ranks"));
-    const std::string resumed = tmp.path() + "/resumed" + std::to_string(ranks);
-    AppResult r = train(ranks,
-                        args + (ranks > 0 ? "--zero 3 " : "") + outputs(resumed) + "--resume " +
-                            two + "/ckpt/step_000002",
-                        120);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    expect_same_run(one, resumed, 2);
-  }
+  expect_resumes_across_rank_counts(tmp, args, "--zero 3 ", one, two);
+}
+
+// Note [Three tiers under data parallel]: half the chunks sharded, most of the others homed on
+// disk under each rank's host budget; evaluation, sampling, saving (rank 0 reads its disk-homed
+// chunks while the sharded ones are gathered collectively) and a checkpoint resumed at 4 ranks and
+// in one process give what one process gives, and no file stays in the shared --nvme-dir.
+TEST(DataParallelGeminiThreeTiers, EvaluatesSamplesSavesAndMovesCheckpoints) {
+  SKIP_WITHOUT_MPI();
+  TempDir tmp;
+  const std::string nvme = tmp.path() + "/nvme";
+  std::filesystem::create_directories(nvme);
+  const std::string args = kTiny + "--steps 4 " + kThreeTiersNoAccum + " --nvme-dir " + nvme + " " +
+                           eval_and_sample(tmp);
+  const std::string one = tmp.path() + "/one", two = tmp.path() + "/two";
+  AppResult a = train(0, args + outputs(one));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const std::string ranks_args = "--zero 2 --shard-param-frac 0.5 ";
+  AppResult b = train(2, args + ranks_args + "--checkpoint-every 2 --checkpoint-dir " + two +
+                             "/ckpt" + outputs(two));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(b.output.find("chunks (0 MiB) homed on disk"), std::string::npos) << b.output;
+  EXPECT_NE(b.output.find("sharded across 2 ranks"), std::string::npos) << b.output;
+  expect_same_run(one, two);
+  expect_same_evals_and_samples(a, b);
+  expect_resumes_across_rank_counts(tmp, args, ranks_args, one, two);
+  EXPECT_TRUE(std::filesystem::is_empty(nvme)) << "files left in " << nvme;
 }
 
 // Note [ZeRO stage 3]: evaluation and sampling between steps (collective: every bucket gathered)
@@ -392,9 +440,10 @@ TEST(DataParallelOptions, RefusedWithAReason) {
   r = train(2, kTiny + "--steps 1 --device sim:64MiB --gemini auto --zero 1");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--zero 1 with --gemini: pass --zero 2"), std::string::npos) << r.output;
-  r = train(2, kTiny + "--steps 1 --device sim:64MiB --gemini auto --host-capacity 1MiB");
+  // Every rank's own budget: too small for its share is refused before the first step.
+  r = train(2, kTiny + "--steps 1 --device sim:64MiB --gemini auto --zero 3 --host-capacity 64KiB");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("--host-capacity (three tiers) with several ranks is not implemented"),
+  EXPECT_NE(r.output.find("--host-capacity 65536 bytes cannot hold Gemini's host data"),
             std::string::npos)
       << r.output;
   r = train(0, kTiny + "--steps 1 --zero 3 --shard-param-frac 0.5");

@@ -28,8 +28,8 @@
 // after backward, in chunk order. Every rank completes the same chunks in the same order, so the
 // collectives match. Before the norm (grad_norm) or the update (step), each reduction is waited
 // for in chunk order, the sum scaled to the mean, and the chunk's norm partials taken from it.
-// Gradient buffers of disk-homed chunks are not supported under data parallel (their spill would
-// write a buffer a reduction is still filling).
+// Disk-homed chunks' gradient buffers go to disk only after their reductions (Note [Three tiers
+// under data parallel], tiers.cpp).
 //
 // Note [Evaluation forward]: an evaluation (no_grad forwards, between steps) must neither record
 // into nor disturb the training plan. With a plan, it uses the warmup's forward ops (the trace up
@@ -88,9 +88,7 @@ void Gemini::complete_deferred(Chunk& c) {
 
 void Gemini::set_gradient_reduction(GradientReduction reduction) {
   MW_CHECK(op_ == 0 && !evaluating_, "Gemini::set_gradient_reduction must be called between steps");
-  MW_CHECK_T(InvalidArgument, deferred_ && !swap_,
-             "Gemini under data parallel needs deferred updates and no disk tier "
-             "(--host-capacity is not supported with several ranks yet)");
+  MW_CHECK_T(InvalidArgument, deferred_, "Gemini under data parallel needs deferred updates");
   MW_CHECK_T(InvalidArgument,
              sharded()
                  ? reduction.reduce_scatter && reduction.all_gather && reduction.sum_over_ranks &&
@@ -105,22 +103,28 @@ void Gemini::set_gradient_reduction(GradientReduction reduction) {
 
 void Gemini::settle_reductions() {
   if (!reducing()) return;
-  for (auto& c : chunks_)  // chunks the backward never completed start now, in chunk order
-    if (c->grad.defined() && !reducing_[static_cast<size_t>(c->index())] && !c->norm_taken)
-      start_reduction(*c);
-  for (auto& c : chunks_) {
-    std::function<void()> wait = std::move(reducing_[static_cast<size_t>(c->index())]);
-    reducing_[static_cast<size_t>(c->index())] = nullptr;
-    if (!wait) continue;
-    wait();           // throws the communicator's error (a timeout names the collective)
-    if (sharded()) {  // Note [Sharded optimizer states]
-      settle_piece(*c);
-      continue;
-    }
-    float* x = static_cast<float*>(c->grad.raw_data());
-    for (int64_t i = 0, n = c->grad.numel(); i < n; ++i) x[i] *= reduction_.scale;
-    take_norm_parts(*c);
+  for (auto& c : chunks_) {  // chunks the backward never completed start now, in chunk order
+    if (reducing_[static_cast<size_t>(c->index())] || c->norm_taken) continue;
+    if (c->grad_on_disk) restore_grad(*c);  // accumulated in an earlier micro-batch
+    if (c->grad.defined()) start_reduction(*c);
   }
+  for (auto& c : chunks_) settle_reduction(*c);
+}
+
+// Waits for the chunk's reduction (if one is in flight) and turns the sum into the mean and the
+// norm's share; under sharded states the piece is copied out and the full buffer freed.
+void Gemini::settle_reduction(Chunk& c) {
+  std::function<void()> wait = std::move(reducing_[static_cast<size_t>(c.index())]);
+  reducing_[static_cast<size_t>(c.index())] = nullptr;
+  if (!wait) return;
+  wait();           // throws the communicator's error (a timeout names the collective)
+  if (sharded()) {  // Note [Sharded optimizer states]
+    settle_piece(c);
+    return;
+  }
+  float* x = static_cast<float*>(c.grad.raw_data());
+  for (int64_t i = 0, n = c.grad.numel(); i < n; ++i) x[i] *= reduction_.scale;
+  take_norm_parts(c);
 }
 
 void Gemini::take_norm_parts(Chunk& c) {
@@ -141,12 +145,17 @@ void Gemini::spill_grads(bool all) {
   size_t complete = 0;
   for (int ci : grads_in_ram_)
     if (chunks_[static_cast<size_t>(ci)]->grads_ready == 0) ++complete;
-  for (auto it = grads_in_ram_.begin(); it != grads_in_ram_.end() && complete > keep;) {
-    Chunk& c = *chunks_[static_cast<size_t>(*it)];
+  for (size_t k = 0; k < grads_in_ram_.size() && complete > keep;) {
+    Chunk& c = *chunks_[static_cast<size_t>(grads_in_ram_[k])];
     if (c.grads_ready != 0) {  // still receiving this backward's gradients
-      ++it;
+      ++k;
       continue;
     }
+    // Note [Three tiers under data parallel]: the buffer is written once its reduction is done.
+    // A sharded chunk's is then freed instead (settle_piece), which takes it off the list.
+    if (reducing()) settle_reduction(c);
+    --complete;
+    if (!c.grad.defined()) continue;
     Spill s;
     s.chunk = c.index();
     s.buffer = std::move(c.grad);
@@ -156,8 +165,7 @@ void Gemini::spill_grads(bool all) {
     c.grad_on_disk = true;
     iter_.nvme_write_bytes += c.nbytes();
     run_.nvme_write_bytes += c.nbytes();
-    it = grads_in_ram_.erase(it);
-    --complete;
+    grads_in_ram_.erase(grads_in_ram_.begin() + static_cast<std::ptrdiff_t>(k));
   }
 }
 
@@ -170,7 +178,7 @@ void Gemini::poll_spills(bool wait) {
       continue;
     }
     s.write.wait();  // throws the IoError naming the file, offset and errno
-    track_host(-chunks_[static_cast<size_t>(s.chunk)]->nbytes());
+    track_host(-s.buffer.nbytes());
     spills_.erase(spills_.begin() + static_cast<std::ptrdiff_t>(k));
   }
 }
@@ -183,11 +191,11 @@ void Gemini::restore_grad(Chunk& c) {
     c.grad = std::move(it->buffer);
     spills_.erase(it);
   } else {
-    c.grad = Tensor::empty({c.numel()}, DType::F32, Device::cpu());
+    c.grad = Tensor::zeros({grad_buffer_numel(c)}, DType::F32, Device::cpu());
     swap_->read(str("grad.", c.index()), c.grad.raw_data()).wait();
     iter_.nvme_read_bytes += c.nbytes();
     run_.nvme_read_bytes += c.nbytes();
-    track_host(c.nbytes());
+    track_host(c.grad.nbytes());
   }
   c.grad_on_disk = false;
   grads_in_ram_.push_back(c.index());
@@ -216,8 +224,10 @@ void Gemini::step_deferred() {
         !c->on_nvme())
       order.push_back(c->index());
   for (auto it = grads_in_ram_.rbegin(); it != grads_in_ram_.rend(); ++it) order.push_back(*it);
-  for (auto& c : chunks_)
-    if (c->grad_on_disk) order.push_back(c->index());
+  for (auto& c : chunks_)  // sharded states: disk-homed chunks' pieces (their buffers are freed)
+    if (c->grad_on_disk ||
+        (sharded() && c->on_nvme() && piece_grads_[static_cast<size_t>(c->index())].defined()))
+      order.push_back(c->index());
   updating_ = true;
   struct Done {  // on every exit path
     Gemini& g;

@@ -152,8 +152,9 @@ void Gemini::parameter_ready(const std::string& name) {
   if (++filled_[c] < static_cast<int64_t>(chunks_[c]->members().size())) return;
   Chunk& chunk = *chunks_[c];
   if (shard_params_[c]) {
-    shard_chunk(chunk);  // Note [Sharded parameters]
-  } else if (to_disk_[c]) {
+    shard_chunk(chunk);      // Note [Sharded parameters]
+  } else if (to_disk_[c]) {  // rank 0's values first (Note [Three tiers under data parallel])
+    if (options_.broadcast_from_rank0) options_.broadcast_from_rank0(chunk.flat());
     swap_->write(str("chunk.", c), chunk.storage()->data(), chunk.nbytes()).wait();
     iter_.nvme_write_bytes += chunk.nbytes();
     run_.nvme_write_bytes += chunk.nbytes();
@@ -454,9 +455,7 @@ void Gemini::on_grad_ready(size_t i) {
   const Device grad_device = optim_on_host_[chunk_of_[i]] ? Device::cpu() : options_.device;
   if (c.grad_on_disk) restore_grad(c);  // Note [Deferred updates]: a later micro-batch
   if (!c.grad.defined()) {
-    // Sharded states: ranks x stride elements, the reduce_scatter's input (shard.cpp).
-    const int64_t numel = sharded() ? piece(c).stride * options_.shard_ranks : c.numel();
-    c.grad = Tensor::zeros({numel}, DType::F32, grad_device);
+    c.grad = Tensor::zeros({grad_buffer_numel(c)}, DType::F32, grad_device);
     if (grad_device.is_cpu()) track_host(c.grad.nbytes());
     if (deferred_ && c.on_nvme()) grads_in_ram_.push_back(c.index());
   }

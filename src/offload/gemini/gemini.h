@@ -86,7 +86,8 @@ struct GeminiOptions {
   // Note [Sharded parameters] (shard.cpp): with shard_ranks > 1, the first chunks holding this
   // share of the bytes (chunk order, ColossalAI's shard_param_frac: 1 is ZeRO stage 3) keep only
   // this rank's piece of their parameters, all_gathered around each run of ops that uses them.
-  // Each such chunk takes rank 0's values from broadcast_from_rank0 (when set) as it is filled.
+  // Each such chunk, and each chunk homed on disk (Note [Three tiers under data parallel]), takes
+  // rank 0's values from broadcast_from_rank0 (when set) as it is filled.
   double shard_param_frac = 0.0;
   std::function<void(const Tensor& t)> broadcast_from_rank0;
 };
@@ -265,6 +266,8 @@ class Gemini : public optim::Optimizer {
   bool sharded() const { return options_.shard_ranks > 1; }
   bool reducing() const { return reduction_.start || reduction_.reduce_scatter; }
   ChunkPiece piece(const Chunk& c) const;
+  int64_t grad_buffer_numel(const Chunk& c) const;
+  void settle_reduction(Chunk& c);
   void start_reduction(Chunk& c);
   void settle_piece(Chunk& c);
   void settle_done_pieces();
@@ -274,7 +277,8 @@ class Gemini : public optim::Optimizer {
   // Note [Sharded parameters] (shard.cpp).
   void shard_chunk(Chunk& c);
   void gather_shard(Chunk& c, Device where);
-  void stream_sharded(const std::function<void(const Touch& touch)>& fn);
+  void stream_sharded(const std::function<void(const Touch& touch)>& fn,
+                      const std::function<void(Chunk& c)>& local);
   std::function<void()> start_shard_gather(Chunk& c, Device where);
   void plan_shard_prefetch();
   void prefetch_shards(int64_t t);

@@ -151,19 +151,29 @@ std::vector<bool> choose_offloaded(const std::vector<int64_t>& chunk_bytes, doub
 
 double default_auto_margin(bool cuda) { return cuda ? 0.10 : 0.02; }
 
+std::vector<TierChunk> tier_chunks(const std::vector<int64_t>& chunk_bytes,
+                                   const std::vector<bool>& params_off,
+                                   const std::vector<bool>& optim_on_host) {
+  std::vector<TierChunk> out(chunk_bytes.size());
+  for (size_t c = 0; c < out.size(); ++c)
+    out[c] = {chunk_bytes[c], chunk_bytes[c], 2 * chunk_bytes[c], params_off[c], optim_on_host[c]};
+  return out;
+}
+
 // Note [Three tiers]: Adam states go to disk first (two thirds of the model data, streamed through
 // a fixed window), then parameter chunks, last chunk first, until the rest fits beside the reserve.
-TierPlan plan_tiers(const std::vector<int64_t>& chunk_bytes, const std::vector<bool>& params_off,
-                    const std::vector<bool>& optim_on_host, int64_t host_capacity_bytes,
+// Under data parallel the homes and states are this rank's (pieces when sharded); a sharded
+// chunk's piece never goes to disk (its all_gathers read it from home).
+TierPlan plan_tiers(const std::vector<TierChunk>& chunks, int64_t host_capacity_bytes,
                     double nvme_fraction, int64_t window_bytes) {
   const int64_t cap = host_capacity_bytes;
   TierPlan t;
-  t.on_disk.assign(chunk_bytes.size(), false);
+  t.on_disk.assign(chunks.size(), false);
   int64_t states = 0, largest = 0;
-  for (size_t c = 0; c < chunk_bytes.size(); ++c) {
-    if (params_off[c]) t.host_chunk_bytes += chunk_bytes[c];
-    if (optim_on_host[c]) states += 2 * chunk_bytes[c];
-    largest = std::max(largest, chunk_bytes[c]);
+  for (const TierChunk& c : chunks) {
+    if (c.params_off) t.host_chunk_bytes += c.home_bytes;
+    if (c.optim_on_host) states += c.state_bytes;
+    largest = std::max(largest, c.bytes);
   }
   t.reserve_bytes = 3 * largest;
   t.nvme_fraction = nvme_fraction;
@@ -175,12 +185,12 @@ TierPlan plan_tiers(const std::vector<int64_t>& chunk_bytes, const std::vector<b
         static_cast<int64_t>(static_cast<double>(states) * (1.0 - t.nvme_fraction)) + window_bytes;
     t.disk_state_bytes = states - (t.host_state_bytes - window_bytes);
   }
-  for (size_t k = chunk_bytes.size(); k-- > 0;) {
+  for (size_t k = chunks.size(); k-- > 0;) {
     if (t.host_bytes() <= cap) break;
-    if (!params_off[k]) continue;
+    if (!chunks[k].params_off || chunks[k].sharded) continue;
     t.on_disk[k] = true;
-    t.disk_chunk_bytes += chunk_bytes[k];
-    t.host_chunk_bytes -= chunk_bytes[k];
+    t.disk_chunk_bytes += chunks[k].home_bytes;
+    t.host_chunk_bytes -= chunks[k].home_bytes;
   }
   MW_CHECK_T(InvalidArgument, t.host_bytes() <= cap, "--host-capacity ", cap,
              " bytes cannot hold Gemini's host data: ", t.host_chunk_bytes,

@@ -69,22 +69,33 @@ std::vector<bool> choose_offloaded(const std::vector<int64_t>& chunk_bytes, doub
 double default_auto_margin(bool cuda);
 
 // The arithmetic of Note [Three tiers] (tiers.cpp), shared by Gemini and the memory plan
-// (train/memory_plan.h) so the plan printed before the run is the run's own: given the
-// chunks' bytes, which are offloaded (homed on the host) and which have their Adam states on the
-// host, a host budget, the requested fraction of Adam states on disk and the NVMe window, which
-// chunks are homed on disk. InvalidArgument, naming the bytes needed, when even that cannot fit.
+// (train/memory_plan.h) so the plan printed before the run is the run's own: given each chunk as
+// one rank holds it, a host budget, the requested fraction of Adam states on disk and the NVMe
+// window, which chunks are homed on disk. InvalidArgument, naming the bytes needed, when even
+// that cannot fit.
+struct TierChunk {
+  int64_t bytes = 0;          // the whole chunk (a gradient buffer, a copy on its way home)
+  int64_t home_bytes = 0;     // its home: the chunk, or this rank's piece when sharded
+  int64_t state_bytes = 0;    // its Adam m and v (of this rank's piece under --zero 2|3)
+  bool params_off = true;     // homed off the device
+  bool optim_on_host = true;  // its Adam states off the device
+  bool sharded = false;       // Note [Sharded parameters]: its piece stays home, never on disk
+};
+// One process's chunks: whole homes, m and v of the whole chunk.
+std::vector<TierChunk> tier_chunks(const std::vector<int64_t>& chunk_bytes,
+                                   const std::vector<bool>& params_off,
+                                   const std::vector<bool>& optim_on_host);
 struct TierPlan {
   std::vector<bool> on_disk;     // per chunk: homed on disk
   double nvme_fraction = 0;      // of Adam states on disk: as asked, or 1 when they do not fit
-  int64_t host_chunk_bytes = 0;  // chunks homed in RAM
+  int64_t host_chunk_bytes = 0;  // chunk homes in RAM
   int64_t host_state_bytes = 0;  // Adam states in RAM, plus the NVMe window when streaming
   int64_t reserve_bytes = 0;     // three of the largest chunk, for gradient buffers in flight
   int64_t disk_chunk_bytes = 0;
   int64_t disk_state_bytes = 0;
   int64_t host_bytes() const { return host_chunk_bytes + host_state_bytes + reserve_bytes; }
 };
-TierPlan plan_tiers(const std::vector<int64_t>& chunk_bytes, const std::vector<bool>& params_off,
-                    const std::vector<bool>& optim_on_host, int64_t host_capacity_bytes,
+TierPlan plan_tiers(const std::vector<TierChunk>& chunks, int64_t host_capacity_bytes,
                     double nvme_fraction, int64_t window_bytes);
 
 }  // namespace mw::gemini

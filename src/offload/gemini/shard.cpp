@@ -67,6 +67,11 @@ ChunkPiece chunk_piece(int64_t chunk_numel, int rank, int ranks) {
   return p;
 }
 
+// Sharded states: ranks x stride elements, the reduce_scatter's input; else the chunk's.
+int64_t Gemini::grad_buffer_numel(const Chunk& c) const {
+  return sharded() ? piece(c).stride * options_.shard_ranks : c.numel();
+}
+
 ChunkPiece Gemini::piece(const Chunk& c) const {
   if (!sharded()) return {0, c.numel(), c.numel()};
   return chunk_piece(c.numel(), options_.shard_rank, options_.shard_ranks);
@@ -117,6 +122,8 @@ void Gemini::settle_piece(Chunk& c) {
   if (c.grad.device().is_cpu()) track_host(-c.grad.nbytes());
   c.grad = Tensor();
   c.norm_taken = true;
+  grads_in_ram_.erase(std::remove(grads_in_ram_.begin(), grads_in_ram_.end(), c.index()),
+                      grads_in_ram_.end());
 }
 
 double Gemini::sharded_norm() {
@@ -130,13 +137,17 @@ double Gemini::sharded_norm() {
 // step(): this rank's piece stepped, then every rank's piece gathered into the chunk.
 void Gemini::update_piece(Chunk& c) {
   const size_t ci = static_cast<size_t>(c.index());
-  if (c.gathered()) release(c, false);  // the home is stepped: a device copy would be stale
+  if (c.on_nvme())  // Note [Three tiers under data parallel]: its RAM copy is stepped, gathered
+                    // into
+    bring_home(c);
+  else if (c.gathered())
+    release(c, false);  // the home is stepped: a device copy would be stale
   const ChunkPiece p = piece(c);
   const double t0 = now_us();
   if (adam_index_[ci] >= 0) {
     const size_t k = static_cast<size_t>(adam_index_[ci]);
     set_grad(adam_->params()[k], piece_grads_[ci].narrow(0, 0, p.numel));
-    adam_->step_param(k);  // in memory: done on return
+    adam_->wait_update(adam_->step_param(k));  // states on disk: their slices stream through
   }
   piece_grads_[ci] = Tensor();
   ++stepped_chunks_;
@@ -163,13 +174,17 @@ void Gemini::finish_gather(bool all) {
     Chunk& c = *chunks_[static_cast<size_t>(g.chunk)];
     copy_bytes(c.flat().raw_data(), c.flat().device(), g.out.raw_data(), Device::cpu(), c.nbytes());
     track_host(-(g.in.nbytes() + g.out.nbytes()));
+    // A disk-homed chunk goes back to disk and frees its RAM copy (settle_pending; updated: 0).
+    if (!c.on_nvme()) continue;
+    pending_.push_back({c.index(), 0, io::IoHandle(), false});
+    while (pending_.size() > 1) settle_pending(0, /*block=*/true);
   }
 }
 
 // Note [Sharded parameters]: a filled chunk keeps this rank's piece of rank 0's values.
 void Gemini::shard_chunk(Chunk& c) {
-  MW_CHECK_T(InvalidArgument, options_.host_capacity_bytes == 0,
-             "Gemini: chunks sharded across ranks cannot be homed on disk (--host-capacity)");
+  MW_CHECK(!to_disk_[static_cast<size_t>(c.index())], "chunk ", c.index(),
+           ": a sharded chunk's piece stays home, never on disk (Note [Three tiers])");
   if (options_.broadcast_from_rank0) options_.broadcast_from_rank0(c.flat());
   const ChunkPiece p = piece(c);
   const Device home = params_off_[static_cast<size_t>(c.index())] ? Device::cpu() : options_.device;
@@ -286,7 +301,8 @@ void Gemini::join_shard_gather(Chunk& c) {
 
 // with_parameters_streamed under sharded parameters (Note [Streaming from rank 0]): every rank
 // gathers the sharded chunks rank 0's writer reaches into RAM, one at a time.
-void Gemini::stream_sharded(const std::function<void(const Touch& touch)>& fn) {
+void Gemini::stream_sharded(const std::function<void(const Touch& touch)>& fn,
+                            const std::function<void(Chunk& c)>& local) {
   MW_CHECK(static_cast<bool>(reduction_.from_rank0), "Gemini: saving sharded chunks needs ",
            "from_rank0 (set_gradient_reduction)");
   Rank0Stream s;
@@ -298,8 +314,11 @@ void Gemini::stream_sharded(const std::function<void(const Touch& touch)>& fn) {
     fn([&](const std::string& name) {
       auto it = index_of_.find(name);
       MW_CHECK_T(InvalidArgument, it != index_of_.end(), "Gemini: no parameter named '", name, "'");
-      const Chunk& c = *chunks_[chunk_of_[it->second]];
-      if (c.sharded()) need(c.index());
+      Chunk& c = *chunks_[chunk_of_[it->second]];
+      if (c.sharded())
+        need(c.index());
+      else
+        local(c);  // a disk-homed chunk, read by the writer's rank alone
     });
   });
 }

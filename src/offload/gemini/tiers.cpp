@@ -23,16 +23,36 @@ double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0
 // (the gradient buffers of the chunk being reduced and of the first chunk, which completes last in
 // backward, and a chunk on its way home for its update). The budget plans the homes; transients
 // are reported (host_chunk_peak_bytes), not enforced.
+//
+// Note [Three tiers under data parallel]: under mpirun every rank plans its own tiers from its own
+// share of the model (TierChunk: a sharded chunk's home is its piece, and the Adam states are
+// those of this rank's pieces) against its own --host-capacity, with its own files (a private
+// directory, or files named by process id in a shared --nvme-dir).
+//  - A sharded chunk's piece never goes to disk: its all_gathers read it from home.
+//  - Construction: a chunk homed on disk takes rank 0's values (a broadcast) as it is filled,
+//    before it is written; the chunks that stay in memory are broadcast after construction.
+//  - Backward: a disk-homed chunk's complete gradient buffer is written only after its reduction:
+//    the spill waits for it, then takes the mean and the norm's share (stage 0), or copies out
+//    this rank's piece and frees the buffer, leaving nothing to write (stages 2-3). That wait
+//    exposes the collective, but every rank waits for the same reductions in the same order, so
+//    none waits for one the others have not started.
+//  - Step: stage 0 steps the chunk's RAM copy as one process does; stage 2 reads the chunk into
+//    RAM, steps this rank's piece (waiting for its states when they stream from disk),
+//    all_gathers every rank's updated piece into the copy, writes it back and frees it.
+//  - Saving: rank 0 reads its disk-homed chunks one at a time while sharded chunks are gathered
+//    collectively (stream_sharded).
 void Gemini::plan_tiers(optim::HybridAdamOptions& adam) {
   const int64_t cap = options_.host_capacity_bytes;
-  std::vector<int64_t> bytes;
+  std::vector<TierChunk> tiers;
   int64_t largest = 0;
-  for (const auto& c : chunks_) {
-    bytes.push_back(c->nbytes());
+  for (const auto& c : chunks_) {  // this rank's share (Note [Sharded optimizer states])
+    const size_t k = static_cast<size_t>(c->index());
+    const int64_t piece_bytes = piece(*c).stride * 4;
+    tiers.push_back({c->nbytes(), shard_params_[k] ? piece_bytes : c->nbytes(), 2 * piece_bytes,
+                     params_off_[k], optim_on_host_[k], shard_params_[k]});
     largest = std::max(largest, c->nbytes());
   }
-  const TierPlan plan = gemini::plan_tiers(bytes, params_off_, optim_on_host_, cap,
-                                           adam.nvme.fraction, adam.nvme.window_bytes);
+  const TierPlan plan = gemini::plan_tiers(tiers, cap, adam.nvme.fraction, adam.nvme.window_bytes);
   adam.nvme.fraction = plan.nvme_fraction;
   std::vector<int> to_disk;
   for (int c = static_cast<int>(chunks_.size()) - 1; c >= 0; --c)
@@ -130,7 +150,6 @@ void Gemini::with_parameters_readable(const std::function<void()>& fn) {
 void Gemini::with_parameters_streamed(const std::function<void(const Touch& touch)>& fn) {
   MW_CHECK(pending_.empty() && gathered_.empty(),
            "with_parameters_streamed must be called between steps");
-  if (shards_parameters()) return stream_sharded(fn);  // Note [Sharded parameters]
   Chunk* current = nullptr;
   struct Drop {  // frees the RAM copy on every exit path
     Chunk*& chunk;
@@ -138,16 +157,19 @@ void Gemini::with_parameters_streamed(const std::function<void(const Touch& touc
       if (chunk) chunk->drop_ram();
     }
   } drop{current};
-  fn([&](const std::string& name) {
-    auto it = index_of_.find(name);
-    MW_CHECK_T(InvalidArgument, it != index_of_.end(), "Gemini: no parameter named '", name, "'");
-    Chunk& c = *chunks_[chunk_of_[it->second]];
+  auto from_disk = [&](Chunk& c) {  // one disk-homed chunk in RAM at a time
     if (!c.on_nvme() || &c == current) return;
     if (current) current->drop_ram();
     current = nullptr;
     c.bring_home_to_ram();
     current = &c;
     swap_->read(str("chunk.", c.index()), c.storage()->data()).wait();
+  };
+  if (shards_parameters()) return stream_sharded(fn, from_disk);  // Note [Sharded parameters]
+  fn([&](const std::string& name) {
+    auto it = index_of_.find(name);
+    MW_CHECK_T(InvalidArgument, it != index_of_.end(), "Gemini: no parameter named '", name, "'");
+    from_disk(*chunks_[chunk_of_[it->second]]);
   });
 }
 
