@@ -39,6 +39,7 @@ struct Variant {
   bool checkpoint = false;
   int64_t host_capacity_bytes = 0;  // three tiers
   std::string nvme_dir;
+  bool disk_reads_through_host = false;
   std::function<void(Gemini&)> before_training;
 };
 
@@ -74,6 +75,7 @@ TrainRun train(const Variant& v, int steps = 4) {
     o.verbose = false;
     o.host_capacity_bytes = v.host_capacity_bytes;
     o.nvme_dir = v.nvme_dir;
+    o.disk_reads_through_host = v.disk_reads_through_host;
     o.adam.nvme.slice_numel = 1024;      // small slices and window: a tiny model streams too
     o.adam.nvme.window_bytes = 8 << 13;  // two 32 KiB slots
     auto g = std::make_unique<Gemini>(model, o);
@@ -242,7 +244,7 @@ using mw::testing::entries;
 
 // Three tiers: a host budget that holds neither the Adam states nor every chunk sends the states
 // to disk (NvmeAdamStates) and homes chunks on disk (Note [NVMe-homed chunks]). Same bits as the
-// plain run, real disk traffic, and no file left behind.
+// plain run, real disk traffic, and no file left behind; also with CUDA's way of reading chunks.
 TEST(GeminiTrain, ThreeTiersAreBitwiseAndLeaveNoFiles) {
   char dir[] = "/tmp/gemini-tiers-XXXXXX";
   ASSERT_NE(::mkdtemp(dir), nullptr);
@@ -252,9 +254,17 @@ TEST(GeminiTrain, ThreeTiersAreBitwiseAndLeaveNoFiles) {
   v.nvme_dir = dir;
   v.host_capacity_bytes = (64 << 10) /* window */ + 3 * 80000 /* reserve */ + 2 * 80000;
   const TrainRun run = train(v);
-  expect_bitwise(train({}), run, "three tiers");
+  const TrainRun plain = train({});
+  expect_bitwise(plain, run, "three tiers");
   EXPECT_GT(run.stats.nvme_read_bytes, 0);
   EXPECT_GT(run.stats.nvme_write_bytes, 0);
+  // Note [Disk reads through the host]: cuda's path (a host buffer, then a copy to the device),
+  // run on sim: the same bits, and every chunk read from disk for an op also crosses host->device.
+  v.disk_reads_through_host = true;
+  const TrainRun through = train(v);
+  expect_bitwise(plain, through, "three tiers, disk reads through the host");
+  EXPECT_EQ(through.stats.nvme_read_bytes, run.stats.nvme_read_bytes);
+  EXPECT_GT(through.stats.h2d_bytes, run.stats.h2d_bytes);
   EXPECT_TRUE(entries(dir).empty()) << "a swap file was left behind in " << dir;
   ::rmdir(dir);
 }

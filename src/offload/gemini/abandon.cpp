@@ -45,8 +45,8 @@ void Gemini::abandon_step() {
   for (auto& g : piece_grads_) g = Tensor();  // Note [Sharded optimizer states]
   for (auto& done : reduced_) done = nullptr;
   gathering_.clear();
-  for (auto& [c, read] : inflight_) read.join();  // never free bytes a read is filling
-  for (auto& [c, wait] : shard_inflight_) try {   // or an all_gather (Note [Shard prefetch])
+  for (auto& [c, read] : inflight_) read.io.join();  // never free bytes a read is filling
+  for (auto& [c, wait] : shard_inflight_) try {      // or an all_gather (Note [Shard prefetch])
       wait();
     } catch (...) {
     }

@@ -63,7 +63,7 @@ Gemini::Gemini(nn::Module& model, GeminiOptions options)
 Gemini::~Gemini() {
   alive_.reset();                           // hooks see the optimizer gone and do nothing
   for (auto& w : pending_) w.write.join();  // never leave I/O into freed memory
-  for (auto& [c, read] : inflight_) read.join();
+  for (auto& [c, read] : inflight_) read.io.join();
   for (auto& [c, wait] : shard_inflight_) try {  // Note [Shard prefetch]
       wait();
     } catch (...) {
@@ -288,7 +288,8 @@ void Gemini::gather(Chunk& c, const std::string& why) {
   } else if (c.on_nvme()) {            // Note [NVMe-homed chunks]: disk -> device copy
     void* bytes = c.gather_uninitialized(options_.device);
     try {
-      swap_->read(str("chunk.", c.index()), bytes).wait();
+      DiskRead read = start_disk_read(c, bytes);
+      finish_disk_read(c, read);
     } catch (...) {
       c.release_copy();
       throw;
@@ -325,7 +326,7 @@ void Gemini::release(Chunk& c, bool eviction) {
     }
   }
   if (auto it = inflight_.find(c.index()); it != inflight_.end()) {
-    it->second.join();  // never free bytes a read is filling; its error dies with the copy
+    it->second.io.join();  // never free bytes a read is filling; its error dies with the copy
     inflight_.erase(it);
   }
   c.release_copy();

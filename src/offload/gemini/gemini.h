@@ -77,6 +77,10 @@ struct GeminiOptions {
   // 0 = unlimited. What does not fit goes to disk under nvme_dir ("" = a private directory).
   int64_t host_capacity_bytes = 0;
   std::string nvme_dir;
+  // Note [Disk reads through the host] (tiers.cpp): disk-homed chunks are read into a host buffer
+  // and copied to the device. Always so on cuda (O_DIRECT cannot land in device memory); on sim
+  // (host memory) only when set, which the tests do to run that path.
+  bool disk_reads_through_host = false;
   bool verbose = true;  // print the search line and the auto plan
   // Note [Sharded optimizer states] (shard.cpp): with shard_ranks > 1, this rank's HybridAdam
   // holds and steps only its piece of each chunk (ZeRO stage 2 on chunks); the gradients are
@@ -331,8 +335,17 @@ class Gemini : public optim::Optimizer {
     bool writing = false;
   };
   std::vector<PendingWrite> pending_;
+  // A disk read into a gathered chunk's device copy, through `bounce` when the device's memory is
+  // not the host's (Note [Disk reads through the host]).
+  struct DiskRead {
+    io::IoHandle io;
+    AlignedBuffer bounce;
+    void* device_bytes = nullptr;
+  };
+  DiskRead start_disk_read(Chunk& c, void* device_bytes);
+  void finish_disk_read(Chunk& c, DiskRead& read);
   // Note [Prefetch]: disk reads of chunks gathered ahead of their op, by chunk.
-  std::unordered_map<int, io::IoHandle> inflight_;
+  std::unordered_map<int, DiskRead> inflight_;
 
   // Note [Deferred updates]: chunks with gradients in RAM on their way to disk, oldest first;
   // the chunks whose gradient buffer (disk-homed chunks only) is in RAM, oldest first; per tensor,

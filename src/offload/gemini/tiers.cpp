@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "core/allocator.h"
+#include "core/cuda_stream.h"
 #include "core/numbers.h"
 #include "offload/gemini/gemini.h"
 #include "offload/io/scratch_dir.h"
@@ -204,7 +205,7 @@ void Gemini::prefetch_after(int64_t t) {
         return;
       const double t0 = now_us();
       void* bytes = chunk.gather_uninitialized(options_.device);
-      inflight_[c] = swap_->read(str("chunk.", c), bytes);
+      inflight_[c] = start_disk_read(chunk, bytes);
       gathered_.push_back(c);
       gathered_bytes_ += chunk.nbytes();
       iter_.nvme_read_bytes += chunk.nbytes();
@@ -214,6 +215,34 @@ void Gemini::prefetch_after(int64_t t) {
       if (trace_out_) trace_out_->slice(str("prefetch chunk ", c), "move", t0, now_us() - t0, 1);
     }
   }
+}
+
+// Note [Disk reads through the host]: the io engine reads with O_DIRECT, which lands in memory the
+// kernel can reach: sim's device memory is host memory, so there a disk-homed chunk is read
+// straight into its device copy; a CUDA device's is not, so there the read goes into a host buffer
+// (pinned, for a fast copy) and is copied to the device when the op waits for it. The buffer lives
+// as long as the read: one chunk per read in flight (up to the next two ops' chunks with a plan),
+// on top of the host budget's homes; it is counted as host->device traffic too.
+Gemini::DiskRead Gemini::start_disk_read(Chunk& c, void* device_bytes) {
+  DiskRead r;
+  const std::string key = str("chunk.", c.index());
+  if (!options_.device.is_cuda() && !options_.disk_reads_through_host) {
+    r.io = swap_->read(key, device_bytes);
+    return r;
+  }
+  const int64_t n = (c.nbytes() + 4095) / 4096 * 4096;  // O_DIRECT reads whole blocks
+  r.bounce = options_.device.is_cuda() ? PinnedHostBuffer(n) : AlignedBuffer(n);
+  r.device_bytes = device_bytes;
+  r.io = swap_->read(key, r.bounce.data());
+  return r;
+}
+
+void Gemini::finish_disk_read(Chunk& c, DiskRead& read) {
+  read.io.wait();  // throws the IoError naming the file, offset and errno
+  if (!read.device_bytes) return;
+  copy_bytes(read.device_bytes, options_.device, read.bounce.data(), Device::cpu(), c.nbytes());
+  iter_.h2d_bytes += c.nbytes();
+  run_.h2d_bytes += c.nbytes();
 }
 
 // Waits for bytes in flight into a gathered chunk (a disk read, an all_gather) and returns the
@@ -235,10 +264,10 @@ void Gemini::wait_inflight(Chunk& c) {
   if (c.sharded()) return join_shard_gather(c);  // Note [Shard prefetch]
   auto it = inflight_.find(c.index());
   if (it == inflight_.end()) return;
-  io::IoHandle handle = it->second;
+  DiskRead read = std::move(it->second);
   inflight_.erase(it);
   const double t0 = now_us();
-  const double ms = await_copy(c, [&] { handle.wait(); });
+  const double ms = await_copy(c, [&] { finish_disk_read(c, read); });
   iter_.prefetch_wait_ms += ms;
   run_.prefetch_wait_ms += ms;
   if (trace_out_) trace_out_->slice(str("prefetch wait chunk ", c.index()), "wait", t0, ms * 1e3);
