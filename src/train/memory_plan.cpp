@@ -214,6 +214,7 @@ struct GeminiHomes {
   std::vector<bool> params_off, optim_on_host;
   int64_t host_chunks = 0, host_states = 0, device_states = 0;
   std::vector<gemini::TierChunk> tiers;  // Note [Three tiers], as this rank holds them
+  bool sharded_states = false;           // --zero 2|3 under mpirun: pieces of m, v, gradients
 };
 
 GeminiHomes gemini_homes(const PlanInputs& in, const ChunkBytes& chunks) {
@@ -230,6 +231,7 @@ GeminiHomes gemini_homes(const PlanInputs& in, const ChunkBytes& chunks) {
   // Note [Sharded optimizer states] (--zero 2|3 under mpirun): each rank's m, v of its 1/N
   // piece; Note [Sharded parameters]: the sharded chunks' homes hold pieces too.
   const int64_t pieces = in.zero_stage >= 2 && in.ranks > 1 ? in.ranks : 1;
+  h.sharded_states = pieces > 1;
   const std::vector<bool> sharded = pieces > 1
                                         ? gemini::choose_offloaded(chunks.each, g.shard_param_frac)
                                         : std::vector<bool>(n, false);
@@ -284,17 +286,24 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t act_peak) {
   gemini::TierPlan t;
   if (g.host_capacity_bytes > 0)
     t = gemini::plan_tiers(h.tiers, g.host_capacity_bytes, in.nvme_fraction, in.nvme_window_bytes);
-  // Note [Deferred updates] (offload/gemini/deferred.cpp): with --grad-clip/--grad-accum every
-  // chunk's gradient buffer lives until step(), where its Adam states are; those of disk-homed
-  // chunks go to disk (all but the newest, inside the reserve).
+  // Note [Deferred updates] (offload/gemini/deferred.cpp): with --grad-clip/--grad-accum (and
+  // under data parallel) every chunk's gradient buffer lives until step(), where its Adam states
+  // are; those of disk-homed chunks go to disk (all but the newest, inside the reserve). Under
+  // sharded states only this rank's reduced piece lives on, disk-homed chunks' too (Note [Three
+  // tiers under data parallel]); the three tiers' reserve holds the full buffers being reduced.
+  // Without a host budget there is no reserve, and whole buffers are counted: they cover those
+  // (measured: docs/distributed.md, "Gemini with --zero 2").
   int64_t deferred_host_grads = 0;
   if (!in.update_in_backward) {
     int64_t device_grads = 0;
-    for (size_t c = 0; c < n; ++c)
+    for (size_t c = 0; c < n; ++c) {
+      const int64_t kept = g.host_capacity_bytes > 0 ? h.tiers[c].state_bytes / 2  // a piece
+                                                     : chunks.each[c];
       if (!h.optim_on_host[c])
-        device_grads += chunks.each[c];
-      else if (t.on_disk.empty() || !t.on_disk[c])
-        deferred_host_grads += chunks.each[c];
+        device_grads += kept;
+      else if (h.sharded_states || t.on_disk.empty() || !t.on_disk[c])
+        deferred_host_grads += kept;
+    }
     if (device_grads > 0)
       add(p, "gradient buffers until step()", dev, device_grads,
           "--grad-clip/--grad-accum: updates after backward");
@@ -315,7 +324,8 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t act_peak) {
   add(p, "gradient buffers", "host", t.reserve_bytes, "3 x the largest chunk, kept free");
   if (deferred_host_grads > 0)  // RAM-homed chunks keep theirs until step(); disk-homed spill
     add(p, "gradient buffers until step()", "host", deferred_host_grads,
-        "--grad-clip/--grad-accum: RAM-homed chunks' gradients");
+        h.sharded_states ? "updates after backward: this rank's pieces"
+                         : "updates after backward: RAM-homed chunks' gradients");
 }
 
 }  // namespace

@@ -247,7 +247,8 @@ void Gemini::step_deferred() {
                         grads_in_ram_.end());
     finish_chunk(c);
   }
-  finish_gather(true);  // Note [Sharded optimizer states]
+  start_piece_gathers(true);  // Note [Sharded optimizer states]
+  finish_gather(true);
   poll_spills(true);
 }
 

@@ -374,6 +374,13 @@ class Gemini : public optim::Optimizer {
     std::function<void()> wait;
   };
   std::vector<Gathering> gathering_;
+  // Stepped pieces of replicated chunks waiting for their update before their all_gather.
+  struct Stepping {
+    int chunk = 0;
+    uint64_t ticket = 0;  // HybridAdam::update_done
+  };
+  std::vector<Stepping> stepping_;
+  void start_piece_gathers(bool all);
   // Note [Shard prefetch]: whether every rank agreed to gather the next op's sharded chunks
   // ahead, and the waits of those all_gathers in flight, by chunk.
   bool prefetch_shards_ = false;

@@ -137,32 +137,50 @@ double Gemini::sharded_norm() {
 // step(): this rank's piece stepped, then every rank's piece gathered into the chunk.
 void Gemini::update_piece(Chunk& c) {
   const size_t ci = static_cast<size_t>(c.index());
-  if (c.on_nvme())  // Note [Three tiers under data parallel]: its RAM copy is stepped, gathered
-                    // into
+  if (c.on_nvme())  // Note [Three tiers under data parallel]: its RAM copy is stepped
     bring_home(c);
   else if (c.gathered())
     release(c, false);  // the home is stepped: a device copy would be stale
-  const ChunkPiece p = piece(c);
   const double t0 = now_us();
+  uint64_t ticket = 0;
   if (adam_index_[ci] >= 0) {
     const size_t k = static_cast<size_t>(adam_index_[ci]);
-    set_grad(adam_->params()[k], piece_grads_[ci].narrow(0, 0, p.numel));
-    adam_->wait_update(adam_->step_param(k));  // states on disk: their slices stream through
+    set_grad(adam_->params()[k], piece_grads_[ci].narrow(0, 0, piece(c).numel));
+    ticket = adam_->step_param(k);  // states on disk: done later, on the updater thread
   }
   piece_grads_[ci] = Tensor();
   ++stepped_chunks_;
   if (trace_out_) trace_out_->slice(str("adam piece ", c.index()), "optim", t0, now_us() - t0);
   if (c.sharded()) return;  // stepped in place; the next op that needs it gathers it
-  Gathering g;
-  g.chunk = c.index();
-  g.in = Tensor::zeros({p.stride}, DType::F32, Device::cpu());
-  g.out = Tensor::empty({p.stride * options_.shard_ranks}, DType::F32, Device::cpu());
-  copy_bytes(g.in.raw_data(), Device::cpu(), static_cast<float*>(c.flat().raw_data()) + p.offset,
-             c.flat().device(), p.numel * 4);
-  track_host(g.in.nbytes() + g.out.nbytes());
-  g.wait = reduction_.all_gather(g.in, g.out).wait;
-  gathering_.push_back(std::move(g));
-  finish_gather(false);
+  stepping_.push_back({c.index(), ticket});
+  start_piece_gathers(false);
+}
+
+// The updated pieces are all_gathered into their chunks in the order they were stepped (the
+// same on every rank), each once its update ran. While the updater steps one piece (its states
+// streaming from disk) the next chunk comes home; the oldest is waited for once two are queued
+// (all: every one), so the chunks' RAM copies stay two.
+void Gemini::start_piece_gathers(bool all) {
+  while (!stepping_.empty()) {
+    const Stepping s = stepping_.front();
+    if (!adam_->update_done(s.ticket)) {
+      if (!all && stepping_.size() < 2) return;
+      adam_->wait_update(s.ticket);
+    }
+    stepping_.erase(stepping_.begin());
+    Chunk& c = *chunks_[static_cast<size_t>(s.chunk)];
+    const ChunkPiece p = piece(c);
+    Gathering g;
+    g.chunk = c.index();
+    g.in = Tensor::zeros({p.stride}, DType::F32, Device::cpu());
+    g.out = Tensor::empty({p.stride * options_.shard_ranks}, DType::F32, Device::cpu());
+    copy_bytes(g.in.raw_data(), Device::cpu(), static_cast<float*>(c.flat().raw_data()) + p.offset,
+               c.flat().device(), p.numel * 4);
+    track_host(g.in.nbytes() + g.out.nbytes());
+    g.wait = reduction_.all_gather(g.in, g.out).wait;
+    gathering_.push_back(std::move(g));
+    finish_gather(false);
+  }
 }
 
 // Completes the oldest gathers (all, or all but the newest), copying each into its chunk.
