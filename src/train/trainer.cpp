@@ -275,10 +275,12 @@ void Trainer::build_optimizer() {
     hybrid_ = &gem_->adam();
     if (o_.updates_after_backward() || dp_) {  // data parallel: the gradients are reduced first
       gem_->set_deferred_updates(true);
-      print_(
-          str("Gemini: updates deferred to after backward for ",
-              dp_ ? "data parallel" : "--grad-clip/--grad-accum/fp16",
-              ": chunk gradients accumulate over the micro-batches (Note [Deferred updates])\n"));
+      if (o_.updates_after_backward())
+        print_(
+            "Gemini: updates deferred to after backward for --grad-clip/--grad-accum/fp16: "
+            "chunk gradients accumulate over the micro-batches (Note [Deferred updates])\n");
+      else  // Note [Updates as reductions complete]
+        gem_->set_updates_as_reduced(true);
     }
     if (dp_) connect_gemini();
   } else if (o_.optimizer == "adamw") {

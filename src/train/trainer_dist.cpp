@@ -101,20 +101,25 @@ void Trainer::setup_data_parallel() {
     dp_->broadcast_parameters();  // the same initial weights everywhere, whatever each rank built
   }
   set_dropout_batch_shard({local_batch() * dp_->rank(), local_batch(), o_.batch});
+  const std::string when = o_.updates_after_backward()  // Note [Updates as reductions complete]
+                               ? "updates after backward"
+                               : "each chunk updated in backward once its reduction completes";
   const std::string what =
       o_.gemini.empty() ? dp_->describe()
       : o_.zero_stage >= 2
           ? str("Data parallel: ", n, n == 1 ? " rank (" : " ranks (", o_.comm->backend(),
                 "), ZeRO stage ", o_.zero_stage, " under Gemini: every rank steps its 1/", n,
                 " piece of each chunk (Adam states and reduced gradients), each chunk's gradient "
-                "reduce_scattered as soon as backward completes it; ",
+                "reduce_scattered as soon as backward completes it, ",
+                when, "; ",
                 gemini_owned_->shards_parameters()
                     ? "sharded chunks keep only their pieces, all_gathered around the ops that "
                       "use them, the others are all_gathered after the updates"
                     : "the updated pieces all_gathered after the updates")
           : str("Data parallel: ", n, n == 1 ? " rank (" : " ranks (", o_.comm->backend(),
                 "), ZeRO stage 0 under Gemini: every rank holds every chunk, each chunk's gradient "
-                "all_reduced as soon as backward completes it, updates after backward");
+                "all_reduced as soon as backward completes it, ",
+                when);
   print_(what + str("; global batch ", o_.batch, " = ", n, " x ", local_batch(), " rows\n"));
   o_.comm->reset_stats();  // from here on: the training steps' collectives only
 }
@@ -248,6 +253,12 @@ std::string Trainer::data_parallel_report() const {
                        " embedding gradient(s) per step reduced during backward, their rows after")
                  : std::string(),
              "\n");
+  if (gem_ && !o_.updates_after_backward())  // Note [Updates as reductions complete]
+    out += str("Data parallel: Gemini updated ",
+               format_fixed(static_cast<double>(gem_->run_stats().updated_in_backward) / steps, 1),
+               " of ", gem_->chunks().size(),
+               " chunks per step in backward, as their reductions "
+               "completed\n");
   if (gem_) return out + gemini_memory_text(*gem_, psi);
   int64_t nvme_bytes = 0;
   if (hybrid_ && hybrid_->nvme()) nvme_bytes = hybrid_->offloaded_numel() * 8;

@@ -74,6 +74,15 @@ TEST_P(DataParallelMatchesOneProcess, LossesAndWeights) {
   EXPECT_EQ(b.output.find("sharded across 2 ranks: this rank homes its") != std::string::npos,
             shards)
       << b.output;
+  // Note [Updates as reductions complete]: without clipping or accumulation, chunks are updated
+  // in backward, one behind their reductions: all but the last (with more than one chunk).
+  if (!split && options.find("--grad-") == std::string::npos) {
+    std::smatch m;
+    const std::regex updated("Gemini updated ([0-9.]+) of ([0-9]+) chunks per step in backward");
+    ASSERT_TRUE(std::regex_search(b.output, m, updated)) << b.output;
+    EXPECT_EQ(std::stod(m[1]) > 0, std::stod(m[2]) > 1) << m[0];
+    EXPECT_LT(std::stod(m[1]), std::stod(m[2])) << m[0];
+  }
   // Note [Three tiers under data parallel]: each rank's own budget homed chunks (replicated
   // ones) or Adam states on disk.
   if (options.find("--host-capacity") != std::string::npos) {

@@ -45,8 +45,9 @@ void Gemini::abandon_step() {
   for (auto& g : piece_grads_) g = Tensor();  // Note [Sharded optimizer states]
   for (auto& done : reduced_) done = nullptr;
   gathering_.clear();
-  for (const Stepping& s : stepping_)  // stepped disk-homed chunks go home as below
-    if (chunks_[static_cast<size_t>(s.chunk)]->on_nvme())
+  reduced_order_.clear();
+  for (const Stepping& s : stepping_)  // stepped disk-homed chunks in RAM go home as below
+    if (chunks_[static_cast<size_t>(s.chunk)]->on_nvme() && !s.piece.defined())
       pending_.push_back({s.chunk, s.ticket, io::IoHandle(), false});
   stepping_.clear();
   for (auto& [c, read] : inflight_) read.io.join();  // never free bytes a read is filling

@@ -79,11 +79,62 @@ void Gemini::add_gradient(Chunk& c, const ChunkMember& member, const Tensor& g,
 void Gemini::complete_deferred(Chunk& c) {
   c.grads_ready = 0;
   ++c.backwards_done;
-  if (final_backward_ && reducing())  // Note [Gemini under data parallel]
+  if (final_backward_ && reducing()) {  // Note [Gemini under data parallel]
     start_reduction(c);
-  else if (final_backward_)
+    if (updates_as_reduced_) {  // Note [Updates as reductions complete]
+      reduced_order_.push_back(c.index());
+      update_reduced(1);
+    }
+  } else if (final_backward_) {
     take_norm_parts(c);
+  }
   if (c.on_nvme()) spill_grads(/*all=*/false);
+}
+
+// Note [Updates as reductions complete]: under data parallel without clipping, accumulation or
+// fp16 loss scaling (nothing needs every gradient before the first update), a chunk is updated in
+// backward, as one process updates it, one chunk behind its reduction: when backward completes a
+// chunk and starts its reduction, the reduction of the chunk completed before it is waited for
+// and that chunk updated, so each reduction has a chunk's worth of backward to complete in. A
+// replicated chunk is stepped whole (no collective); under sharded states this rank's piece is
+// stepped and the all_gathers of the updated pieces are left to step(), in the order the pieces
+// were stepped: every rank issues the same collectives in the same order (a disk-homed chunk
+// keeps only its updated piece until then, park_stepped in shard.cpp). Left to step(), as before:
+// the last chunk, a chunk still in use, chunks backward never completed, gradients on disk. The
+// logged norm is still every chunk's share, taken as each reduction settles.
+void Gemini::set_updates_as_reduced(bool on) {
+  MW_CHECK(op_ == 0 && !evaluating_ && (!on || deferred_),
+           "Gemini::set_updates_as_reduced needs deferred updates, between steps");
+  updates_as_reduced_ = on;
+}
+
+// Updates the oldest chunks whose reductions started, until `keep` are left.
+void Gemini::update_reduced(size_t keep) {
+  while (reduced_order_.size() > keep) {
+    Chunk& c = *chunks_[static_cast<size_t>(reduced_order_.front())];
+    reduced_order_.erase(reduced_order_.begin());
+    settle_reduction(c);
+    if (c.gathered() && pinned(c)) continue;  // still in use: step() updates it
+    if (sharded()) {
+      if (!piece_grads_[static_cast<size_t>(c.index())].defined()) continue;
+      update_piece(c, /*gather=*/false);
+      if (c.on_nvme()) park_stepped(false);
+      iter_.updated_in_backward += keep > 0;  // not the last, at step()
+      run_.updated_in_backward += keep > 0;
+      continue;
+    }
+    if (!c.grad.defined()) continue;  // on disk: step() restores and updates it
+    grads_in_ram_.erase(std::remove(grads_in_ram_.begin(), grads_in_ram_.end(), c.index()),
+                        grads_in_ram_.end());
+    struct Updating {  // finish_chunk steps it now rather than deferring it again
+      bool& flag;
+      ~Updating() { flag = false; }
+    } updating{updating_};
+    updating_ = true;
+    finish_chunk(c);
+    iter_.updated_in_backward += keep > 0;  // not the last, at step()
+    run_.updated_in_backward += keep > 0;
+  }
 }
 
 void Gemini::set_gradient_reduction(GradientReduction reduction) {
@@ -155,7 +206,11 @@ void Gemini::spill_grads(bool all) {
     // A sharded chunk's is then freed instead (settle_piece), which takes it off the list.
     if (reducing()) settle_reduction(c);
     --complete;
-    if (!c.grad.defined()) continue;
+    if (!c.grad.defined()) {  // nothing left to write
+      if (k < grads_in_ram_.size() && grads_in_ram_[k] == c.index())
+        grads_in_ram_.erase(grads_in_ram_.begin() + static_cast<std::ptrdiff_t>(k));
+      continue;
+    }
     Spill s;
     s.chunk = c.index();
     s.buffer = std::move(c.grad);
@@ -217,6 +272,7 @@ double Gemini::grad_norm() {
 }
 
 void Gemini::step_deferred() {
+  update_reduced(0);  // Note [Updates as reductions complete]
   settle_reductions();
   std::vector<int> order;
   for (auto& c : chunks_)

@@ -114,7 +114,8 @@ struct GeminiStats {
   double shard_gather_ms =
       0;  // ops waiting for sharded chunks' all_gathers (Note [Sharded parameters])
   int64_t host_chunk_peak_bytes = 0;  // host bytes of chunks: homes, parked, gradient buffers
-  int64_t off_plan = 0;  // iterations (or evaluations) whose ops left the recorded plan
+  int64_t off_plan = 0;             // iterations (or evaluations) whose ops left the recorded plan
+  int64_t updated_in_backward = 0;  // chunks (Note [Updates as reductions complete])
 };
 
 class Gemini : public optim::Optimizer {
@@ -171,6 +172,10 @@ class Gemini : public optim::Optimizer {
   // Whether the coming backward is the step's last (default true): then each chunk's gradient is
   // final when complete, and its share of the norm is taken at once.
   void set_final_backward(bool final) { final_backward_ = final; }
+  // Note [Updates as reductions complete] (deferred.cpp): under data parallel, with nothing that
+  // needs every gradient before the first update (no clipping, accumulation or loss scaling), each
+  // chunk is updated in backward once its reduction completes. Needs deferred updates.
+  void set_updates_as_reduced(bool on);
   // Note [Gemini under data parallel] (deferred.cpp): with several ranks, `start` begins summing a
   // chunk's gradient buffer over the ranks in place (an asynchronous all_reduce; it returns the
   // wait), as soon as the step's last backward completes the chunk; the sum is then multiplied by
@@ -275,7 +280,8 @@ class Gemini : public optim::Optimizer {
   void start_reduction(Chunk& c);
   void settle_piece(Chunk& c);
   void settle_done_pieces();
-  void update_piece(Chunk& c);
+  void update_piece(Chunk& c, bool gather = true);
+  void update_reduced(size_t keep);
   void finish_gather(bool all);
   double sharded_norm();
   // Note [Sharded parameters] (shard.cpp).
@@ -366,6 +372,8 @@ class Gemini : public optim::Optimizer {
   // rank's piece of the reduced gradient and its sum of squares; the all_gathers in flight.
   std::vector<int> adam_index_;
   std::vector<std::function<bool()>> reduced_;  // per chunk in flight: its reduce_scatter is done
+  bool updates_as_reduced_ = false;             // Note [Updates as reductions complete]
+  std::vector<int> reduced_order_;              // chunks whose reductions started, not yet updated
   std::vector<Tensor> piece_grads_;
   std::vector<double> piece_norm_sq_;
   struct Gathering {
@@ -378,9 +386,11 @@ class Gemini : public optim::Optimizer {
   struct Stepping {
     int chunk = 0;
     uint64_t ticket = 0;  // HybridAdam::update_done
+    Tensor piece;         // a disk-homed chunk's updated piece, its RAM copy freed (park_stepped)
   };
   std::vector<Stepping> stepping_;
   void start_piece_gathers(bool all);
+  void park_stepped(bool all);
   // Note [Shard prefetch]: whether every rank agreed to gather the next op's sharded chunks
   // ahead, and the waits of those all_gathers in flight, by chunk.
   bool prefetch_shards_ = false;

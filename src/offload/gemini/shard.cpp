@@ -128,14 +128,13 @@ void Gemini::settle_piece(Chunk& c) {
 
 double Gemini::sharded_norm() {
   double local = 0;
-  for (auto& c : chunks_)
-    if (piece_grads_[static_cast<size_t>(c->index())].defined())
-      local += piece_norm_sq_[static_cast<size_t>(c->index())];
+  for (auto& c : chunks_)  // settled this step (a piece updated in backward is gone already)
+    if (c->norm_taken) local += piece_norm_sq_[static_cast<size_t>(c->index())];
   return std::sqrt(reduction_.sum_over_ranks(local));
 }
 
 // step(): this rank's piece stepped, then every rank's piece gathered into the chunk.
-void Gemini::update_piece(Chunk& c) {
+void Gemini::update_piece(Chunk& c, bool gather) {
   const size_t ci = static_cast<size_t>(c.index());
   if (c.on_nvme())  // Note [Three tiers under data parallel]: its RAM copy is stepped
     bring_home(c);
@@ -152,8 +151,9 @@ void Gemini::update_piece(Chunk& c) {
   ++stepped_chunks_;
   if (trace_out_) trace_out_->slice(str("adam piece ", c.index()), "optim", t0, now_us() - t0);
   if (c.sharded()) return;  // stepped in place; the next op that needs it gathers it
-  stepping_.push_back({c.index(), ticket});
-  start_piece_gathers(false);
+  stepping_.push_back({c.index(), ticket, Tensor()});
+  if (gather)
+    start_piece_gathers(false);  // else step() does (Note [Updates as reductions complete])
 }
 
 // The updated pieces are all_gathered into their chunks in the order they were stepped (the
@@ -172,14 +172,46 @@ void Gemini::start_piece_gathers(bool all) {
     const ChunkPiece p = piece(c);
     Gathering g;
     g.chunk = c.index();
-    g.in = Tensor::zeros({p.stride}, DType::F32, Device::cpu());
     g.out = Tensor::empty({p.stride * options_.shard_ranks}, DType::F32, Device::cpu());
-    copy_bytes(g.in.raw_data(), Device::cpu(), static_cast<float*>(c.flat().raw_data()) + p.offset,
-               c.flat().device(), p.numel * 4);
-    track_host(g.in.nbytes() + g.out.nbytes());
+    track_host(g.out.nbytes());
+    if (s.piece.defined()) {  // parked: counted already
+      g.in = s.piece;
+    } else {
+      g.in = Tensor::zeros({p.stride}, DType::F32, Device::cpu());
+      copy_bytes(g.in.raw_data(), Device::cpu(),
+                 static_cast<float*>(c.flat().raw_data()) + p.offset, c.flat().device(),
+                 p.numel * 4);
+      track_host(g.in.nbytes());
+    }
     g.wait = reduction_.all_gather(g.in, g.out).wait;
     gathering_.push_back(std::move(g));
     finish_gather(false);
+  }
+}
+
+// Note [Updates as reductions complete] (deferred.cpp): a disk-homed chunk stepped in backward
+// keeps only this rank's updated piece until step() gathers it. Once its update ran (the oldest
+// waited for while two wait: all, every one), the piece is copied out and the RAM copy freed
+// unwritten; step() writes the gathered chunk home. So backward holds two chunks' RAM copies at
+// most, as the updates after backward do.
+void Gemini::park_stepped(bool all) {
+  size_t waiting = 0;
+  for (const Stepping& s : stepping_)
+    waiting += !s.piece.defined() && chunks_[static_cast<size_t>(s.chunk)]->on_nvme();
+  for (Stepping& s : stepping_) {
+    Chunk& c = *chunks_[static_cast<size_t>(s.chunk)];
+    if (s.piece.defined() || !c.on_nvme()) continue;
+    if (!adam_->update_done(s.ticket)) {
+      if (!all && waiting < 2) continue;
+      adam_->wait_update(s.ticket);
+    }
+    const ChunkPiece p = piece(c);
+    s.piece = Tensor::zeros({p.stride}, DType::F32, Device::cpu());
+    copy_bytes(s.piece.raw_data(), Device::cpu(),
+               static_cast<float*>(c.flat().raw_data()) + p.offset, c.flat().device(), p.numel * 4);
+    track_host(s.piece.nbytes() - c.nbytes());
+    c.drop_ram();
+    --waiting;
   }
 }
 
@@ -190,6 +222,10 @@ void Gemini::finish_gather(bool all) {
     gathering_.erase(gathering_.begin());
     g.wait();  // throws the communicator's error (a timeout names the collective)
     Chunk& c = *chunks_[static_cast<size_t>(g.chunk)];
+    if (c.on_nvme() && c.storage()->is_released()) {  // parked: RAM to write it home from
+      c.bring_home_to_ram();
+      track_host(c.nbytes());
+    }
     copy_bytes(c.flat().raw_data(), c.flat().device(), g.out.raw_data(), Device::cpu(), c.nbytes());
     track_host(-(g.in.nbytes() + g.out.nbytes()));
     // A disk-homed chunk goes back to disk and frees its RAM copy (settle_pending; updated: 0).
