@@ -141,7 +141,7 @@ void check_mode_options(const cli::Parser& p, const Options& o, bool nvme, bool 
                " has no effect without --offload nvme or --gemini");
   if (p.given("update-in-backward") && (o.optimizer == "adamw" || gemini))
     std::fprintf(stderr, "gpt2_train: warning: --update-in-backward has no effect with %s\n",
-                 gemini ? "--gemini (Gemini steps each chunk itself)" : "--optimizer adamw");
+                 gemini ? "--gemini in one process (it steps chunks)" : "--optimizer adamw");
   if (p.given("optimizer-states") && !o.device.is_sim())
     std::fprintf(stderr,
                  "gpt2_train: warning: --optimizer-states has no effect without --device sim\n");

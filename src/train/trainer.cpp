@@ -280,7 +280,7 @@ void Trainer::build_optimizer() {
             "Gemini: updates deferred to after backward for --grad-clip/--grad-accum/fp16: "
             "chunk gradients accumulate over the micro-batches (Note [Deferred updates])\n");
       else  // Note [Updates as reductions complete]
-        gem_->set_updates_as_reduced(true);
+        gem_->set_updates_as_reduced(o_.update_in_backward);
     }
     if (dp_) connect_gemini();
   } else if (o_.optimizer == "adamw") {
