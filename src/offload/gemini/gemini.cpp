@@ -64,6 +64,7 @@ Gemini::~Gemini() {
   alive_.reset();                           // hooks see the optimizer gone and do nothing
   for (auto& w : pending_) w.write.join();  // never leave I/O into freed memory
   for (auto& [c, read] : inflight_) read.io.join();
+  for (auto& s : stepping_) s.write.join();      // parked pieces on their way to disk
   for (auto& [c, wait] : shard_inflight_) try {  // Note [Shard prefetch]
       wait();
     } catch (...) {

@@ -386,7 +386,11 @@ class Gemini : public optim::Optimizer {
   struct Stepping {
     int chunk = 0;
     uint64_t ticket = 0;  // HybridAdam::update_done
-    Tensor piece;         // a disk-homed chunk's updated piece, its RAM copy freed (park_stepped)
+    // A disk-homed chunk's updated piece, its RAM copy freed (park_stepped): in RAM while
+    // `write` takes it to disk, then only there.
+    Tensor piece;
+    io::IoHandle write;
+    bool writing = false, on_disk = false;
   };
   std::vector<Stepping> stepping_;
   void start_piece_gathers(bool all);

@@ -151,7 +151,7 @@ void Gemini::update_piece(Chunk& c, bool gather) {
   ++stepped_chunks_;
   if (trace_out_) trace_out_->slice(str("adam piece ", c.index()), "optim", t0, now_us() - t0);
   if (c.sharded()) return;  // stepped in place; the next op that needs it gathers it
-  stepping_.push_back({c.index(), ticket, Tensor()});
+  stepping_.push_back({c.index(), ticket, Tensor(), io::IoHandle(), false, false});
   if (gather)
     start_piece_gathers(false);  // else step() does (Note [Updates as reductions complete])
 }
@@ -174,8 +174,15 @@ void Gemini::start_piece_gathers(bool all) {
     g.chunk = c.index();
     g.out = Tensor::empty({p.stride * options_.shard_ranks}, DType::F32, Device::cpu());
     track_host(g.out.nbytes());
-    if (s.piece.defined()) {  // parked: counted already
+    if (s.piece.defined()) {  // parked, still in RAM: counted already
+      if (s.writing) s.write.wait();
       g.in = s.piece;
+    } else if (s.on_disk) {  // parked on disk
+      g.in = Tensor::zeros({p.stride}, DType::F32, Device::cpu());
+      swap_->read(str("piece.", c.index()), g.in.raw_data()).wait();
+      iter_.nvme_read_bytes += g.in.nbytes();
+      run_.nvme_read_bytes += g.in.nbytes();
+      track_host(g.in.nbytes());
     } else {
       g.in = Tensor::zeros({p.stride}, DType::F32, Device::cpu());
       copy_bytes(g.in.raw_data(), Device::cpu(),
@@ -191,16 +198,17 @@ void Gemini::start_piece_gathers(bool all) {
 
 // Note [Updates as reductions complete] (deferred.cpp): a disk-homed chunk stepped in backward
 // keeps only this rank's updated piece until step() gathers it. Once its update ran (the oldest
-// waited for while two wait: all, every one), the piece is copied out and the RAM copy freed
-// unwritten; step() writes the gathered chunk home. So backward holds two chunks' RAM copies at
-// most, as the updates after backward do.
+// waited for while two wait: all, every one), the piece is copied out, the chunk's RAM copy freed
+// unwritten, and the piece itself written to disk and its RAM freed (at most two in flight), so
+// backward holds two chunks' RAM copies and two pieces at most, within the host budget's reserve;
+// step() reads each piece back for its all_gather and writes the gathered chunk home.
 void Gemini::park_stepped(bool all) {
   size_t waiting = 0;
   for (const Stepping& s : stepping_)
-    waiting += !s.piece.defined() && chunks_[static_cast<size_t>(s.chunk)]->on_nvme();
+    waiting += !s.piece.defined() && !s.on_disk && chunks_[static_cast<size_t>(s.chunk)]->on_nvme();
   for (Stepping& s : stepping_) {
     Chunk& c = *chunks_[static_cast<size_t>(s.chunk)];
-    if (s.piece.defined() || !c.on_nvme()) continue;
+    if (s.piece.defined() || s.on_disk || !c.on_nvme()) continue;
     if (!adam_->update_done(s.ticket)) {
       if (!all && waiting < 2) continue;
       adam_->wait_update(s.ticket);
@@ -211,7 +219,22 @@ void Gemini::park_stepped(bool all) {
                static_cast<float*>(c.flat().raw_data()) + p.offset, c.flat().device(), p.numel * 4);
     track_host(s.piece.nbytes() - c.nbytes());
     c.drop_ram();
+    s.write = swap_->write(str("piece.", c.index()), s.piece.raw_data(), s.piece.nbytes());
+    s.writing = true;
+    iter_.nvme_write_bytes += s.piece.nbytes();
+    run_.nvme_write_bytes += s.piece.nbytes();
     --waiting;
+  }
+  size_t writing = 0;
+  for (const Stepping& s : stepping_) writing += s.writing;
+  for (Stepping& s : stepping_) {  // oldest first; throws the IoError naming the file
+    if (!s.writing || (writing <= 2 && !s.write.done())) continue;
+    s.write.wait();
+    track_host(-s.piece.nbytes());
+    s.piece = Tensor();
+    s.writing = false;
+    s.on_disk = true;
+    --writing;
   }
 }
 
