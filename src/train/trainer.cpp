@@ -64,7 +64,7 @@ bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Traine
   in.config = config;
   in.batch = o.batch, in.seq = o.seq;
   in.adamw = o.optimizer == "adamw";
-  in.update_in_backward = o.update_in_backward && !o.updates_after_backward() && !o.data_parallel();
+  in.update_in_backward = o.steps_in_backward() && !o.data_parallel();
   in.states_on_host = o.states_on_host;
   in.nvme_fraction = o.nvme.fraction;
   in.nvme_window_bytes = o.gemini.empty() ? o.nvme.window_bytes : o.gemini_nvme_window_bytes;
@@ -280,7 +280,7 @@ void Trainer::build_optimizer() {
             "Gemini: updates deferred to after backward for --grad-clip/--grad-accum/fp16: "
             "chunk gradients accumulate over the micro-batches (Note [Deferred updates])\n");
       else  // Note [Updates as reductions complete]
-        gem_->set_updates_as_reduced(o_.update_in_backward);
+        gem_->set_updates_as_reduced(o_.steps_in_backward());
     }
     if (dp_) connect_gemini();
   } else if (o_.optimizer == "adamw") {
@@ -288,7 +288,7 @@ void Trainer::build_optimizer() {
                                           o_.hyper);
   } else {
     optim::HybridAdamOptions h(o_.hyper, -1.f, o_.nvme);
-    h.update_in_backward = o_.update_in_backward && !o_.updates_after_backward();
+    h.update_in_backward = o_.steps_in_backward();
     if (o_.updates_after_backward()) h.nvme.overlap_backward = false;
     if (dp_) h.update_in_backward = h.nvme.overlap_backward = false;  // gradients averaged first
     h.states_on_host = o_.states_on_host;

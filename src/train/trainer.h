@@ -114,6 +114,9 @@ struct TrainOptions {
   bool updates_after_backward() const {
     return grad_clip > 0 || grad_accum > 1 || precision == DType::F16;
   }
+  // --update-in-backward, where nothing needs every gradient first (under data parallel: Gemini's
+  // Note [Updates as reductions complete]).
+  bool steps_in_backward() const { return update_in_backward && !updates_after_backward(); }
 };
 
 // Note [Sampling during training]: --sample-every N prints a sample from the weights after every

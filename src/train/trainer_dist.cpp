@@ -101,7 +101,7 @@ void Trainer::setup_data_parallel() {
     dp_->broadcast_parameters();  // the same initial weights everywhere, whatever each rank built
   }
   set_dropout_batch_shard({local_batch() * dp_->rank(), local_batch(), o_.batch});
-  const std::string when = o_.updates_after_backward() || !o_.update_in_backward
+  const std::string when = !o_.steps_in_backward()
                                ? "updates after backward"
                                : "each chunk updated in backward once its reduction completes";
   const std::string what =
@@ -253,7 +253,7 @@ std::string Trainer::data_parallel_report() const {
                        " embedding gradient(s) per step reduced during backward, their rows after")
                  : std::string(),
              "\n");
-  if (gem_ && !o_.updates_after_backward() && o_.update_in_backward)
+  if (gem_ && o_.steps_in_backward())
     out += str("Data parallel: Gemini updated ",
                format_fixed(static_cast<double>(gem_->run_stats().updated_in_backward) / steps, 1),
                " of ", gem_->chunks().size(),

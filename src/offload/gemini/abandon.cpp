@@ -46,8 +46,8 @@ void Gemini::abandon_step() {
   for (auto& done : reduced_) done = nullptr;
   gathering_.clear();
   reduced_order_.clear();
-  for (const Stepping& s : stepping_) {  // stepped disk-homed chunks in RAM go home as below
-    if (s.writing) s.write.join();       // never free a piece a write is reading
+  for (const Stepping& s : stepping_) {     // stepped disk-homed chunks in RAM go home as below
+    if (s.piece.defined()) s.write.join();  // never free a piece a write is reading
     if (s.piece.defined() || s.on_disk) continue;
     if (chunks_[static_cast<size_t>(s.chunk)]->on_nvme())
       pending_.push_back({s.chunk, s.ticket, io::IoHandle(), false});

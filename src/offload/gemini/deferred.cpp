@@ -119,22 +119,24 @@ void Gemini::update_reduced(size_t keep) {
       if (!piece_grads_[static_cast<size_t>(c.index())].defined()) continue;
       update_piece(c, /*gather=*/false);
       if (c.on_nvme()) park_stepped(false);
-      iter_.updated_in_backward += keep > 0;  // not the last, at step()
-      run_.updated_in_backward += keep > 0;
-      continue;
+    } else {
+      if (!c.grad.defined()) continue;  // on disk: step() restores and updates it
+      forget_grads_in_ram(c);
+      struct Updating {  // finish_chunk steps it now rather than deferring it again
+        bool& flag;
+        ~Updating() { flag = false; }
+      } updating{updating_};
+      updating_ = true;
+      finish_chunk(c);
     }
-    if (!c.grad.defined()) continue;  // on disk: step() restores and updates it
-    grads_in_ram_.erase(std::remove(grads_in_ram_.begin(), grads_in_ram_.end(), c.index()),
-                        grads_in_ram_.end());
-    struct Updating {  // finish_chunk steps it now rather than deferring it again
-      bool& flag;
-      ~Updating() { flag = false; }
-    } updating{updating_};
-    updating_ = true;
-    finish_chunk(c);
     iter_.updated_in_backward += keep > 0;  // not the last, at step()
     run_.updated_in_backward += keep > 0;
   }
+}
+
+void Gemini::forget_grads_in_ram(const Chunk& c) {
+  grads_in_ram_.erase(std::remove(grads_in_ram_.begin(), grads_in_ram_.end(), c.index()),
+                      grads_in_ram_.end());
 }
 
 void Gemini::set_gradient_reduction(GradientReduction reduction) {
@@ -206,11 +208,7 @@ void Gemini::spill_grads(bool all) {
     // A sharded chunk's is then freed instead (settle_piece), which takes it off the list.
     if (reducing()) settle_reduction(c);
     --complete;
-    if (!c.grad.defined()) {  // nothing left to write
-      if (k < grads_in_ram_.size() && grads_in_ram_[k] == c.index())
-        grads_in_ram_.erase(grads_in_ram_.begin() + static_cast<std::ptrdiff_t>(k));
-      continue;
-    }
+    if (!c.grad.defined()) continue;  // settle_piece freed it and took it off the list
     Spill s;
     s.chunk = c.index();
     s.buffer = std::move(c.grad);
@@ -299,8 +297,7 @@ void Gemini::step_deferred() {
   for (int ci : order) {
     Chunk& c = *chunks_[static_cast<size_t>(ci)];
     if (c.grad_on_disk) restore_grad(c);
-    grads_in_ram_.erase(std::find(grads_in_ram_.begin(), grads_in_ram_.end(), ci),
-                        grads_in_ram_.end());
+    forget_grads_in_ram(c);
     finish_chunk(c);
   }
   start_piece_gathers(true);  // Note [Sharded optimizer states]

@@ -282,6 +282,8 @@ class Gemini : public optim::Optimizer {
   void settle_done_pieces();
   void update_piece(Chunk& c, bool gather = true);
   void update_reduced(size_t keep);
+  void forget_grads_in_ram(const Chunk& c);
+  Tensor copy_piece_out(const Chunk& c) const;
   void finish_gather(bool all);
   double sharded_norm();
   // Note [Sharded parameters] (shard.cpp).
@@ -386,11 +388,11 @@ class Gemini : public optim::Optimizer {
   struct Stepping {
     int chunk = 0;
     uint64_t ticket = 0;  // HybridAdam::update_done
-    // A disk-homed chunk's updated piece, its RAM copy freed (park_stepped): in RAM while
-    // `write` takes it to disk, then only there.
+    // A disk-homed chunk's updated piece, its RAM copy freed (park_stepped): defined while
+    // `write` takes it to disk, then only there (on_disk).
     Tensor piece;
     io::IoHandle write;
-    bool writing = false, on_disk = false;
+    bool on_disk = false;
   };
   std::vector<Stepping> stepping_;
   void start_piece_gathers(bool all);

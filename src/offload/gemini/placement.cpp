@@ -151,15 +151,6 @@ std::vector<bool> choose_offloaded(const std::vector<int64_t>& chunk_bytes, doub
 
 double default_auto_margin(bool cuda) { return cuda ? 0.10 : 0.02; }
 
-std::vector<TierChunk> tier_chunks(const std::vector<int64_t>& chunk_bytes,
-                                   const std::vector<bool>& params_off,
-                                   const std::vector<bool>& optim_on_host) {
-  std::vector<TierChunk> out(chunk_bytes.size());
-  for (size_t c = 0; c < out.size(); ++c)
-    out[c] = {chunk_bytes[c], chunk_bytes[c], 2 * chunk_bytes[c], params_off[c], optim_on_host[c]};
-  return out;
-}
-
 // Note [Three tiers]: Adam states go to disk first (two thirds of the model data, streamed through
 // a fixed window), then parameter chunks, last chunk first, until the rest fits beside the reserve.
 // Under data parallel the homes and states are this rank's (pieces when sharded); a sharded

@@ -81,10 +81,6 @@ struct TierChunk {
   bool optim_on_host = true;  // its Adam states off the device
   bool sharded = false;       // Note [Sharded parameters]: its piece stays home, never on disk
 };
-// One process's chunks: whole homes, m and v of the whole chunk.
-std::vector<TierChunk> tier_chunks(const std::vector<int64_t>& chunk_bytes,
-                                   const std::vector<bool>& params_off,
-                                   const std::vector<bool>& optim_on_host);
 struct TierPlan {
   std::vector<bool> on_disk;     // per chunk: homed on disk
   double nvme_fraction = 0;      // of Adam states on disk: as asked, or 1 when they do not fit

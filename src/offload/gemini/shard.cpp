@@ -67,6 +67,17 @@ ChunkPiece chunk_piece(int64_t chunk_numel, int rank, int ranks) {
   return p;
 }
 
+// This rank's piece of the chunk's bytes in RAM, stride elements (the tail past the chunk zero):
+// an all_gather's input.
+Tensor Gemini::copy_piece_out(const Chunk& c) const {
+  const ChunkPiece p = piece(c);
+  Tensor out = Tensor::zeros({p.stride}, DType::F32, Device::cpu());
+  copy_bytes(out.raw_data(), Device::cpu(),
+             static_cast<const float*>(c.flat().raw_data()) + p.offset, c.flat().device(),
+             p.numel * 4);
+  return out;
+}
+
 // Sharded states: ranks x stride elements, the reduce_scatter's input; else the chunk's.
 int64_t Gemini::grad_buffer_numel(const Chunk& c) const {
   return sharded() ? piece(c).stride * options_.shard_ranks : c.numel();
@@ -122,8 +133,7 @@ void Gemini::settle_piece(Chunk& c) {
   if (c.grad.device().is_cpu()) track_host(-c.grad.nbytes());
   c.grad = Tensor();
   c.norm_taken = true;
-  grads_in_ram_.erase(std::remove(grads_in_ram_.begin(), grads_in_ram_.end(), c.index()),
-                      grads_in_ram_.end());
+  forget_grads_in_ram(c);
 }
 
 double Gemini::sharded_norm() {
@@ -151,7 +161,7 @@ void Gemini::update_piece(Chunk& c, bool gather) {
   ++stepped_chunks_;
   if (trace_out_) trace_out_->slice(str("adam piece ", c.index()), "optim", t0, now_us() - t0);
   if (c.sharded()) return;  // stepped in place; the next op that needs it gathers it
-  stepping_.push_back({c.index(), ticket, Tensor(), io::IoHandle(), false, false});
+  stepping_.push_back({c.index(), ticket, Tensor(), io::IoHandle(), false});
   if (gather)
     start_piece_gathers(false);  // else step() does (Note [Updates as reductions complete])
 }
@@ -175,7 +185,7 @@ void Gemini::start_piece_gathers(bool all) {
     g.out = Tensor::empty({p.stride * options_.shard_ranks}, DType::F32, Device::cpu());
     track_host(g.out.nbytes());
     if (s.piece.defined()) {  // parked, still in RAM: counted already
-      if (s.writing) s.write.wait();
+      s.write.wait();
       g.in = s.piece;
     } else if (s.on_disk) {  // parked on disk
       g.in = Tensor::zeros({p.stride}, DType::F32, Device::cpu());
@@ -184,10 +194,7 @@ void Gemini::start_piece_gathers(bool all) {
       run_.nvme_read_bytes += g.in.nbytes();
       track_host(g.in.nbytes());
     } else {
-      g.in = Tensor::zeros({p.stride}, DType::F32, Device::cpu());
-      copy_bytes(g.in.raw_data(), Device::cpu(),
-                 static_cast<float*>(c.flat().raw_data()) + p.offset, c.flat().device(),
-                 p.numel * 4);
+      g.in = copy_piece_out(c);
       track_host(g.in.nbytes());
     }
     g.wait = reduction_.all_gather(g.in, g.out).wait;
@@ -213,26 +220,21 @@ void Gemini::park_stepped(bool all) {
       if (!all && waiting < 2) continue;
       adam_->wait_update(s.ticket);
     }
-    const ChunkPiece p = piece(c);
-    s.piece = Tensor::zeros({p.stride}, DType::F32, Device::cpu());
-    copy_bytes(s.piece.raw_data(), Device::cpu(),
-               static_cast<float*>(c.flat().raw_data()) + p.offset, c.flat().device(), p.numel * 4);
+    s.piece = copy_piece_out(c);
     track_host(s.piece.nbytes() - c.nbytes());
     c.drop_ram();
     s.write = swap_->write(str("piece.", c.index()), s.piece.raw_data(), s.piece.nbytes());
-    s.writing = true;
     iter_.nvme_write_bytes += s.piece.nbytes();
     run_.nvme_write_bytes += s.piece.nbytes();
     --waiting;
   }
   size_t writing = 0;
-  for (const Stepping& s : stepping_) writing += s.writing;
+  for (const Stepping& s : stepping_) writing += s.piece.defined();
   for (Stepping& s : stepping_) {  // oldest first; throws the IoError naming the file
-    if (!s.writing || (writing <= 2 && !s.write.done())) continue;
+    if (!s.piece.defined() || (writing <= 2 && !s.write.done())) continue;
     s.write.wait();
     track_host(-s.piece.nbytes());
     s.piece = Tensor();
-    s.writing = false;
     s.on_disk = true;
     --writing;
   }

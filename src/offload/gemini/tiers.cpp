@@ -37,9 +37,11 @@ double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0
 //    this rank's piece and frees the buffer, leaving nothing to write (stages 2-3). That wait
 //    exposes the collective, but every rank waits for the same reductions in the same order, so
 //    none waits for one the others have not started.
-//  - Step: stage 0 steps the chunk's RAM copy as one process does; stage 2 reads the chunk into
-//    RAM, steps this rank's piece (waiting for its states when they stream from disk),
-//    all_gathers every rank's updated piece into the copy, writes it back and frees it.
+//  - Update: stage 0 steps the chunk's RAM copy as one process does; stage 2 reads the chunk into
+//    RAM and steps this rank's piece; at the step every rank's updated piece is all_gathered into
+//    a RAM copy, which is written back and freed. A piece stepped in backward (Note [Updates as
+//    reductions complete]) waits for the step on disk, the chunk's copy freed unwritten
+//    (park_stepped).
 //  - Saving: rank 0 reads its disk-homed chunks one at a time while sharded chunks are gathered
 //    collectively (stream_sharded).
 void Gemini::plan_tiers(optim::HybridAdamOptions& adam) {
