@@ -459,7 +459,7 @@ TEST(DataParallelOptions, RefusedWithAReason) {
   // Every rank's own budget: too small for its share is refused before the first step.
   r = train(2, kTiny + "--steps 1 --device sim:64MiB --gemini auto --zero 3 --host-capacity 64KiB");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("--host-capacity 65536 bytes cannot hold Gemini's host data"),
+  EXPECT_NE(r.output.find("--host-capacity 65536 bytes (0.06 MiB) cannot hold Gemini's host data"),
             std::string::npos)
       << r.output;
   r = train(0, kTiny + "--steps 1 --zero 3 --shard-param-frac 0.5");

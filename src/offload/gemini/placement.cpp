@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "core/error.h"
+#include "core/numbers.h"
 
 namespace mw::gemini {
 
@@ -149,6 +150,12 @@ std::vector<bool> choose_offloaded(const std::vector<int64_t>& chunk_bytes, doub
   return offloaded;
 }
 
+namespace {
+std::string mib(int64_t bytes) {
+  return format_fixed(static_cast<double>(bytes) / (1 << 20), 2) + " MiB";
+}
+}  // namespace
+
 double default_auto_margin(bool cuda) { return cuda ? 0.10 : 0.02; }
 
 // Note [Three tiers]: Adam states go to disk first (two thirds of the model data, streamed through
@@ -183,14 +190,17 @@ TierPlan plan_tiers(const std::vector<TierChunk>& chunks, int64_t host_capacity_
     t.disk_chunk_bytes += chunks[k].home_bytes;
     t.host_chunk_bytes -= chunks[k].home_bytes;
   }
-  MW_CHECK_T(InvalidArgument, t.host_bytes() <= cap, "--host-capacity ", cap,
-             " bytes cannot hold Gemini's host data: ", t.host_chunk_bytes,
-             " bytes of chunks on the host, ", t.host_state_bytes,
-             " of Adam states and staging, and ", t.reserve_bytes,
-             " for gradient buffers in flight (three of the largest chunk). Raise "
-             "--host-capacity to at least ",
-             t.host_bytes(), " or pass a smaller --chunk-size");
-  return t;
+  if (t.host_bytes() <= cap) return t;
+  const int64_t window = t.nvme_fraction > 0 ? window_bytes : 0;
+  throw InvalidArgument(
+      str("--host-capacity ", cap, " bytes (", mib(cap),
+          ") cannot hold Gemini's host data: ", mib(t.host_chunk_bytes), " of chunks on the host, ",
+          mib(t.host_state_bytes - window), " of Adam states in RAM, ", mib(window),
+          " of staging window for the states on disk (--nvme-window) and ", mib(t.reserve_bytes),
+          " for gradient buffers in flight (three of the largest chunk), ", mib(t.host_bytes()),
+          " in all. Raise --host-capacity to at least ", t.host_bytes(),
+          " (bytes), or shrink the window (--nvme-window) or "
+          "the chunks (--chunk-size)"));
 }
 
 }  // namespace mw::gemini
