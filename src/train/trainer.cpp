@@ -64,7 +64,8 @@ bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Traine
   in.config = config;
   in.batch = o.batch, in.seq = o.seq;
   in.adamw = o.optimizer == "adamw";
-  in.update_in_backward = o.steps_in_backward() && !o.data_parallel();
+  // Under data parallel only Gemini steps in backward (Note [Updates as reductions complete]).
+  in.update_in_backward = o.steps_in_backward() && (!o.data_parallel() || !o.gemini.empty());
   in.states_on_host = o.states_on_host;
   in.nvme_fraction = o.nvme.fraction;
   in.nvme_window_bytes = o.gemini.empty() ? o.nvme.window_bytes : o.gemini_nvme_window_bytes;

@@ -42,6 +42,12 @@ constexpr const char* kThreeTiers =
     "--grad-accum 2 --grad-clip 0.5";
 constexpr const char* kThreeTiersZero3 =
     "--device sim:64MiB --gemini auto --chunk-size 4096 --host-capacity 200KiB --nvme-window 64KiB";
+// Note [Pieces on disk]: at --zero 3 a budget too small for this rank's pieces homes some on disk.
+constexpr const char* kPiecesOnDisk =
+    "--device sim:64MiB --gemini auto --chunk-size 4096 --host-capacity 120KiB --nvme-window 16KiB";
+constexpr const char* kPiecesOnDiskAccum =
+    "--device sim:64MiB --gemini auto --chunk-size 4096 --host-capacity 120KiB --nvme-window 16KiB "
+    "--grad-accum 2 --grad-clip 0.5 --dropout 0.1";
 
 TEST_P(DataParallelMatchesOneProcess, LossesAndWeights) {
   SKIP_WITHOUT_MPI();
@@ -91,6 +97,11 @@ TEST_P(DataParallelMatchesOneProcess, LossesAndWeights) {
   if (options.find("--host-capacity") != std::string::npos) {
     EXPECT_NE(b.output.find(c.zero == 3 ? "beyond --host-capacity (three tiers)" : "homed on disk"),
               std::string::npos)
+        << b.output;
+    // Note [Pieces on disk]: only where the budget is too small for the pieces.
+    EXPECT_EQ(
+        b.output.find("this rank's pieces of sharded chunks) homed on disk") != std::string::npos,
+        options.find(kPiecesOnDisk) != std::string::npos)
         << b.output;
   }
   expect_same_run(one, two);
@@ -160,10 +171,14 @@ INSTANTIATE_TEST_SUITE_P(Zero, DataParallelMatchesOneProcess,
                                            // Note [Three tiers under data parallel]: chunks
                                            // homed on disk (their gradient buffers spilled
                                            // after their reductions), Adam states on disk;
-                                           // at --zero 3 the pieces stay home, states on disk
+                                           // at --zero 3 with room for the pieces, states only
                                            Case{0, kThreeTiers}, Case{2, kThreeTiers},
                                            Case{2, kThreeTiersNoAccum, "--shard-param-frac 0.5"},
                                            Case{3, kThreeTiersZero3},
+                                           // Note [Pieces on disk]: sharded chunks' pieces
+                                           // homed on disk too, updated in backward or at the
+                                           // step
+                                           Case{3, kPiecesOnDisk}, Case{3, kPiecesOnDiskAccum},
                                            // Note [Updates as reductions complete]: off
                                            Case{2,
                                                 "--device sim:64MiB --gemini auto --chunk-size "
@@ -286,26 +301,39 @@ TEST(DataParallelGeminiZero3, EvaluatesSamplesSavesAndMovesCheckpoints) {
 // disk under each rank's host budget; evaluation, sampling, saving (rank 0 reads its disk-homed
 // chunks while the sharded ones are gathered collectively) and a checkpoint resumed at 4 ranks and
 // in one process give what one process gives, and no file stays in the shared --nvme-dir.
-TEST(DataParallelGeminiThreeTiers, EvaluatesSamplesSavesAndMovesCheckpoints) {
-  SKIP_WITHOUT_MPI();
+void expect_three_tiers_like_one_process(const std::string& tiers, const std::string& ranks_args,
+                                         const std::string& on_disk) {
   TempDir tmp;
   const std::string nvme = tmp.path() + "/nvme";
   std::filesystem::create_directories(nvme);
-  const std::string args = kTiny + "--steps 4 " + kThreeTiersNoAccum + " --nvme-dir " + nvme + " " +
-                           eval_and_sample(tmp);
+  const std::string args =
+      kTiny + "--steps 4 " + tiers + " --nvme-dir " + nvme + " " + eval_and_sample(tmp);
   const std::string one = tmp.path() + "/one", two = tmp.path() + "/two";
   AppResult a = train(0, args + outputs(one));
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  const std::string ranks_args = "--zero 2 --shard-param-frac 0.5 ";
   AppResult b = train(2, args + ranks_args + "--checkpoint-every 2 --checkpoint-dir " + two +
                              "/ckpt" + outputs(two));
   ASSERT_EQ(b.exit_code, 0) << b.output;
-  EXPECT_NE(b.output.find("chunks (0 MiB) homed on disk"), std::string::npos) << b.output;
+  EXPECT_NE(b.output.find(on_disk), std::string::npos) << b.output;
   EXPECT_NE(b.output.find("sharded across 2 ranks"), std::string::npos) << b.output;
   expect_same_run(one, two);
   expect_same_evals_and_samples(a, b);
   expect_resumes_across_rank_counts(tmp, args, ranks_args, one, two);
   EXPECT_TRUE(std::filesystem::is_empty(nvme)) << "files left in " << nvme;
+}
+
+TEST(DataParallelGeminiThreeTiers, EvaluatesSamplesSavesAndMovesCheckpoints) {
+  SKIP_WITHOUT_MPI();
+  expect_three_tiers_like_one_process(kThreeTiersNoAccum, "--zero 2 --shard-param-frac 0.5 ",
+                                      "chunks (0 MiB) homed on disk");
+}
+
+// Note [Pieces on disk]: the same with this rank's pieces of sharded chunks homed on disk, which
+// evaluation, sampling and saving gather from there.
+TEST(DataParallelGeminiThreeTiers, PiecesOnDiskEvaluateSampleSaveAndMoveCheckpoints) {
+  SKIP_WITHOUT_MPI();
+  expect_three_tiers_like_one_process(kPiecesOnDisk, "--zero 3 ",
+                                      "this rank's pieces of sharded chunks) homed on disk");
 }
 
 // Note [ZeRO stage 3]: evaluation and sampling between steps (collective: every bucket gathered)

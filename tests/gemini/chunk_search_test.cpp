@@ -115,3 +115,47 @@ TEST(Placement, StaticOffloadIsInChunkOrderAndDeterministic) {
 
 }  // namespace
 }  // namespace mw::gemini
+
+namespace mw::gemini {
+namespace {
+
+// Note [Three tiers]: the states go to disk first, then replicated chunks last first, and only then
+// sharded chunks' pieces, last first (Note [Pieces on disk]), each just until the rest fits.
+TEST(Placement, TiersHomeReplicatedChunksOnDiskBeforePieces) {
+  // Four chunks of 1000 bytes: 0 and 1 replicated, 2 and 3 sharded over two ranks (500-byte
+  // pieces); the states (8 per chunk here) stream through a 100-byte window.
+  std::vector<TierChunk> chunks;
+  for (int c = 0; c < 4; ++c) chunks.push_back({1000, c < 2 ? 1000 : 500, 8, true, true, c >= 2});
+  const int64_t reserve = 3 * 1000, window = 100;
+  auto plan = [&](int64_t cap) { return plan_tiers(chunks, cap, 0.0, window); };
+  auto disk = [](const TierPlan& t) {
+    std::vector<int> out;
+    for (size_t c = 0; c < t.on_disk.size(); ++c)
+      if (t.on_disk[c]) out.push_back(static_cast<int>(c));
+    return out;
+  };
+  // Everything fits (homes 3000, states 32): nothing on disk, the states in RAM.
+  TierPlan t = plan(3000 + 32 + reserve);
+  EXPECT_EQ(disk(t), std::vector<int>{});
+  EXPECT_EQ(t.nvme_fraction, 0.0);
+  // One byte short: all states to disk (the window stays), then chunk 1 (the last replicated),
+  // though chunk 3's piece comes later in chunk order.
+  t = plan(3000 + 32 + reserve - 1);
+  EXPECT_EQ(t.nvme_fraction, 1.0);
+  EXPECT_EQ(disk(t), (std::vector<int>{1}));
+  EXPECT_EQ(t.disk_chunk_bytes, 1000);
+  // Both replicated chunks, then the pieces last first: 3, then 2.
+  EXPECT_EQ(disk(plan(1000 + reserve + window)), (std::vector<int>{0, 1}));
+  EXPECT_EQ(disk(plan(500 + reserve + window)), (std::vector<int>{0, 1, 3}));
+  t = plan(reserve + window);
+  EXPECT_EQ(disk(t), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(t.disk_chunk_bytes, 3000);
+  EXPECT_EQ(t.host_bytes(), reserve + window);
+  EXPECT_THROW(plan(reserve + window - 1), InvalidArgument);
+  // A piece homed on the device stays there: the others go, and nothing is asked of it.
+  chunks[3].params_off = false;
+  EXPECT_EQ(disk(plan(reserve + window)), (std::vector<int>{0, 1, 2}));
+}
+
+}  // namespace
+}  // namespace mw::gemini

@@ -10,8 +10,8 @@
 //    its Adam states per slice (Note [NVMe failure guarantee], optim/nvme_states.h);
 //  - a stepped disk-homed chunk is written back; when that write fails too, its RAM bytes become
 //    its home (Chunk::keep_in_ram), so the new p stays with its new m and v;
-//  - a disk-homed chunk read into RAM for an update that never ran drops those bytes (its blob
-//    is still the truth), and every gathered copy is released;
+//  - a disk-homed chunk (or piece, Note [Pieces on disk]) read into RAM for an update that never
+//    ran drops those bytes (its blob is still the truth), and every gathered copy is released;
 //  - collected gradients and autograd's own are dropped, with deferred updates' spilled and
 //    accumulated gradient buffers (Note [Deferred updates]).
 // When no chunk had been stepped (a failure in forward, or in backward before the first chunk's
@@ -38,6 +38,38 @@ void Gemini::skip_step() {
   abandon_step();  // nothing was stepped: the model is as before the step
 }
 
+// Stepped disk-homed chunks and pieces: their update, then their write-back; where that fails,
+// the RAM bytes become the home.
+void Gemini::write_back_stepped() {
+  for (PendingWrite& w : pending_) {
+    Chunk& c = *chunks_[static_cast<size_t>(w.chunk)];
+    try {
+      adam_->wait_update(w.update_ticket);
+    } catch (const Error&) {  // the state store failed: p was stepped slice by slice, kept below
+    }
+    bool written = false;
+    const int64_t n = w.piece ? c.shard().nbytes() : c.nbytes();
+    try {
+      if (!w.writing) w.write = start_write_back(w);
+      w.write.wait();
+      written = true;
+    } catch (const Error&) {
+    }
+    if (written) {
+      if (w.piece)
+        c.drop_shard_ram();
+      else
+        c.drop_ram();
+      track_host(-n);
+    } else if (w.piece) {  // Note [Pieces on disk]: the RAM bytes are newer than the blob
+      c.keep_shard_in_ram();
+    } else {
+      c.keep_in_ram();
+    }
+  }
+  pending_.clear();
+}
+
 void Gemini::abandon_step() {
   failed_ = failed_ || stepped_chunks_ > 0;
   // Reductions in flight keep their buffers alive in the communicator; nothing waits for them.
@@ -60,29 +92,7 @@ void Gemini::abandon_step() {
     }
   shard_inflight_.clear();
   inflight_.clear();
-  // Stepped disk-homed chunks: their update, then their write-back.
-  for (PendingWrite& w : pending_) {
-    Chunk& c = *chunks_[static_cast<size_t>(w.chunk)];
-    try {
-      adam_->wait_update(w.update_ticket);
-    } catch (const Error&) {  // the state store failed: p was stepped slice by slice, kept below
-    }
-    bool written = false;
-    try {
-      if (!w.writing)
-        w.write = swap_->write(str("chunk.", w.chunk), c.storage()->data(), c.nbytes());
-      w.write.wait();
-      written = true;
-    } catch (const Error&) {
-    }
-    if (written) {
-      c.drop_ram();
-      track_host(-c.nbytes());
-    } else {
-      c.keep_in_ram();
-    }
-  }
-  pending_.clear();
+  write_back_stepped();
   try {
     adam_->flush();  // updates of RAM-homed chunks with states on disk
   } catch (const Error&) {
@@ -99,6 +109,7 @@ void Gemini::abandon_step() {
     if (c->gathered()) release(*c, false);
     // Read into RAM for an update that never ran: the blob on disk is still the truth.
     if (c->on_nvme() && !c->storage()->is_released()) c->drop_ram();
+    if (c->shard_on_nvme() && c->shard_in_ram()) c->drop_shard_ram();  // Note [Pieces on disk]
     c->grad = Tensor();
     c->grads_ready = 0;
   }

@@ -73,6 +73,19 @@ void Chunk::keep_in_ram() {
   on_nvme_ = false;
 }
 
+void Chunk::set_shard_on_nvme() {
+  MW_CHECK(sharded() && host_home_ && !shard_on_nvme_, "chunk ", index_,
+           ": set_shard_on_nvme needs a sharded chunk whose piece is in RAM");
+  shard_.storage()->release();
+  shard_on_nvme_ = true;
+}
+
+void Chunk::keep_shard_in_ram() {
+  MW_CHECK(shard_on_nvme_ && shard_in_ram(), "chunk ", index_,
+           ": keep_shard_in_ram needs a piece homed on disk with its bytes in RAM");
+  shard_on_nvme_ = false;
+}
+
 void* Chunk::gather_uninitialized(Device device) {
   MW_CHECK((on_nvme_ || sharded()) && !gathered_ && storage_->is_released(), "chunk ", index_,
            ": gather_uninitialized needs a chunk on disk or sharded");

@@ -79,6 +79,17 @@ class Chunk {
   void set_sharded(Tensor shard, int64_t gathered_numel);
   bool sharded() const { return shard_.defined(); }
   const Tensor& shard() const { return shard_; }
+  // Note [Pieces on disk] (shard.cpp): a sharded chunk's piece homed on disk between uses, a blob
+  // in Gemini's swap space, in RAM only while an all_gather reads it or HybridAdam steps it.
+  // set_shard_on_nvme: the piece was written; frees its RAM. bring_shard_to_ram gives it RAM
+  // (uninitialised: the caller reads the blob), drop_shard_ram frees it again, keep_shard_in_ram
+  // makes it RAM-homed for good (its write-back failed: Note [Abandoning a step]).
+  void set_shard_on_nvme();
+  bool shard_on_nvme() const { return shard_on_nvme_; }
+  bool shard_in_ram() const { return sharded() && !shard_.storage()->is_released(); }
+  void bring_shard_to_ram() { shard_.storage()->materialize(); }
+  void drop_shard_ram() { shard_.storage()->release(); }
+  void keep_shard_in_ram();
   // Frees the RAM bytes of an NVMe-homed chunk after its write-back.
   void drop_ram() { storage_->release(); }
   // An NVMe-homed chunk whose RAM bytes are newer than its blob (the write-back failed) becomes
@@ -104,6 +115,7 @@ class Chunk {
   bool gathered_ = false;
   void* parked_ = nullptr;  // host bytes while gathered (RAM-homed chunks)
   Tensor shard_;            // Note [Sharded parameters]
+  bool shard_on_nvme_ = false;
 };
 
 }  // namespace mw::gemini

@@ -250,6 +250,7 @@ class Gemini : public optim::Optimizer {
   void plan_tiers(optim::HybridAdamOptions& adam);
   void bring_home(Chunk& c);
   void poll_pending(bool wait);
+  void write_back_stepped();  // abandon.cpp
   bool settle_pending(size_t k, bool block);
   void forget_gathered(Chunk& c);
   void prefetch_after(int64_t t);
@@ -288,6 +289,9 @@ class Gemini : public optim::Optimizer {
   double sharded_norm();
   // Note [Sharded parameters] (shard.cpp).
   void shard_chunk(Chunk& c);
+  void read_piece(Chunk& c);  // Note [Pieces on disk]
+  void drop_piece_if_idle(Chunk& c);
+  void piece_into_ram(Chunk& c);
   void gather_shard(Chunk& c, Device where);
   void stream_sharded(const std::function<void(const Touch& touch)>& fn,
                       const std::function<void(Chunk& c)>& local);
@@ -341,7 +345,9 @@ class Gemini : public optim::Optimizer {
     uint64_t update_ticket = 0;  // HybridAdam::update_done
     io::IoHandle write;
     bool writing = false;
+    bool piece = false;  // a sharded chunk's piece (Note [Pieces on disk], shard.cpp)
   };
+  io::IoHandle start_write_back(const PendingWrite& w);
   std::vector<PendingWrite> pending_;
   // A disk read into a gathered chunk's device copy, through `bounce` when the device's memory is
   // not the host's (Note [Disk reads through the host]).

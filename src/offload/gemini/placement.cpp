@@ -160,8 +160,8 @@ double default_auto_margin(bool cuda) { return cuda ? 0.10 : 0.02; }
 
 // Note [Three tiers]: Adam states go to disk first (two thirds of the model data, streamed through
 // a fixed window), then parameter chunks, last chunk first, until the rest fits beside the reserve.
-// Under data parallel the homes and states are this rank's (pieces when sharded); a sharded
-// chunk's piece never goes to disk (its all_gathers read it from home).
+// Under data parallel the homes and states are this rank's (pieces when sharded); sharded chunks'
+// pieces go to disk after every replicated chunk (Note [Pieces on disk], shard.cpp).
 TierPlan plan_tiers(const std::vector<TierChunk>& chunks, int64_t host_capacity_bytes,
                     double nvme_fraction, int64_t window_bytes) {
   const int64_t cap = host_capacity_bytes;
@@ -183,13 +183,15 @@ TierPlan plan_tiers(const std::vector<TierChunk>& chunks, int64_t host_capacity_
         static_cast<int64_t>(static_cast<double>(states) * (1.0 - t.nvme_fraction)) + window_bytes;
     t.disk_state_bytes = states - (t.host_state_bytes - window_bytes);
   }
-  for (size_t k = chunks.size(); k-- > 0;) {
-    if (t.host_bytes() <= cap) break;
-    if (!chunks[k].params_off || chunks[k].sharded) continue;
-    t.on_disk[k] = true;
-    t.disk_chunk_bytes += chunks[k].home_bytes;
-    t.host_chunk_bytes -= chunks[k].home_bytes;
-  }
+  // Replicated chunks first, then sharded chunks' pieces (Note [Pieces on disk]), each last first.
+  for (bool pieces : {false, true})
+    for (size_t k = chunks.size(); k-- > 0;) {
+      if (t.host_bytes() <= cap) break;
+      if (!chunks[k].params_off || chunks[k].sharded != pieces) continue;
+      t.on_disk[k] = true;
+      t.disk_chunk_bytes += chunks[k].home_bytes;
+      t.host_chunk_bytes -= chunks[k].home_bytes;
+    }
   if (t.host_bytes() <= cap) return t;
   const int64_t window = t.nvme_fraction > 0 ? window_bytes : 0;
   throw InvalidArgument(

@@ -79,7 +79,7 @@ struct TierChunk {
   int64_t state_bytes = 0;    // its Adam m and v (of this rank's piece under --zero 2|3)
   bool params_off = true;     // homed off the device
   bool optim_on_host = true;  // its Adam states off the device
-  bool sharded = false;       // Note [Sharded parameters]: its piece stays home, never on disk
+  bool sharded = false;  // Note [Sharded parameters]; on_disk: its piece (Note [Pieces on disk])
 };
 struct TierPlan {
   std::vector<bool> on_disk;     // per chunk: homed on disk

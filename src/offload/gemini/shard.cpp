@@ -47,6 +47,21 @@
 // other: every rank runs them. Saving is collective too: rank 0's writer touches parameters in
 // its order, each chunk it reaches is announced to every rank (from_rank0) and gathered into RAM,
 // one at a time (stream_sharded), while rank 0 writes it.
+//
+// Note [Pieces on disk]: with a host budget (Note [Three tiers under data parallel], tiers.cpp)
+// that this rank's pieces do not fit, sharded chunks' pieces are homed on disk too, after every
+// replicated chunk, last chunk first (plan_tiers): ZeRO-Infinity's parameter offload, on chunks.
+// A piece on disk is a blob ("shard.C", ranks' files apart), written once as the chunk is filled,
+// in RAM only while it is used:
+//  - a gather (an op, a prefetch, saving) reads the piece, all_gathers it and frees it unwritten
+//    (the blob is unchanged);
+//  - an update takes the piece from the chunk's gathered copy when the chunk is still gathered
+//    (the usual case in backward: its last op just ran), else from disk; HybridAdam steps it and
+//    it goes back to disk behind the update (pending_, at most one waiting: the replicated
+//    disk-homed chunks' rule).
+// So RAM holds at most two pieces beyond the homes, and each step reads every disk-homed piece once
+// per run of ops that gathers its chunk (minus the copies taken from gathered chunks) and writes it
+// once: 1/N of a chunk each way where a replicated disk-homed chunk moves the whole chunk.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -146,6 +161,7 @@ double Gemini::sharded_norm() {
 // step(): this rank's piece stepped, then every rank's piece gathered into the chunk.
 void Gemini::update_piece(Chunk& c, bool gather) {
   const size_t ci = static_cast<size_t>(c.index());
+  if (c.shard_on_nvme()) piece_into_ram(c);  // Note [Pieces on disk]
   if (c.on_nvme())  // Note [Three tiers under data parallel]: its RAM copy is stepped
     bring_home(c);
   else if (c.gathered())
@@ -160,7 +176,13 @@ void Gemini::update_piece(Chunk& c, bool gather) {
   piece_grads_[ci] = Tensor();
   ++stepped_chunks_;
   if (trace_out_) trace_out_->slice(str("adam piece ", c.index()), "optim", t0, now_us() - t0);
-  if (c.sharded()) return;  // stepped in place; the next op that needs it gathers it
+  if (c.sharded()) {  // stepped in place; the next op that needs it gathers it
+    if (!c.shard_on_nvme()) return;
+    pending_.push_back({c.index(), ticket, io::IoHandle(), false, /*piece=*/true});
+    poll_pending(false);
+    while (pending_.size() > 1) settle_pending(0, /*block=*/true);
+    return;
+  }
   stepping_.push_back({c.index(), ticket, Tensor(), io::IoHandle(), false});
   if (gather)
     start_piece_gathers(false);  // else step() does (Note [Updates as reductions complete])
@@ -262,8 +284,6 @@ void Gemini::finish_gather(bool all) {
 
 // Note [Sharded parameters]: a filled chunk keeps this rank's piece of rank 0's values.
 void Gemini::shard_chunk(Chunk& c) {
-  MW_CHECK(!to_disk_[static_cast<size_t>(c.index())], "chunk ", c.index(),
-           ": a sharded chunk's piece stays home, never on disk (Note [Three tiers])");
   if (options_.broadcast_from_rank0) options_.broadcast_from_rank0(c.flat());
   const ChunkPiece p = piece(c);
   const Device home = params_off_[static_cast<size_t>(c.index())] ? Device::cpu() : options_.device;
@@ -273,7 +293,12 @@ void Gemini::shard_chunk(Chunk& c) {
   c.set_sharded(shard, p.stride * options_.shard_ranks);
   sharded_param_bytes_ += shard.nbytes();
   sharded_numel_ += c.numel();
-  if (home.is_cpu())
+  if (to_disk_[static_cast<size_t>(c.index())]) {  // Note [Pieces on disk]
+    swap_->write(str("shard.", c.index()), shard.raw_data(), shard.nbytes()).wait();
+    iter_.nvme_write_bytes += shard.nbytes();
+    run_.nvme_write_bytes += shard.nbytes();
+    c.set_shard_on_nvme();
+  } else if (home.is_cpu())
     track_host(shard.nbytes());
   else
     device_home_bytes_ += shard.nbytes();
@@ -286,14 +311,70 @@ std::function<void()> Gemini::start_shard_gather(Chunk& c, Device where) {
   MW_CHECK(static_cast<bool>(reduction_.all_gather), "Gemini: chunk ", c.index(),
            " is sharded across ranks, but no all_gather was given (set_gradient_reduction)");
   const ChunkPiece p = piece(c);
-  c.gather_uninitialized(where);
+  if (c.shard_on_nvme() && !c.shard_in_ram()) read_piece(c);  // Note [Pieces on disk]
+  try {
+    c.gather_uninitialized(where);
+  } catch (...) {
+    drop_piece_if_idle(c);
+    throw;
+  }
   try {
     const Tensor whole =
         Tensor::from_storage(c.storage(), 0, {p.stride * options_.shard_ranks}, {1}, DType::F32);
-    return reduction_.all_gather(c.shard(), whole).wait;
+    std::function<void()> wait = reduction_.all_gather(c.shard(), whole).wait;
+    if (!c.shard_on_nvme()) return wait;
+    // Freed once gathered, unwritten; after a failure the collective may still read it: kept.
+    return [this, &c, wait] {
+      wait();
+      drop_piece_if_idle(c);
+    };
   } catch (...) {
     c.release_copy();
+    drop_piece_if_idle(c);
     throw;
+  }
+}
+
+// Note [Pieces on disk]: RAM for a disk-homed piece, read from its blob.
+void Gemini::read_piece(Chunk& c) {
+  const int64_t n = c.shard().nbytes();
+  c.bring_shard_to_ram();
+  track_host(n);
+  try {
+    swap_->read(str("shard.", c.index()), c.shard().raw_data()).wait();
+  } catch (...) {  // throws the IoError naming the file, offset and errno
+    c.drop_shard_ram();
+    track_host(-n);
+    throw;
+  }
+  iter_.nvme_read_bytes += n;
+  run_.nvme_read_bytes += n;
+}
+
+// A disk-homed piece in RAM for a gather goes again, unless an update waits to write it back.
+void Gemini::drop_piece_if_idle(Chunk& c) {
+  if (!c.shard_on_nvme() || !c.shard_in_ram()) return;
+  for (const PendingWrite& w : pending_)
+    if (w.piece && w.chunk == c.index()) return;
+  c.drop_shard_ram();
+  track_host(-c.shard().nbytes());
+}
+
+// Before a disk-homed piece's update: its bytes from the chunk's gathered copy (the tail past
+// the chunk zero, as on disk), or else from disk.
+void Gemini::piece_into_ram(Chunk& c) {
+  if (c.shard_in_ram()) return;
+  if (!c.gathered()) return read_piece(c);
+  const ChunkPiece p = piece(c);
+  c.bring_shard_to_ram();
+  track_host(c.shard().nbytes());
+  auto* out = static_cast<float*>(c.shard().raw_data());
+  copy_bytes(out, Device::cpu(), static_cast<const float*>(c.flat().raw_data()) + p.offset,
+             c.flat().device(), p.numel * 4);
+  std::fill(out + p.numel, out + p.stride, 0.f);
+  if (!c.flat().device().is_cpu()) {
+    iter_.d2h_bytes += p.numel * 4;
+    run_.d2h_bytes += p.numel * 4;
   }
 }
 

@@ -29,7 +29,8 @@ double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0
 // share of the model (TierChunk: a sharded chunk's home is its piece, and the Adam states are
 // those of this rank's pieces) against its own --host-capacity, with its own files (a private
 // directory, or files named by process id in a shared --nvme-dir).
-//  - A sharded chunk's piece never goes to disk: its all_gathers read it from home.
+//  - A sharded chunk's piece goes to disk only after every replicated chunk (Note [Pieces on
+//    disk], shard.cpp).
 //  - Construction: a chunk homed on disk takes rank 0's values (a broadcast) as it is filled,
 //    before it is written; the chunks that stay in memory are broadcast after construction.
 //  - Backward: a disk-homed chunk's complete gradient buffer is written only after its reduction:
@@ -80,11 +81,15 @@ void Gemini::plan_tiers(optim::HybridAdamOptions& adam) {
   for (const std::string& path : swap_->file_paths()) ::unlink(path.c_str());
   if (private_dir) ::rmdir(dir.c_str());
   for (int c : to_disk) to_disk_[static_cast<size_t>(c)] = true;  // written once filled
+  size_t pieces = 0;                                              // Note [Pieces on disk]
+  for (int c : to_disk) pieces += shard_params_[static_cast<size_t>(c)];
   if (options_.verbose)
     std::printf(
-        "Gemini three tiers: host budget %.0f MiB: %zu of %zu chunks (%.0f MiB) homed on "
+        "Gemini three tiers: host budget %.0f MiB: %zu of %zu chunks (%.0f MiB%s) homed on "
         "disk%s, Adam states %s\n",
         mib(cap), to_disk.size(), chunks_.size(), mib(disk_bytes),
+        pieces > 0 ? str(", ", pieces, " of them this rank's pieces of sharded chunks").c_str()
+                   : "",
         private_dir ? "" : str(" in ", dir).c_str(),
         adam.nvme.fraction > 0 ? "on disk (NVMe offload)" : "in RAM");
 }
@@ -178,8 +183,10 @@ void Gemini::with_parameters_streamed(const std::function<void(const Touch& touc
 
 int64_t Gemini::nvme_chunk_bytes() const {
   int64_t n = 0;
-  for (auto& c : chunks_)
+  for (auto& c : chunks_) {
     if (c->on_nvme()) n += c->nbytes();
+    if (c->shard_on_nvme()) n += c->shard().nbytes();  // Note [Pieces on disk]
+  }
   return n;
 }
 
@@ -288,26 +295,38 @@ void Gemini::bring_home(Chunk& c) {
   track_host(c.nbytes());
 }
 
+// A stepped disk-homed chunk's (or piece's, Note [Pieces on disk]) write to its blob.
+io::IoHandle Gemini::start_write_back(const PendingWrite& w) {
+  const Chunk& c = *chunks_[static_cast<size_t>(w.chunk)];
+  if (w.piece)
+    return swap_->write(str("shard.", w.chunk), c.shard().raw_data(), c.shard().nbytes());
+  return swap_->write(str("chunk.", w.chunk), c.storage()->data(), c.nbytes());
+}
+
 // A stepped disk-homed chunk goes back to disk once its update ran, and frees its RAM once written.
 // block: wait for both; else only move on what is done. Returns true when pending_[k] is finished
 // (and erased).
 bool Gemini::settle_pending(size_t k, bool block) {
   PendingWrite& w = pending_[k];
   Chunk& c = *chunks_[static_cast<size_t>(w.chunk)];
+  const int64_t n = w.piece ? c.shard().nbytes() : c.nbytes();
   if (!w.writing) {
     if (block)
       adam_->wait_update(w.update_ticket);
     else if (!adam_->update_done(w.update_ticket))
       return false;
-    w.write = swap_->write(str("chunk.", w.chunk), c.storage()->data(), c.nbytes());
+    w.write = start_write_back(w);
     w.writing = true;
-    iter_.nvme_write_bytes += c.nbytes();
-    run_.nvme_write_bytes += c.nbytes();
+    iter_.nvme_write_bytes += n;
+    run_.nvme_write_bytes += n;
   }
   if (!block && !w.write.done()) return false;
   w.write.wait();  // throws the IoError naming the file, offset and errno
-  c.drop_ram();
-  track_host(-c.nbytes());
+  if (w.piece)
+    c.drop_shard_ram();
+  else
+    c.drop_ram();
+  track_host(-n);
   pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(k));
   return true;
 }
