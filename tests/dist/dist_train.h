@@ -30,14 +30,19 @@ inline AppResult train(int ranks, const std::string& args, int timeout_s = 60,
   return run_command(env + " " + launch + app + args + " </dev/null");
 }
 
-inline std::vector<double> losses(const std::string& log_path) {
+// One field of every step's line of a JSON log.
+inline std::vector<double> per_step(const std::string& log_path, const std::string& field) {
   std::vector<double> out;
   std::ifstream in(log_path);
   for (std::string line; std::getline(in, line);) {
     const json::Value v = json::parse(line, log_path);
-    if (v.contains("loss")) out.push_back(v.at("loss").as_double());
+    if (v.contains("loss") && v.contains(field)) out.push_back(v.at(field).as_double());
   }
   return out;
+}
+
+inline std::vector<double> losses(const std::string& log_path) {
+  return per_step(log_path, "loss");
 }
 
 inline std::map<std::string, std::vector<float>> weights(const std::string& dir) {

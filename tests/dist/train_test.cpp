@@ -104,6 +104,18 @@ TEST_P(DataParallelMatchesOneProcess, LossesAndWeights) {
         options.find(kPiecesOnDisk) != std::string::npos)
         << b.output;
   }
+  // Note [Pieces on disk]: updated in backward, a piece is read once in forward and once in
+  // backward (kept for its update), and written once (here no replicated chunk is on disk).
+  if (options == kPiecesOnDisk) {
+    const std::vector<double> read = per_step(two + "/log.jsonl", "nvme_read_bytes"),
+                              written = per_step(two + "/log.jsonl", "nvme_write_bytes");
+    ASSERT_EQ(read.size(), written.size());
+    ASSERT_GE(read.size(), 2u);
+    for (size_t s = 1; s < read.size(); ++s) {  // step 0 also writes every piece as it is filled
+      EXPECT_GT(written[s], 0) << "step " << s;
+      EXPECT_EQ(read[s], 2 * written[s]) << "step " << s;
+    }
+  }
   expect_same_run(one, two);
 }
 

@@ -102,14 +102,22 @@ void Gemini::abandon_step() {
   spills_.clear();
   grads_in_ram_.clear();
   for (auto& parts : norm_parts_) parts.clear();
+  settle_piece_reads();  // Note [Pieces on disk]
   for (auto& c : chunks_) {
     c->grad_on_disk = false;
     c->backwards_done = 0;
     c->norm_taken = false;
     if (c->gathered()) release(*c, false);
     // Read into RAM for an update that never ran: the blob on disk is still the truth.
-    if (c->on_nvme() && !c->storage()->is_released()) c->drop_ram();
-    if (c->shard_on_nvme() && c->shard_in_ram()) c->drop_shard_ram();  // Note [Pieces on disk]
+    if (c->on_nvme() && !c->storage()->is_released()) {
+      c->drop_ram();
+      track_host(-c->nbytes());
+    }
+    c->piece_kept = false;  // Note [Pieces on disk]
+    if (c->shard_on_nvme() && c->shard_in_ram()) {
+      c->drop_shard_ram();
+      track_host(-c->shard().nbytes());
+    }
     c->grad = Tensor();
     c->grads_ready = 0;
   }

@@ -103,6 +103,7 @@ class Chunk {
   int backwards_done = 0;
   bool norm_taken = false;
   bool grad_on_disk = false;
+  bool piece_kept = false;  // Note [Pieces on disk]: read for backward, kept for the update
 
  private:
   int index_;

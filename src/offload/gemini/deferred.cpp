@@ -303,6 +303,7 @@ void Gemini::step_deferred() {
   start_piece_gathers(true);  // Note [Sharded optimizer states]
   finish_gather(true);
   poll_spills(true);
+  drop_kept_pieces();  // Note [Pieces on disk]
 }
 
 void Gemini::begin_eval() {
@@ -326,6 +327,7 @@ void Gemini::begin_eval() {
 void Gemini::end_eval() {
   if (!evaluating_) return;
   for (int c : std::vector<int>(gathered_)) release(*chunks_[static_cast<size_t>(c)], false);
+  settle_piece_reads();  // Note [Pieces on disk]
   for (size_t i = 0; i < in_use_.size(); ++i)
     if (in_use_[i] > 0) {  // a forward that threw
       in_use_[i] = 0;

@@ -292,10 +292,14 @@ class Gemini : public optim::Optimizer {
   void read_piece(Chunk& c);  // Note [Pieces on disk]
   void drop_piece_if_idle(Chunk& c);
   void piece_into_ram(Chunk& c);
+  bool keeps_piece_for_update(int64_t op) const;
+  void drop_kept_pieces();
+  void start_piece_read(Chunk& c);
+  void settle_piece_reads();
   void gather_shard(Chunk& c, Device where);
   void stream_sharded(const std::function<void(const Touch& touch)>& fn,
                       const std::function<void(Chunk& c)>& local);
-  std::function<void()> start_shard_gather(Chunk& c, Device where);
+  std::function<void()> start_shard_gather(Chunk& c, Device where, int64_t op);
   void plan_shard_prefetch();
   void prefetch_shards(int64_t t);
   void join_shard_gather(Chunk& c);
@@ -360,6 +364,8 @@ class Gemini : public optim::Optimizer {
   void finish_disk_read(Chunk& c, DiskRead& read);
   // Note [Prefetch]: disk reads of chunks gathered ahead of their op, by chunk.
   std::unordered_map<int, DiskRead> inflight_;
+  // Note [Pieces on disk] (shard.cpp): disk-homed pieces read ahead of their gather, by chunk.
+  std::unordered_map<int, io::IoHandle> piece_reads_;
 
   // Note [Deferred updates]: chunks with gradients in RAM on their way to disk, oldest first;
   // the chunks whose gradient buffer (disk-homed chunks only) is in RAM, oldest first; per tensor,

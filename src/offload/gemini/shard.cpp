@@ -55,12 +55,20 @@
 // in RAM only while it is used:
 //  - a gather (an op, a prefetch, saving) reads the piece, all_gathers it and frees it unwritten
 //    (the blob is unchanged);
-//  - an update takes the piece from the chunk's gathered copy when the chunk is still gathered
-//    (the usual case in backward: its last op just ran), else from disk; HybridAdam steps it and
-//    it goes back to disk behind the update (pending_, at most one waiting: the replicated
-//    disk-homed chunks' rule).
-// So RAM holds at most two pieces beyond the homes, and each step reads every disk-homed piece once
-// per run of ops that gathers its chunk (minus the copies taken from gathered chunks) and writes it
+//  - a piece read for a gather of the step's last backward stays in RAM until its update
+//    (Chunk::piece_kept), when chunks are updated as their reductions complete (Note [Updates as
+//    reductions complete]): the update follows the chunk's last op by the reductions in flight,
+//    and the chunk is usually released by then, so it would read the piece a third time. With
+//    deferred updates it would keep every piece until step(), so it does not;
+//  - an update takes the kept piece, else the chunk's gathered copy, else reads it; HybridAdam
+//    steps it and it goes back to disk behind the update (pending_, at most one waiting: the
+//    replicated disk-homed chunks' rule);
+//  - with the shard prefetch (Note [Shard prefetch]), op t starts the reads of op t + 2's pieces
+//    (piece_reads_), so that op t + 1's all_gather of them finds them read: the compute thread
+//    waits for the disk only where a read was slower than an op.
+// So RAM holds, beyond the homes, the pieces between their backward gather and their update, the
+// next op's pieces read ahead, and at most one on its way back. Each step reads a disk-homed piece
+// once in forward (per run of ops that gathers its chunk) and once in backward, and writes it
 // once: 1/N of a chunk each way where a replicated disk-homed chunk moves the whole chunk.
 #include <algorithm>
 #include <chrono>
@@ -179,6 +187,7 @@ void Gemini::update_piece(Chunk& c, bool gather) {
   if (c.sharded()) {  // stepped in place; the next op that needs it gathers it
     if (!c.shard_on_nvme()) return;
     pending_.push_back({c.index(), ticket, io::IoHandle(), false, /*piece=*/true});
+    c.piece_kept = false;  // the write-back owns it now
     poll_pending(false);
     while (pending_.size() > 1) settle_pending(0, /*block=*/true);
     return;
@@ -307,11 +316,14 @@ void Gemini::shard_chunk(Chunk& c) {
 // Every rank's piece into the chunk's storage on `where` (the device for an op, the host for
 // with_parameters_readable and saving). Collective: every rank gathers the same chunk. Returns
 // the wait, which throws the communicator's error.
-std::function<void()> Gemini::start_shard_gather(Chunk& c, Device where) {
+std::function<void()> Gemini::start_shard_gather(Chunk& c, Device where, int64_t op) {
   MW_CHECK(static_cast<bool>(reduction_.all_gather), "Gemini: chunk ", c.index(),
            " is sharded across ranks, but no all_gather was given (set_gradient_reduction)");
   const ChunkPiece p = piece(c);
-  if (c.shard_on_nvme() && !c.shard_in_ram()) read_piece(c);  // Note [Pieces on disk]
+  if (c.shard_on_nvme()) {  // Note [Pieces on disk]
+    if (!c.shard_in_ram() || piece_reads_.count(c.index()) > 0) read_piece(c);
+    if (where == options_.device && keeps_piece_for_update(op)) c.piece_kept = true;
+  }
   try {
     c.gather_uninitialized(where);
   } catch (...) {
@@ -335,14 +347,25 @@ std::function<void()> Gemini::start_shard_gather(Chunk& c, Device where) {
   }
 }
 
-// Note [Pieces on disk]: RAM for a disk-homed piece, read from its blob.
+// Note [Pieces on disk]: RAM for a disk-homed piece, read from its blob (or the read ahead of
+// it finished).
 void Gemini::read_piece(Chunk& c) {
   const int64_t n = c.shard().nbytes();
-  c.bring_shard_to_ram();
-  track_host(n);
+  auto ahead = piece_reads_.find(c.index());
+  io::IoHandle read;
+  if (ahead != piece_reads_.end()) {
+    read = ahead->second;
+    piece_reads_.erase(ahead);
+  } else {
+    c.bring_shard_to_ram();
+    track_host(n);
+  }
   try {
-    swap_->read(str("shard.", c.index()), c.shard().raw_data()).wait();
+    if (read.request_count() == 0)
+      read = swap_->read(str("shard.", c.index()), c.shard().raw_data());
+    read.wait();
   } catch (...) {  // throws the IoError naming the file, offset and errno
+    read.join();
     c.drop_shard_ram();
     track_host(-n);
     throw;
@@ -351,18 +374,71 @@ void Gemini::read_piece(Chunk& c) {
   run_.nvme_read_bytes += n;
 }
 
-// A disk-homed piece in RAM for a gather goes again, unless an update waits to write it back.
+// A read ahead of a disk-homed piece's gather, into RAM of its own (Note [Pieces on disk]).
+void Gemini::start_piece_read(Chunk& c) {
+  if (!c.shard_on_nvme() || c.shard_in_ram() || c.gathered()) return;
+  const int64_t n = c.shard().nbytes();
+  c.bring_shard_to_ram();
+  track_host(n);
+  try {
+    piece_reads_[c.index()] = swap_->read(str("shard.", c.index()), c.shard().raw_data());
+  } catch (...) {
+    c.drop_shard_ram();
+    track_host(-n);
+    throw;
+  }
+}
+
+// Reads ahead that no gather took (the op sequence left the plan, or a step was abandoned):
+// finished, counted, then their RAM freed; a failure is forgotten (the blob is still the truth,
+// and the next read reports it).
+void Gemini::settle_piece_reads() {
+  for (auto& [ci, read] : piece_reads_) {
+    read.join();
+    Chunk& c = *chunks_[static_cast<size_t>(ci)];
+    const int64_t n = c.shard().nbytes();
+    if (!read.failed()) {
+      iter_.nvme_read_bytes += n;
+      run_.nvme_read_bytes += n;
+    }
+    c.drop_shard_ram();
+    track_host(-n);
+  }
+  piece_reads_.clear();
+}
+
+// A disk-homed piece in RAM for a gather goes again, unless it is kept for its update or an
+// update waits to write it back.
 void Gemini::drop_piece_if_idle(Chunk& c) {
-  if (!c.shard_on_nvme() || !c.shard_in_ram()) return;
+  if (!c.shard_on_nvme() || !c.shard_in_ram() || c.piece_kept || piece_reads_.count(c.index()) > 0)
+    return;
   for (const PendingWrite& w : pending_)
     if (w.piece && w.chunk == c.index()) return;
   c.drop_shard_ram();
   track_host(-c.shard().nbytes());
 }
 
-// Before a disk-homed piece's update: its bytes from the chunk's gathered copy (the tail past
-// the chunk zero, as on disk), or else from disk.
+// Note [Pieces on disk]: whether a piece read for op t's gather is kept for its chunk's update.
+bool Gemini::keeps_piece_for_update(int64_t t) const {
+  return updates_as_reduced_ && final_backward_ && !evaluating_ && t >= 0 &&
+         t < static_cast<int64_t>(trace_keys_.size()) && trace_keys_[static_cast<size_t>(t)].second;
+}
+
+// After step(): a kept piece whose chunk was not updated (no gradient) leaves RAM, and so does a
+// piece read ahead for a gather that did not come.
+void Gemini::drop_kept_pieces() {
+  settle_piece_reads();
+  for (auto& c : chunks_)
+    if (c->piece_kept) {
+      c->piece_kept = false;
+      drop_piece_if_idle(*c);
+    }
+}
+
+// Before a disk-homed piece's update: its bytes from a read ahead, the piece kept from its
+// backward gather, the chunk's gathered copy (the tail past the chunk zero, as on disk), or disk.
 void Gemini::piece_into_ram(Chunk& c) {
+  if (piece_reads_.count(c.index()) > 0) return read_piece(c);
   if (c.shard_in_ram()) return;
   if (!c.gathered()) return read_piece(c);
   const ChunkPiece p = piece(c);
@@ -380,7 +456,7 @@ void Gemini::piece_into_ram(Chunk& c) {
 
 void Gemini::gather_shard(Chunk& c, Device where) {
   const auto t0 = std::chrono::steady_clock::now();
-  std::function<void()> wait = start_shard_gather(c, where);
+  std::function<void()> wait = start_shard_gather(c, where, op_ - 1);
   try {
     wait();
   } catch (...) {
@@ -439,13 +515,16 @@ void Gemini::prefetch_shards(int64_t t) {
     Chunk& chunk = *chunks_[static_cast<size_t>(c)];
     if (!chunk.sharded() || chunk.gathered()) continue;
     const double t0 = now_us();
-    shard_inflight_[c] = start_shard_gather(chunk, options_.device);
+    shard_inflight_[c] = start_shard_gather(chunk, options_.device, t + 1);
     gathered_.push_back(c);
     gathered_bytes_ += chunk.nbytes();
     ++iter_.gathers;
     ++run_.gathers;
     if (trace_out_) trace_out_->slice(str("prefetch chunk ", c), "move", t0, now_us() - t0, 1);
   }
+  if (t + 2 < plan_ops())  // Note [Pieces on disk]: the reads for the gathers of the next op
+    for (int c : trace_[static_cast<size_t>(t + 2)].chunks)
+      start_piece_read(*chunks_[static_cast<size_t>(c)]);
 }
 
 // The op that needs a prefetched chunk waits for the rest of its all_gather.
