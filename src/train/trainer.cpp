@@ -227,6 +227,7 @@ void Trainer::build_model() {
     g.search.interval_numel = config_.n_embd;  // ColossalAI's hidden_dim
     g.adam = optim::HybridAdamOptions(o_.hyper, -1.f, o_.nvme);
     g.adam.nvme.window_bytes = o_.gemini_nvme_window_bytes;
+    g.adam.nvme.dir = o_.gemini_options.nvme_dir;  // the states beside the chunks (--nvme-dir)
     if (o_.data_parallel()) {  // chunks that leave RAM as filled take rank 0's values first
       std::shared_ptr<dist::Communicator> comm = o_.comm;
       g.broadcast_from_rank0 = [comm](const Tensor& t) { comm->broadcast(t, 0).wait(); };
@@ -302,14 +303,17 @@ void Trainer::build_optimizer() {
     print_(
         "Updates after backward: --grad-clip/--grad-accum need every gradient first, so update "
         "in backward and the NVMe overlap with backward are off (Note [Updates after backward])\n");
+  const std::string& nvme_dir = o_.gemini.empty() ? o_.nvme.dir : o_.gemini_options.nvme_dir;
   if (hybrid_ && hybrid_->nvme())
     print_(str("NVMe offload: ",
                format_fixed(static_cast<double>(hybrid_->offloaded_numel()) / (1 << 30), 3),
                " B of ", format_fixed(static_cast<double>(model_->num_parameters()) / (1 << 30), 3),
                " B parameters' Adam states in '",
-               o_.nvme.dir.empty() ? "private temporary directory" : o_.nvme.dir, "' (",
+               nvme_dir.empty() ? "private temporary directory" : nvme_dir, "' (",
                hybrid_->nvme()->stats().direct ? "O_DIRECT" : "buffered", "), window ",
-               format_fixed(mib(o_.nvme.window_bytes), 0), " MiB\n"));
+               format_fixed(
+                   mib(o_.gemini.empty() ? o_.nvme.window_bytes : o_.gemini_nvme_window_bytes), 0),
+               " MiB\n"));
   if (!o_.load_optimizer.empty()) {
     load_optimizer_state(o_.load_optimizer);
     print_(str("Loaded optimizer state (step ",

@@ -348,6 +348,28 @@ TEST(DataParallelGeminiThreeTiers, PiecesOnDiskEvaluateSampleSaveAndMoveCheckpoi
                                       "this rank's pieces of sharded chunks) homed on disk");
 }
 
+// Note [Pieces on disk], Note [Abandoning a step]: a failed read of a rank's piece (its first disk
+// read, or one in the second step) stops every rank with the error naming the file, saves nothing,
+// and leaves no file in --nvme-dir (the pieces' and the Adam states' files both live there).
+TEST(DataParallelGeminiThreeTiers, PieceReadErrorStopsEveryRankAndLeavesNoFiles) {
+  SKIP_WITHOUT_MPI();
+  for (const char* fault : {"read-eio@1", "read-eio@5"}) {
+    TempDir tmp;
+    const std::string nvme = tmp.path() + "/nvme", model = tmp.path() + "/model";
+    std::filesystem::create_directories(nvme);
+    const AppResult r = train(
+        2,
+        kTiny + "--steps 4 --zero 3 " + kPiecesOnDisk + " --nvme-dir " + nvme + " --save " + model,
+        60, std::string("MW_IO_FAULT=") + fault);
+    EXPECT_EQ(r.exit_code, 1) << fault << "\n" << r.output;
+    EXPECT_NE(r.output.find("of '" + nvme + "/memwall-chunks-"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("Input/output error (EIO)"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("Adam states in '" + nvme + "'"), std::string::npos) << r.output;
+    EXPECT_TRUE(std::filesystem::is_empty(nvme)) << fault;
+    EXPECT_FALSE(std::filesystem::exists(model + "/model.safetensors")) << fault;
+  }
+}
+
 // Note [ZeRO stage 3]: evaluation and sampling between steps (collective: every bucket gathered)
 // give what one process gives; after the recorded first step each bucket is gathered exactly twice
 // per step (forward, backward), and the steps never hold the whole model's parameters at once.

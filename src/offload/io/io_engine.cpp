@@ -7,10 +7,12 @@
 // reason are logged once per engine.
 #include "offload/io/io_engine.h"
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 
 #include "core/error.h"
+#include "core/numbers.h"
 #include "offload/io/backends.h"
 #include "offload/io/log.h"
 
@@ -251,11 +253,43 @@ bool account_attempt(RequestState& state, int64_t result, IoStats& stats) {
 
 // ---- backend choice (Note [Backend choice]) ----------------------------------------------------
 
+// MW_IO_FAULT="eio@N" | "read-eio@N" (a test hook for whole processes, as MW_WRITE_FAULT is for
+// file writes): the Nth request (1-based) over every engine of this process, or the Nth read, and
+// each one after it, fails with EIO; a bad value is refused.
+static void install_env_fault(IoEngine& engine) {
+  struct Spec {
+    int64_t at = 0;
+    bool reads_only = false;
+  };
+  static const Spec spec = [] {
+    Spec out;
+    const char* env = std::getenv("MW_IO_FAULT");
+    if (!env || !*env) return out;
+    std::string text = env;
+    out.reads_only = text.rfind("read-", 0) == 0;
+    if (out.reads_only) text = text.substr(5);
+    MW_CHECK_T(InvalidArgument, text.rfind("eio@", 0) == 0, "MW_IO_FAULT '", env,
+               "': expected eio@N or read-eio@N (the Nth I/O request, or read, of this process "
+               "fails)");
+    out.at = parse_integer(text.substr(4), "MW_IO_FAULT", 1, INT64_MAX);
+    return out;
+  }();
+  if (spec.at == 0) return;
+  static std::atomic<int64_t> seen{0};
+  engine.set_fault_injector([](const IoRequest& r, int64_t) {
+    Fault f;
+    if (spec.reads_only && r.op != IoOp::kRead) return f;
+    if (seen.fetch_add(1) + 1 >= spec.at) f.error = EIO;
+    return f;
+  });
+}
+
 std::unique_ptr<IoEngine> create_engine_with_reason(BackendKind kind, const IoOptions& options,
                                                     std::string reason) {
   std::unique_ptr<IoEngine> engine = kind == BackendKind::kUring
                                          ? detail::make_uring_engine(options)
                                          : detail::make_thread_engine(options);
+  install_env_fault(*engine);
   engine->choice_reason_ = reason;
   log_info(str("backend ", engine->backend_name(), " (queue depth ", options.queue_depth,
                "): ", reason));
