@@ -48,7 +48,6 @@ void Gemini::write_back_stepped() {
     } catch (const Error&) {  // the state store failed: p was stepped slice by slice, kept below
     }
     bool written = false;
-    const int64_t n = w.piece ? c.shard().nbytes() : c.nbytes();
     try {
       if (!w.writing) w.write = start_write_back(w);
       w.write.wait();
@@ -56,11 +55,7 @@ void Gemini::write_back_stepped() {
     } catch (const Error&) {
     }
     if (written) {
-      if (w.piece)
-        c.drop_shard_ram();
-      else
-        c.drop_ram();
-      track_host(-n);
+      drop_written_back(w);
     } else if (w.piece) {  // Note [Pieces on disk]: the RAM bytes are newer than the blob
       c.keep_shard_in_ram();
     } else {

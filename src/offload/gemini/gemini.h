@@ -352,6 +352,8 @@ class Gemini : public optim::Optimizer {
     bool piece = false;  // a sharded chunk's piece (Note [Pieces on disk], shard.cpp)
   };
   io::IoHandle start_write_back(const PendingWrite& w);
+  int64_t write_back_bytes(const PendingWrite& w) const;
+  void drop_written_back(const PendingWrite& w);  // its blob is current: free the RAM copy
   std::vector<PendingWrite> pending_;
   // A disk read into a gathered chunk's device copy, through `bounce` when the device's memory is
   // not the host's (Note [Disk reads through the host]).

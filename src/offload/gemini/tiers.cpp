@@ -303,13 +303,26 @@ io::IoHandle Gemini::start_write_back(const PendingWrite& w) {
   return swap_->write(str("chunk.", w.chunk), c.storage()->data(), c.nbytes());
 }
 
+int64_t Gemini::write_back_bytes(const PendingWrite& w) const {
+  const Chunk& c = *chunks_[static_cast<size_t>(w.chunk)];
+  return w.piece ? c.shard().nbytes() : c.nbytes();
+}
+
+void Gemini::drop_written_back(const PendingWrite& w) {
+  Chunk& c = *chunks_[static_cast<size_t>(w.chunk)];
+  const int64_t n = write_back_bytes(w);
+  if (w.piece)
+    c.drop_shard_ram();
+  else
+    c.drop_ram();
+  track_host(-n);
+}
+
 // A stepped disk-homed chunk goes back to disk once its update ran, and frees its RAM once written.
 // block: wait for both; else only move on what is done. Returns true when pending_[k] is finished
 // (and erased).
 bool Gemini::settle_pending(size_t k, bool block) {
   PendingWrite& w = pending_[k];
-  Chunk& c = *chunks_[static_cast<size_t>(w.chunk)];
-  const int64_t n = w.piece ? c.shard().nbytes() : c.nbytes();
   if (!w.writing) {
     if (block)
       adam_->wait_update(w.update_ticket);
@@ -317,16 +330,12 @@ bool Gemini::settle_pending(size_t k, bool block) {
       return false;
     w.write = start_write_back(w);
     w.writing = true;
-    iter_.nvme_write_bytes += n;
-    run_.nvme_write_bytes += n;
+    iter_.nvme_write_bytes += write_back_bytes(w);
+    run_.nvme_write_bytes += write_back_bytes(w);
   }
   if (!block && !w.write.done()) return false;
   w.write.wait();  // throws the IoError naming the file, offset and errno
-  if (w.piece)
-    c.drop_shard_ram();
-  else
-    c.drop_ram();
-  track_host(-n);
+  drop_written_back(w);
   pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(k));
   return true;
 }
