@@ -27,8 +27,9 @@ std::vector<std::vector<StateSegment>> read_segments(AdamStateReader& r,
   step = r.get_i64();
   const int64_t nparams = r.get_i64();
   MW_CHECK_T(FormatError, nparams == static_cast<int64_t>(params.size()), "optimizer checkpoint '",
-             path, "' has ", nparams, " parameters, this model has ", params.size(),
-             "; load a checkpoint of the same model");
+             path, "' has ", nparams, " parameter tensors, this optimizer steps ", params.size(),
+             "; load a checkpoint of the same model and optimizer layout (Gemini steps its chunks: "
+             "--resume maps a checkpoint onto another layout, --load-optimizer does not)");
   std::vector<std::vector<StateSegment>> segs(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     const int64_t numel = r.get_i64();
@@ -85,22 +86,85 @@ StateFileRanges::StateFileRanges(const std::string& path, const std::vector<Tens
     : reader_(path) {
   if (!map) {
     segments_ = read_segments(reader_, params, step_);
-    for (size_t i = 0; i < params.size(); ++i) param_.push_back(i);
-    offset_.assign(params.size(), 0);
+    for (size_t i = 0; i < params.size(); ++i) runs_.push_back({{0, i, 0, params[i].numel()}});
     return;
   }
-  MW_CHECK_T(InvalidArgument,
-             map->param.size() == params.size() && map->offset.size() == params.size(),
-             "StateFileMap: ", map->param.size(), " pieces for ", params.size(), " parameters");
-  for (size_t i = 0; i < params.size(); ++i)
+  if (map->runs.empty()) {
     MW_CHECK_T(InvalidArgument,
-               map->param[i] < map->file_numels.size() && map->offset[i] >= 0 &&
-                   map->offset[i] + params[i].numel() <= map->file_numels[map->param[i]],
-               "StateFileMap: piece ", i, " (", params[i].numel(), " elements at ", map->offset[i],
-               " of parameter ", map->param[i], ") lies outside the file's parameters");
+               map->param.size() == params.size() && map->offset.size() == params.size(),
+               "StateFileMap: ", map->param.size(), " pieces for ", params.size(), " parameters");
+    for (size_t i = 0; i < params.size(); ++i)
+      runs_.push_back({{0, map->param[i], map->offset[i], params[i].numel()}});
+  } else {
+    MW_CHECK_T(InvalidArgument, map->runs.size() == params.size(), "StateFileMap: runs for ",
+               map->runs.size(), " pieces, the optimizer has ", params.size(), " parameters");
+    runs_ = map->runs;
+  }
+  for (size_t i = 0; i < params.size(); ++i)
+    for (const StateRun& r : runs_[i])
+      MW_CHECK_T(InvalidArgument,
+                 r.param < map->file_numels.size() && r.offset >= 0 && r.numel >= 0 &&
+                     r.offset + r.numel <= map->file_numels[r.param] && r.at >= 0 &&
+                     r.at + r.numel <= params[i].numel(),
+                 "StateFileMap: piece ", i, " (", r.numel, " elements at ", r.offset,
+                 " of parameter ", r.param, ") lies outside the file's parameters");
   segments_ = read_segments(reader_, map->file_numels, step_);
-  param_ = map->param;
-  offset_ = map->offset;
+}
+
+bool StateFileRanges::has_state(size_t i) const {
+  for (const StateRun& r : runs_[i])
+    if (!segments_[r.param].empty()) return true;
+  return false;
+}
+
+int64_t StateFileRanges::read(size_t i, int64_t off, int64_t n, float* m, float* v) {
+  std::fill(m, m + n, 0.f);
+  std::fill(v, v + n, 0.f);
+  int64_t step = 0;
+  for (const StateRun& r : runs_[i]) {
+    const int64_t lo = std::max(off, r.at), hi = std::min(off + n, r.at + r.numel);
+    if (lo >= hi || segments_[r.param].empty()) continue;  // padding, or never stepped
+    const int64_t st = read_state_range(reader_, segments_[r.param], r.offset + (lo - r.at),
+                                        hi - lo, m + (lo - off), v + (lo - off));
+    MW_CHECK_T(FormatError, step == 0 || st == step, "optimizer checkpoint '", reader_.path(),
+               "' holds parameters at different steps (", step, " and ", st,
+               ", a partially applied step) that this optimizer steps together; resume it with "
+               "the layout it was written with");
+    step = st;
+  }
+  return step;
+}
+
+StateFileMap remap_state_file(const StateFileMap& saved, const StateFileMap& now,
+                              const std::vector<int64_t>& model_numels,
+                              const std::vector<size_t>& piece_param,
+                              const std::vector<int64_t>& piece_offset,
+                              const std::vector<int64_t>& piece_numel) {
+  const size_t np = model_numels.size();
+  MW_CHECK_T(FormatError, saved.param.size() == np && saved.offset.size() == np,
+             "the optimizer checkpoint's layout lists ", saved.param.size(),
+             " model parameters, this model has ", np, "; resume a checkpoint of the same model");
+  for (size_t p = 0; p < np; ++p)
+    MW_CHECK_T(FormatError,
+               saved.param[p] < saved.file_numels.size() && saved.offset[p] >= 0 &&
+                   saved.offset[p] + model_numels[p] <= saved.file_numels[saved.param[p]],
+               "the optimizer checkpoint's layout puts model parameter ", p, " (", model_numels[p],
+               " elements) outside its file's parameters; resume a checkpoint of the same model");
+  StateFileMap map;
+  map.file_numels = saved.file_numels;
+  map.runs.resize(piece_param.size());
+  for (size_t i = 0; i < piece_param.size(); ++i) {
+    const int64_t o = piece_offset[i], e = o + piece_numel[i];
+    for (size_t p = 0; p < np; ++p) {
+      if (now.param[p] != piece_param[i]) continue;
+      const int64_t a = std::max(o, now.offset[p]),
+                    b = std::min(e, now.offset[p] + model_numels[p]);
+      if (a < b)
+        map.runs[i].push_back(
+            {a - o, saved.param[p], saved.offset[p] + (a - now.offset[p]), b - a});
+    }
+  }
+  return map;
 }
 
 }  // namespace mw::optim

@@ -128,11 +128,35 @@ int64_t read_state_range(AdamStateReader& r, const std::vector<StateSegment>& se
 // of the model's parameters, while the file is the one-process file of the whole model. Optimizer
 // parameter i is then elements [offset[i], offset[i] + its numel) of file parameter param[i], and
 // loading reads only those ranges (pread at their positions: not the whole file).
+struct StateRun {
+  int64_t at = 0;      // first element in the optimizer parameter
+  size_t param = 0;    // the file parameter it is read from
+  int64_t offset = 0;  // first element there
+  int64_t numel = 0;
+};
 struct StateFileMap {
   std::vector<int64_t> file_numels;  // the file's parameters (the model's), in order
   std::vector<size_t> param;         // per optimizer parameter: its file parameter
   std::vector<int64_t> offset;       // and its first element there
+  // When not empty, instead of param/offset: per optimizer parameter, the runs it is read from;
+  // elements no run covers have no state (Note [Optimizer layouts]).
+  std::vector<std::vector<StateRun>> runs;
 };
+
+// Note [Optimizer layouts]: the parameters an optimizer steps are the model's own (plain runs),
+// Gemini's chunks (each the model's parameters packed at offsets, padding between), or 1-D pieces
+// of either (ZeRO). A checkpoint records its file's layout as a StateFileMap over the model's
+// parameters: model parameter p is elements [offset[p], offset[p] + numel) of file parameter
+// param[p]. Loading it into another layout (Gemini with another chunk size or host budget, or no
+// Gemini at all) maps each optimizer parameter onto the file through the model's parameters:
+// remap_state_file gives, for optimizer parameter i = elements [piece_offset[i], + piece_numel[i])
+// of the current layout's file parameter piece_param[i], the runs to read from a file written in
+// `saved`'s layout. FormatError when `saved` does not describe a model of these parameters.
+StateFileMap remap_state_file(const StateFileMap& saved, const StateFileMap& now,
+                              const std::vector<int64_t>& model_numels,
+                              const std::vector<size_t>& piece_param,
+                              const std::vector<int64_t>& piece_offset,
+                              const std::vector<int64_t>& piece_numel);
 
 // An optimizer's view of a state file: its own parameters (map null) or pieces (map).
 class StateFileRanges {
@@ -141,19 +165,16 @@ class StateFileRanges {
                   const StateFileMap* map);
   int64_t step() const { return step_; }
   const std::string& path() const { return reader_.path(); }
-  // The file holds states for (the file parameter of) optimizer parameter i.
-  bool has_state(size_t i) const { return !segments_[param_[i]].empty(); }
-  // read_state_range for elements [off, off + n) of optimizer parameter i.
-  int64_t read(size_t i, int64_t off, int64_t n, float* m, float* v) {
-    return read_state_range(reader_, segments_[param_[i]], offset_[i] + off, n, m, v);
-  }
+  // The file holds states for (a file parameter of) optimizer parameter i.
+  bool has_state(size_t i) const;
+  // read_state_range for elements [off, off + n) of optimizer parameter i, through its runs.
+  int64_t read(size_t i, int64_t off, int64_t n, float* m, float* v);
 
  private:
   AdamStateReader reader_;
   int64_t step_ = 0;
   std::vector<std::vector<StateSegment>> segments_;
-  std::vector<size_t> param_;
-  std::vector<int64_t> offset_;
+  std::vector<std::vector<StateRun>> runs_;  // per optimizer parameter
 };
 
 }  // namespace mw::optim

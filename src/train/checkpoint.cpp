@@ -66,6 +66,7 @@ json::Value to_json(const TrainState& s) {
   v.set("loss_scale_hysteresis_left", s.scaler.hysteresis_left);
   v.set("skipped_steps", s.scaler.skipped_steps);
   v.set("run", s.run);
+  if (!s.optimizer_layout.is_null()) v.set("optimizer_layout", s.optimizer_layout);
   return v;
 }
 
@@ -85,6 +86,7 @@ TrainState train_state_from_json(const json::Value& v, const std::string& source
   s.scaler.hysteresis_left = v.get_int("loss_scale_hysteresis_left");
   s.scaler.skipped_steps = v.get_int("skipped_steps");
   s.run = v.at("run");
+  if (const json::Value* layout = v.find("optimizer_layout")) s.optimizer_layout = *layout;
   return s;
 }
 

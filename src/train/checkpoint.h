@@ -40,6 +40,9 @@ struct TrainState {
   optim::LossScalerState scaler;
   // The options that determine the updates (resume checks them): one JSON object.
   json::Value run = json::Value::object();
+  // optimizer.bin's layout (Note [Optimizer layouts], optim/adam_state_file.h): {"file_numels",
+  // "param", "offset"}; null in checkpoints written before it was recorded (the model's order).
+  json::Value optimizer_layout;
 };
 
 json::Value to_json(const TrainState& s);

@@ -6,6 +6,7 @@
 #include "autograd/autocast.h"
 #include "core/error.h"
 #include "models/gpt2/hf_io.h"
+#include "optim/adam_state_file.h"
 #include "train/data_parallel.h"
 #include "train/trainer.h"
 #include "train/zero_state_file.h"
@@ -19,6 +20,35 @@ constexpr const char* kMustMatch[] = {"batch",   "seq",       "grad_accum", "dat
                                       "shuffle", "data_seed", "seed"};
 
 std::string describe(const json::Value* v) { return v ? v->dump() : "(absent)"; }
+
+template <typename T>
+json::Value int_array(const std::vector<T>& xs) {
+  json::Value a = json::Value::array();
+  for (T x : xs) a.push_back(static_cast<int64_t>(x));
+  return a;
+}
+
+json::Value layout_json(const optim::StateFileMap& m) {
+  json::Value v = json::Value::object();
+  v.set("file_numels", int_array(m.file_numels));
+  v.set("param", int_array(m.param));
+  v.set("offset", int_array(m.offset));
+  return v;
+}
+
+optim::StateFileMap layout_from_json(const json::Value& v, const std::string& path) {
+  optim::StateFileMap m;
+  try {
+    for (const json::Value& x : v.at("file_numels").elements()) m.file_numels.push_back(x.as_int());
+    for (const json::Value& x : v.at("param").elements())
+      m.param.push_back(static_cast<size_t>(x.as_int()));
+    for (const json::Value& x : v.at("offset").elements()) m.offset.push_back(x.as_int());
+  } catch (const Error& e) {
+    throw FormatError(str("checkpoint '", path, "': trainer.json's optimizer_layout is malformed (",
+                          e.what(), "); resume from another checkpoint"));
+  }
+  return m;
+}
 
 }  // namespace
 
@@ -79,7 +109,67 @@ void Trainer::save_optimizer_state(const std::string& file) {
     dynamic_cast<optim::AdamW&>(*opt_).save_state(file);
 }
 
-void Trainer::load_optimizer_state(const std::string& file) {
+// Note [Optimizer layouts]: Gemini's file parameters are its chunks; otherwise the model's own.
+optim::StateFileMap Trainer::optimizer_layout() const {
+  const std::vector<Tensor> params = model_->parameters();
+  optim::StateFileMap m;
+  m.param.resize(params.size());
+  m.offset.resize(params.size());
+  if (gem_) {
+    for (const auto& c : gem_->chunks()) {
+      for (const gemini::ChunkMember& member : c->members()) {
+        m.param[member.tensor] = m.file_numels.size();
+        m.offset[member.tensor] = member.offset;
+      }
+      m.file_numels.push_back(c->numel());
+    }
+    return m;
+  }
+  for (size_t p = 0; p < params.size(); ++p) {
+    m.param[p] = p;
+    m.file_numels.push_back(params[p].numel());
+  }
+  return m;
+}
+
+// A checkpoint written in another layout: each optimizer parameter (a chunk, a model parameter, or
+// this rank's piece of either under ZeRO) reads its runs of the model's parameters from the file.
+void Trainer::load_optimizer_state_remapped(const std::string& file,
+                                            const optim::StateFileMap& saved,
+                                            const optim::StateFileMap& now) {
+  std::vector<int64_t> numels;
+  for (const Tensor& p : model_->parameters()) numels.push_back(p.numel());
+  std::vector<size_t> piece_param;
+  std::vector<int64_t> piece_offset, piece_numel;
+  if (shards_optimizer()) {
+    const ShardLayout shards = gem_ ? gemini_shard_layout() : shard_layout(*dp_);
+    for (const ShardPiece& piece : shards.pieces[static_cast<size_t>(dp_->rank())]) {
+      piece_param.push_back(piece.param);
+      piece_offset.push_back(piece.offset);
+      piece_numel.push_back(piece.numel);
+    }
+  } else {
+    for (size_t q = 0; q < now.file_numels.size(); ++q) {
+      piece_param.push_back(q);
+      piece_offset.push_back(0);
+      piece_numel.push_back(now.file_numels[q]);
+    }
+  }
+  const optim::StateFileMap map =
+      optim::remap_state_file(saved, now, numels, piece_param, piece_offset, piece_numel);
+  if (hybrid_)
+    hybrid_->load_state(file, &map);
+  else
+    dynamic_cast<optim::AdamW&>(*opt_).load_state(file, &map);
+}
+
+void Trainer::load_optimizer_state(const std::string& file, const json::Value* saved_layout) {
+  const optim::StateFileMap now = optimizer_layout();
+  const optim::StateFileMap saved =
+      saved_layout && !saved_layout->is_null() ? layout_from_json(*saved_layout, file) : now;
+  if (saved.file_numels != now.file_numels || saved.param != now.param ||
+      saved.offset != now.offset)
+    return load_optimizer_state_remapped(file, saved, now);
   if (shards_optimizer() && gem_)  // Note [Sharded optimizer states]: pieces of the chunks
     load_zero_state(gemini_shard_layout(), dp_->rank(), gem_->adam(), file);
   else if (shards_optimizer())
@@ -100,7 +190,8 @@ void Trainer::resume_from(const std::string& path) {
   total_steps_ = o_.steps;
   check_fingerprint(state.run, path);
   // Weights came in with the model (weights_from_); now the optimizer, the data and the RNG.
-  load_optimizer_state((std::filesystem::path(path) / "optimizer.bin").string());
+  load_optimizer_state((std::filesystem::path(path) / "optimizer.bin").string(),
+                       &state.optimizer_layout);
   // Under Gemini the states and their step count are its HybridAdam's.
   const int64_t loaded_step = hybrid_ ? hybrid_->step_count() : opt_->step_count();
   MW_CHECK_T(FormatError, loaded_step == state.step, "checkpoint '", path,
@@ -155,6 +246,7 @@ std::string Trainer::save_checkpoint() {
   s.dropout_rng = default_generator().state();
   if (scaler_) s.scaler = scaler_->state();
   s.run = run_fingerprint();
+  s.optimizer_layout = layout_json(optimizer_layout());
   const std::string path = write_checkpoint(
       o_.checkpoint_dir, s, [&](const std::string& dir) { save_model(dir); },
       [&](const std::string& file) { save_optimizer_state(file); });

@@ -240,7 +240,11 @@ class Trainer {
   void resume_from(const std::string& dir);
   // HybridAdam's or AdamW's (one file format, Note [Optimizer checkpoint format]).
   void save_optimizer_state(const std::string& file);
-  void load_optimizer_state(const std::string& file);
+  // saved_layout: the checkpoint's (Note [Optimizer layouts]); null: this run's.
+  void load_optimizer_state(const std::string& file, const json::Value* saved_layout = nullptr);
+  optim::StateFileMap optimizer_layout() const;  // this run's file layout, over the model's params
+  void load_optimizer_state_remapped(const std::string& file, const optim::StateFileMap& saved,
+                                     const optim::StateFileMap& now);
   void check_data_parallel_options() const;
   void connect_gemini();  // Note [Gemini under data parallel]
   std::unique_ptr<DataParallel> make_zero3(gpt2::ParameterFactory& factory);

@@ -170,6 +170,22 @@ TEST_F(ZeroCheckpoint, OneProcessCheckpointResumesUnderZero) {
   expect_near_weights(two + "/model", one() + "/model", "1 process -> 2 ranks");
 }
 
+// (e) Note [Optimizer layouts]: the same one-process checkpoint (the model's parameters) resumed
+// at 2 ranks by Gemini --zero 3, whose optimizer steps pieces of small chunks (several model
+// parameters each, padding between them): every piece reads its runs of the model's parameters.
+TEST_F(ZeroCheckpoint, OneProcessCheckpointResumesUnderGeminiZero3WithSmallChunks) {
+  SKIP_WITHOUT_MPI();
+  TempDir tmp;
+  const std::string two = tmp.path() + "/two";
+  AppResult r =
+      train(2, kSixSteps + "--device sim:256MiB --gemini auto --zero 3 --chunk-size 3000 " +
+                   outputs(two) + "--resume " + one() + "/ckpt/step_000003");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_near_losses(losses(two + "/log.jsonl"), losses_from(one() + "/log.jsonl", 4),
+                     "1 process -> Gemini, 2 ranks");
+  expect_near_weights(two + "/model", one() + "/model", "1 process -> Gemini, 2 ranks");
+}
+
 // (d) --save-optimizer under --zero 1 writes the file that one process loads and writes back
 // byte for byte, and so does --zero 2 at 2 ranks; --load-optimizer under --zero 2 (with the
 // weights of step 3) goes on as the one-process run does.
