@@ -109,25 +109,50 @@ void Trainer::save_optimizer_state(const std::string& file) {
     dynamic_cast<optim::AdamW&>(*opt_).save_state(file);
 }
 
+namespace {
+
+// The layout of a file written without Gemini: the model's parameters, each whole.
+optim::StateFileMap model_layout(const std::vector<Tensor>& params) {
+  optim::StateFileMap m;
+  for (size_t p = 0; p < params.size(); ++p) {
+    m.file_numels.push_back(params[p].numel());
+    m.param.push_back(p);
+    m.offset.push_back(0);
+  }
+  return m;
+}
+
+// Whether `file`'s header lists tensors of exactly these sizes.
+bool file_has_tensors(const std::string& file, const std::vector<int64_t>& numels) {
+  optim::AdamStateReader reader(file);
+  int64_t step = 0;
+  try {
+    optim::read_segments(reader, numels, step);
+    return true;
+  } catch (const FormatError&) {
+    return false;
+  }
+}
+
+bool same_layout(const optim::StateFileMap& a, const optim::StateFileMap& b) {
+  return a.file_numels == b.file_numels && a.param == b.param && a.offset == b.offset;
+}
+
+}  // namespace
+
 // Note [Optimizer layouts]: Gemini's file parameters are its chunks; otherwise the model's own.
 optim::StateFileMap Trainer::optimizer_layout() const {
   const std::vector<Tensor> params = model_->parameters();
+  if (!gem_) return model_layout(params);
   optim::StateFileMap m;
   m.param.resize(params.size());
   m.offset.resize(params.size());
-  if (gem_) {
-    for (const auto& c : gem_->chunks()) {
-      for (const gemini::ChunkMember& member : c->members()) {
-        m.param[member.tensor] = m.file_numels.size();
-        m.offset[member.tensor] = member.offset;
-      }
-      m.file_numels.push_back(c->numel());
+  for (const auto& c : gem_->chunks()) {
+    for (const gemini::ChunkMember& member : c->members()) {
+      m.param[member.tensor] = m.file_numels.size();
+      m.offset[member.tensor] = member.offset;
     }
-    return m;
-  }
-  for (size_t p = 0; p < params.size(); ++p) {
-    m.param[p] = p;
-    m.file_numels.push_back(params[p].numel());
+    m.file_numels.push_back(c->numel());
   }
   return m;
 }
@@ -165,11 +190,15 @@ void Trainer::load_optimizer_state_remapped(const std::string& file,
 
 void Trainer::load_optimizer_state(const std::string& file, const json::Value* saved_layout) {
   const optim::StateFileMap now = optimizer_layout();
-  const optim::StateFileMap saved =
-      saved_layout && !saved_layout->is_null() ? layout_from_json(*saved_layout, file) : now;
-  if (saved.file_numels != now.file_numels || saved.param != now.param ||
-      saved.offset != now.offset)
-    return load_optimizer_state_remapped(file, saved, now);
+  optim::StateFileMap saved = now;
+  if (saved_layout && !saved_layout->is_null()) {
+    saved = layout_from_json(*saved_layout, file);
+  } else if (gem_) {  // --load-optimizer: a file of the model's own layout is told by its sizes
+    const optim::StateFileMap plain = model_layout(model_->parameters());
+    if (!file_has_tensors(file, now.file_numels) && file_has_tensors(file, plain.file_numels))
+      saved = plain;
+  }
+  if (!same_layout(saved, now)) return load_optimizer_state_remapped(file, saved, now);
   if (shards_optimizer() && gem_)  // Note [Sharded optimizer states]: pieces of the chunks
     load_zero_state(gemini_shard_layout(), dp_->rank(), gem_->adam(), file);
   else if (shards_optimizer())

@@ -204,7 +204,8 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
     print_(str("Precision: ", precision_name(o_.precision),
                " autocast (matmuls and attention), f32 masters",
                scaler_ ? ", dynamic loss scale 65536" : "", "\n"));
-  first_step_ = step_ = opt_->step_count();  // > 0 after --load-optimizer
+  // > 0 after --load-optimizer; under Gemini the step count is its HybridAdam's.
+  first_step_ = step_ = hybrid_ ? hybrid_->step_count() : opt_->step_count();
   micro_ = step_ * o_.grad_accum;
   // --steps is this run's count after --load-optimizer (which restores no data position), and the
   // run's total with --resume (resume_from).
