@@ -5,13 +5,13 @@
 // except copies to the host.
 #include "core/ops_cuda.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <map>
 #include <mutex>
 
 #include "core/convert.h"
+#include "core/cuda/cublas_loader.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/tensor_args.h"
 
@@ -214,7 +214,7 @@ namespace {
 void check_cublas(cublasStatus_t status, const char* what) {
   if (status == CUBLAS_STATUS_SUCCESS) [[likely]]
     return;
-  throw DeviceError(str(what, " failed: ", cublasGetStatusString(status), " (",
+  throw DeviceError(str(what, " failed: ", cublas().status_string(status), " (",
                         static_cast<int>(status),
                         "); check that the GPU is visible and has free memory"));
 }
@@ -233,9 +233,9 @@ LockedHandle cublas_handle(int device) {
   std::unique_lock<std::mutex> lock(mutex);
   cublasHandle_t& h = handles[device];
   if (!h) {
-    check_cublas(cublasCreate(&h), "cublasCreate");
+    check_cublas(cublas().create(&h), "cublasCreate");
     // CUBLAS_DEFAULT_MATH: full fp32 products, no TF32 (unless NVIDIA_TF32_OVERRIDE says so).
-    check_cublas(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    check_cublas(cublas().set_math_mode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   }
   return {std::move(lock), h};
 }
@@ -258,18 +258,18 @@ void gemm(int device_index, DType dtype, bool trans_a, bool trans_b, int64_t M, 
   if (dtype == DType::F32) {
     const float alpha = 1.0f, b = static_cast<float>(beta);
     check_cublas(
-        cublasSgemm(h.handle, ob, oa, n, m, k, &alpha, static_cast<const float*>(B),
-                    static_cast<int>(ldb), static_cast<const float*>(A), static_cast<int>(lda), &b,
-                    static_cast<float*>(C), static_cast<int>(ldc)),
+        cublas().sgemm(h.handle, ob, oa, n, m, k, &alpha, static_cast<const float*>(B),
+                       static_cast<int>(ldb), static_cast<const float*>(A), static_cast<int>(lda),
+                       &b, static_cast<float*>(C), static_cast<int>(ldc)),
         "cublasSgemm");
   } else {
     MW_CHECK_T(ShapeError, dtype == DType::F64, "gemm on CUDA: expected f32 or f64, got ",
                dtype_name(dtype));
     const double alpha = 1.0;
     check_cublas(
-        cublasDgemm(h.handle, ob, oa, n, m, k, &alpha, static_cast<const double*>(B),
-                    static_cast<int>(ldb), static_cast<const double*>(A), static_cast<int>(lda),
-                    &beta, static_cast<double*>(C), static_cast<int>(ldc)),
+        cublas().dgemm(h.handle, ob, oa, n, m, k, &alpha, static_cast<const double*>(B),
+                       static_cast<int>(ldb), static_cast<const double*>(A), static_cast<int>(lda),
+                       &beta, static_cast<double*>(C), static_cast<int>(ldc)),
         "cublasDgemm");
   }
 }
