@@ -3,7 +3,8 @@
 // dtype conversion (Tensor::copy_, fill_, contiguous, to(dtype) on CUDA tensors).
 //
 // Determinism: every reduction gives each output element to one thread that adds its inputs in
-// element order (sum_to_shape therefore matches the CPU bit for bit), except sum_all, which is a
+// element order, in double as the CPU does (so sum_to_shape and sum_dim match the CPU bit for bit;
+// accumulating in T they did not, which the first GPU run showed), except sum_all, which is a
 // single block combining in a fixed order (deterministic, but not the CPU's order).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -49,9 +50,10 @@ __global__ void sum_to_shape_kernel(const T* grad, StridedShape to_out, StridedS
                                     int64_t walk_numel, T* out, int64_t out_numel) {
   MW_GRID_STRIDE(o, out_numel) {
     const int64_t base = strided_offset(o, to_out);
-    T acc = 0;
-    for (int64_t k = 0; k < walk_numel; ++k) acc += grad[base + strided_offset(k, walk)];
-    out[o] = acc;
+    double acc = 0;  // as the CPU: Note [Reductions accumulate in double] (layers.cpp)
+    for (int64_t k = 0; k < walk_numel; ++k)
+      acc += static_cast<double>(grad[base + strided_offset(k, walk)]);
+    out[o] = static_cast<T>(acc);
   }
 }
 
@@ -70,9 +72,9 @@ template <typename T>
 __global__ void sum_dim_kernel(const T* x, int64_t outer, int64_t n, int64_t inner, T* out) {
   MW_GRID_STRIDE(idx, outer * inner) {
     const int64_t o = idx / inner, i = idx % inner;
-    T acc = 0;
-    for (int64_t k = 0; k < n; ++k) acc += x[(o * n + k) * inner + i];
-    out[idx] = acc;
+    double acc = 0;  // as the CPU: Note [Reductions accumulate in double] (layers.cpp)
+    for (int64_t k = 0; k < n; ++k) acc += static_cast<double>(x[(o * n + k) * inner + i]);
+    out[idx] = static_cast<T>(acc);
   }
 }
 
