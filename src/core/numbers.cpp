@@ -16,6 +16,14 @@ namespace {
 
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 
+// A bound as the refusal prints it: 9 significant digits, so a bound just below 1 (beta's
+// nextafter(1.0f, 0)) reads 0.99999994, not a "1" that the refused 1 seems to satisfy.
+std::string bound(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.9g", x);
+  return text;
+}
+
 // Length of the longest prefix of `text` from `pos` that is
 // [+-]?digits(.digits?)?([eE][+-]?digits)? (or .digits); 0 when there is none.
 // `allow_sign`/`allow_exponent` narrow the form.
@@ -57,8 +65,8 @@ int64_t parse_integer(const std::string& text, const std::string& what, int64_t 
 
 double parse_real(const std::string& text, const std::string& what, double min, double max) {
   auto refuse = [&](const char* why) {
-    return InvalidArgument(
-        str(what, " '", text, "': ", why, "; expected a number in [", min, ", ", max, "]"));
+    return InvalidArgument(str(what, " '", text, "': ", why, "; expected a number in [", bound(min),
+                               ", ", bound(max), "]"));
   };
   if (text.empty()) throw refuse("empty value");
   if (decimal_prefix(text, true, true) != text.size()) throw refuse("not a decimal number");

@@ -6,6 +6,14 @@
 
 namespace mw::optim {
 
+void check_magic(AdamStateReader& r) {
+  char magic[8];
+  r.get_at(0, magic, 8);
+  MW_CHECK_T(FormatError, std::memcmp(magic, kAdamStateMagic, 8) == 0, "'", r.path(),
+             "' is not a memwall optimizer checkpoint (bad magic); pass a file written by "
+             "HybridAdam::save_state / --save-optimizer");
+}
+
 std::vector<std::vector<StateSegment>> read_segments(AdamStateReader& r,
                                                      const std::vector<Tensor>& params,
                                                      int64_t& step) {
@@ -18,12 +26,8 @@ std::vector<std::vector<StateSegment>> read_segments(AdamStateReader& r,
                                                      const std::vector<int64_t>& params,
                                                      int64_t& step) {
   const std::string& path = r.path();
-  char magic[8];
-  r.get_at(0, magic, 8);
+  check_magic(r);
   r.skip(8);
-  MW_CHECK_T(FormatError, std::memcmp(magic, kAdamStateMagic, 8) == 0, "'", path,
-             "' is not a memwall optimizer checkpoint (bad magic); pass a file written by "
-             "HybridAdam::save_state / --save-optimizer");
   step = r.get_i64();
   const int64_t nparams = r.get_i64();
   MW_CHECK_T(FormatError, nparams == static_cast<int64_t>(params.size()), "optimizer checkpoint '",

@@ -108,6 +108,10 @@ class AdamStateReader {
   int64_t pos_ = 0;
 };
 
+// Checks that the file starts with the optimizer checkpoint's magic (a quick look before the
+// model is built); FormatError naming the file otherwise.
+void check_magic(AdamStateReader& r);
+
 // Reads the header of a checkpoint written for `params`: returns its step and, per parameter, its
 // segments with their data positions. FormatError naming the file for anything else.
 std::vector<std::vector<StateSegment>> read_segments(AdamStateReader& r,

@@ -1,14 +1,37 @@
-// The Trainer's tokenizer and its samples during training (Note [Sampling during training],
-// trainer.h).
+// The Trainer's inputs besides the model (its data, the optimizer file to load, its tokenizer) and
+// its samples during training (Note [Sampling during training], trainer.h).
 #include <optional>
 
 #include "autograd/autocast.h"
 #include "autograd/autograd.h"
 #include "core/error.h"
+#include "optim/adam_state_file.h"
 #include "train/data_parallel.h"
 #include "train/trainer.h"
 
 namespace mw::train {
+
+void Trainer::open_inputs() {
+  // Before the model is built (xl: half a minute, gigabytes): a missing, short or foreign input
+  // file is refused at once (docs/reliability.md).
+  if (!o_.data.empty()) {
+    train_data_ = std::make_unique<TokenStream>(resolve_shards(o_.data, "train", "--data"),
+                                                o_.shuffle, o_.data_seed);
+    train_data_->check_vocab(config_.vocab_size);
+    train_data_->check_length(o_.seq, "--data");
+  }
+  if (!o_.val_data.empty()) {
+    val_ = std::make_unique<TokenStream>(resolve_shards(o_.val_data, "val", "--val-data"), false, 0,
+                                         "--val-data");
+    val_->check_vocab(config_.vocab_size);
+    val_->check_length(o_.seq, "--val-data");
+  }
+  // Its magic only: its tensors are checked against the optimizer's layout once that exists.
+  if (!o_.load_optimizer.empty()) {
+    optim::AdamStateReader file(o_.load_optimizer);
+    optim::check_magic(file);
+  }
+}
 
 void Trainer::load_tokenizer() {
   // --init-from's folder, or the resumed checkpoint's model folder (a save copies the files there).

@@ -176,6 +176,7 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
     weights_from_ = o_.init_from;
   }
   load_tokenizer();
+  open_inputs();
   default_generator().manual_seed(o_.seed);
   // The documents' unit: 2^30 parameters ("0.116 B" for GPT-2 small's 124,439,808).
   const int64_t numel = gpt2::num_parameters(config_);
@@ -184,18 +185,6 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
              "ColossalAI documents' unit)\n"));
   build_model();
   if (o_.data_parallel()) setup_data_parallel();
-  if (!o_.data.empty()) {
-    train_data_ = std::make_unique<TokenStream>(resolve_shards(o_.data, "train", "--data"),
-                                                o_.shuffle, o_.data_seed);
-    train_data_->check_vocab(config_.vocab_size);
-    train_data_->check_length(o_.seq, "--data");
-  }
-  if (!o_.val_data.empty()) {
-    val_ = std::make_unique<TokenStream>(resolve_shards(o_.val_data, "val", "--val-data"), false, 0,
-                                         "--val-data");
-    val_->check_vocab(config_.vocab_size);
-    val_->check_length(o_.seq, "--val-data");
-  }
   build_optimizer();
   build_recomputation();
   if (o_.precision == DType::F16)

@@ -260,6 +260,7 @@ class Trainer {
   bool measure_and_scale_gradients(StepResult& r);
   void micro_batch(int64_t index, std::vector<int32_t>& tokens) const;
   void load_tokenizer();                      // and checks the sampling prompt against it
+  void open_inputs();                         // --data, --val-data, --load-optimizer's file
   std::vector<int32_t> sample_by_forwards();  // Note [Sampling during training]
   void setup_data_parallel();  // checks the options, splits the work, broadcasts the weights
   void keep_rank_rows(std::vector<int32_t>& tokens) const;  // of the global batch's B x T

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "core/error.h"
 
 namespace mw {
@@ -45,6 +47,13 @@ TEST(Numbers, RealsAreFiniteDecimals) {
     SCOPED_TRACE(bad);
     EXPECT_NE(refusal([&] { parse_real(bad, "--lr", 0, 10); }).find("--lr '"), std::string::npos);
   }
+  // The bounds print exactly enough to be read: --beta1 1 was refused with "expected a number in
+  // [0, 1]" when the bound was the float below 1.
+  const double below_one = std::nextafter(1.0f, 0.0f);
+  const std::string why = refusal([&] { parse_real("1", "--beta1", 0, below_one); });
+  EXPECT_NE(why.find("[0, 0.99999994]"), std::string::npos) << why;
+  EXPECT_NE(refusal([] { parse_real("1", "--eps", 1e-30, 0.5); }).find("[1e-30, 0.5]"),
+            std::string::npos);
 }
 
 TEST(Numbers, ByteSizesRefuseGarbageAndOverflowInsteadOfWrapping) {
