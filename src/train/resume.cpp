@@ -209,7 +209,7 @@ void Trainer::load_optimizer_state(const std::string& file, const json::Value* s
     dynamic_cast<optim::AdamW&>(*opt_).load_state(file);
 }
 
-void Trainer::resume_from(const std::string& path) {
+void Trainer::check_resumable(const std::string& path) {
   const TrainState& state = resumed_state_;
   // The total is this run's --steps: check_fingerprint compares it with the checkpoint's.
   MW_CHECK_T(InvalidArgument, o_.steps >= state.step, "--resume '", path,
@@ -218,6 +218,11 @@ void Trainer::resume_from(const std::string& path) {
              " to train on from it");
   total_steps_ = o_.steps;
   check_fingerprint(state.run, path);
+}
+
+void Trainer::resume_from(const std::string& path) {
+  const TrainState& state = resumed_state_;
+  total_steps_ = o_.steps;  // the run's total (check_resumable)
   // Weights came in with the model (weights_from_); now the optimizer, the data and the RNG.
   load_optimizer_state((std::filesystem::path(path) / "optimizer.bin").string(),
                        &state.optimizer_layout);

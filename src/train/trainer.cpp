@@ -163,6 +163,9 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
   if (o_.seq == 0) o_.seq = std::min<int64_t>(128, config_.n_positions);  // every preset runs
   MW_CHECK_T(InvalidArgument, o_.seq <= config_.n_positions, "--seq ", o_.seq,
              " exceeds the model's ", config_.n_positions, " positions; lower --seq");
+  MW_CHECK_T(InvalidArgument, o_.checkpoint_segments <= config_.n_layer, "--checkpoint-segments ",
+             o_.checkpoint_segments, " exceeds the ", config_.n_layer, " blocks; use at most ",
+             config_.n_layer, " (or 0 for sqrt)");
   if (memory_plan(o_, config_, print_)) {
     planned_only_ = true;
     return;
@@ -171,6 +174,7 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
     resumed_path_ = find_checkpoint(o_.resume);
     // Before its weights are read: a damaged checkpoint is named as such, with what to do.
     resumed_state_ = verify_checkpoint(resumed_path_);
+    check_resumable(resumed_path_);  // before the model is built: the options it needs the same
     weights_from_ = (std::filesystem::path(resumed_path_) / "model").string();
   } else {
     weights_from_ = o_.init_from;
@@ -320,8 +324,6 @@ void Trainer::build_recomputation() {
   std::vector<nn::Segment> plan;
   if (o_.checkpoint_segments >= 0) {
     const int64_t k = o_.checkpoint_segments == 0 ? nn::sqrt_segments(n) : o_.checkpoint_segments;
-    MW_CHECK_T(InvalidArgument, k <= n, "--checkpoint-segments ", k, " exceeds the ", n,
-               " blocks; use at most ", n, " (or 0 for sqrt)");
     plan = nn::plan_segments(n, k);
   } else {
     for (int64_t i = 0; i < n; ++i) plan.push_back({i, i + 1, true});

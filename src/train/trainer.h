@@ -237,6 +237,7 @@ class Trainer {
   void check_updates_finite();  // Note [Non-finite values]
   void build_optimizer();
   void build_recomputation();
+  void check_resumable(const std::string& dir);  // --steps and the options the data depends on
   void resume_from(const std::string& dir);
   // HybridAdam's or AdamW's (one file format, Note [Optimizer checkpoint format]).
   void save_optimizer_state(const std::string& file);

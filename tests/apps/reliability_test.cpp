@@ -108,19 +108,26 @@ TEST(Reliability, SpecialFilesAsInputsAreRefusedAtOnce) {
   }
 }
 
-// Input files are refused before the model is built: for GPT-2 xl a missing --data or
-// --load-optimizer file was named only after 27 s and 6 GB of construction. The model's first line,
+// Input files and options that contradict the model or the resumed run are refused before the
+// model is built: for GPT-2 xl a missing --data or --load-optimizer file, a --resume with another
+// --seed or a --checkpoint-segments above n_layer was named only after 27 s and 6 GB of
+// construction. The model's first line,
 // "Model numel", comes just before it is built, so it must not appear.
 TEST(Reliability, BadInputFilesAreRefusedBeforeTheModelIsBuilt) {
   TempDir tmp;
   data::write_token_shard(tmp.file("short.bin"), std::vector<uint16_t>(10, 7));
   write_bytes(tmp.file("not_adam.bin"), "this is not an optimizer checkpoint");
+  ASSERT_EQ(run_app(tmp, "gpt2_train", tiny({"--steps", "1", "--checkpoint-dir", tmp.file("ck")}))
+                .exit_code,
+            0);
   for (const auto& [args, expected] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--data", tmp.file("missing.bin")}, "missing.bin"},
            {{"--val-data", tmp.file("missing.bin")}, "missing.bin"},
            {{"--data", tmp.file("short.bin")}, "fewer than one sequence"},
            {{"--load-optimizer", tmp.file("missing.bin")}, "missing.bin"},
-           {{"--load-optimizer", tmp.file("not_adam.bin")}, "bad magic"}}) {
+           {{"--load-optimizer", tmp.file("not_adam.bin")}, "bad magic"},
+           {{"--resume", tmp.file("ck"), "--steps", "2", "--seed", "5"}, "pass the same --data-seed"},
+           {{"--checkpoint-segments", "3"}, "exceeds the 2 blocks"}}) {
     SCOPED_TRACE(args[0] + " " + args[1]);
     Outcome o = run_app(tmp, "gpt2_train", tiny(args), {}, 30);
     EXPECT_EQ(o.exit_code, 1) << o.output;
