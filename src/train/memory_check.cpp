@@ -78,15 +78,23 @@ void check_plan_fits(const MemoryPlan& plan, const PlanInputs& in, const Availab
   int64_t need = 0, have = 0, cap = 0;
   const std::string act_advice = "a smaller --batch or --seq, --checkpoint-activations";
   const auto ranks_on_host = static_cast<double>(plan.ranks_on_host);
-  const int64_t host_need = clamp_bytes(static_cast<double>(plan.host_bytes) * ranks_on_host);
+  // The simulated device's memory is this host's: its bytes count against host RAM too (a run
+  // on sim:100GiB that planned 23 GiB on the "device" passed the check and was killed by the OOM
+  // killer).
+  const int64_t sim_bytes = in.device.is_sim() ? plan.device_bytes : 0;
+  const int64_t host_need =
+      clamp_bytes(static_cast<double>(plan.host_bytes + sim_bytes) * ranks_on_host);
   const int64_t disk_need = clamp_bytes(static_cast<double>(plan.disk_bytes) * ranks_on_host);
   const std::string ranks =
       plan.ranks_on_host > 1 ? str(" (", plan.ranks_on_host, " ranks on this host)") : "";
   if (avail.host_bytes >= 0 && host_need > avail.host_bytes) {
     problems += str(
-        "host RAM: needs ", mib_text(host_need), ranks, ", ", mib_text(avail.host_bytes),
-        " available (", avail.host_source, "); to fit: ", act_advice,
-        in.device.is_cpu() ? "" : ", --offload-activations",
+        "host RAM: needs ", mib_text(host_need), ranks,
+        sim_bytes > 0 ? str(" (", mib_text(sim_bytes), " of it on ", plan.device_name,
+                            ", the simulated device, whose memory is the host's)")
+                      : "",
+        ", ", mib_text(avail.host_bytes), " available (", avail.host_source,
+        "); to fit: ", act_advice, in.device.is_cpu() ? "" : ", --offload-activations",
         ", --offload nvme --fraction 1 (Adam states on disk)",
         in.device.is_cpu() ? "" : ", --gemini auto --host-capacity SIZE",
         plan.ranks_on_host > 1 ? ", --zero 1 or 2 (Adam states sharded), fewer ranks per host" : "",

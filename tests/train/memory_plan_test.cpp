@@ -461,6 +461,33 @@ TEST(MemoryPlan, RefusesWhatDoesNotFitNamingTheNumbersAndTheOptions) {
   EXPECT_NO_THROW(check_plan_fits(plan_memory(in), in, avail));
 }
 
+// The sim device's memory is host RAM: a plan that fits the device's capacity but not the host
+// with the device's bytes added is refused (GPT-2 xl on sim:100GiB with its Adam states on the
+// device planned 23.2 GiB on the device and none on the host, passed, and was OOM-killed).
+TEST(MemoryPlan, SimDeviceBytesCountAgainstHostRam) {
+  PlanInputs in = on_sim(inputs(Config::preset("small"), 4, 128));
+  in.device_capacity_bytes = int64_t{100} << 30;
+  in.states_on_host = false;
+  const MemoryPlan plan = plan_memory(in);
+  ASSERT_GT(plan.device_bytes, plan.host_bytes) << plan.table();
+  AvailableMemory avail;
+  avail.host_source = "MemAvailable";
+  avail.host_bytes = plan.host_bytes + plan.device_bytes - 1;  // one byte short
+  try {
+    check_plan_fits(plan, in, avail);
+    FAIL() << "the sim device's bytes were not counted against host RAM\n" << plan.table();
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("the simulated device"), std::string::npos) << e.what();
+  }
+  avail.host_bytes += 1;
+  EXPECT_NO_THROW(check_plan_fits(plan, in, avail));
+  in.device = Device::cuda(0);  // a GPU's bytes are not the host's: nothing is added
+  const MemoryPlan on_gpu = plan_memory(in);
+  ASSERT_GT(on_gpu.device_bytes, 0) << on_gpu.table();
+  avail.host_bytes = on_gpu.host_bytes;
+  EXPECT_NO_THROW(check_plan_fits(on_gpu, in, avail));
+}
+
 // Data parallel (docs/distributed.md): the plan is one rank's, over its rows of the global batch;
 // ZeRO 1 and 2 shard the Adam states (and stage 2 the kept gradients); ranks on one machine share
 // its RAM, so the check multiplies. Measured against each rank's peak in tests/dist/plan_test.cpp.
