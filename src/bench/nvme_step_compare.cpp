@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "autograd/functions.h"
+#include "bench/cpu_time.h"
 #include "bench/nvme_bench.h"
 #include "bench/step_compare.h"
 #include "core/numbers.h"
@@ -89,6 +90,19 @@ std::string disk_floor(const std::string& dir, const FioRates& a, const optim::N
       read_gb, r, written_gb, w, floor_ms, nvme_ms, nvme_ms / std::max(mem_ms, floor_ms), mem_ms);
 }
 
+// Note [Stolen time]: the machine's CPU time per timed step, so that the host's share of an
+// offloaded step's cost shows next to ours.
+std::string cpu_line(const CpuTimes& mem, const CpuTimes& nvme, size_t steps) {
+  if (!mem.known || !nvme.known || steps == 0) return "";
+  const double n = static_cast<double>(steps);
+  return strprintf(
+      "machine CPU time per step (/proc/stat, all CPUs; Note [Stolen time]): in memory busy %.0f "
+      "ms, idle %.0f ms, stolen by the hypervisor %.0f ms | nvme busy %.0f ms, idle %.0f ms, "
+      "stolen %.0f ms\n",
+      mem.busy_ms / n, mem.idle_ms / n, mem.steal_ms / n, nvme.busy_ms / n, nvme.idle_ms / n,
+      nvme.steal_ms / n);
+}
+
 }  // namespace
 
 bool compare_nvme_steps(const StepCompareShape& shape, const optim::NvmeOffloadOptions& nvme,
@@ -109,6 +123,7 @@ bool compare_nvme_steps(const StepCompareShape& shape, const optim::NvmeOffloadO
   optim::NvmeStats after_warmup;
   std::vector<int32_t> tokens(static_cast<size_t>(B * T));
   std::vector<double> mem_ms, nvme_ms, ratios;
+  CpuTimes mem_cpu, nvme_cpu;  // summed over the steps after the warmup
   bool same_losses = true;
   for (int64_t step = 0; step < shape.steps; ++step) {
     data::random_tokens(0, step, B, T, shape.config.vocab_size, tokens.data());
@@ -118,11 +133,16 @@ bool compare_nvme_steps(const StepCompareShape& shape, const optim::NvmeOffloadO
     const RngState rng = default_generator().state();
     auto run_mem = [&] {
       default_generator().set_state(rng);
-      return train_step(m->mem_model, m->mem_opt, ids, &mem_loss);
+      const CpuTimes before = machine_cpu_times();
+      const double ms = train_step(m->mem_model, m->mem_opt, ids, &mem_loss);
+      if (step > 0) mem_cpu += machine_cpu_times() - before;
+      return ms;
     };
     auto run_nvme = [&] {
       default_generator().set_state(rng);
+      const CpuTimes before = machine_cpu_times();
       const double ms = train_step(m->nvme_model, m->nvme_opt, ids, &nvme_loss);
+      if (step > 0) nvme_cpu += machine_cpu_times() - before;
       m->nvme_opt.flush();
       return ms;
     };
@@ -150,6 +170,7 @@ bool compare_nvme_steps(const StepCompareShape& shape, const optim::NvmeOffloadO
   }
   const optim::NvmeStats st = m->nvme_opt.nvme() ? m->nvme_opt.nvme()->stats() : optim::NvmeStats{};
   log(summary(mem_ms, nvme_ms, ratios, same_losses, st));
+  log(cpu_line(mem_cpu, nvme_cpu, mem_ms.size()));
   if (floor && !mem_ms.empty())
     log(disk_floor(m->nvme_opt.nvme()->dir(), fio_before, after_warmup, st,
                    static_cast<int64_t>(mem_ms.size()), median(mem_ms), median(nvme_ms)));

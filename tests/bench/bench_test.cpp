@@ -3,11 +3,14 @@
 // checks refuse what the apps refuse. Timings themselves are not checked (the machine is shared).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../data/temp_dir.h"
 #include "bench/adam_bench.h"
+#include "bench/cpu_time.h"
 #include "bench/format.h"
 #include "bench/gpt2_bench.h"
 #include "bench/nvme_bench.h"
@@ -139,6 +142,27 @@ TEST(StepCompare, NvmeAndInMemoryStatesGiveBitwiseEqualLosses) {
   EXPECT_TRUE(has(log.text, "nvme_step_bench: GPT-2 tiny, B2 T16, 3 steps each")) << log.text;
   EXPECT_TRUE(has(log.text, "over 2 pairs | losses bitwise equal")) << log.text;
   EXPECT_TRUE(has(log.text, "nvme: read ")) << log.text;
+  EXPECT_TRUE(has(log.text, "machine CPU time per step (/proc/stat")) << log.text;
+}
+
+// Note [Stolen time]: the machine's CPU time from /proc/stat moves with the work done: a busy loop
+// of 200 ms adds at least ~150 ms of busy (or stolen) time (the tick is 10 ms; others may run too)
+// and the kinds add up to no more than the wall time over every CPU.
+TEST(CpuTimes, CountTheBusyTimeOfThisProcess) {
+  const CpuTimes before = machine_cpu_times();
+  ASSERT_TRUE(before.known) << "/proc/stat unreadable";
+  const auto t0 = std::chrono::steady_clock::now();
+  volatile double x = 0;
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(200)) x = x + 1;
+  const CpuTimes d = machine_cpu_times() - before;
+  const double wall_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(d.known);
+  EXPECT_GE(d.busy_ms + d.steal_ms, 150);  // a stolen vCPU was not busy for the guest
+  const double cpus = static_cast<double>(std::thread::hardware_concurrency());
+  EXPECT_LE(d.busy_ms + d.idle_ms + d.steal_ms, cpus * (wall_ms + 20));
+  EXPECT_GE(d.idle_ms, 0);
+  EXPECT_GE(d.steal_ms, 0);
 }
 
 TEST(StepCompare, GeminiAutoAndStaticCpuMatchThePlainRunBitwise) {
