@@ -44,7 +44,7 @@ int run(cli::Parser& p) {
   const int64_t max_new = p.integer("max-new-tokens", 1, INT32_MAX);
   const gpt2::SamplingOptions options = sampling_options(p);
   const bool print_ids = p.has("print-ids");
-  gpt2::GPT2 model(gpt2::load_hf_config(dir));
+  gpt2::GPT2 model(gpt2::load_hf_config(dir, "--model"));
   gpt2::load_hf_weights(model, dir);
   model.eval();
   std::unique_ptr<data::BpeTokenizer> tok;

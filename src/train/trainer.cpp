@@ -116,7 +116,7 @@ bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Traine
 }  // namespace
 
 gpt2::Config resolve_config(const TrainOptions& o, const std::function<void(std::string)>& warn) {
-  gpt2::Config c = !o.init_from.empty()     ? gpt2::load_hf_config(o.init_from)
+  gpt2::Config c = !o.init_from.empty()     ? gpt2::load_hf_config(o.init_from, "--init-from")
                    : !o.config_path.empty() ? gpt2::Config::from_json_file(o.config_path)
                                             : gpt2::Config::preset(o.model);
   const std::string source = !o.init_from.empty() ? o.init_from + "/config.json" : o.config_path;

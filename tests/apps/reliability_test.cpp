@@ -126,13 +126,29 @@ TEST(Reliability, BadInputFilesAreRefusedBeforeTheModelIsBuilt) {
            {{"--data", tmp.file("short.bin")}, "fewer than one sequence"},
            {{"--load-optimizer", tmp.file("missing.bin")}, "missing.bin"},
            {{"--load-optimizer", tmp.file("not_adam.bin")}, "bad magic"},
-           {{"--resume", tmp.file("ck"), "--steps", "2", "--seed", "5"}, "pass the same --data-seed"},
+           {{"--resume", tmp.file("ck"), "--steps", "2", "--seed", "5"},
+            "pass the same --data-seed"},
            {{"--checkpoint-segments", "3"}, "exceeds the 2 blocks"}}) {
     SCOPED_TRACE(args[0] + " " + args[1]);
     Outcome o = run_app(tmp, "gpt2_train", tiny(args), {}, 30);
     EXPECT_EQ(o.exit_code, 1) << o.output;
     EXPECT_TRUE(has(o.output, expected)) << o.output;
     EXPECT_FALSE(has(o.output, "Model numel")) << o.output;
+  }
+}
+
+// Each app names its own option: gpt2_generate said "--init-from 'X' is not a directory" of its
+// --model X (gpt2_train's option, which it does not have).
+TEST(Reliability, AModelThatIsNotAFolderIsNamedByTheAppsOwnOption) {
+  TempDir tmp;
+  write_bytes(tmp.file("afile"), "x");
+  for (const auto& [app, option] : std::vector<std::pair<std::string, std::string>>{
+           {"gpt2_generate", "--model"}, {"gpt2_train", "--init-from"}}) {
+    SCOPED_TRACE(app);
+    const Outcome o = run_app(tmp, app, {option, tmp.file("afile")}, {}, 30);
+    EXPECT_EQ(o.exit_code, 1) << o.output;
+    EXPECT_TRUE(has(o.output, option + " '" + tmp.file("afile") + "' is not a directory"))
+        << o.output;
   }
 }
 

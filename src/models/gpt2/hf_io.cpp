@@ -129,8 +129,8 @@ bool is_mask_buffer(const std::string& name, const std::string& prefix, int64_t 
 
 }  // namespace
 
-Config load_hf_config(const std::string& dir) {
-  MW_CHECK_T(IoError, fs::is_directory(dir), "--init-from '", dir,
+Config load_hf_config(const std::string& dir, const std::string& option) {
+  MW_CHECK_T(IoError, fs::is_directory(dir), option, " '", dir,
              "' is not a directory; expected a HuggingFace GPT-2 folder with config.json and "
              "model.safetensors");
   return Config::from_json_file((fs::path(dir) / "config.json").string());

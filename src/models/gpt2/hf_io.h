@@ -43,8 +43,8 @@ class HfWeights {
   std::string prefix_;  // "transformer." unless the file uses GPT2Model's bare names
 };
 
-// Reads DIR/config.json.
-Config load_hf_config(const std::string& dir);
+// Reads DIR/config.json; `option` is what named DIR on the command line, for the error.
+Config load_hf_config(const std::string& dir, const std::string& option = "--init-from");
 // Copies DIR/model.safetensors (or the shards of DIR/model.safetensors.index.json) into the model's
 // parameters (converting F16/BF16/F64 to the model's dtype). Every table entry must be present with
 // its exact shape; a tensor the config does not account for (e.g. an extra layer) is refused,
