@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 
@@ -15,6 +16,7 @@
 #include "models/gpt2/model.h"
 #include "nn/checkpoint.h"
 #include "offload/gemini/gemini.h"
+#include "offload/gemini/use_order.h"
 
 namespace mw::gemini {
 namespace {
@@ -40,6 +42,7 @@ struct Variant {
   int64_t host_capacity_bytes = 0;  // three tiers
   std::string nvme_dir;
   bool disk_reads_through_host = false;
+  std::vector<std::string> use_order;  // Note [First-use order]
   std::function<void(Gemini&)> before_training;
 };
 
@@ -76,6 +79,7 @@ TrainRun train(const Variant& v, int steps = 4) {
     o.host_capacity_bytes = v.host_capacity_bytes;
     o.nvme_dir = v.nvme_dir;
     o.disk_reads_through_host = v.disk_reads_through_host;
+    o.use_order = v.use_order;
     o.adam.nvme.slice_numel = 1024;      // small slices and window: a tiny model streams too
     o.adam.nvme.window_bytes = 8 << 13;  // two 32 KiB slots
     auto g = std::make_unique<Gemini>(model, o);
@@ -347,6 +351,92 @@ TEST(GeminiTrain, OutOfMemoryNamesTheBytes) {
     EXPECT_EQ(e.capacity_bytes, 64 << 10);
   }
   set_sim_capacity(kSim, 0);
+}
+
+// Note [First-use order]: GPT-2 uses its parameters in parameter order, so its chunks are already
+// packed in first-use order (and streaming construction, which cannot probe, loses nothing).
+TEST(GeminiUseOrder, Gpt2FirstUseIsParameterOrder) {
+  gpt2::GPT2 model(test_config(), 21, DType::F32, Device::cpu());
+  std::vector<int32_t> tokens(2 * 8);
+  data::random_tokens(9, 0, 2, 8, test_config().vocab_size, tokens.data());
+  const Tensor ids = Tensor::from_vector(tokens, {2, 8});
+  const std::vector<std::string> order = record_use_order(model, [&] { model(ids); });
+  std::vector<std::string> names;
+  for (auto& [name, p] : model.named_parameters()) names.push_back(name);
+  EXPECT_EQ(order, names);
+}
+
+// A model that registers its modules in another order than it calls them: the probe records the
+// call order, and Gemini packs the first-called module's tensors into the first chunk.
+class CalledInReverse : public nn::Module {
+ public:
+  CalledInReverse() {
+    auto filled = [](Shape shape, float x) {
+      return Tensor::from_vector(std::vector<float>(static_cast<size_t>(shape_numel(shape)), x),
+                                 shape);
+    };
+    head = register_module("head",
+                           std::make_shared<nn::Linear>(filled({16, 4}, 0.01f), filled({4}, 0.f)));
+    body = register_module("body",
+                           std::make_shared<nn::Linear>(filled({8, 16}, 0.02f), filled({16}, 0.f)));
+  }
+  Tensor forward(const Tensor& x) override { return (*head)((*body)(x)); }
+  std::string type_name() const override { return "CalledInReverse"; }
+  std::shared_ptr<nn::Linear> head, body;
+};
+
+TEST(GeminiUseOrder, AModelCalledInAnotherOrderIsPackedInCallOrder) {
+  CalledInReverse model;
+  const Tensor x = Tensor::from_vector(std::vector<float>(2 * 8, 1.f), {2, 8});
+  const std::vector<std::string> order = record_use_order(model, [&] { model(x); });
+  EXPECT_EQ(order,
+            (std::vector<std::string>{"body.weight", "body.bias", "head.weight", "head.bias"}));
+  GeminiOptions o;
+  o.device = Device::sim(kSim);
+  o.chunk_numel = 8 * 16 + 16;  // body alone fills a chunk
+  o.verbose = false;
+  o.use_order = order;
+  Gemini gem(model, o);
+  ASSERT_EQ(gem.chunks().size(), 2u);
+  std::vector<size_t> first;  // tensor indices, parameter order: head.weight 0 ... body.bias 3
+  for (const ChunkMember& m : gem.chunks()[0]->members()) first.push_back(m.tensor);
+  EXPECT_EQ(first, (std::vector<size_t>{2, 3}));
+  o.use_order = {"body.weight", "nope"};
+  EXPECT_THROW(Gemini(model, o), InvalidArgument);
+}
+
+// The packing order changes which tensors share a chunk, nothing else: GPT-2 packed in reverse
+// (the embeddings last, each block's tensors from the last block's) trains bitwise like the plain
+// run under static, auto and three tiers.
+TEST(GeminiUseOrder, AnyPackingOrderIsBitwiseThePlainRun) {
+  const TrainRun plain = train(Variant{});
+  gpt2::GPT2 shapes(test_config(), 21, DType::F32, Device::cpu());
+  std::vector<std::string> reversed;
+  for (auto& [name, p] : shapes.named_parameters()) reversed.insert(reversed.begin(), name);
+  Variant cpu = static_cpu();
+  cpu.use_order = reversed;
+  cpu.before_training = [&](Gemini& g) {  // the last parameter (ln_f.bias) opens the first chunk
+    EXPECT_EQ(g.chunks()[0]->members()[0].tensor, reversed.size() - 1);
+  };
+  const TrainRun on_host = train(cpu);
+  expect_bitwise(plain, on_host, "static cpu, reversed packing");
+  Variant automatic;
+  automatic.gemini = true;
+  automatic.policy = Policy::kAuto;
+  automatic.capacity_bytes = round_up((on_host.sim_peak_bytes + plain.sim_peak_bytes) / 2, 4096);
+  automatic.use_order = reversed;
+  expect_bitwise(plain, train(automatic), "auto, reversed packing");
+  char dir[] = "/tmp/gemini-order-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  Variant tiers = automatic;
+  tiers.capacity_bytes = 0;
+  tiers.nvme_dir = dir;
+  tiers.host_capacity_bytes = (64 << 10) + 3 * 80000 + 2 * 80000;
+  const TrainRun run = train(tiers);
+  expect_bitwise(plain, run, "three tiers, reversed packing");
+  EXPECT_GT(run.stats.nvme_read_bytes, 0);
+  EXPECT_TRUE(entries(dir).empty()) << "a swap file was left behind in " << dir;
+  ::rmdir(dir);
 }
 
 }  // namespace

@@ -7,24 +7,9 @@
 #include "autograd/autograd.h"
 #include "core/allocator.h"
 #include "nn/layers.h"
+#include "offload/gemini/use_order.h"
 
 namespace mw::gemini {
-
-Policy parse_policy(const std::string& text) {
-  if (text == "static") return Policy::kStatic;
-  if (text == "auto") return Policy::kAuto;
-  if (text == "const") return Policy::kConst;
-  throw InvalidArgument(str("gemini policy '", text, "': expected static, auto or const"));
-}
-
-const char* policy_name(Policy p) {
-  switch (p) {
-    case Policy::kStatic: return "static";
-    case Policy::kAuto: return "auto";
-    case Policy::kConst: return "const";
-  }
-  return "?";
-}
 
 namespace {
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
@@ -77,13 +62,15 @@ Gemini::~Gemini() {
 // Chunks, members and homes from the tensors' sizes alone, before any parameter exists, so that a
 // model can be built straight into its chunks (Note [Streaming construction] in gemini.h).
 void Gemini::layout(const std::vector<std::pair<std::string, Shape>>& tensors) {
-  std::vector<int64_t> sizes;
   for (auto& [name, shape] : tensors) {
     index_of_.emplace(name, names_.size());
     names_.push_back(name);
     shapes_.push_back(shape);
-    sizes.push_back(shape_numel(shape));
   }
+  // Searched and packed in first-use order when known (Note [First-use order]).
+  const std::vector<size_t> order = packing_order(names_, options_.use_order);
+  std::vector<int64_t> sizes;  // in packing order
+  for (size_t i : order) sizes.push_back(shape_numel(shapes_[i]));
   search_ = search_chunk_size(sizes, options_.search);
   const int64_t capacity = options_.chunk_numel > 0 ? options_.chunk_numel : search_.chunk_numel;
   const std::vector<bool> alone =
@@ -91,14 +78,15 @@ void Gemini::layout(const std::vector<std::pair<std::string, Shape>>& tensors) {
   if (options_.chunk_numel > 0) search_.wasted_numel = packing_waste(sizes, capacity);
   const std::vector<int> chunk_of = pack_chunks(sizes, capacity, alone);
   const int nchunks = sizes.empty() ? 0 : *std::max_element(chunk_of.begin(), chunk_of.end()) + 1;
-  // Members and offsets, in parameter order within each chunk.
+  // Members and offsets, in packing order within each chunk.
   std::vector<std::vector<ChunkMember>> members(static_cast<size_t>(nchunks));
   std::vector<int64_t> used(static_cast<size_t>(nchunks), 0);
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    const auto c = static_cast<size_t>(chunk_of[i]);
-    members[c].push_back({i, used[c], sizes[i]});
-    used[c] += sizes[i];
-    chunk_of_.push_back(c);
+  chunk_of_.assign(sizes.size(), 0);
+  for (size_t j = 0; j < sizes.size(); ++j) {
+    const auto c = static_cast<size_t>(chunk_of[j]);
+    members[c].push_back({order[j], used[c], sizes[j]});
+    used[c] += sizes[j];
+    chunk_of_[order[j]] = c;
   }
   for (int c = 0; c < nchunks; ++c)
     chunks_.push_back(

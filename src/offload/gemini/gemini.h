@@ -71,6 +71,9 @@ struct GeminiOptions {
   // device's default (Note [Auto margin] in gemini.cpp).
   double auto_margin = -1.0;
   int64_t chunk_numel = 0;  // 0: search (Note [Chunk-size search])
+  // Parameter names in first-use order (record_use_order): the packing order; empty: parameter
+  // order (Note [First-use order], use_order.h).
+  std::vector<std::string> use_order;
   ChunkSearchOptions search;
   optim::HybridAdamOptions adam;
   // Three tiers (Note [Three tiers] in gemini.cpp): host RAM for chunks and optimizer states;

@@ -1,4 +1,4 @@
-// Note [OPT eviction] and static placement (placement.h).
+// The policies by name (gemini.h), Note [OPT eviction] and static placement (placement.h).
 #include "offload/gemini/placement.h"
 
 #include <algorithm>
@@ -7,8 +7,25 @@
 
 #include "core/error.h"
 #include "core/numbers.h"
+#include "offload/gemini/gemini.h"
 
 namespace mw::gemini {
+
+Policy parse_policy(const std::string& text) {
+  if (text == "static") return Policy::kStatic;
+  if (text == "auto") return Policy::kAuto;
+  if (text == "const") return Policy::kConst;
+  throw InvalidArgument(str("gemini policy '", text, "': expected static, auto or const"));
+}
+
+const char* policy_name(Policy p) {
+  switch (p) {
+    case Policy::kStatic: return "static";
+    case Policy::kAuto: return "auto";
+    case Policy::kConst: return "const";
+  }
+  return "?";
+}
 
 NextUse::NextUse(const std::vector<TraceOp>& trace, int num_chunks) : uses_(num_chunks) {
   for (size_t t = 0; t < trace.size(); ++t)
