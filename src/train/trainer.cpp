@@ -166,6 +166,7 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
   MW_CHECK_T(InvalidArgument, o_.checkpoint_segments <= config_.n_layer, "--checkpoint-segments ",
              o_.checkpoint_segments, " exceeds the ", config_.n_layer, " blocks; use at most ",
              config_.n_layer, " (or 0 for sqrt)");
+  if (o_.data_parallel()) check_data_parallel_options();  // before the plan, which is per rank
   if (memory_plan(o_, config_, print_)) {
     planned_only_ = true;
     return;

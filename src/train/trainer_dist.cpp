@@ -80,7 +80,6 @@ void Trainer::check_data_parallel_options() const {
 
 // ZeRO 3 builds the model into its buckets (Note [ZeRO stage 3]): the DataParallel comes first.
 std::unique_ptr<DataParallel> Trainer::make_zero3(gpt2::ParameterFactory& factory) {
-  check_data_parallel_options();
   std::vector<std::pair<std::string, Shape>> tensors;
   for (const auto& spec : gpt2::tensor_specs(config_)) tensors.emplace_back(spec.name, spec.shape);
   auto dp = std::make_unique<DataParallel>(o_.comm, tensors, o_.bucket_bytes, o_.device);
@@ -91,7 +90,6 @@ std::unique_ptr<DataParallel> Trainer::make_zero3(gpt2::ParameterFactory& factor
 }
 
 void Trainer::setup_data_parallel() {
-  check_data_parallel_options();
   const int n = o_.comm->size();
   if (!o_.gemini.empty()) {  // Gemini reduces its chunks' gradients (connect_gemini): no buckets
     dp_ = std::make_unique<DataParallel>(o_.comm, std::vector<Tensor>(), 0, o_.bucket_bytes);

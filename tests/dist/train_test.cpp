@@ -515,9 +515,12 @@ TEST(DataParallelOptions, RefusedWithAReason) {
   EXPECT_NE(r.output.find("--batch 3 is the global batch, split across the 2 ranks"),
             std::string::npos)
       << r.output;
+  // Before the memory plan and the model are built (xl: half a minute per rank).
+  EXPECT_EQ(r.output.find("Model numel"), std::string::npos) << r.output;
   r = train(2, kTiny + "--steps 1 --device sim:64MiB --gemini auto --zero 1");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--zero 1 with --gemini: pass --zero 2"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("Model numel"), std::string::npos) << r.output;
   // Every rank's own budget: too small for its share is refused before the first step.
   r = train(2, kTiny + "--steps 1 --device sim:64MiB --gemini auto --zero 3 --host-capacity 64KiB");
   EXPECT_NE(r.exit_code, 0);
