@@ -10,8 +10,6 @@
 
 #include <dlfcn.h>
 
-#include <mutex>
-
 #include "core/error.h"
 
 namespace mw::ops::cuda {
