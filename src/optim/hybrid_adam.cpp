@@ -5,8 +5,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <utility>
@@ -217,47 +219,72 @@ void HybridAdam::flush() {
 }
 
 void HybridAdam::save_state(const std::string& path) {
+  std::vector<SavedRange> whole;
+  for (size_t i = 0; i < params_.size(); ++i) whole.push_back({i, 0, params_[i].numel()});
+  save_state(path, whole);
+}
+
+namespace {
+
+// The slices of an offloaded parameter that elements [off, off + n) touch: [first, last].
+std::pair<int64_t, int64_t> slices_of(int64_t off, int64_t n, int64_t slice_numel) {
+  return {off / slice_numel, (off + n - 1) / slice_numel};
+}
+
+}  // namespace
+
+void HybridAdam::save_state(const std::string& path, const std::vector<SavedRange>& as) {
   AdamStateWriter w(path);
   w.put(kAdamStateMagic, 8);
   w.put_i64(step_);
-  w.put_i64(static_cast<int64_t>(params_.size()));
-  for (size_t i = 0; i < params_.size(); ++i) {
-    w.put_i64(params_[i].numel());
-    const int k = nvme_index_[i];
-    if (k >= 0) {
-      w.put_i64(nvme_->slice_count(k));
-      for (int64_t j = 0; j < nvme_->slice_count(k); ++j) {
-        const int64_t off = j * nvme_->slice_numel();
-        w.put_i64(off);
-        w.put_i64(std::min(nvme_->slice_numel(), params_[i].numel() - off));
+  w.put_i64(static_cast<int64_t>(as.size()));
+  const int64_t sn = nvme_ ? nvme_->slice_numel() : 1;
+  for (const SavedRange& r : as) {  // the header: per tensor its segments (slices cut to range)
+    w.put_i64(r.numel);
+    const int k = nvme_index_[r.param];
+    if (k >= 0 && r.numel > 0) {
+      const auto [first, last] = slices_of(r.offset, r.numel, sn);
+      w.put_i64(last - first + 1);
+      for (int64_t j = first; j <= last; ++j) {
+        const int64_t lo = std::max(j * sn, r.offset),
+                      hi = std::min((j + 1) * sn, r.offset + r.numel);
+        w.put_i64(lo - r.offset);
+        w.put_i64(hi - lo);
         w.put_i64(nvme_->slice_step(k, j));
       }
-    } else if (exp_avg_[i].defined()) {
+    } else if (k < 0 && exp_avg_[r.param].defined()) {
       w.put_i64(1);
       w.put_i64(0);
-      w.put_i64(params_[i].numel());
+      w.put_i64(r.numel);
       w.put_i64(step_);
     } else {
       w.put_i64(0);
     }
   }
   std::vector<float> m, v;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const int k = nvme_index_[i];
-    if (k >= 0) {  // streamed from disk one slice at a time
-      m.resize(static_cast<size_t>(nvme_->slice_numel()));
+  size_t host_of = SIZE_MAX;  // the parameter whose states are in mc/vc
+  Tensor mc, vc;
+  for (const SavedRange& r : as) {
+    const int k = nvme_index_[r.param];
+    if (k >= 0 && r.numel > 0) {  // streamed from disk one slice at a time
+      m.resize(static_cast<size_t>(sn));
       v.resize(m.size());
-      for (int64_t j = 0; j < nvme_->slice_count(k); ++j) {
-        const int64_t n =
-            std::min(nvme_->slice_numel(), params_[i].numel() - j * nvme_->slice_numel());
+      const auto [first, last] = slices_of(r.offset, r.numel, sn);
+      for (int64_t j = first; j <= last; ++j) {
+        const int64_t lo = std::max(j * sn, r.offset),
+                      hi = std::min((j + 1) * sn, r.offset + r.numel);
         nvme_->read_slice(k, j, m.data(), v.data());
-        w.put(m.data(), 4 * n);
-        w.put(v.data(), 4 * n);
+        w.put(m.data() + (lo - j * sn), 4 * (hi - lo));
+        w.put(v.data() + (lo - j * sn), 4 * (hi - lo));
       }
-    } else if (exp_avg_[i].defined()) {
-      Tensor mc = exp_avg_[i].to(Device::cpu()), vc = exp_avg_sq_[i].to(Device::cpu());
-      w.put(mc.raw_data(), mc.nbytes());
-      w.put(vc.raw_data(), vc.nbytes());
+    } else if (k < 0 && exp_avg_[r.param].defined()) {
+      if (host_of != r.param) {  // once per parameter, however many ranges it gives
+        mc = exp_avg_[r.param].to(Device::cpu());
+        vc = exp_avg_sq_[r.param].to(Device::cpu());
+        host_of = r.param;
+      }
+      w.put(static_cast<const float*>(mc.raw_data()) + r.offset, 4 * r.numel);
+      w.put(static_cast<const float*>(vc.raw_data()) + r.offset, 4 * r.numel);
     }
   }
   if (nvme_) nvme_->resume_prefetch();

@@ -110,6 +110,16 @@ class HybridAdam : public Optimizer {
   // fsynced and renamed (data/file_io.h), so a failure, a stop signal or kill -9 keeps an earlier
   // checkpoint at `path` whole.
   void save_state(const std::string& path);
+  // Note [Saving in the model's layout]: the same file, but its tensors are ranges of this
+  // optimizer's parameters: file tensor t is elements [as[t].offset, + as[t].numel) of parameter
+  // as[t].param. Gemini steps chunks; saving each model parameter's range of its chunk writes the
+  // file a run without Gemini writes (byte for byte when nothing is on disk), so --save-optimizer
+  // files load into any layout.
+  struct SavedRange {
+    size_t param = 0;
+    int64_t offset = 0, numel = 0;
+  };
+  void save_state(const std::string& path, const std::vector<SavedRange>& as);
   // Restores what save_state wrote, for the same parameter shapes (FormatError otherwise); the
   // offload placement may differ from the one that saved. With a map, this optimizer's parameters
   // are pieces of the file's (Note [Sharded state files], adam_state_file.h).

@@ -14,6 +14,7 @@
 
 #include "autograd/functions.h"
 #include "core/numbers.h"
+#include "optim/adam_state_file.h"
 #include "train/data_parallel.h"
 #include "train/trainer.h"
 #include "train/zero_state_file.h"
@@ -212,7 +213,16 @@ int Trainer::stop_signal_of_any_rank(int local) {
 std::string Trainer::save_optimizer_output() {
   if (o_.save_optimizer.empty() || !optimizer_saved_.empty()) return optimizer_saved_;
   if (!is_root() && !shards_optimizer()) return "";  // rank 0 alone has anything to do
-  save_optimizer_state(o_.save_optimizer);
+  if (gem_ && !shards_optimizer()) {  // Note [Saving in the model's layout]: loadable anywhere
+    const optim::StateFileMap layout = optimizer_layout();  // HybridAdam steps chunk c as its c
+    const std::vector<Tensor> params = model_->parameters();
+    std::vector<optim::HybridAdam::SavedRange> as;
+    for (size_t p = 0; p < params.size(); ++p)
+      as.push_back({layout.param[p], layout.offset[p], params[p].numel()});
+    hybrid_->save_state(o_.save_optimizer, as);
+  } else {
+    save_optimizer_state(o_.save_optimizer);
+  }
   optimizer_saved_ = str("Saved optimizer state to ", o_.save_optimizer, "\n");
   return optimizer_saved_;
 }

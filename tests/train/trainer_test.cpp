@@ -367,6 +367,38 @@ TEST(Trainer, LoadOptimizerOfAPlainRunUnderGeminiGoesOnAsThePlainRun) {
   EXPECT_EQ(chunked_weights, plain_weights);
 }
 
+// Note [Saving in the model's layout]: --save-optimizer under Gemini writes the model's parameters,
+// not its chunks, so the file is the one a run without Gemini writes: byte for byte, with the
+// states in memory and with them on disk (one slice per parameter either way here). Before, the
+// file held one tensor per chunk and loaded only into the same chunk layout.
+TEST(Trainer, SaveOptimizerUnderGeminiWritesTheFileOfAPlainRun) {
+  for (const bool nvme : {false, true}) {
+    SCOPED_TRACE(nvme ? "states on disk" : "states in memory");
+    TempDir tmp;
+    TrainOptions plain = tiny(write_shard(tmp, "train.bin", 6), 2);
+    if (nvme) {
+      plain.nvme.fraction = 1.0;
+      plain.nvme.dir = tmp.file("nvme");
+    }
+    TrainOptions chunked = plain;
+    on_gemini_auto(chunked);
+    chunked.gemini_options.chunk_numel = 3000;  // several chunks, padding between members
+    auto save = [](TrainOptions o, const std::string& file) {
+      o.save_optimizer = file;
+      Trainer t(o, nullptr);
+      while (!t.done()) t.train_step();
+      t.flush();
+      t.save_optimizer_output();
+      return data::testing::read_bytes(file);
+    };
+    const std::string a = save(plain, tmp.file("plain.bin"));
+    const std::string b = save(chunked, tmp.file("gemini.bin"));
+    EXPECT_GT(a.size(), 29600u * 8);
+    EXPECT_TRUE(a == b) << "the Gemini run's file differs from the plain run's (" << b.size()
+                        << " vs " << a.size() << " bytes)";
+  }
+}
+
 TEST(Trainer, ResumeRefusesADifferentBatchNamingTheOption) {
   TempDir tmp;
   TrainOptions o = tiny(write_shard(tmp, "train.bin", 6), 2);
