@@ -226,9 +226,20 @@ void HybridAdam::save_state(const std::string& path) {
 
 namespace {
 
-// The slices of an offloaded parameter that elements [off, off + n) touch: [first, last].
-std::pair<int64_t, int64_t> slices_of(int64_t off, int64_t n, int64_t slice_numel) {
-  return {off / slice_numel, (off + n - 1) / slice_numel};
+// Elements [lo, hi) of an offloaded parameter, all in its slice `slice`.
+struct SliceCut {
+  int64_t slice, lo, hi;
+};
+
+// The range's elements cut at slice boundaries: a segment of the file per cut.
+std::vector<SliceCut> slice_cuts(int64_t offset, int64_t numel, int64_t slice_numel) {
+  std::vector<SliceCut> cuts;
+  for (int64_t lo = offset; lo < offset + numel;) {
+    const int64_t j = lo / slice_numel, hi = std::min((j + 1) * slice_numel, offset + numel);
+    cuts.push_back({j, lo, hi});
+    lo = hi;
+  }
+  return cuts;
 }
 
 }  // namespace
@@ -243,14 +254,12 @@ void HybridAdam::save_state(const std::string& path, const std::vector<SavedRang
     w.put_i64(r.numel);
     const int k = nvme_index_[r.param];
     if (k >= 0 && r.numel > 0) {
-      const auto [first, last] = slices_of(r.offset, r.numel, sn);
-      w.put_i64(last - first + 1);
-      for (int64_t j = first; j <= last; ++j) {
-        const int64_t lo = std::max(j * sn, r.offset),
-                      hi = std::min((j + 1) * sn, r.offset + r.numel);
-        w.put_i64(lo - r.offset);
-        w.put_i64(hi - lo);
-        w.put_i64(nvme_->slice_step(k, j));
+      const std::vector<SliceCut> cuts = slice_cuts(r.offset, r.numel, sn);
+      w.put_i64(static_cast<int64_t>(cuts.size()));
+      for (const SliceCut& c : cuts) {
+        w.put_i64(c.lo - r.offset);
+        w.put_i64(c.hi - c.lo);
+        w.put_i64(nvme_->slice_step(k, c.slice));
       }
     } else if (k < 0 && exp_avg_[r.param].defined()) {
       w.put_i64(1);
@@ -261,21 +270,21 @@ void HybridAdam::save_state(const std::string& path, const std::vector<SavedRang
       w.put_i64(0);
     }
   }
-  std::vector<float> m, v;
-  size_t host_of = SIZE_MAX;  // the parameter whose states are in mc/vc
+  std::vector<float> m(static_cast<size_t>(nvme_ ? sn : 0)), v(m.size());
+  std::pair<int, int64_t> slice_in_m{-1, -1};  // the (parameter, slice) read into m and v
+  size_t host_of = SIZE_MAX;                   // the parameter whose states are in mc and vc
   Tensor mc, vc;
   for (const SavedRange& r : as) {
     const int k = nvme_index_[r.param];
     if (k >= 0 && r.numel > 0) {  // streamed from disk one slice at a time
-      m.resize(static_cast<size_t>(sn));
-      v.resize(m.size());
-      const auto [first, last] = slices_of(r.offset, r.numel, sn);
-      for (int64_t j = first; j <= last; ++j) {
-        const int64_t lo = std::max(j * sn, r.offset),
-                      hi = std::min((j + 1) * sn, r.offset + r.numel);
-        nvme_->read_slice(k, j, m.data(), v.data());
-        w.put(m.data() + (lo - j * sn), 4 * (hi - lo));
-        w.put(v.data() + (lo - j * sn), 4 * (hi - lo));
+      for (const SliceCut& c : slice_cuts(r.offset, r.numel, sn)) {
+        // Ranges of one chunk share its slices: each is read once (ranges come in chunk order).
+        if (slice_in_m != std::pair<int, int64_t>{k, c.slice}) {
+          nvme_->read_slice(k, c.slice, m.data(), v.data());
+          slice_in_m = {k, c.slice};
+        }
+        w.put(m.data() + (c.lo - c.slice * sn), 4 * (c.hi - c.lo));
+        w.put(v.data() + (c.lo - c.slice * sn), 4 * (c.hi - c.lo));
       }
     } else if (k < 0 && exp_avg_[r.param].defined()) {
       if (host_of != r.param) {  // once per parameter, however many ranges it gives

@@ -11,18 +11,24 @@ namespace mw::gemini {
 
 std::vector<std::string> record_use_order(nn::Module& model, const std::function<void()>& forward) {
   const auto named = model.named_parameters();
-  std::unordered_map<const TensorImpl*, size_t> index;
-  for (size_t i = 0; i < named.size(); ++i) index[named[i].second.impl()] = i;
-  auto order = std::make_shared<std::vector<size_t>>();
-  auto recording = std::make_shared<bool>(true);
-  std::vector<bool> seen(named.size(), false);
+  struct Probe {
+    std::unordered_map<const TensorImpl*, size_t> index;  // parameter -> its named_parameters()
+    std::vector<bool> seen;
+    std::vector<size_t> order;
+  };
+  auto probe = std::make_shared<Probe>();
+  for (size_t i = 0; i < named.size(); ++i) probe->index[named[i].second.impl()] = i;
+  probe->seen.assign(named.size(), false);
+  // The hooks hold the probe weakly: once it is gone (this function returned), they do nothing.
+  const std::weak_ptr<Probe> weak = probe;
   for (auto& [name, m] : model.named_modules()) {
     if (m->own_parameters().empty()) continue;
-    m->add_forward_pre_hook([order, recording, &index, &seen](nn::Module& mod, const Tensor&) {
-      if (!*recording) return;  // the probe is over: the hook stays, inert
+    m->add_forward_pre_hook([weak](nn::Module& mod, const Tensor&) {
+      const std::shared_ptr<Probe> p = weak.lock();
+      if (!p) return;
       for (auto& [pname, t] : mod.own_parameters()) {
-        const size_t i = index.at(t.impl());
-        if (!seen[i]) seen[i] = true, order->push_back(i);
+        const size_t i = p->index.at(t.impl());
+        if (!p->seen[i]) p->seen[i] = true, p->order.push_back(i);
       }
     });
   }
@@ -30,11 +36,10 @@ std::vector<std::string> record_use_order(nn::Module& model, const std::function
     NoGradGuard no_grad;
     forward();
   }
-  *recording = false;
   for (size_t i = 0; i < named.size(); ++i)
-    if (!seen[i]) order->push_back(i);
+    if (!probe->seen[i]) probe->order.push_back(i);
   std::vector<std::string> names;
-  for (size_t i : *order) names.push_back(named[i].first);
+  for (size_t i : probe->order) names.push_back(named[i].first);
   return names;
 }
 
