@@ -34,7 +34,7 @@ std::vector<std::vector<StateSegment>> read_segments(AdamStateReader& r,
              path, "' has ", nparams, " parameter tensors, this optimizer steps ", params.size(),
              "; load a checkpoint of the same model and optimizer layout (Gemini steps its chunks: "
              "--resume maps a checkpoint onto any layout, --load-optimizer a file of the model's "
-             "parameters, which --save-optimizer writes except under Gemini with --zero)");
+             "parameters, which --save-optimizer writes)");
   std::vector<std::vector<StateSegment>> segs(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     const int64_t numel = r.get_i64();

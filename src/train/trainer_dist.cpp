@@ -213,13 +213,17 @@ int Trainer::stop_signal_of_any_rank(int local) {
 std::string Trainer::save_optimizer_output() {
   if (o_.save_optimizer.empty() || !optimizer_saved_.empty()) return optimizer_saved_;
   if (!is_root() && !shards_optimizer()) return "";  // rank 0 alone has anything to do
-  if (gem_ && !shards_optimizer()) {  // Note [Saving in the model's layout]: loadable anywhere
+  if (gem_) {  // Note [Saving in the model's layout]: each parameter's range of its chunk
     const optim::StateFileMap layout = optimizer_layout();  // HybridAdam steps chunk c as its c
     const std::vector<Tensor> params = model_->parameters();
     std::vector<optim::HybridAdam::SavedRange> as;
     for (size_t p = 0; p < params.size(); ++p)
       as.push_back({layout.param[p], layout.offset[p], params[p].numel()});
-    hybrid_->save_state(o_.save_optimizer, as);
+    if (shards_optimizer())  // the file of a plain run with its states in memory
+      save_zero_state(*dp_, gemini_shard_layout(), gem_->adam(),
+                      one_process_layout(params, o_.nvme, false), o_.save_optimizer, &as);
+    else
+      hybrid_->save_state(o_.save_optimizer, as);
   } else {
     save_optimizer_state(o_.save_optimizer);
   }

@@ -16,11 +16,12 @@ namespace {
 
 constexpr int64_t kChunkNumel = int64_t{1} << 20;  // 4 MiB of f32 per broadcast
 
-// A rank's run of a parameter's elements: [offset, offset + numel) is its piece `piece`.
+// A rank's run of a file tensor's elements: [offset, offset + numel) of the tensor are elements
+// [at, at + numel) of that rank's piece `piece`.
 struct Run {
   int rank = 0;
   size_t piece = 0;
-  int64_t offset = 0, numel = 0;
+  int64_t offset = 0, numel = 0, at = 0;
 };
 
 // One segment of the one-process file: elements [offset, offset + numel) of parameter `param`.
@@ -29,25 +30,33 @@ struct FileSegment {
   int64_t offset = 0, numel = 0;
 };
 
-// Per file parameter, every rank's runs of it, by offset; they tile the parameter.
-std::vector<std::vector<Run>> runs_by_param(const ShardLayout& shards) {
-  std::vector<std::vector<Run>> runs(shards.numels.size());
-  for (int r = 0; r < static_cast<int>(shards.pieces.size()); ++r) {
-    const std::vector<ShardPiece>& pieces = shards.pieces[static_cast<size_t>(r)];
-    for (size_t k = 0; k < pieces.size(); ++k)
-      runs[pieces[k].param].push_back({r, k, pieces[k].offset, pieces[k].numel});
-  }
-  for (size_t p = 0; p < runs.size(); ++p) {
-    std::sort(runs[p].begin(), runs[p].end(),
-              [](const Run& a, const Run& b) { return a.offset < b.offset; });
+// Per file tensor, every rank's runs of it, by offset; they tile the tensor. File tensor t is
+// elements [offset, offset + numel) of the layout's parameter tensors[t].param.
+std::vector<std::vector<Run>> runs_by_tensor(
+    const ShardLayout& shards, const std::vector<optim::HybridAdam::SavedRange>& tensors) {
+  std::vector<std::vector<std::pair<int, size_t>>> holders(shards.numels.size());  // (rank, piece)
+  for (int r = 0; r < static_cast<int>(shards.pieces.size()); ++r)
+    for (size_t k = 0; k < shards.pieces[static_cast<size_t>(r)].size(); ++k)
+      holders[shards.pieces[static_cast<size_t>(r)][k].param].push_back({r, k});
+  std::vector<std::vector<Run>> runs(tensors.size());
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const optim::HybridAdam::SavedRange& range = tensors[t];
+    for (const auto& [r, k] : holders[range.param]) {
+      const ShardPiece& piece = shards.pieces[static_cast<size_t>(r)][k];
+      const int64_t a = std::max(range.offset, piece.offset);
+      const int64_t e = std::min(range.offset + range.numel, piece.offset + piece.numel);
+      if (a < e) runs[t].push_back({r, k, a - range.offset, e - a, a - piece.offset});
+    }
+    std::sort(runs[t].begin(), runs[t].end(),
+              [](const Run& x, const Run& y) { return x.offset < y.offset; });
     int64_t next = 0;
-    for (const Run& run : runs[p]) {
-      MW_CHECK_T(Error, run.offset == next, "ZeRO pieces of parameter ", p,
+    for (const Run& run : runs[t]) {
+      MW_CHECK_T(Error, run.offset == next, "ZeRO pieces of file tensor ", t,
                  " do not tile it (a gap or overlap at element ", next, ")");
       next += run.numel;
     }
-    MW_CHECK_T(Error, next == shards.numels[p], "ZeRO pieces of parameter ", p, " cover ", next,
-               " of its ", shards.numels[p], " elements");
+    MW_CHECK_T(Error, next == range.numel, "ZeRO pieces of file tensor ", t, " cover ", next,
+               " of its ", range.numel, " elements");
   }
   return runs;
 }
@@ -161,7 +170,7 @@ std::vector<int64_t> agreed_steps(DataParallel& dp, const std::vector<FileSegmen
       const int64_t a = std::max(seg.offset, run.offset);
       const int64_t e = std::min(seg.offset + seg.numel, run.offset + run.numel);
       if (run.rank != dp.rank() || a >= e) continue;
-      const auto [lo, hi] = states.steps(run.piece, a - run.offset, e - a);
+      const auto [lo, hi] = states.steps(run.piece, run.at + (a - run.offset), e - a);
       lohi[2 * s] = lohi[2 * s] == kNone ? lo : std::min(lohi[2 * s], lo);
       lohi[2 * s + 1] = std::max(lohi[2 * s + 1], hi);
     }
@@ -281,16 +290,25 @@ void save_zero_state(DataParallel& dp, optim::Optimizer& opt, const OneProcessLa
 }
 
 void save_zero_state(DataParallel& dp, const ShardLayout& shards, optim::Optimizer& opt,
-                     const OneProcessLayout& layout, const std::string& path) {
+                     const OneProcessLayout& layout, const std::string& path,
+                     const std::vector<optim::HybridAdam::SavedRange>* tensors) {
   MW_CHECK_T(InvalidArgument,
              static_cast<int>(shards.pieces.size()) == dp.size() &&
                  shards.pieces[static_cast<size_t>(dp.rank())].size() == opt.params().size(),
              "save_zero_state: the layout has ", shards.pieces.size(), " ranks and this rank ",
              shards.pieces.empty() ? 0 : shards.pieces[0].size(), " pieces; expected ", dp.size(),
              " ranks and the optimizer's ", opt.params().size(), " parameters");
+  std::vector<optim::HybridAdam::SavedRange>
+      whole;  // without `tensors`: the file's tensors are the parameters
+  for (size_t p = 0; p < shards.numels.size() && !tensors; ++p)
+    whole.push_back({p, 0, shards.numels[p]});
+  const std::vector<optim::HybridAdam::SavedRange>& file_tensors = tensors ? *tensors : whole;
+  MW_CHECK_T(InvalidArgument, file_tensors.size() == layout.numels.size(),
+             "save_zero_state: ", file_tensors.size(), " file tensors, but the file layout has ",
+             layout.numels.size());
   const dist::CommStats before = dp.comm().stats();
   ShardStates states(opt);
-  const std::vector<std::vector<Run>> runs = runs_by_param(shards);
+  const std::vector<std::vector<Run>> runs = runs_by_tensor(shards, file_tensors);
   const std::vector<FileSegment> segments = file_segments(layout);
   const std::vector<int64_t> steps = agreed_steps(dp, segments, runs, states);
   // One process writes a segment per stepped parameter (in memory), or every slice (on NVMe).
@@ -310,7 +328,7 @@ void save_zero_state(DataParallel& dp, const ShardLayout& shards, optim::Optimiz
       for (const Run& run : runs[seg.param]) {
         const int64_t a = std::max(seg.offset, run.offset);
         const int64_t e = std::min(seg.offset + seg.numel, run.offset + run.numel);
-        if (a < e) sink.send(run, a - run.offset, e - a, which);
+        if (a < e) sink.send(run, run.at + (a - run.offset), e - a, which);
       }
   }
   sink.drain(0);

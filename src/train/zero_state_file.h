@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "optim/hybrid_adam.h"
 #include "optim/nvme_states.h"
 #include "optim/optimizer.h"
 #include "train/data_parallel.h"
@@ -58,11 +59,15 @@ ShardLayout shard_layout(const DataParallel& dp);
 
 // Collective: every rank calls it with its optimizer (HybridAdam or AdamW over
 // dp.optimizer_params(), or over the pieces of `shards`); rank 0 writes `path` (the other ranks
-// ignore it). dp provides the communicator.
+// ignore it). dp provides the communicator. The file's tensors are `shards`' parameters, or with
+// `tensors`, ranges of them: file tensor t is elements [offset, offset + numel) of parameter
+// tensors[t].param (Note [Saving in the model's layout], optim/hybrid_adam.h: Gemini's chunks
+// saved as the model's parameters); `layout` describes the file's tensors.
 void save_zero_state(DataParallel& dp, optim::Optimizer& opt, const OneProcessLayout& layout,
                      const std::string& path);
 void save_zero_state(DataParallel& dp, const ShardLayout& shards, optim::Optimizer& opt,
-                     const OneProcessLayout& layout, const std::string& path);
+                     const OneProcessLayout& layout, const std::string& path,
+                     const std::vector<optim::HybridAdam::SavedRange>* tensors = nullptr);
 // Each rank on its own: this rank's pieces' states from a one-process file (any rank count).
 void load_zero_state(DataParallel& dp, optim::Optimizer& opt, const std::string& path);
 void load_zero_state(const ShardLayout& shards, int rank, optim::Optimizer& opt,

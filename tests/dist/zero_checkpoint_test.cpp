@@ -187,8 +187,9 @@ TEST_F(ZeroCheckpoint, OneProcessCheckpointResumesUnderGeminiZero3WithSmallChunk
 }
 
 // (d) --save-optimizer under --zero 1 writes the file that one process loads and writes back
-// byte for byte, and so does --zero 2 at 2 ranks; --load-optimizer under --zero 2 (with the
-// weights of step 3) goes on as the one-process run does.
+// byte for byte, and so do --zero 2 and Gemini --zero 3 at 2 ranks; --load-optimizer under --zero
+// 2 (with the weights of step 3) goes on as the one-process run does, and so does one process
+// loading what Gemini --zero 3 saved after 3 steps.
 TEST_F(ZeroCheckpoint, SaveAndLoadOptimizer) {
   SKIP_WITHOUT_MPI();
   TempDir tmp;
@@ -203,6 +204,13 @@ TEST_F(ZeroCheckpoint, SaveAndLoadOptimizer) {
                    "/z.bin");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(file_bytes(d + "/y.bin") == file_bytes(d + "/z.bin")) << "ZeRO 2 rewrote it";
+  // Gemini under ZeRO steps pieces of its chunks (several parameters each, padding between them)
+  // and saves them as the model's parameters (Note [Saving in the model's layout]).
+  const std::string gemini = "--device sim:256MiB --gemini auto --zero 3 --chunk-size 3000 ";
+  r = train(2, kTiny + "--steps 0 " + gemini + "--load-optimizer " + d +
+                   "/y.bin --save-optimizer " + d + "/g.bin");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(file_bytes(d + "/y.bin") == file_bytes(d + "/g.bin")) << "Gemini ZeRO 3 rewrote it";
   const std::string on = d + "/on";
   r = train(
       2, three + "--zero 2 --init-from " + d + "/m --load-optimizer " + d + "/x.bin" + outputs(on));
@@ -211,6 +219,21 @@ TEST_F(ZeroCheckpoint, SaveAndLoadOptimizer) {
   expect_near_losses(losses(on + "/log.jsonl"), losses_from(one() + "/log.jsonl", 4),
                      "--load-optimizer under --zero 2");
   expect_near_weights(on + "/model", one() + "/model", "--load-optimizer under --zero 2");
+  // What Gemini under ZeRO saves after training, its chunks and states on disk, loads into one
+  // process without Gemini.
+  r = train(2, three + gemini + "--host-capacity 100KiB --nvme-window 16KiB --nvme-dir " + d +
+                   "/nv --save " + d + "/gm --save-optimizer " + d + "/g3.bin");
+  EXPECT_NE(r.output.find("Adam states on disk"), std::string::npos) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string plain = d + "/plain";
+  r = train(0,
+            three + "--init-from " + d + "/gm --load-optimizer " + d + "/g3.bin" + outputs(plain));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Loaded optimizer state (step 3)"), std::string::npos) << r.output;
+  expect_near_losses(losses(plain + "/log.jsonl"), losses_from(one() + "/log.jsonl", 4),
+                     "Gemini ZeRO 3's --save-optimizer in one process");
+  expect_near_weights(plain + "/model", one() + "/model",
+                      "Gemini ZeRO 3's --save-optimizer in one process");
 }
 
 }  // namespace
