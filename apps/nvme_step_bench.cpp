@@ -19,9 +19,8 @@ int run(const cli::Parser& p) {
   nvme.fraction = p.real("fraction", 0.0, 1.0);
   nvme.dir = p.str("nvme-dir");
   nvme.window_bytes = p.bytes("nvme-window");
-  return bench::compare_nvme_steps({s.model, s.config, s.batch, s.seq, s.steps}, nvme, cli::print)
-             ? 0
-             : 1;
+  const bench::StepCompareShape shape{s.model, s.config, s.batch, s.seq, s.steps, !p.has("no-fio")};
+  return bench::compare_nvme_steps(shape, nvme, cli::print) ? 0 : 1;
 }
 
 }  // namespace
@@ -36,6 +35,7 @@ int main(int argc, char** argv) {
   p.option("fraction", "1.0", "nvme_offload_fraction");
   p.option("nvme-dir", "", "directory for the states (default: a private temporary one)");
   p.option("nvme-window", "32MiB", "RAM for states in flight");
+  p.flag("no-fio", "skip fio and the disk floor it gives (fio writes and reads 1 GiB twice)");
   return mw::cli::run_main(p, "nvme_step_bench", argc, argv,
                            [](const mw::cli::Parser& q) { return mw::run(q); });
 }

@@ -117,7 +117,7 @@ bool compare_nvme_steps(const StepCompareShape& shape, const optim::NvmeOffloadO
                 100.0 * static_cast<double>(m->nvme_opt.offloaded_numel()) /
                     static_cast<double>(m->mem_model.num_parameters()),
                 static_cast<long long>(m->mem_model.num_parameters())));
-  const bool floor = m->nvme_opt.nvme() != nullptr && have_fio();
+  const bool floor = shape.fio && m->nvme_opt.nvme() != nullptr && have_fio();
   FioRates fio_before;
   if (floor) fio_before = measure_fio(m->nvme_opt.nvme()->dir(), int64_t{1} << 30);
   optim::NvmeStats after_warmup;

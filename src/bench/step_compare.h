@@ -28,6 +28,7 @@ struct StepCompareShape {
   std::string model;  // the preset's name, for the report
   gpt2::Config config;
   int64_t batch = 4, seq = 128, steps = 3;
+  bool fio = true;  // compare_nvme_steps: fio measures the disk floor (Note [Disk floor]), 2 x 2 GB
 };
 
 // Every line goes to `log` as it is known; true when the losses were bitwise equal.

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "../data/temp_dir.h"
+#include "bench/nvme_bench.h"
 #include "core/cuda_stream.h"
 #include "data/json.h"
 #include "data/token_shard.h"
@@ -292,11 +293,18 @@ TEST(Gpt2Train, OptionsThatWouldDoNothingAreRefused) {
 }
 
 // The side-by-side offload bench: both models must see the same losses, bit for bit, or it fails.
+// With fio on the PATH it prints the disk floor (the only test that runs fio here: 8 s); --no-fio
+// skips it.
 TEST(NvmeStepBench, TrainsBothModelsSideBySideWithEqualLosses) {
   Result r = run_app("nvme_step_bench", "--model tiny --seq 16 --batch 2 --threads 2 --steps 3");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("losses bitwise equal"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("median of per-pair ratios"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("disk floor per step:") != std::string::npos, bench::have_fio())
+      << r.output;
+  r = run_app("nvme_step_bench", "--model tiny --seq 16 --batch 2 --threads 2 --steps 2 --no-fio");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("disk floor"), std::string::npos) << r.output;
   Result bad = run_app("nvme_step_bench", "--fraction 2");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("--fraction"), std::string::npos) << bad.output;

@@ -56,7 +56,7 @@ TEST(Reliability, EveryNumericOptionRefusesGarbageWithExit2) {
       {"gpt2_bench", {"--batch", "--seq", "--steps", "--threads"}, {}},
       {"nvme_step_bench",
        {"--batch", "--seq", "--steps", "--threads", "--fraction", "--nvme-window"},
-       {"--model", "tiny"}},
+       {"--model", "tiny", "--no-fio"}},
       {"adam_bench", {"--numel", "--steps", "--threads"}, {}},
       {"nvme_bench", {"--size", "--block", "--depth", "--reps"}, {"--dir", tmp.file("nb")}},
   };
