@@ -32,15 +32,15 @@ struct FileSegment {
 
 // Per file tensor, every rank's runs of it, by offset; they tile the tensor. File tensor t is
 // elements [offset, offset + numel) of the layout's parameter tensors[t].param.
-std::vector<std::vector<Run>> runs_by_tensor(
-    const ShardLayout& shards, const std::vector<optim::HybridAdam::SavedRange>& tensors) {
+std::vector<std::vector<Run>> runs_by_tensor(const ShardLayout& shards,
+                                             const std::vector<FileTensor>& tensors) {
   std::vector<std::vector<std::pair<int, size_t>>> holders(shards.numels.size());  // (rank, piece)
   for (int r = 0; r < static_cast<int>(shards.pieces.size()); ++r)
     for (size_t k = 0; k < shards.pieces[static_cast<size_t>(r)].size(); ++k)
       holders[shards.pieces[static_cast<size_t>(r)][k].param].push_back({r, k});
   std::vector<std::vector<Run>> runs(tensors.size());
   for (size_t t = 0; t < tensors.size(); ++t) {
-    const optim::HybridAdam::SavedRange& range = tensors[t];
+    const FileTensor& range = tensors[t];
     for (const auto& [r, k] : holders[range.param]) {
       const ShardPiece& piece = shards.pieces[static_cast<size_t>(r)][k];
       const int64_t a = std::max(range.offset, piece.offset);
@@ -291,18 +291,17 @@ void save_zero_state(DataParallel& dp, optim::Optimizer& opt, const OneProcessLa
 
 void save_zero_state(DataParallel& dp, const ShardLayout& shards, optim::Optimizer& opt,
                      const OneProcessLayout& layout, const std::string& path,
-                     const std::vector<optim::HybridAdam::SavedRange>* tensors) {
+                     const std::vector<FileTensor>* tensors) {
   MW_CHECK_T(InvalidArgument,
              static_cast<int>(shards.pieces.size()) == dp.size() &&
                  shards.pieces[static_cast<size_t>(dp.rank())].size() == opt.params().size(),
              "save_zero_state: the layout has ", shards.pieces.size(), " ranks and this rank ",
              shards.pieces.empty() ? 0 : shards.pieces[0].size(), " pieces; expected ", dp.size(),
              " ranks and the optimizer's ", opt.params().size(), " parameters");
-  std::vector<optim::HybridAdam::SavedRange>
-      whole;  // without `tensors`: the file's tensors are the parameters
+  std::vector<FileTensor> whole;  // without `tensors`: the file's tensors are the parameters
   for (size_t p = 0; p < shards.numels.size() && !tensors; ++p)
     whole.push_back({p, 0, shards.numels[p]});
-  const std::vector<optim::HybridAdam::SavedRange>& file_tensors = tensors ? *tensors : whole;
+  const std::vector<FileTensor>& file_tensors = tensors ? *tensors : whole;
   MW_CHECK_T(InvalidArgument, file_tensors.size() == layout.numels.size(),
              "save_zero_state: ", file_tensors.size(), " file tensors, but the file layout has ",
              layout.numels.size());

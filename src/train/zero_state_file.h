@@ -57,6 +57,9 @@ struct ShardLayout {
 };
 ShardLayout shard_layout(const DataParallel& dp);
 
+// A tensor of the file as a range of a parameter of the shard layout.
+using FileTensor = optim::HybridAdam::SavedRange;
+
 // Collective: every rank calls it with its optimizer (HybridAdam or AdamW over
 // dp.optimizer_params(), or over the pieces of `shards`); rank 0 writes `path` (the other ranks
 // ignore it). dp provides the communicator. The file's tensors are `shards`' parameters, or with
@@ -67,7 +70,7 @@ void save_zero_state(DataParallel& dp, optim::Optimizer& opt, const OneProcessLa
                      const std::string& path);
 void save_zero_state(DataParallel& dp, const ShardLayout& shards, optim::Optimizer& opt,
                      const OneProcessLayout& layout, const std::string& path,
-                     const std::vector<optim::HybridAdam::SavedRange>* tensors = nullptr);
+                     const std::vector<FileTensor>* tensors = nullptr);
 // Each rank on its own: this rank's pieces' states from a one-process file (any rank count).
 void load_zero_state(DataParallel& dp, optim::Optimizer& opt, const std::string& path);
 void load_zero_state(const ShardLayout& shards, int rank, optim::Optimizer& opt,
