@@ -114,7 +114,8 @@ class HybridAdam : public Optimizer {
   // optimizer's parameters: file tensor t is elements [as[t].offset, + as[t].numel) of parameter
   // as[t].param. Gemini steps chunks; saving each model parameter's range of its chunk writes the
   // file a run without Gemini writes (byte for byte when nothing is on disk), so --save-optimizer
-  // files load into any layout.
+  // files load into any layout. Under ZeRO the ranks' pieces of the chunks are written the same way
+  // (save_zero_state with file tensors, train/zero_state_file.h).
   struct SavedRange {
     size_t param = 0;
     int64_t offset = 0, numel = 0;
