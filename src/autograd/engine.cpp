@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "autograd/node.h"
+#include "core/op_profile.h"
 #include "core/ops.h"
 
 namespace mw {
@@ -402,6 +403,7 @@ void join_readers_before(GraphTask& task, Node* n) {
 }
 
 std::vector<Tensor> apply_node(GraphTask& task, Node* n, std::vector<Tensor> inputs) {
+  const profile::Scope scope(profile::enabled() ? n->name() : std::string());  // Note [Op profile]
   t_apply = {n, &task.buffers};
   try {
     std::vector<Tensor> outs = n->apply(std::move(inputs));

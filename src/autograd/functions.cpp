@@ -1,5 +1,6 @@
 // Backward formulas for every differentiable op. Each function computes its forward with a core
-// kernel and, when a graph is being recorded, saves only what its backward needs.
+// kernel and, when a graph is being recorded, saves only what its backward needs. Each opens a
+// profile::Scope named after it (Note [Op profile], core/op_profile.h; free when profiling is off).
 #include "autograd/functions.h"
 
 #include <atomic>
@@ -8,6 +9,7 @@
 #include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "autograd/saved_tensor.h"
+#include "core/op_profile.h"
 #include "core/ops.h"
 
 namespace mw {
@@ -29,6 +31,7 @@ Tensor in_dtype(const Tensor& g, DType dtype) {
 // ---------------- elementwise ----------------
 
 Tensor add(const Tensor& a, const Tensor& b) {
+  profile::Scope scope("add");
   Tensor out = ops::binary(BinaryOp::Add, a, b);
   return record("AddBackward", out, {a, b}, [&](const std::vector<bool>& needs) -> BackwardFn {
     Shape sa = a.shape(), sb = b.shape();
@@ -41,6 +44,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
+  profile::Scope scope("sub");
   Tensor out = ops::binary(BinaryOp::Sub, a, b);
   return record("SubBackward", out, {a, b}, [&](const std::vector<bool>& needs) -> BackwardFn {
     Shape sa = a.shape(), sb = b.shape();
@@ -54,6 +58,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
+  profile::Scope scope("mul");
   Tensor out = ops::binary(BinaryOp::Mul, a, b);
   return record("MulBackward", out, {a, b}, [&](const std::vector<bool>& needs) -> BackwardFn {
     SavedTensor sa(needs[1] ? a : Tensor(), "mul input a"),
@@ -74,6 +79,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
+  profile::Scope scope("div");
   Tensor out = ops::binary(BinaryOp::Div, a, b);
   return record("DivBackward", out, {a, b}, [&](const std::vector<bool>& needs) -> BackwardFn {
     SavedTensor sa(needs[1] ? a : Tensor(), "div input a"), sb(b, "div input b");
@@ -94,6 +100,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 Tensor affine(const Tensor& a, double alpha, double beta) {
+  profile::Scope scope("affine");
   Tensor out = ops::affine_scalar(a, alpha, beta);
   return record("AffineBackward", out, {a}, [&](const std::vector<bool>&) -> BackwardFn {
     return [alpha](const Grads& g) -> Grads { return {ops::affine_scalar(g[0], alpha, 0.0)}; };
@@ -103,6 +110,7 @@ Tensor affine(const Tensor& a, double alpha, double beta) {
 // ---------------- reductions ----------------
 
 Tensor sum(const Tensor& x) {
+  profile::Scope scope("sum");
   Tensor out = ops::sum_all(x);
   return record("SumBackward", out, {x}, [&](const std::vector<bool>&) -> BackwardFn {
     Shape shape = x.shape();
@@ -114,6 +122,7 @@ Tensor sum(const Tensor& x) {
 }
 
 Tensor sum(const Tensor& x, int64_t dim, bool keepdim) {
+  profile::Scope scope("sum");
   Tensor out = ops::sum_dim(x, dim, keepdim);
   return record("SumDimBackward", out, {x}, [&](const std::vector<bool>&) -> BackwardFn {
     Shape shape = x.shape();
@@ -131,6 +140,7 @@ Tensor mean(const Tensor& x, int64_t dim, bool keepdim) {
 // ---------------- views ----------------
 
 Tensor view(const Tensor& x, const Shape& shape) {
+  profile::Scope scope("view");
   Tensor out = x.view(shape);
   return record("ViewBackward", out, {x}, [&](const std::vector<bool>&) -> BackwardFn {
     Shape in_shape = x.shape();
@@ -139,6 +149,7 @@ Tensor view(const Tensor& x, const Shape& shape) {
 }
 
 Tensor reshape(const Tensor& x, const Shape& shape) {
+  profile::Scope scope("reshape");
   Tensor out = x.reshape(shape);
   if (out.is_same(x)) out = fresh_view(x);
   return record("ReshapeBackward", out, {x}, [&](const std::vector<bool>&) -> BackwardFn {
@@ -148,6 +159,7 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
 }
 
 Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
+  profile::Scope scope("transpose");
   Tensor out = x.transpose(d0, d1);
   return record("TransposeBackward", out, {x}, [&](const std::vector<bool>&) -> BackwardFn {
     return [d0, d1](const Grads& g) -> Grads { return {g[0].transpose(d0, d1)}; };
@@ -155,6 +167,7 @@ Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
 }
 
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
+  profile::Scope scope("permute");
   Tensor out = x.permute(dims);
   return record("PermuteBackward", out, {x}, [&](const std::vector<bool>&) -> BackwardFn {
     std::vector<int64_t> inverse(dims.size());
@@ -164,6 +177,7 @@ Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
 }
 
 Tensor contiguous(const Tensor& x) {
+  profile::Scope scope("contiguous");
   Tensor out = x.is_contiguous() ? fresh_view(x) : x.clone();
   return record("ContiguousBackward", out, {x}, [&](const std::vector<bool>&) -> BackwardFn {
     return [](const Grads& g) -> Grads { return {g[0]}; };
@@ -173,6 +187,7 @@ Tensor contiguous(const Tensor& x) {
 // ---------------- layers ----------------
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  profile::Scope scope("matmul");
   if (autocast::applies({a, b}) && (a.dtype() == DType::F32 || b.dtype() == DType::F32))
     return matmul(cast(a, autocast_dtype()), cast(b, autocast_dtype()));
   Tensor out = ops::matmul(a, b);
@@ -206,6 +221,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  profile::Scope scope("linear");
   if (autocast::applies({x, w, bias})) return autocast::linear(x, w, bias, autocast_dtype());
   Tensor out = ops::linear(x, w, bias);
   return record(
@@ -226,6 +242,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
 }
 
 Tensor lm_head(const Tensor& x, const Tensor& table) {
+  profile::Scope scope("lm_head");
   MW_CHECK_T(ShapeError, table.dim() == 2 && x.size(-1) == table.size(1), "lm_head: input ",
              x.desc(), " does not fit table ", table.desc());
   if (autocast::applies({x, table})) return autocast::lm_head(x, table, autocast_dtype());
@@ -260,6 +277,7 @@ Tensor lm_head(const Tensor& x, const Tensor& table) {
 }
 
 Tensor embedding(const Tensor& table, const Tensor& ids) {
+  profile::Scope scope("embedding");
   Tensor out = ops::embedding(table, ids);
   out = record("EmbeddingBackward", out, {table}, [&](const std::vector<bool>&) -> BackwardFn {
     Tensor ids_copy = ids.detach();  // token ids: integers, never modified by training
@@ -281,6 +299,7 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
 }
 
 Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  profile::Scope scope("layernorm");
   auto r = ops::layernorm(x, weight, bias, eps);
   return record(
       "LayerNormBackward", r.out, {x, weight, bias}, [&](const std::vector<bool>&) -> BackwardFn {
@@ -295,6 +314,7 @@ Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
 }
 
 Tensor gelu(const Tensor& x) {
+  profile::Scope scope("gelu");
   Tensor out = ops::gelu(x);
   return record("GeluBackward", out, {x}, [&](const std::vector<bool>&) -> BackwardFn {
     SavedTensor sx(x, "gelu input");
@@ -303,6 +323,7 @@ Tensor gelu(const Tensor& x) {
 }
 
 Tensor softmax(const Tensor& x) {
+  profile::Scope scope("softmax");
   Tensor out = ops::softmax(x);
   return record("SoftmaxBackward", out, {x}, [&](const std::vector<bool>&) -> BackwardFn {
     SavedTensor sy(out, "softmax output");
@@ -339,6 +360,7 @@ void set_dropout_batch_shard(const DropoutBatchShard& shard) {
 }
 
 Tensor dropout(const Tensor& x, double p, Generator& gen) {
+  profile::Scope scope("dropout");
   if (p == 0.0) return x;
   RngState rng = reserve_rows(gen, x.numel(), x.dim() > 0 ? x.size(0) : 0);
   Tensor out = ops::dropout(x, p, rng);
@@ -349,6 +371,7 @@ Tensor dropout(const Tensor& x, double p, Generator& gen) {
 
 Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, double attn_dropout,
                              Generator& gen) {
+  profile::Scope scope("causal_self_attention");
   if (qkv.dtype() == DType::F32 && autocast::applies({qkv}))
     return causal_self_attention(cast(qkv, autocast_dtype()), n_head, attn_dropout, gen);
   RngState rng{};
@@ -368,6 +391,7 @@ Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, double attn_drop
 }
 
 Tensor shifted_cross_entropy(const Tensor& logits, const Tensor& ids) {
+  profile::Scope scope("shifted_cross_entropy");
   auto [loss, lse] = ops::shifted_cross_entropy(logits, ids);
   return record(
       "ShiftedCrossEntropyBackward", loss, {logits}, [&](const std::vector<bool>&) -> BackwardFn {

@@ -37,6 +37,7 @@ Gpt2StepTiming time_gpt2_steps(const gpt2::Config& config, int64_t B, int64_t T,
   for (int64_t step = 0; step < steps; ++step) {
     data::random_tokens(0, step, B, T, config.vocab_size, tokens.data());
     Tensor ids = Tensor::from_vector(tokens, {B, T});
+    if (step == 1) profile::enable(true);  // the measured steps
     ops::reset_gemm_stats();
     const auto t0 = clock_type::now();
     opt.zero_grad();
@@ -67,6 +68,9 @@ Gpt2StepTiming time_gpt2_steps(const gpt2::Config& config, int64_t B, int64_t T,
     log(strprintf("  ours [%lld] loss %.4f  %.0f ms (GEMM %.0f ms)\n", static_cast<long long>(step),
                   r.losses.back(), ms.back(), g.nanoseconds / 1e6));
   }
+  r.ops = profile::take();
+  profile::enable(false);
+  r.measured_steps = steps - 1;
   if (ms.size() > 1) ms.erase(ms.begin());
   r.median_ms = median(ms);
   r.peak_rss_bytes = peak_rss_bytes();
@@ -191,6 +195,38 @@ std::string json_summary(const std::string& model, const Gpt2StepTiming& ours,
 }
 }  // namespace
 
+// Note [Op profile]: the ops that take at least 0.5% of the step, per step, and what is left.
+std::string op_profile_table(const Gpt2StepTiming& ours) {
+  if (ours.measured_steps <= 0 || ours.ops.empty()) return "";
+  const double n = static_cast<double>(ours.measured_steps);
+  double step = 0;  // mean over the measured steps
+  for (const std::vector<double>* phase : {&ours.forward_ms, &ours.backward_ms, &ours.optimizer_ms})
+    for (const double ms : *phase) step += ms / n;
+  std::string out = strprintf(
+      "per-op profile (mean of %lld steps, %.0f ms; exclusive times, Note [Op profile]):\n"
+      "  %-28s %7s %9s %9s %9s %7s\n",
+      static_cast<long long>(ours.measured_steps), step, "op", "calls", "ms", "GEMM ms", "other ms",
+      "share");
+  double all = 0, small = 0;
+  auto row = [&](const std::string& name, const std::string& calls, double ms,
+                 const std::string& gemm, const std::string& other) {
+    out += strprintf("  %-28s %7s %9.1f %9s %9s %6.1f%%\n", name.c_str(), calls.c_str(), ms,
+                     gemm.c_str(), other.c_str(), 100.0 * ms / step);
+  };
+  for (const profile::OpTime& t : ours.ops) {
+    all += t.ms / n;
+    if (t.ms / n < 0.005 * step) {
+      small += t.ms / n;
+      continue;
+    }
+    row(t.name, strprintf("%.0f", t.calls / n), t.ms / n, strprintf("%.1f", t.gemm_ms / n),
+        strprintf("%.1f", (t.ms - t.gemm_ms) / n));
+  }
+  row("(ops under 0.5% each)", "", small, "", "");
+  row("(outside any op)", "", step - all, "", "");
+  return out;
+}
+
 std::string gpt2_bench_report(const std::string& model, const Gpt2StepTiming& ours,
                               const IsolatedGemm& iso, const TorchPeer& torch, bool json) {
   std::string out = comparison_table(ours, torch);
@@ -206,6 +242,7 @@ std::string gpt2_bench_report(const std::string& model, const Gpt2StepTiming& ou
   out += strprintf(
       "same GEMM shapes run alone: %.0f ms at %.1f GFLOP/s (the floor for this step's GEMMs)\n",
       iso.ms_per_step, iso.gflops);
+  out += op_profile_table(ours);
   // The ceiling line (#13 item 5): the whole step's rate next to the sgemm rate of this run.
   const double step_gflops = ours.gemm_flops_per_step / 1e9 / (ours.median_ms / 1e3);
   out += strprintf(

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "bench/format.h"
+#include "core/op_profile.h"
 #include "models/gpt2/config.h"
 
 namespace mw::bench {
@@ -18,6 +19,10 @@ struct Gpt2StepTiming {
   // per-phase times of the measured steps; *_other is the phase minus its gemm() time
   std::vector<double> forward_ms, backward_ms, optimizer_ms, forward_other_ms, backward_other_ms;
   std::vector<double> losses;
+  // Note [Op profile]: per op, summed over the measured steps (forward functions by name, backward
+  // nodes by theirs; AccumulateGrad holds the updates in backward)
+  std::vector<profile::OpTime> ops;
+  int64_t measured_steps = 0;
 };
 
 // `steps` fp32 training steps (HybridAdam, updates in backward, random tokens); the first is a

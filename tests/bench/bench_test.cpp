@@ -3,6 +3,7 @@
 // checks refuse what the apps refuse. Timings themselves are not checked (the machine is shared).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -128,6 +129,16 @@ TEST(Gpt2Bench, TinyStepsAreTimedAndLogged) {
   EXPECT_EQ(t.losses.size(), 3u);
   EXPECT_EQ(t.forward_ms.size(), 2u) << "the first step is a warmup";
   EXPECT_TRUE(has(log.text, "  ours [2] loss ")) << log.text;
+  // Note [Op profile]: the measured steps' ops, forward and backward, and the report's table.
+  EXPECT_EQ(t.measured_steps, 2);
+  std::vector<std::string> names;
+  for (const profile::OpTime& op : t.ops) names.push_back(op.name);
+  for (const char* name : {"lm_head", "LmHeadBackward", "layernorm", "AccumulateGrad"})
+    EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
+  EXPECT_FALSE(profile::enabled()) << "left on after the steps";
+  const std::string report = gpt2_bench_report("tiny", t, {}, {}, false);
+  EXPECT_TRUE(has(report, "per-op profile (mean of 2 steps")) << report;
+  EXPECT_TRUE(has(report, "(outside any op)")) << report;
 }
 
 TEST(StepCompare, NvmeAndInMemoryStatesGiveBitwiseEqualLosses) {
