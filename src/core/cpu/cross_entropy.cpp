@@ -25,6 +25,52 @@ std::vector<int64_t> target_ids(const Tensor& ids, int64_t B, int64_t T, int64_t
   }
   return out;
 }
+
+constexpr int64_t kChunk = 512;
+
+// A row's maximum (into mx) and its normaliser, sum_j e^(row[j] - mx), in double. The maximum in
+// eight independent lanes combined in a fixed order: vectorisable without reassociating a single
+// running value, and deterministic. The normaliser chunk by chunk: the exps into a buffer (a loop
+// the compiler vectorises), then the chunk's sum in eight lanes (64 terms each), added to a double
+// total (Note [Reductions accumulate in double], layers.cpp).
+template <typename Tp>
+inline double row_max_and_sum(const Tp* row, int64_t V, Tp& mx, Tp* chunk) {
+  constexpr int64_t kLanes = 8;
+  Tp lane[kLanes];
+  for (int64_t k = 0; k < kLanes; ++k) lane[k] = row[0];
+  const int64_t Vmain = V / kLanes * kLanes;
+  for (int64_t j = 0; j < Vmain; j += kLanes)
+    for (int64_t k = 0; k < kLanes; ++k) lane[k] = row[j + k] > lane[k] ? row[j + k] : lane[k];
+  mx = lane[0];
+  for (int64_t k = 1; k < kLanes; ++k) mx = std::max(mx, lane[k]);
+  for (int64_t j = Vmain; j < V; ++j) mx = std::max(mx, row[j]);
+  double sum = 0;
+  for (int64_t j0 = 0; j0 < V; j0 += kChunk) {
+    const int64_t n = std::min(kChunk, V - j0);
+    for (int64_t j = 0; j < n; ++j) chunk[j] = fast::exp_t(row[j0 + j] - mx);
+    for (int64_t k = 0; k < kLanes; ++k) lane[k] = 0;
+    const int64_t nmain = n / kLanes * kLanes;
+    for (int64_t j = 0; j < nmain; j += kLanes)
+      for (int64_t k = 0; k < kLanes; ++k) lane[k] += chunk[j + k];
+    double chunk_sum = 0;
+    for (int64_t k = 0; k < kLanes; ++k) chunk_sum += static_cast<double>(lane[k]);
+    for (int64_t j = nmain; j < n; ++j) chunk_sum += static_cast<double>(chunk[j]);
+    sum += chunk_sum;
+  }
+  return sum;
+}
+
+MW_F32_CLONES double row_max_and_sum_f32(const float* row, int64_t V, float& mx) {
+  float chunk[kChunk];
+  return row_max_and_sum(row, V, mx, chunk);
+}
+
+// d = e^(row - l) * scale: the softmax's gradient before the target's -scale.
+MW_F32_CLONES void softmax_grad_row_f32(const float* row, float l, float scale, float* d,
+                                        int64_t V) {
+  for (int64_t j = 0; j < V; ++j) d[j] = fast::exp(row[j] - l) * scale;
+}
+
 }  // namespace
 
 std::pair<Tensor, Tensor> shifted_cross_entropy(const Tensor& logits_in, const Tensor& ids) {
@@ -51,7 +97,6 @@ std::pair<Tensor, Tensor> shifted_cross_entropy(const Tensor& logits_in, const T
     Tp* plse = lse.template data<Tp>();
     std::vector<double> row_loss(static_cast<size_t>(B * (T - 1)));
     parallel_for(B * (T - 1), 4, [&](int64_t s, int64_t e) {
-      constexpr int64_t kChunk = 512;
       Tp chunk[kChunk];
       std::vector<Tp> widened(store == compute ? 0 : static_cast<size_t>(V));
       for (int64_t r = s; r < e; ++r) {
@@ -61,34 +106,12 @@ std::pair<Tensor, Tensor> shifted_cross_entropy(const Tensor& logits_in, const T
           convert_floats(store, pl + (b * T + t) * V * esize, compute, widened.data(), V);
           row = widened.data();
         }
-        // Eight independent lanes, combined in a fixed order: vectorisable without reassociating
-        // a single running sum, and deterministic.
-        constexpr int64_t kLanes = 8;
-        Tp lane[kLanes];
-        for (int64_t k = 0; k < kLanes; ++k) lane[k] = row[0];
-        const int64_t Vmain = V / kLanes * kLanes;
-        for (int64_t j = 0; j < Vmain; j += kLanes)
-          for (int64_t k = 0; k < kLanes; ++k)
-            lane[k] = row[j + k] > lane[k] ? row[j + k] : lane[k];
-        Tp mx = lane[0];
-        for (int64_t k = 1; k < kLanes; ++k) mx = std::max(mx, lane[k]);
-        for (int64_t j = Vmain; j < V; ++j) mx = std::max(mx, row[j]);
-        // The normaliser, chunk by chunk: the exps into a buffer (a loop the compiler vectorises),
-        // then the chunk's sum in eight lanes (64 terms each), added to a double total (Note
-        // [Reductions accumulate in double], layers.cpp).
-        double sum = 0;
-        for (int64_t j0 = 0; j0 < V; j0 += kChunk) {
-          const int64_t n = std::min(kChunk, V - j0);
-          for (int64_t j = 0; j < n; ++j) chunk[j] = fast::exp_t(row[j0 + j] - mx);
-          for (int64_t k = 0; k < kLanes; ++k) lane[k] = 0;
-          const int64_t nmain = n / kLanes * kLanes;
-          for (int64_t j = 0; j < nmain; j += kLanes)
-            for (int64_t k = 0; k < kLanes; ++k) lane[k] += chunk[j + k];
-          double chunk_sum = 0;
-          for (int64_t k = 0; k < kLanes; ++k) chunk_sum += static_cast<double>(lane[k]);
-          for (int64_t j = nmain; j < n; ++j) chunk_sum += static_cast<double>(chunk[j]);
-          sum += chunk_sum;
-        }
+        Tp mx;
+        double sum;
+        if constexpr (std::is_same_v<Tp, float>)
+          sum = row_max_and_sum_f32(row, V, mx);  // Note [Wider clones of f32 loops]
+        else
+          sum = row_max_and_sum(row, V, mx, chunk);
         const Tp l = static_cast<Tp>(static_cast<double>(mx) + std::log(sum));
         plse[r] = l;
         row_loss[static_cast<size_t>(r)] = static_cast<double>(l - row[targets[b * T + t + 1]]);
@@ -140,7 +163,10 @@ Tensor shifted_cross_entropy_backward(const Tensor& dloss, const Tensor& logits_
             row = row_in.data();
           }
           const Tp l = plse[b * (T - 1) + t];
-          for (int64_t j = 0; j < V; ++j) d[j] = fast::exp_t(row[j] - l) * scale;
+          if constexpr (std::is_same_v<Tp, float>)
+            softmax_grad_row_f32(row, l, scale, d, V);  // Note [Wider clones of f32 loops]
+          else
+            for (int64_t j = 0; j < V; ++j) d[j] = fast::exp_t(row[j] - l) * scale;
           d[targets[r + 1]] -= scale;
         }
         if (store != compute) convert_floats(compute, d, store, pd + r * V * esize, V);

@@ -20,6 +20,13 @@
 #include <cmath>
 #include <cstdint>
 
+// Note [Wider clones of f32 loops]: the library is compiled for the x86-64 baseline (SSE2: four
+// f32 lanes). The elementwise loops that call exp (GELU, cross-entropy) are cloned for AVX2 (eight
+// lanes), the clone chosen once at load time by CPUID (GCC/clang target_clones). The AVX2 clone
+// runs the same IEEE operations lane by lane, and no FMA is enabled, so nothing is contracted: its
+// results are bitwise those of the baseline (sums keep their explicit lanes, whatever the width).
+#define MW_F32_CLONES __attribute__((target_clones("avx2", "default")))
+
 namespace mw::ops::fast {
 
 inline float exp(float x) {

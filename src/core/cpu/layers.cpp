@@ -216,12 +216,8 @@ LayerNormGrads layernorm_backward(const Tensor& dout_in, const Tensor& x_in, con
 namespace {
 constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2/pi)
 
-// Note [Wider clones of f32 loops]: the library is compiled for the x86-64 baseline (SSE2: four
-// f32 lanes); these loops are cloned for AVX2 (eight lanes), the clone chosen once at load time
-// by CPUID (GCC/clang target_clones). The AVX2 clone runs the same IEEE operations lane by lane
-// (no FMA is enabled, so nothing is contracted): its results are bitwise those of the baseline.
-// GELU on 512 x 3072 elements, one thread: forward 8.1 -> 6.1 ms, backward 9.7 -> 7.3 ms (AVX2 VM).
-#define MW_F32_CLONES __attribute__((target_clones("avx2", "default")))
+// GELU on 512 x 3072 elements, one thread: forward 8.1 -> 6.1 ms, backward 9.7 -> 7.3 ms with
+// the AVX2 clones (Note [Wider clones of f32 loops], fast_math.h; an AVX2 VM).
 
 template <typename T>
 inline T gelu_z(T v) {  // -2u, clamped (Note [GELU as a sigmoid]); max/min keep NaN and vectorise
