@@ -34,7 +34,8 @@ constexpr int64_t kChunk = 512;
 // the compiler vectorises), then the chunk's sum in eight lanes (64 terms each), added to a double
 // total (Note [Reductions accumulate in double], layers.cpp).
 template <typename Tp>
-inline double row_max_and_sum(const Tp* row, int64_t V, Tp& mx, Tp* chunk) {
+inline double row_max_and_sum(const Tp* row, int64_t V, Tp& mx) {
+  Tp chunk[kChunk];
   constexpr int64_t kLanes = 8;
   Tp lane[kLanes];
   for (int64_t k = 0; k < kLanes; ++k) lane[k] = row[0];
@@ -61,8 +62,7 @@ inline double row_max_and_sum(const Tp* row, int64_t V, Tp& mx, Tp* chunk) {
 }
 
 MW_F32_CLONES double row_max_and_sum_f32(const float* row, int64_t V, float& mx) {
-  float chunk[kChunk];
-  return row_max_and_sum(row, V, mx, chunk);
+  return row_max_and_sum(row, V, mx);
 }
 
 // d = e^(row - l) * scale: the softmax's gradient before the target's -scale.
@@ -97,7 +97,6 @@ std::pair<Tensor, Tensor> shifted_cross_entropy(const Tensor& logits_in, const T
     Tp* plse = lse.template data<Tp>();
     std::vector<double> row_loss(static_cast<size_t>(B * (T - 1)));
     parallel_for(B * (T - 1), 4, [&](int64_t s, int64_t e) {
-      Tp chunk[kChunk];
       std::vector<Tp> widened(store == compute ? 0 : static_cast<size_t>(V));
       for (int64_t r = s; r < e; ++r) {
         const int64_t b = r / (T - 1), t = r % (T - 1);
@@ -111,7 +110,7 @@ std::pair<Tensor, Tensor> shifted_cross_entropy(const Tensor& logits_in, const T
         if constexpr (std::is_same_v<Tp, float>)
           sum = row_max_and_sum_f32(row, V, mx);  // Note [Wider clones of f32 loops]
         else
-          sum = row_max_and_sum(row, V, mx, chunk);
+          sum = row_max_and_sum(row, V, mx);
         const Tp l = static_cast<Tp>(static_cast<double>(mx) + std::log(sum));
         plse[r] = l;
         row_loss[static_cast<size_t>(r)] = static_cast<double>(l - row[targets[b * T + t + 1]]);

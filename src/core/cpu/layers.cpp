@@ -225,18 +225,29 @@ inline T gelu_z(T v) {  // -2u, clamped (Note [GELU as a sigmoid]); max/min keep
   return std::min(std::max(T(-2) * s * (v + k * v * v * v), T(-80)), T(80));
 }
 
-MW_F32_CLONES void gelu_f32(const float* px, float* po, int64_t b, int64_t e) {
-  for (int64_t i = b; i < e; ++i) po[i] = px[i] / (1.0f + fast::exp(gelu_z(px[i])));
+template <typename T>
+inline void gelu_range(const T* px, T* po, int64_t b, int64_t e) {
+  for (int64_t i = b; i < e; ++i)
+    po[i] = px[i] / (T(1) + fast::exp_t(gelu_z(px[i])));  // Note [GELU as a sigmoid]
 }
 
+template <typename T>
+inline void gelu_backward_range(const T* px, const T* pd, T* po, int64_t b, int64_t e) {
+  const T s = static_cast<T>(kGeluScale), k = static_cast<T>(0.044715);
+  for (int64_t i = b; i < e; ++i) {
+    const T v = px[i], ez = fast::exp_t(gelu_z(v));
+    const T sig = T(1) / (T(1) + ez);  // Note [GELU as a sigmoid]
+    po[i] = (sig + T(2) * v * sig * (ez * sig) * s * (T(1) + T(3) * k * v * v)) * pd[i];
+  }
+}
+
+// The f32 loops, cloned (Note [Wider clones of f32 loops]).
+MW_F32_CLONES void gelu_f32(const float* px, float* po, int64_t b, int64_t e) {
+  gelu_range(px, po, b, e);
+}
 MW_F32_CLONES void gelu_backward_f32(const float* px, const float* pd, float* po, int64_t b,
                                      int64_t e) {
-  const float s = static_cast<float>(kGeluScale), k = 0.044715f;
-  for (int64_t i = b; i < e; ++i) {
-    const float v = px[i], ez = fast::exp(gelu_z(v));
-    const float sig = 1.0f / (1.0f + ez);
-    po[i] = (sig + 2.0f * v * sig * (ez * sig) * s * (1.0f + 3.0f * k * v * v)) * pd[i];
-  }
+  gelu_backward_range(px, pd, po, b, e);
 }
 }  // namespace
 
@@ -250,12 +261,10 @@ Tensor gelu(const Tensor& x_in) {
     const T* px = x.template data<T>();
     T* po = out.template data<T>();
     parallel_for(x.numel(), kGrain, [&](int64_t b, int64_t e) {
-      if constexpr (std::is_same_v<T, float>) {
-        gelu_f32(px, po, b, e);  // Note [Wider clones of f32 loops]
-      } else {
-        for (int64_t i = b; i < e; ++i)
-          po[i] = px[i] / (T(1) + fast::exp_t(gelu_z(px[i])));  // Note [GELU as a sigmoid]
-      }
+      if constexpr (std::is_same_v<T, float>)
+        gelu_f32(px, po, b, e);
+      else
+        gelu_range(px, po, b, e);
     });
   });
   return out;
@@ -270,18 +279,11 @@ Tensor gelu_backward(const Tensor& dout_in, const Tensor& x_in) {
     const T* px = x.template data<T>();
     const T* pd = dout.template data<T>();
     T* po = dx.template data<T>();
-    const T s = static_cast<T>(kGeluScale), k = static_cast<T>(0.044715);
     parallel_for(x.numel(), kGrain, [&](int64_t b, int64_t e) {
-      if constexpr (std::is_same_v<T, float>) {
-        gelu_backward_f32(px, pd, po, b, e);  // Note [Wider clones of f32 loops]
-        return;
-      }
-      for (int64_t i = b; i < e; ++i) {
-        const T v = px[i], ez = fast::exp_t(gelu_z(v));
-        const T sig = T(1) / (T(1) + ez);  // Note [GELU as a sigmoid]
-        const T local = sig + T(2) * v * sig * (ez * sig) * s * (T(1) + T(3) * k * v * v);
-        po[i] = local * pd[i];
-      }
+      if constexpr (std::is_same_v<T, float>)
+        gelu_backward_f32(px, pd, po, b, e);
+      else
+        gelu_backward_range(px, pd, po, b, e);
     });
   });
   return dx;
