@@ -9,11 +9,26 @@
 #include "bench/gpt2_bench.h"
 
 #include "cli.h"
+#include "core/allocator.h"
 #include "core/parallel.h"
 #include "optim/adam_cpu.h"
 
 namespace mw {
 namespace {
+
+// --device cpu | cuda[:N]; a build without CUDA, or no such GPU, is a usage error before any work.
+Device bench_device(const std::string& text) {
+  if (text == "cpu") return Device::cpu();
+  MW_CHECK_T(cli::UsageError, text.rfind("cuda", 0) == 0,
+             str("--device '", text, "': expected cpu or cuda[:N]"));
+  try {
+    Device d = parse_device(text);
+    allocator_for(d);  // throws DeviceError when the GPU is not there
+    return d;
+  } catch (const Error& e) {
+    throw cli::UsageError(str("--device '", text, "': ", e.what()));
+  }
+}
 
 int run(const cli::Parser& p) {
   cli::RunShapeLimits limits;
@@ -26,19 +41,21 @@ int run(const cli::Parser& p) {
   set_num_threads(s.threads);
   gpt2::Config config = s.config;
   config.set_dropout(0.0);
+  const Device device = bench_device(p.str("device"));
 
   cli::print(bench::strprintf(
-      "memwall: GPT-2 %s fp32, B%lld T%lld, %lld steps, %d threads, HybridAdam "
+      "memwall: GPT-2 %s fp32 on %s, B%lld T%lld, %lld steps, %d threads, HybridAdam "
       "(%s)\n",
-      s.model.c_str(), static_cast<long long>(s.batch), static_cast<long long>(s.seq),
-      static_cast<long long>(s.steps), num_threads(), optim::isa_name(optim::best_isa())));
+      s.model.c_str(), device.str().c_str(), static_cast<long long>(s.batch),
+      static_cast<long long>(s.seq), static_cast<long long>(s.steps), num_threads(),
+      optim::isa_name(optim::best_isa())));
   const bench::Gpt2StepTiming ours =
-      bench::time_gpt2_steps(config, s.batch, s.seq, s.steps, cli::print);
-  const bench::IsolatedGemm isolated = bench::time_isolated_gemms(config, s.batch, s.seq);
+      bench::time_gpt2_steps(config, s.batch, s.seq, s.steps, device, cli::print);
+  const bench::IsolatedGemm isolated = bench::time_isolated_gemms(config, s.batch, s.seq, device);
   bench::TorchPeer torch;
   if (p.choice("torch", {"auto", "off"}) != "off")
     torch = bench::run_torch_peer(MW_SOURCE_DIR, s.model, s.batch, s.seq, s.steps, num_threads(),
-                                  cli::print);
+                                  device, cli::print);
   cli::print(bench::gpt2_bench_report(s.model, ours, isolated, torch, p.has("json")));
   return 0;
 }
@@ -52,6 +69,9 @@ int main(int argc, char** argv) {
   mw::cli::declare_run_shape(
       p, {"10", "training steps (the first is a warmup, excluded from medians)", "2",
           "threads for both memwall and PyTorch"});
+  p.option("device", "cpu",
+           "cpu | cuda[:N] (a CUDA build; the per-op table is GPU time with "
+           "CUDA_LAUNCH_BLOCKING=1)");
   p.option("torch", "auto", "auto|off: run the PyTorch peer");
   p.flag("json", "print a JSON summary as the last line");
   return mw::cli::run_main(p, "gpt2_bench", argc, argv,

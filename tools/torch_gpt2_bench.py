@@ -2,6 +2,11 @@
 """PyTorch peer of memwall's GPT-2 training benchmark: step time and peak RSS for fp32 AdamW training.
 
     /usr/bin/python3 tools/torch_gpt2_bench.py --model small --batch 4 --seq 128 --steps 10 --threads 2 --json
+    python3 tools/torch_gpt2_bench.py --device cuda --model small --batch 8 --seq 1024 --steps 10 --json
+
+--device cuda runs the same steps on the GPU (fp32, TF32 off, as memwall's cuBLAS calls), times them with
+torch.cuda.synchronize() before each clock read, and reports torch.cuda.max_memory_allocated as
+"device_peak_mb" beside the RSS.
 
 Each step is exactly: zero_grad(set_to_none=True); logits = model(ids); loss = mean CE(logits[:, :-1],
 ids[:, 1:]); loss.backward(); optimizer.step(). The model is tools/torch_gpt2.py's HF GPT-2 with dropout
@@ -35,19 +40,27 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_gpt2 as tg  # noqa: E402
 
 
-def measure_gemm_gflops(n_embd, tokens, seconds=1.0):
+def sync(device):
+    """Waits for the GPU's queued work (a no-op on the CPU), so a clock read sees it finished."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_gemm_gflops(n_embd, tokens, device, seconds=1.0):
     """The ceiling for this run: torch's fp32 GEMM rate on the MLP's shape [tokens, C] @ [C, 4C].
 
-    Measured in the same process with the same threads, so a busy machine lowers both numbers.
+    Measured in the same process with the same threads (or GPU), so a busy machine lowers both numbers.
     """
-    a = torch.randn(tokens, n_embd)
-    b = torch.randn(n_embd, 4 * n_embd)
+    a = torch.randn(tokens, n_embd, device=device)
+    b = torch.randn(n_embd, 4 * n_embd, device=device)
     torch.mm(a, b)  # warm-up: thread pool start, first-touch of the output
+    sync(device)
     flop = 2.0 * tokens * n_embd * 4 * n_embd
     reps, t0 = 0, time.perf_counter()
     while True:
         torch.mm(a, b)
         reps += 1
+        sync(device)
         dt = time.perf_counter() - t0
         if dt >= seconds:
             return flop * reps / dt / 1e9
@@ -66,12 +79,14 @@ def train_steps(model, optimizer, ids, steps):
     """Times `steps` AdamW training steps; returns the step times (ms) and the losses."""
     step_ms, losses = [], []
     for step in range(steps):
+        sync(ids.device)
         t = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         logits = model(ids)
         loss = tg.lm_loss(logits, ids)
         loss.backward()
         optimizer.step()
+        sync(ids.device)
         dt_ms = (time.perf_counter() - t) * 1e3
         del logits
         step_ms.append(dt_ms)
@@ -100,6 +115,7 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="cpu | cuda[:N] (default cpu)")
     ap.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     args = ap.parse_args()
     if args.steps < 1 or args.batch < 1 or args.seq < 2 or args.threads < 1:
@@ -112,12 +128,16 @@ def main():
         return 2
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # memwall's cuBLAS GEMMs are plain fp32
+        torch.backends.cudnn.allow_tf32 = False
 
     t0 = time.perf_counter()
-    model = tg.GPT2LMHeadModel(cfg)
+    model = tg.GPT2LMHeadModel(cfg).to(device)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), dtype=torch.int64)
+    ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), dtype=torch.int64).to(device)
     numel = model.numel()
     print(
         f"GPT-2 {args.model}: {numel:,} params ({numel / 1024**3:.3f} B), batch {args.batch}, "
@@ -126,9 +146,9 @@ def main():
         flush=True,
     )
 
-    gemm_before = measure_gemm_gflops(cfg.n_embd, args.batch * args.seq)
+    gemm_before = measure_gemm_gflops(cfg.n_embd, args.batch * args.seq, device)
     step_ms, losses = train_steps(model, optimizer, ids, args.steps)
-    gemm_after = measure_gemm_gflops(cfg.n_embd, args.batch * args.seq)
+    gemm_after = measure_gemm_gflops(cfg.n_embd, args.batch * args.seq, device)
     gemm_gflops = 0.5 * (gemm_before + gemm_after)
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     median_ms = statistics.median(step_ms)
@@ -156,7 +176,11 @@ def main():
             "gemm_gflops_before": gemm_before,
             "gemm_gflops_after": gemm_after,
             "losses": losses,
+            "device": str(device),
         }
+        if device.type == "cuda":
+            summary["device_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+            summary["gpu"] = torch.cuda.get_device_name(device)
         print(json.dumps({**summary, **environment()}))
     return 0
 

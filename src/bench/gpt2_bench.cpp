@@ -7,6 +7,7 @@
 
 #include "autograd/functions.h"
 #include "core/allocator.h"
+#include "core/cuda_stream.h"
 #include "core/numbers.h"
 #include "core/ops.h"
 #include "data/json.h"
@@ -22,11 +23,17 @@ using clock_type = std::chrono::steady_clock;
 double ms_between(clock_type::time_point a, clock_type::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
+
+// Waits for the work queued on a CUDA device (memwall's kernels run on its legacy default stream),
+// so that a host clock read after it sees that work done; nothing to wait for on the cpu.
+void synchronize(Device device) {
+  if (device.is_cuda()) CudaStream::borrow(device.index, nullptr).synchronize();
+}
 }  // namespace
 
 Gpt2StepTiming time_gpt2_steps(const gpt2::Config& config, int64_t B, int64_t T, int64_t steps,
-                               const LineSink& log) {
-  gpt2::GPT2 model(config, 0);
+                               Device device, const LineSink& log) {
+  gpt2::GPT2 model(config, 0, DType::F32, device);
   optim::HybridAdamOptions hopts;
   hopts.update_in_backward = true;  // gpt2_train's default (Note [Update in backward])
   optim::HybridAdam opt(model.parameters(), hopts);
@@ -36,20 +43,24 @@ Gpt2StepTiming time_gpt2_steps(const gpt2::Config& config, int64_t B, int64_t T,
   int64_t gemm_ns = 0, gemm_flops = 0;
   for (int64_t step = 0; step < steps; ++step) {
     data::random_tokens(0, step, B, T, config.vocab_size, tokens.data());
-    Tensor ids = Tensor::from_vector(tokens, {B, T});
+    Tensor ids = Tensor::from_vector(tokens, {B, T}).to(device);
     if (step == 1) profile::enable(true);  // the measured steps
     ops::reset_gemm_stats();
+    synchronize(device);
     const auto t0 = clock_type::now();
     opt.zero_grad();
     Tensor logits = model(ids);
     Tensor loss = shifted_cross_entropy(logits, ids);
     logits = Tensor();
+    synchronize(device);
     const auto t1 = clock_type::now();
     const int64_t gemm_fwd_ns = ops::gemm_stats().nanoseconds;
     backward(loss);
+    synchronize(device);
     const auto t2 = clock_type::now();
     const int64_t gemm_bwd_ns = ops::gemm_stats().nanoseconds - gemm_fwd_ns;
     opt.step();
+    synchronize(device);
     const auto t3 = clock_type::now();
     if (step > 0) {
       r.forward_ms.push_back(ms_between(t0, t1));
@@ -74,6 +85,8 @@ Gpt2StepTiming time_gpt2_steps(const gpt2::Config& config, int64_t B, int64_t T,
   if (ms.size() > 1) ms.erase(ms.begin());
   r.median_ms = median(ms);
   r.peak_rss_bytes = peak_rss_bytes();
+  r.device = device;
+  if (device.is_cuda()) r.device_peak_bytes = allocator_for(device).stats().peak_bytes;
   const double measured_steps = static_cast<double>(std::max<int64_t>(1, steps - 1));
   r.gemm_ms_per_step = gemm_ns / 1e6 / measured_steps;
   r.gemm_flops_per_step = static_cast<int64_t>(gemm_flops / measured_steps);
@@ -82,20 +95,22 @@ Gpt2StepTiming time_gpt2_steps(const gpt2::Config& config, int64_t B, int64_t T,
 }
 
 namespace {
-// Median time of 5 runs of f, in ms.
+// Median time of 5 runs of f on `device`, in ms.
 template <typename F>
-double median_of_five_ms(F&& f) {
+double median_of_five_ms(Device device, F&& f) {
   std::vector<double> t;
   for (int rep = 0; rep < 5; ++rep) {
+    synchronize(device);
     auto t0 = clock_type::now();
     f();
+    synchronize(device);
     t.push_back(ms_between(t0, clock_type::now()));
   }
   return median(t);
 }
 }  // namespace
 
-IsolatedGemm time_isolated_gemms(const gpt2::Config& c, int64_t B, int64_t T) {
+IsolatedGemm time_isolated_gemms(const gpt2::Config& c, int64_t B, int64_t T, Device device) {
   const int64_t R = B * T, C = c.n_embd, V = c.vocab_size, L = c.n_layer;
   struct Shape {
     int64_t M, K, N;  // forward: [M, K] @ [K, N]
@@ -105,13 +120,16 @@ IsolatedGemm time_isolated_gemms(const gpt2::Config& c, int64_t B, int64_t T) {
       {R, C, 3 * C, L}, {R, C, C, L}, {R, C, 4 * C, L}, {R, 4 * C, C, L}, {R, C, V, 1}};
   double total_ms = 0, total_flops = 0;
   for (const Shape& s : forward) {
-    Tensor x = Tensor::full({s.M, s.K}, 0.01), w = Tensor::full({s.K, s.N}, 0.02);
-    Tensor y = Tensor::empty({s.M, s.N}), dy = Tensor::full({s.M, s.N}, 0.03);
-    Tensor dx = Tensor::empty({s.M, s.K}), dw = Tensor::empty({s.K, s.N});
+    const DType f32 = DType::F32;
+    Tensor x = Tensor::full({s.M, s.K}, 0.01, f32, device);
+    Tensor w = Tensor::full({s.K, s.N}, 0.02, f32, device);
+    Tensor y = Tensor::empty({s.M, s.N}, f32, device);
+    Tensor dy = Tensor::full({s.M, s.N}, 0.03, f32, device);
+    Tensor dx = Tensor::empty({s.M, s.K}, f32, device), dw = Tensor::empty({s.K, s.N}, f32, device);
     // forward, grad wrt input, grad wrt weight: the three products of a linear layer
-    double ms = median_of_five_ms([&] { ops::gemm(x, false, w, false, y, false); }) +
-                median_of_five_ms([&] { ops::gemm(dy, false, w, true, dx, false); }) +
-                median_of_five_ms([&] { ops::gemm(x, true, dy, false, dw, false); });
+    double ms = median_of_five_ms(device, [&] { ops::gemm(x, false, w, false, y, false); }) +
+                median_of_five_ms(device, [&] { ops::gemm(dy, false, w, true, dx, false); }) +
+                median_of_five_ms(device, [&] { ops::gemm(x, true, dy, false, dw, false); });
     total_ms += ms * static_cast<double>(s.count);
     total_flops += 3.0 * 2.0 * s.M * s.K * s.N * static_cast<double>(s.count);
   }
@@ -119,11 +137,15 @@ IsolatedGemm time_isolated_gemms(const gpt2::Config& c, int64_t B, int64_t T) {
 }
 
 TorchPeer run_torch_peer(const std::string& source_dir, const std::string& model, int64_t B,
-                         int64_t T, int64_t steps, int threads, const LineSink& log) {
+                         int64_t T, int64_t steps, int threads, Device device,
+                         const LineSink& log) {
   TorchPeer r;
-  std::string cmd =
-      str("bash ", source_dir, "/tools/torch_gpt2_bench.sh tuned --model ", model, " --batch ", B,
-          " --seq ", T, " --steps ", steps, " --threads ", threads, " --json 2>&1");
+  const std::string shape = str(" --model ", model, " --batch ", B, " --seq ", T, " --steps ",
+                                steps, " --threads ", threads, " --json 2>&1");
+  const std::string cmd =
+      device.is_cuda()
+          ? str("python3 ", source_dir, "/tools/torch_gpt2_bench.py --device ", device.str(), shape)
+          : str("bash ", source_dir, "/tools/torch_gpt2_bench.sh tuned", shape);
   log(strprintf("peer: %s\n", cmd.c_str()));
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) {
@@ -149,6 +171,7 @@ TorchPeer run_torch_peer(const std::string& source_dir, const std::string& model
   json::Value v = json::parse(last_json, "torch_gpt2_bench.py output");
   r.median_ms = v.get_double("median_step_ms");
   r.peak_rss_mb = v.get_double("peak_rss_mb");
+  if (device.is_cuda()) r.device_peak_mb = v.get_double("device_peak_mb");
   r.ok = true;
   return r;
 }
@@ -162,8 +185,11 @@ std::string comparison_table(const Gpt2StepTiming& ours, const TorchPeer& torch)
     out += strprintf("%-28s %12.0f %12.0f %8.2f\n", "median step (ms)", ours.median_ms,
                      torch.median_ms, ours.median_ms / torch.median_ms);
     out += strprintf("%-28s %12.0f %12.0f %8.2f\n", "peak RSS (MiB)", ours.peak_rss_bytes / kMiB,
-                     torch.peak_rss_mb * 1e6 / kMiB,
-                     (ours.peak_rss_bytes / kMiB) / (torch.peak_rss_mb * 1e6 / kMiB));
+                     torch.peak_rss_mb, (ours.peak_rss_bytes / kMiB) / (torch.peak_rss_mb));
+    if (ours.device.is_cuda())  // ours: the allocator's peak in use; torch's max_memory_allocated
+      out += strprintf("%-28s %12.0f %12.0f %8.2f\n", "device peak (MiB)",
+                       ours.device_peak_bytes / kMiB, torch.device_peak_mb,
+                       (ours.device_peak_bytes / kMiB) / torch.device_peak_mb);
   } else {
     out += strprintf("%-28s %12.0f %12s\n", "median step (ms)", ours.median_ms, "-");
     out += strprintf("%-28s %12.0f %12s\n", "peak RSS (MiB)", ours.peak_rss_bytes / kMiB, "-");
@@ -187,9 +213,14 @@ std::string json_summary(const std::string& model, const Gpt2StepTiming& ours,
   v.set("fraction_of_sgemm", step_gflops / iso.gflops);
   if (torch.ok) {
     v.set("torch_median_step_ms", torch.median_ms);
-    v.set("torch_peak_rss_mb", torch.peak_rss_mb * 1e6 / kMiB);
+    v.set("torch_peak_rss_mb", torch.peak_rss_mb);
     v.set("step_ratio", ours.median_ms / torch.median_ms);
-    v.set("rss_ratio", (ours.peak_rss_bytes / kMiB) / (torch.peak_rss_mb * 1e6 / kMiB));
+    v.set("rss_ratio", (ours.peak_rss_bytes / kMiB) / (torch.peak_rss_mb));
+  }
+  if (ours.device.is_cuda()) {
+    v.set("device", ours.device.str());
+    v.set("device_peak_mb", ours.device_peak_bytes / kMiB);
+    if (torch.ok) v.set("torch_device_peak_mb", torch.device_peak_mb);
   }
   return v.dump() + "\n";
 }

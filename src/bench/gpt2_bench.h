@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "bench/format.h"
+#include "core/device.h"
 #include "core/op_profile.h"
 #include "models/gpt2/config.h"
 
@@ -16,6 +17,8 @@ namespace mw::bench {
 struct Gpt2StepTiming {
   double median_ms = 0, gemm_ms_per_step = 0, gemm_gflops = 0;
   int64_t peak_rss_bytes = 0, gemm_flops_per_step = 0;
+  Device device;                  // where the model trained
+  int64_t device_peak_bytes = 0;  // a CUDA device's allocator peak over the steps (0 on the cpu)
   // per-phase times of the measured steps; *_other is the phase minus its gemm() time
   std::vector<double> forward_ms, backward_ms, optimizer_ms, forward_other_ms, backward_other_ms;
   std::vector<double> losses;
@@ -25,26 +28,32 @@ struct Gpt2StepTiming {
   int64_t measured_steps = 0;
 };
 
-// `steps` fp32 training steps (HybridAdam, updates in backward, random tokens); the first is a
-// warmup, reported to `log` but not in the medians.
+// `steps` fp32 training steps (HybridAdam, updates in backward, random tokens) on `device` (cpu or
+// cuda:N); the first is a warmup, reported to `log` but not in the medians. On CUDA each phase ends
+// with a device synchronisation, so the phase times are the GPU's; the per-op table is host time
+// (launches are asynchronous) unless the process runs with CUDA_LAUNCH_BLOCKING=1.
 Gpt2StepTiming time_gpt2_steps(const gpt2::Config& config, int64_t B, int64_t T, int64_t steps,
-                               const LineSink& log);
+                               Device device, const LineSink& log);
 
 // The ceiling: each GEMM shape of one training step timed alone (median of 5), weighted by how
 // many times a step runs it.
 struct IsolatedGemm {
   double ms_per_step = 0, gflops = 0;
 };
-IsolatedGemm time_isolated_gemms(const gpt2::Config& config, int64_t B, int64_t T);
+IsolatedGemm time_isolated_gemms(const gpt2::Config& config, int64_t B, int64_t T, Device device);
 
 struct TorchPeer {
   bool ok = false;
-  double median_ms = 0, peak_rss_mb = 0;
-  std::string note;  // why there is no comparison
+  double median_ms = 0;
+  double peak_rss_mb = 0;     // MiB, as the script prints it (getrusage's ru_maxrss KiB / 1024)
+  double device_peak_mb = 0;  // torch.cuda.max_memory_allocated, on CUDA
+  std::string note;           // why there is no comparison
 };
-// Runs `source_dir`/tools/torch_gpt2_bench.sh tuned; its lines go to `log`.
+// On the cpu runs `source_dir`/tools/torch_gpt2_bench.sh tuned (Debian's python3-torch); on CUDA
+// tools/torch_gpt2_bench.py --device cuda:N with the python3 on PATH (the GPU machine's own torch).
+// Its lines go to `log`.
 TorchPeer run_torch_peer(const std::string& source_dir, const std::string& model, int64_t B,
-                         int64_t T, int64_t steps, int threads, const LineSink& log);
+                         int64_t T, int64_t steps, int threads, Device device, const LineSink& log);
 
 // The lines after the run: the comparison table, GEMM share, phases, ceiling, and with `json`
 // the JSON summary line.

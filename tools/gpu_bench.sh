@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Run ON a lent GPU machine, in the same call as and after .gpu-debs/build-on-gpu.sh (which built
+# build-gpu/ with -DMW_CUDA=ON and unpacked the libraries into /tmp/gpu-deps):
+#   bash .gpu-debs/build-on-gpu.sh -R 'Cuda|Cublas|CUDA|Gpu'; bash tools/gpu_bench.sh
+# 1. GPT-2 training steps, memwall (gpt2_train --device cuda) against the machine's own PyTorch
+#    (tools/torch_gpt2_bench.py --device cuda: fp32, TF32 off), same shapes, dropout 0, run side by
+#    side; medians of the steps after the first.
+#    Then gpt2_bench --device cuda on GPT-2 small B8 T1024 (the same comparison with device peaks and
+#    the GEMM ceiling), and again with CUDA_LAUNCH_BLOCKING=1 for its per-op table in GPU time.
+# 2. The paths the tests do not reach on a GPU, each run once on GPT-2 small: bf16, recomputation,
+#    Gemini auto and static (parameters and states on the host), HF save then --init-from.
+# Everything goes to $OUT/bench.log; the last lines printed are a summary table.
+set -uo pipefail
+out=${OUT:-/tmp/out}; log=$out/bench.log
+runs=/tmp/gpu-bench; mkdir -p "$out" "$runs"  # one file per run here ($OUT brings back 8 files at most)
+lib=/tmp/gpu-deps/usr/lib/x86_64-linux-gnu
+export LD_LIBRARY_PATH=$lib:$lib/openblas-pthread:${LD_LIBRARY_PATH:-}
+train=build-gpu/apps/gpt2_train
+[[ -x $train ]] || { echo "no $train: run .gpu-debs/build-on-gpu.sh first"; exit 2; }
+summary=()
+
+# run NAME SECONDS CMD...: appends the command and its output to the log; prints nothing.
+run() {
+  local name=$1 limit=$2; shift 2
+  echo "== $name: $*" >>"$log"
+  timeout "$limit" "$@" >"$runs/$name.txt" 2>&1
+  local rc=$?
+  cat "$runs/$name.txt" >>"$log"; echo "rc=$rc" >>"$log"
+  return $rc
+}
+
+# memwall's and PyTorch's median step for one shape, torch first then memwall.
+compare() {
+  local model=$1 batch=$2 seq=$3 steps=$4 tag="$1-b$2-t$3"
+  run "torch-$tag" 150 python3 tools/torch_gpt2_bench.py --device cuda --model "$model" \
+    --batch "$batch" --seq "$seq" --steps "$steps" --json
+  run "mw-$tag" 150 "$train" --device cuda --model "$model" --batch "$batch" --seq "$seq" \
+    --steps "$steps" --dropout 0
+  local t m tp
+  t=$(grep -o '"median_step_ms": [0-9.]*' "$runs/torch-$tag.txt" | grep -o '[0-9.]*$')
+  tp=$(grep -o '"device_peak_mb": [0-9.]*' "$runs/torch-$tag.txt" | grep -o '[0-9.]*$')
+  m=$(grep -o 'median step: [0-9.]* ms' "$runs/mw-$tag.txt" | grep -o '[0-9.]* ')
+  summary+=("$tag  torch ${t:-?} ms (peak ${tp:-?} MB)  memwall ${m:-?}ms")
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader >>"$log"
+compare small 4 128 10
+compare small 8 1024 8
+compare medium 4 1024 6
+bench=build-gpu/apps/gpt2_bench
+run bench-small 200 "$bench" --device cuda --model small --batch 8 --seq 1024 --steps 6 --threads 16
+run bench-small-blocking 200 env CUDA_LAUNCH_BLOCKING=1 "$bench" --device cuda --model small \
+  --batch 8 --seq 1024 --steps 4 --threads 16 --torch off
+
+small=(--device cuda --model small --batch 8 --seq 1024 --steps 4)
+for v in "bf16:--precision bf16" "recompute:--checkpoint-activations" \
+         "gemini-auto:--gemini auto" \
+         "gemini-static-host:--gemini static --offload-param-frac 1 --offload-optim-frac 1"; do
+  name=${v%%:*}; read -r -a extra <<<"${v#*:}"
+  run "mw-$name" 150 "$train" "${small[@]}" "${extra[@]}"
+  summary+=("$name rc=$? $(grep -o 'median step: [0-9.]* ms' "$runs/mw-$name.txt") $(grep -o '\[3\] loss: [0-9.]*' "$runs/mw-$name.txt")")
+done
+run mw-save 120 "$train" --device cuda --model small --batch 2 --seq 64 --steps 2 --save /tmp/gpu-save &&
+  run mw-init-from 120 "$train" --device cuda --init-from /tmp/gpu-save --batch 2 --seq 64 --steps 1
+summary+=("save+init-from rc=$?")
+
+compare large 4 1024 5  # last: the longest, and the one to lose if the lease runs short
+
+echo "---- gpt2_bench --device cuda (full output in $log)"
+sed -n '/memwall *PyTorch/,/^achieved/p' "$runs/bench-small.txt" | grep -v "^  [A-Za-z]"
+echo "-- with CUDA_LAUNCH_BLOCKING=1:"
+sed -n '/^phases/,/^achieved/p' "$runs/bench-small-blocking.txt"
+echo "---- summary"
+grep -h "loss" "$runs"/mw-small-b8-t1024.txt | head -3
+printf '%s\n' "${summary[@]}"
