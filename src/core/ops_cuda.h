@@ -30,6 +30,14 @@ Tensor expand_dim(const Tensor& g, const Shape& shape, int64_t dim, bool keepdim
 void gemm(int device_index, DType dtype, bool trans_a, bool trans_b, int64_t M, int64_t N,
           int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, double beta, void* C,
           int64_t ldc);
+// `batch` such products at once (cublas?gemmStridedBatched): product i reads A + i*stride_a and
+// B + i*stride_b and writes C + i*stride_c (strides in elements). Attention's per-head products.
+struct GemmBatch {
+  int64_t count, stride_a, stride_b, stride_c;
+};
+void gemm_batched(int device_index, DType dtype, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                  int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, double beta,
+                  void* C, int64_t ldc, const GemmBatch& batch);
 // linear's two non-GEMM steps: out [R, N] = bias [N] in every row; the column sums [N] of a 2-D
 // x [R, N] (dbias), deterministic (chunks of rows in order, then the chunks in order).
 void fill_rows(Tensor& out, const Tensor& bias);

@@ -1,7 +1,7 @@
-// The fused CUDA attention against the CPU attention (f32 and f64, with and without attention
-// dropout, head sizes on each kernel instantiation), and a tiny GPT-2 (tests/fixtures/gpt2_tiny,
-// dropout on) trained 3 HybridAdam steps on CUDA against the same run on the CPU. Skipped without
-// a visible GPU.
+// The CUDA attention (cuBLAS products over blocks of query rows) against the CPU attention (f32
+// and f64, with and without attention dropout, one block and several, head sizes up to 160), and a
+// tiny GPT-2 (tests/fixtures/gpt2_tiny, dropout on) trained 3 HybridAdam steps on CUDA against the
+// same run on the CPU. Skipped without a visible GPU.
 #include <gtest/gtest.h>
 
 #include "autograd/functions.h"
@@ -38,11 +38,12 @@ void check_attention(const AttentionCase& c, DType dtype, double atol, double rt
   MW_EXPECT_CLOSE("attention dqkv", dqkvd, dqkv, atol, rtol);
 }
 
-// T = 67 and 130 cross the 64-row blocks and the 32/16-key tiles unevenly; hs 16, 64 and 80 use the
-// 32-, 64- and 128-wide kernels.
+// T = 130 takes two query blocks (128 rows, then 2: attention_cuda.cpp's kMaxBlockRows), so dK and
+// dV add up over blocks and the last block is ragged; T = 67 one block; T = 1 a single key. Head
+// sizes 16 to 160: the products have no head-size limit.
 const AttentionCase kCases[] = {
-    {2, 67, 3, 16, 0.0}, {1, 130, 2, 64, 0.0}, {2, 67, 2, 80, 0.0},
-    {2, 67, 3, 16, 0.2}, {1, 130, 2, 64, 0.1},
+    {2, 67, 3, 16, 0.0},  {1, 130, 2, 64, 0.0}, {2, 67, 2, 80, 0.0}, {2, 67, 3, 16, 0.2},
+    {1, 130, 2, 64, 0.1}, {1, 67, 1, 160, 0.1}, {3, 1, 2, 8, 0.0},
 };
 
 TEST(CudaAttention, Float64MatchesTheCpuToRounding) {
@@ -54,15 +55,18 @@ TEST(CudaAttention, Float64MatchesTheCpuToRounding) {
 
 TEST(CudaAttention, Float32MatchesTheCpu) {
   MW_SKIP_WITHOUT_GPU();
-  // Scores are dot products of hs <= 80 unit normals (|s| ~ 10 before scaling); outputs and
+  // Scores are dot products of hs <= 160 unit normals (|s| ~ 13 before scaling); outputs and
   // gradients are sums of up to 130 terms of size ~1: 2e-5 absolute, 1e-4 relative.
   for (const auto& c : kCases) check_attention(c, DType::F32, 2e-5, 1e-4);
 }
 
-TEST(CudaAttention, HeadSizeAboveTheLimitIsAClearError) {
+TEST(CudaAttention, MismatchedShapesAreClearErrors) {
   MW_SKIP_WITHOUT_GPU();
-  Tensor qkv = Tensor::zeros({1, 4, 3 * 256}, DType::F32, gpu());
-  EXPECT_THROW(ops::attention(qkv, 1, 0.0, RngState{}), ShapeError);
+  Tensor qkv = Tensor::zeros({1, 4, 3 * 10}, DType::F32, gpu());
+  EXPECT_THROW(ops::attention(qkv, 3, 0.0, RngState{}), ShapeError);  // 10 channels, 3 heads
+  auto r = ops::attention(qkv, 2, 0.0, RngState{});
+  Tensor dout = Tensor::zeros({1, 3, 10}, DType::F32, gpu());
+  EXPECT_THROW(ops::attention_backward(dout, qkv, r.att, 2, 0.0, RngState{}), ShapeError);
 }
 
 // Losses of `steps` HybridAdam steps of the tiny GPT-2 on `device`, dropout 0.1, from the fixture's

@@ -48,6 +48,8 @@ CublasApi load() {
   resolve(lib, "cublasSetMathMode", api.set_math_mode);
   resolve(lib, "cublasSgemm_v2", api.sgemm);
   resolve(lib, "cublasDgemm_v2", api.dgemm);
+  resolve(lib, "cublasSgemmStridedBatched", api.sgemm_strided_batched);
+  resolve(lib, "cublasDgemmStridedBatched", api.dgemm_strided_batched);
   resolve(lib, "cublasGetStatusString", api.status_string);
   return api;  // the library stays open for the process
 }

@@ -13,6 +13,8 @@ struct CublasApi {
   decltype(&cublasSetMathMode) set_math_mode = nullptr;
   decltype(&cublasSgemm) sgemm = nullptr;
   decltype(&cublasDgemm) dgemm = nullptr;
+  decltype(&cublasSgemmStridedBatched) sgemm_strided_batched = nullptr;
+  decltype(&cublasDgemmStridedBatched) dgemm_strided_batched = nullptr;
   decltype(&cublasGetStatusString) status_string = nullptr;
 };
 

@@ -98,19 +98,25 @@ void softmax_backward(const T* dout, const T* y, T* dx, int64_t N, int64_t C);
 template <typename T>
 void dropout(const T* x, T* out, int64_t n, double p, RngState rng);
 
-// ---- attention (attention.cu), Note [Flash attention on CUDA] ----
-struct AttentionDims {
-  int64_t B, T, C, NH, hs;
+// ---- attention (attention.cu), Note [Attention on CUDA by query blocks] ----
+// dst [parts][B][NH][T][hs] from src [B][T][parts * C], and back (parts 3 for qkv, 1 for out).
+template <typename T>
+void split_heads(const T* src, T* dst, int64_t B, int64_t T_len, int64_t C, int64_t NH, int parts);
+template <typename T>
+void merge_heads(const T* src, T* dst, int64_t B, int64_t T_len, int64_t C, int64_t NH, int parts);
+// One block of query rows [t0, t0 + rows) of every (batch, head): scores [BNH][rows][keys], keys =
+// t0 + rows (the causal prefix); T the sequence length, hs the head size (scale 1/sqrt(hs)).
+struct AttentionBlock {
+  int64_t BNH, T, rows, keys, t0, hs;
 };
-// Largest head size the kernels support.
-constexpr int64_t kMaxHeadSize = 128;
+// Raw scores -> dropped-out probabilities in place; the rows' log-sum-exp into lse [BNH, T].
 template <typename T>
-void attention_forward(const T* qkv, AttentionDims d, double attn_dropout, RngState rng, T* out,
-                       T* lse);
-// dqkv fully written; dsum is scratch [B, NH, T].
+void attention_probs(T* scores, const AttentionBlock& blk, double attn_dropout, RngState rng,
+                     T* lse);
+// Backward: raw scores -> probabilities (from lse), dprobs (dO . v) -> score gradients, in place.
 template <typename T>
-void attention_backward(const T* dout, const T* qkv, const T* lse, AttentionDims d,
-                        double attn_dropout, RngState rng, T* dqkv, T* dsum);
+void attention_grad_scores(T* scores, T* dprobs, const T* lse, const AttentionBlock& blk,
+                           double attn_dropout, RngState rng);
 
 // ---- shifted cross-entropy (cross_entropy.cu) ----
 // targets [B, T] int64 (validated). lse [B, T-1]; loss [1] = mean of the row losses; row_loss is

@@ -1,6 +1,6 @@
-// Tensor-level CUDA ops, part 2: embedding, layernorm, GELU, softmax, dropout, fused attention
-// and the shifted cross-entropy (core/ops_cuda.h). Token ids are validated on the host, as on the
-// CPU, which costs one small device-to-host copy of the ids per call.
+// Tensor-level CUDA ops, part 2: embedding, layernorm, GELU, softmax, dropout and the shifted
+// cross-entropy (core/ops_cuda.h; attention is attention_cuda.cpp). Token ids are validated on the
+// host, as on the CPU, which costs one small device-to-host copy of the ids per call.
 #include <algorithm>
 #include <numeric>
 
@@ -169,57 +169,6 @@ Tensor dropout(const Tensor& x_in, double p, RngState rng) {
     cuda_kernels::dropout<T>(cptr<T>(x), mptr<T>(out), x.numel(), p, rng);
   });
   return out;
-}
-
-// ---------------- attention ----------------
-
-namespace {
-
-cuda_kernels::AttentionDims attention_dims(const Tensor& qkv, int64_t n_head) {
-  MW_CHECK_T(ShapeError, qkv.dim() == 3 && qkv.size(2) % 3 == 0,
-             "attention: expected qkv [B, T, 3C], got ", qkv.desc());
-  const int64_t C = qkv.size(2) / 3;
-  MW_CHECK_T(ShapeError, n_head > 0 && C % n_head == 0, "attention: ", C,
-             " channels do not split into ", n_head, " heads");
-  const int64_t hs = C / n_head;
-  MW_CHECK_T(ShapeError, hs <= cuda_kernels::kMaxHeadSize, "attention on CUDA: head size ", hs,
-             " exceeds the fused kernel's limit of ", cuda_kernels::kMaxHeadSize,
-             "; use more heads, or run on cpu");
-  return {qkv.size(0), qkv.size(1), C, n_head, hs};
-}
-
-}  // namespace
-
-AttentionOut attention(const Tensor& qkv_in, int64_t n_head, double attn_dropout, RngState rng) {
-  use_device_of("attention", qkv_in);
-  Tensor qkv = qkv_in.contiguous();
-  const auto d = attention_dims(qkv, n_head);
-  AttentionOut r{Tensor::empty({d.B, d.T, d.C}, qkv.dtype(), qkv.device()),
-                 Tensor::empty({d.B, d.NH, d.T}, qkv.dtype(), qkv.device())};
-  dispatch_float(qkv.dtype(), "attention", [&]<typename T>() {
-    cuda_kernels::attention_forward<T>(cptr<T>(qkv), d, attn_dropout, rng, mptr<T>(r.out),
-                                       mptr<T>(r.att));
-  });
-  return r;
-}
-
-Tensor attention_backward(const Tensor& dout_in, const Tensor& qkv_in, const Tensor& lse_in,
-                          int64_t n_head, double attn_dropout, RngState rng) {
-  use_device_of("attention_backward", qkv_in, {&dout_in, &lse_in});
-  Tensor qkv = qkv_in.contiguous(), dout = dout_in.contiguous(), lse = lse_in.contiguous();
-  const auto d = attention_dims(qkv, n_head);
-  MW_CHECK_T(ShapeError, lse.shape() == Shape({d.B, d.NH, d.T}),
-             "attention_backward on CUDA: expected the forward's log-sum-exp [", d.B, ", ", d.NH,
-             ", ", d.T, "], got ", lse.desc());
-  MW_CHECK_T(ShapeError, dout.shape() == Shape({d.B, d.T, d.C}), "attention_backward: dout ",
-             dout.desc(), " does not match qkv ", qkv.desc());
-  Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
-  Tensor dsum = Tensor::empty({d.B, d.NH, d.T}, qkv.dtype(), qkv.device());
-  dispatch_float(qkv.dtype(), "attention_backward", [&]<typename T>() {
-    cuda_kernels::attention_backward<T>(cptr<T>(dout), cptr<T>(qkv), cptr<T>(lse), d, attn_dropout,
-                                        rng, mptr<T>(dqkv), mptr<T>(dsum));
-  });
-  return dqkv;
 }
 
 // ---------------- shifted cross-entropy ----------------

@@ -274,6 +274,41 @@ void gemm(int device_index, DType dtype, bool trans_a, bool trans_b, int64_t M, 
   }
 }
 
+void gemm_batched(int device_index, DType dtype, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                  int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, double beta,
+                  void* C, int64_t ldc, const GemmBatch& batch) {
+  if (M == 0 || N == 0 || batch.count == 0) return;
+  for (int64_t v : {M, N, K, lda, ldb, ldc, batch.count})
+    MW_CHECK_T(ShapeError, v <= INT32_MAX, "batched gemm on CUDA: dimension or count ", v,
+               " exceeds cuBLAS's 32-bit limit; split the product");
+  check_cuda(cudaSetDevice(device_index), "cudaSetDevice(", device_index, ") for gemm_batched");
+  LockedHandle h = cublas_handle(device_index);
+  // As gemm: row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
+  const cublasOperation_t ob = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t oa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int n = static_cast<int>(N), m = static_cast<int>(M), k = static_cast<int>(K);
+  const int count = static_cast<int>(batch.count);
+  if (dtype == DType::F32) {
+    const float alpha = 1.0f, b = static_cast<float>(beta);
+    check_cublas(
+        cublas().sgemm_strided_batched(
+            h.handle, ob, oa, n, m, k, &alpha, static_cast<const float*>(B), static_cast<int>(ldb),
+            batch.stride_b, static_cast<const float*>(A), static_cast<int>(lda), batch.stride_a, &b,
+            static_cast<float*>(C), static_cast<int>(ldc), batch.stride_c, count),
+        "cublasSgemmStridedBatched");
+  } else {
+    MW_CHECK_T(ShapeError, dtype == DType::F64, "batched gemm on CUDA: expected f32 or f64, got ",
+               dtype_name(dtype));
+    const double alpha = 1.0;
+    check_cublas(
+        cublas().dgemm_strided_batched(
+            h.handle, ob, oa, n, m, k, &alpha, static_cast<const double*>(B), static_cast<int>(ldb),
+            batch.stride_b, static_cast<const double*>(A), static_cast<int>(lda), batch.stride_a,
+            &beta, static_cast<double*>(C), static_cast<int>(ldc), batch.stride_c, count),
+        "cublasDgemmStridedBatched");
+  }
+}
+
 void fill_rows(Tensor& out, const Tensor& bias_in) {
   use_device_of("linear", out, {&bias_in});
   Tensor bias = bias_in.contiguous();

@@ -25,6 +25,10 @@ void gemm(int, DType, bool, bool, int64_t, int64_t, int64_t, const void*, int64_
           int64_t, double, void*, int64_t) {
   no_cuda("gemm");
 }
+void gemm_batched(int, DType, bool, bool, int64_t, int64_t, int64_t, const void*, int64_t,
+                  const void*, int64_t, double, void*, int64_t, const GemmBatch&) {
+  no_cuda("gemm_batched");
+}
 void fill_rows(Tensor&, const Tensor&) { no_cuda("linear"); }
 Tensor column_sums(const Tensor&) { no_cuda("linear_backward"); }
 Tensor embedding(const Tensor&, const Tensor&) { no_cuda("embedding"); }
