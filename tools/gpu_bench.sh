@@ -10,6 +10,7 @@
 # 2. The paths the tests do not reach on a GPU, each run once on GPT-2 small: bf16, recomputation,
 #    Gemini auto and static (parameters and states on the host), HF save then --init-from.
 # Everything goes to $OUT/bench.log; the last lines printed are a summary table.
+# `bash tools/gpu_bench.sh quick`: only the comparison of GPT-2 small B8 T1024 and medium B4 T1024.
 set -uo pipefail
 out=${OUT:-/tmp/out}; log=$out/bench.log
 runs=/tmp/gpu-bench; mkdir -p "$out" "$runs"  # one file per run here ($OUT brings back 8 files at most)
@@ -29,21 +30,38 @@ run() {
   return $rc
 }
 
-# memwall's and PyTorch's median step for one shape, torch first then memwall.
+# "median ms / device peak MiB / first loss" from a torch_gpt2_bench.py --json output file.
+torch_figures() {
+  python3 -c 'import json, sys
+j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+print("%.1f ms / %.0f MiB / loss0 %.4f" % (j["median_step_ms"], j["device_peak_mb"], j["losses"][0]))' \
+    "$1" 2>/dev/null || echo "failed"
+}
+
+# One shape: PyTorch with HF's eager attention, PyTorch with its fused SDPA, then memwall.
 compare() {
-  local model=$1 batch=$2 seq=$3 steps=$4 tag="$1-b$2-t$3"
-  run "torch-$tag" 150 python3 tools/torch_gpt2_bench.py --device cuda --model "$model" \
-    --batch "$batch" --seq "$seq" --steps "$steps" --json
+  local model=$1 batch=$2 seq=$3 steps=$4 tag="$1-b$2-t$3" a
+  for a in eager sdpa; do
+    run "torch-$a-$tag" 150 python3 tools/torch_gpt2_bench.py --device cuda --model "$model" \
+      --batch "$batch" --seq "$seq" --steps "$steps" --attention "$a" --json
+  done
   run "mw-$tag" 150 "$train" --device cuda --model "$model" --batch "$batch" --seq "$seq" \
     --steps "$steps" --dropout 0
-  local t m tp
-  t=$(grep -o '"median_step_ms": [0-9.]*' "$runs/torch-$tag.txt" | grep -o '[0-9.]*$')
-  tp=$(grep -o '"device_peak_mb": [0-9.]*' "$runs/torch-$tag.txt" | grep -o '[0-9.]*$')
-  m=$(grep -o 'median step: [0-9.]* ms' "$runs/mw-$tag.txt" | grep -o '[0-9.]* ')
-  summary+=("$tag  torch ${t:-?} ms (peak ${tp:-?} MB)  memwall ${m:-?}ms")
+  local m mp
+  m=$(grep -o 'median step: [0-9.]* ms' "$runs/mw-$tag.txt" | grep -o '[0-9][0-9.]*')
+  mp=$(grep -o 'cuda:0 peak [0-9]* MiB' "$runs/mw-$tag.txt" | tail -1)
+  summary+=("$tag  torch eager $(torch_figures "$runs/torch-eager-$tag.txt") | torch sdpa \
+$(torch_figures "$runs/torch-sdpa-$tag.txt") | memwall ${m:-?} ms ${mp:-?} loss0 \
+$(grep -o '^\[0\] loss: [0-9.]*' "$runs/mw-$tag.txt" | grep -o '[0-9.]*$')")
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader >>"$log"
+if [[ ${1:-} == quick ]]; then  # the fp32 comparison alone, for a short lease
+  compare small 8 1024 8
+  compare medium 4 1024 6
+  printf '%s\n' "${summary[@]}"
+  exit 0
+fi
 compare small 4 128 10
 compare small 8 1024 8
 compare medium 4 1024 6

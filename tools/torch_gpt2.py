@@ -110,6 +110,11 @@ class Conv1D(nn.Module):
 
 
 class Attention(nn.Module):
+    # False: HF's eager attention, written out below (the T x T scores are materialised and saved
+    # for backward). True: torch's fused F.scaled_dot_product_attention (HF attn_implementation
+    # "sdpa"); same function, computed by flash or memory-efficient kernels where torch has them.
+    use_sdpa = False
+
     def __init__(self, cfg):
         super().__init__()
         C = cfg.n_embd
@@ -135,6 +140,10 @@ class Attention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
+        if self.use_sdpa:
+            p = self.attn_dropout.p if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            return self.resid_dropout(self.c_proj(y.permute(0, 2, 1, 3).contiguous().view(B, T, C)))
         scores = torch.matmul(q, k.transpose(-1, -2))  # [B, H, T, T]
         scores = scores / torch.full([], v.size(-1) ** 0.5, dtype=scores.dtype, device=scores.device)
         mask = self.causal[:, :, :T, :T]

@@ -116,6 +116,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="cpu | cuda[:N] (default cpu)")
+    ap.add_argument("--attention", default="eager", choices=["eager", "sdpa"],
+                    help="eager: HF's written-out attention (default); sdpa: torch's fused kernel")
     ap.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     args = ap.parse_args()
     if args.steps < 1 or args.batch < 1 or args.seq < 2 or args.threads < 1:
@@ -129,6 +131,10 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
+    tg.Attention.use_sdpa = args.attention == "sdpa"
+    if tg.Attention.use_sdpa and not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+        print(f"error: --attention sdpa needs torch >= 2.0 (this is {torch.__version__})", file=sys.stderr)
+        return 2
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # memwall's cuBLAS GEMMs are plain fp32
         torch.backends.cudnn.allow_tf32 = False
@@ -177,6 +183,7 @@ def main():
             "gemm_gflops_after": gemm_after,
             "losses": losses,
             "device": str(device),
+            "attention": args.attention,
         }
         if device.type == "cuda":
             summary["device_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
