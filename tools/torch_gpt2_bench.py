@@ -107,7 +107,7 @@ def environment():
     }
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="small", choices=sorted(tg.PRESETS))
     ap.add_argument("--batch", type=int, default=4)
@@ -119,7 +119,25 @@ def main():
     ap.add_argument("--attention", default="eager", choices=["eager", "sdpa"],
                     help="eager: HF's written-out attention (default); sdpa: torch's fused kernel")
     ap.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def select_device(args):
+    """The torch.device to run on, with memwall's settings (no TF32, the chosen attention); None
+    after printing why when that is impossible."""
+    device = torch.device(args.device)
+    tg.Attention.use_sdpa = args.attention == "sdpa"
+    if tg.Attention.use_sdpa and not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+        print(f"error: --attention sdpa needs torch >= 2.0 (this is {torch.__version__})", file=sys.stderr)
+        return None
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # memwall's cuBLAS GEMMs are plain fp32
+        torch.backends.cudnn.allow_tf32 = False
+    return device
+
+
+def main():
+    args = parse_args()
     if args.steps < 1 or args.batch < 1 or args.seq < 2 or args.threads < 1:
         print("error: need --steps >= 1, --batch >= 1, --seq >= 2, --threads >= 1", file=sys.stderr)
         return 2
@@ -130,14 +148,9 @@ def main():
         return 2
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    device = torch.device(args.device)
-    tg.Attention.use_sdpa = args.attention == "sdpa"
-    if tg.Attention.use_sdpa and not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
-        print(f"error: --attention sdpa needs torch >= 2.0 (this is {torch.__version__})", file=sys.stderr)
+    device = select_device(args)
+    if device is None:
         return 2
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False  # memwall's cuBLAS GEMMs are plain fp32
-        torch.backends.cudnn.allow_tf32 = False
 
     t0 = time.perf_counter()
     model = tg.GPT2LMHeadModel(cfg).to(device)

@@ -31,6 +31,10 @@ struct Activations {
   double logits = 0;
   double backward_extra = 0;  // at the LM head's backward: dx [N, C] and wte's gradient [V, C]
   double mlp_grad = 0;        // [N, F]: the gradient inside a block's MLP backward
+  // CUDA: what attention_backward allocates beside the saved tensors (attention_cuda.cpp): dqkv
+  // [N, 3C], per-head copies of q, k, v, dO and dq, dk, dv (7 [N, C]), two score buffers of
+  // B*NH x rows x T with rows = min(128, T, max(1, 2^24 / (B*NH*T))). 0 on the host devices.
+  double attention_backward = 0;
 };
 
 Activations activations(const PlanInputs& in) {
@@ -41,12 +45,22 @@ Activations activations(const PlanInputs& in) {
   Activations a;
   a.input = r(N * C * e);
   const double stats = 4 * r(N * e);  // two layernorms, mean and rstd each
+  // Attention keeps its probabilities [B, NH, T, T] on the host devices, only their log-sum-exp
+  // [B, NH, T] (f32) on CUDA (Note [Attention on CUDA by query blocks]).
+  const double attention = in.device.is_cuda() ? r(B * static_cast<double>(c.n_head) * T * 4)
+                                               : r(B * static_cast<double>(c.n_head) * T * T * e);
   a.block = 5 * a.input + r(3 * N * C * e) + 2 * r(N * static_cast<double>(c.mlp_width()) * e) +
-            stats + r(B * static_cast<double>(c.n_head) * T * T * e);
+            stats + attention;
   a.head = 2 * a.input + 3 * r(N * e);
   a.logits = r(N * static_cast<double>(c.vocab_size) * e);
   a.backward_extra = a.input + r(static_cast<double>(c.vocab_size) * C * e);
   a.mlp_grad = r(N * static_cast<double>(c.mlp_width()) * e);
+  if (in.device.is_cuda()) {
+    const double BNH = B * static_cast<double>(c.n_head);
+    const double rows = std::min({128.0, T, std::max(1.0, std::floor(16777216.0 / (BNH * T)))});
+    a.attention_backward =
+        r(3 * N * C * e) + r(4 * N * C * e) + r(3 * N * C * e) + r(2 * BNH * rows * T * e);
+  }
   return a;
 }
 
@@ -95,11 +109,17 @@ double recomputing_bytes(const Activations& a, const Recomputation& r) {
 }
 
 // Peak bytes of activations (and the gradients in flight with them) over one step.
+// Two moments compete: the LM head's backward (the logits and their gradient) and, on CUDA, the
+// last block's attention backward (its workspace, with the incoming gradient [N, C]).
 double activation_peak(const PlanInputs& in, const Activations& a, std::string* name) {
   const double at_head = a.head + a.logits + a.backward_extra;
   const Recomputation r = recomputation(in, a, name);
-  if (r.longest == 0) return static_cast<double>(in.config.n_layer) * a.block + at_head;
-  return r.stored + std::max(at_head, recomputing_bytes(a, r));
+  if (r.longest == 0)
+    return static_cast<double>(in.config.n_layer) * a.block +
+           std::max(at_head, a.input + a.attention_backward);
+  const double recomputing =
+      recomputing_bytes(a, r) - a.mlp_grad + std::max(a.mlp_grad, a.attention_backward);
+  return r.stored + std::max(at_head, recomputing);
 }
 
 // Elements of each parameter, in the tensor table's order (spec.h).
@@ -507,9 +527,11 @@ MemoryPlan plan_memory(const PlanInputs& global) {
     add(p, "gradients beyond the activations' peak", dev, std::max<int64_t>(0, params - act_peak),
         "no update in backward: all gradients at the end of backward");
   }
-  // HybridAdam keeps a sim device's states on the host unless told otherwise; AdamW beside the
-  // parameters. ZeRO 1 and 2 keep this rank's shard's.
-  const std::string states_tier = (!on_device || (in.states_on_host && !in.adamw)) ? "host" : dev;
+  // HybridAdam keeps a sim device's states on the host unless told otherwise, a CUDA device's on
+  // the device (its fused kernel steps them there); AdamW beside the parameters. ZeRO 1 and 2 keep
+  // this rank's shard's.
+  const bool states_on_host = !on_device || (in.states_on_host && !in.adamw && in.device.is_sim());
+  const std::string states_tier = states_on_host ? "host" : dev;
   const int64_t states = in.zero_stage >= 1 ? ceil_div(2 * params, in.ranks) : 2 * params;
   const auto on_disk = static_cast<int64_t>(in.nvme_fraction * static_cast<double>(states));
   add(p, "Adam m, v", states_tier, states - on_disk,
