@@ -90,8 +90,8 @@ Tensor dropout(const Tensor& x, double p, RngState rng);
 // ---- causal self-attention ----
 // qkv [B, T, 3C] -> out [B, T, C]. On cpu/sim, att [B, NH, T, T] holds the pre-dropout
 // probabilities that backward needs (the mask is regenerated); on CUDA, att is the per-row
-// log-sum-exp [B, NH, T] of the fused kernel (Note [Flash attention on CUDA]), and backward
-// recomputes the probabilities from it.
+// log-sum-exp [B, NH, T] (Note [Attention on CUDA by query blocks]), and backward recomputes the
+// probabilities from it.
 struct AttentionOut {
   Tensor out, att;
 };
@@ -99,6 +99,11 @@ AttentionOut attention(const Tensor& qkv, int64_t n_head, double attn_dropout, R
 // Returns dqkv [B, T, 3C].
 Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att, int64_t n_head,
                           double attn_dropout, RngState rng);
+// qkv [B, T, 3C] split into n_head heads, checked (ShapeError naming what does not fit).
+struct AttentionDims {
+  int64_t B, T, C, NH, hs;
+};
+AttentionDims attention_dims(const Tensor& qkv, int64_t n_head);
 
 // ---- fused shifted cross-entropy ----
 // loss = mean over b, t < T-1 of -log softmax(logits[b, t])[ids[b, t+1]]   (ColossalAI GPTLMLoss)

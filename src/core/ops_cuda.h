@@ -6,7 +6,7 @@
 //
 // Differences from the CPU ops, each by design (docs/cuda.md):
 //   - attention's AttentionOut::att is the per-row log-sum-exp [B, NH, T], not the probabilities
-//     (Note [Flash attention on CUDA]); attention_backward takes that lse.
+//     (Note [Attention on CUDA by query blocks]); attention_backward takes that lse.
 //   - every reduction is deterministic, but sums may be combined in another order than on the CPU,
 //     and nvcc contracts a*b+c into FMAs, so float results agree to rounding, not bitwise. Dropout
 //     masks and the embedding backward's summation order are bitwise equal to the CPU's.

@@ -17,13 +17,7 @@
 
 namespace mw::ops {
 
-namespace {
-
-struct Dims {
-  int64_t B, T, C, NH, hs;
-};
-
-Dims attention_dims(const Tensor& qkv, int64_t n_head) {
+AttentionDims attention_dims(const Tensor& qkv, int64_t n_head) {
   MW_CHECK_T(ShapeError, qkv.dim() == 3 && qkv.size(2) % 3 == 0,
              "attention: expected qkv [B, T, 3C], got ", qkv.desc());
   const int64_t C = qkv.size(2) / 3;
@@ -31,6 +25,10 @@ Dims attention_dims(const Tensor& qkv, int64_t n_head) {
              " channels do not split into ", n_head, " heads");
   return {qkv.size(0), qkv.size(1), C, n_head, C / n_head};
 }
+
+namespace {
+
+using Dims = AttentionDims;
 
 // Element index of (b, h, t, s) in att, the counter used for its dropout draw.
 inline uint64_t att_index(const Dims& d, int64_t b, int64_t h, int64_t t, int64_t s) {

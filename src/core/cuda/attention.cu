@@ -40,31 +40,28 @@ __device__ T keep_of(double p, T keep_scale, RngState rng, int64_t bh, int64_t T
   return random_uniform(rng, index) >= p ? keep_scale : T(0);
 }
 
-// dst [parts][B][NH][T][hs] from src [B][T][parts * C]: one thread per destination element.
-template <typename T>
-__global__ void split_heads_kernel(const T* src, T* dst, int64_t B, int64_t T_len, int64_t C,
-                                   int64_t NH, int parts) {
-  const int64_t hs = C / NH, n = parts * B * T_len * C;
-  MW_GRID_STRIDE(i, n) {
-    int64_t r = i / hs;
-    const int64_t d = i % hs, t = r % T_len;
-    r /= T_len;
-    const int64_t h = r % NH, b = (r / NH) % B, part = r / (NH * B);
-    dst[i] = src[(b * T_len + t) * parts * C + part * C + h * hs + d];
-  }
+// Element i of the planes [parts][B][NH][T][hs] sits at this offset of the interleaved
+// [B][T][parts * C] tensor.
+__device__ inline int64_t interleaved_offset(int64_t i, int64_t B, int64_t T_len, int64_t C,
+                                             int64_t NH, int parts) {
+  const int64_t hs = C / NH;
+  int64_t r = i / hs;
+  const int64_t d = i % hs, t = r % T_len;
+  r /= T_len;
+  const int64_t h = r % NH, b = (r / NH) % B, part = r / (NH * B);
+  return (b * T_len + t) * parts * C + part * C + h * hs + d;
 }
 
-// The inverse: dst [B][T][parts * C] from src [parts][B][NH][T][hs].
-template <typename T>
-__global__ void merge_heads_kernel(const T* src, T* dst, int64_t B, int64_t T_len, int64_t C,
-                                   int64_t NH, int parts) {
-  const int64_t hs = C / NH, n = parts * B * T_len * C;
-  MW_GRID_STRIDE(i, n) {
-    int64_t r = i / hs;
-    const int64_t d = i % hs, t = r % T_len;
-    r /= T_len;
-    const int64_t h = r % NH, b = (r / NH) % B, part = r / (NH * B);
-    dst[(b * T_len + t) * parts * C + part * C + h * hs + d] = src[i];
+// To planes (split) or back (merge): one thread per element.
+template <typename T, bool Split>
+__global__ void heads_kernel(const T* src, T* dst, int64_t B, int64_t T_len, int64_t C, int64_t NH,
+                             int parts) {
+  MW_GRID_STRIDE(i, parts * B * T_len * C) {
+    const int64_t j = interleaved_offset(i, B, T_len, C, NH, parts);
+    if (Split)
+      dst[i] = src[j];
+    else
+      dst[j] = src[i];
   }
 }
 
@@ -128,7 +125,7 @@ template <typename T>
 void split_heads(const T* src, T* dst, int64_t B, int64_t T_len, int64_t C, int64_t NH, int parts) {
   const int64_t n = parts * B * T_len * C;
   if (n == 0) return;
-  split_heads_kernel<T><<<grid_for(n), kThreads>>>(src, dst, B, T_len, C, NH, parts);
+  heads_kernel<T, true><<<grid_for(n), kThreads>>>(src, dst, B, T_len, C, NH, parts);
   check_kernel_launch("attention (split heads)");
 }
 
@@ -136,7 +133,7 @@ template <typename T>
 void merge_heads(const T* src, T* dst, int64_t B, int64_t T_len, int64_t C, int64_t NH, int parts) {
   const int64_t n = parts * B * T_len * C;
   if (n == 0) return;
-  merge_heads_kernel<T><<<grid_for(n), kThreads>>>(src, dst, B, T_len, C, NH, parts);
+  heads_kernel<T, false><<<grid_for(n), kThreads>>>(src, dst, B, T_len, C, NH, parts);
   check_kernel_launch("attention (merge heads)");
 }
 

@@ -9,19 +9,6 @@ namespace mw::ops::cuda {
 
 namespace {
 
-struct AttentionDims {
-  int64_t B, T, C, NH, hs;
-};
-
-AttentionDims attention_dims(const Tensor& qkv, int64_t n_head) {
-  MW_CHECK_T(ShapeError, qkv.dim() == 3 && qkv.size(2) % 3 == 0,
-             "attention: expected qkv [B, T, 3C], got ", qkv.desc());
-  const int64_t C = qkv.size(2) / 3;
-  MW_CHECK_T(ShapeError, n_head > 0 && C % n_head == 0, "attention: ", C,
-             " channels do not split into ", n_head, " heads");
-  return {qkv.size(0), qkv.size(1), C, n_head, C / n_head};
-}
-
 // Query rows per block: at most 128 (a block's products are already large enough to run near
 // cuBLAS's rate, and smaller blocks waste less of the masked triangle), and few enough that one
 // block's scores [B*NH, rows, keys <= T] stay under kScoreElements (64 MiB of f32).

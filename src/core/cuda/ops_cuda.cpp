@@ -240,17 +240,23 @@ LockedHandle cublas_handle(int device) {
   return {std::move(lock), h};
 }
 
+// The device made current and its handle, after checking that every dimension, leading
+// dimension and batch count fits cuBLAS's 32-bit int.
+LockedHandle gemm_handle(int device_index, std::initializer_list<int64_t> dims) {
+  for (int64_t v : dims)
+    MW_CHECK_T(ShapeError, v <= INT32_MAX, "gemm on CUDA: dimension or count ", v,
+               " exceeds cuBLAS's 32-bit limit; split the product");
+  check_cuda(cudaSetDevice(device_index), "cudaSetDevice(", device_index, ") for gemm");
+  return cublas_handle(device_index);
+}
+
 }  // namespace
 
 void gemm(int device_index, DType dtype, bool trans_a, bool trans_b, int64_t M, int64_t N,
           int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, double beta, void* C,
           int64_t ldc) {
   if (M == 0 || N == 0) return;
-  for (int64_t v : {M, N, K, lda, ldb, ldc})
-    MW_CHECK_T(ShapeError, v <= INT32_MAX, "gemm on CUDA: dimension or leading dimension ", v,
-               " exceeds cuBLAS's 32-bit limit; split the product");
-  check_cuda(cudaSetDevice(device_index), "cudaSetDevice(", device_index, ") for gemm");
-  LockedHandle h = cublas_handle(device_index);
+  LockedHandle h = gemm_handle(device_index, {M, N, K, lda, ldb, ldc});
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
   const cublasOperation_t ob = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t oa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -278,11 +284,7 @@ void gemm_batched(int device_index, DType dtype, bool trans_a, bool trans_b, int
                   int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, double beta,
                   void* C, int64_t ldc, const GemmBatch& batch) {
   if (M == 0 || N == 0 || batch.count == 0) return;
-  for (int64_t v : {M, N, K, lda, ldb, ldc, batch.count})
-    MW_CHECK_T(ShapeError, v <= INT32_MAX, "batched gemm on CUDA: dimension or count ", v,
-               " exceeds cuBLAS's 32-bit limit; split the product");
-  check_cuda(cudaSetDevice(device_index), "cudaSetDevice(", device_index, ") for gemm_batched");
-  LockedHandle h = cublas_handle(device_index);
+  LockedHandle h = gemm_handle(device_index, {M, N, K, lda, ldb, ldc, batch.count});
   // As gemm: row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
   const cublasOperation_t ob = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t oa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
