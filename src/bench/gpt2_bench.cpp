@@ -163,9 +163,11 @@ TorchPeer run_torch_peer(const std::string& source_dir, const std::string& model
   }
   int status = pclose(pipe);
   if (status != 0 || last_json.empty()) {
-    r.note =
-        "the PyTorch peer failed (is python3-torch installed? apt-get install python3-torch "
-        "libjemalloc2)";
+    r.note = device.is_cuda()
+                 ? "the PyTorch peer failed (does the python3 on PATH have a CUDA-enabled torch? "
+                   "its output is above)"
+                 : "the PyTorch peer failed (is python3-torch installed? apt-get install "
+                   "python3-torch libjemalloc2)";
     return r;
   }
   json::Value v = json::parse(last_json, "torch_gpt2_bench.py output");
