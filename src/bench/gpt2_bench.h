@@ -17,7 +17,10 @@ namespace mw::bench {
 struct Gpt2StepTiming {
   double median_ms = 0, gemm_ms_per_step = 0, gemm_gflops = 0;
   int64_t peak_rss_bytes = 0, gemm_flops_per_step = 0;
-  Device device;                  // where the model trained
+  Device device;  // where the model trained
+  // False on CUDA unless CUDA_LAUNCH_BLOCKING=1: kernels and cuBLAS calls return before the GPU
+  // runs them, so the GEMM and per-op times are launch times and the report leaves them out.
+  bool ops_timed = true;
   int64_t device_peak_bytes = 0;  // a CUDA device's allocator peak over the steps (0 on the cpu)
   // per-phase times of the measured steps; *_other is the phase minus its gemm() time
   std::vector<double> forward_ms, backward_ms, optimizer_ms, forward_other_ms, backward_other_ms;

@@ -132,6 +132,11 @@ TEST(Gpt2Bench, TheReportWithoutAPeerSaysWhyAndTheJsonLineHasTheRatios) {
   EXPECT_TRUE(has(cuda, "device peak (MiB)                     300         1200     0.25")) << cuda;
   EXPECT_TRUE(has(cuda, "\"device\":\"cuda:0\"")) << cuda;
   EXPECT_TRUE(has(cuda, "\"torch_device_peak_mb\":1200")) << cuda;
+  // Without CUDA_LAUNCH_BLOCKING=1 the host clocks only see launches: no GEMM time, no op table.
+  ours.ops_timed = false;
+  const std::string async = gpt2_bench_report("tiny", ours, iso, torch, false);
+  EXPECT_TRUE(has(async, "its time and the per-op table need CUDA_LAUNCH_BLOCKING=1")) << async;
+  EXPECT_FALSE(has(async, "% of the step")) << async;
 }
 
 TEST(Gpt2Bench, TinyStepsAreTimedAndLogged) {
