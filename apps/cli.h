@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "core/interrupt.h"
@@ -187,6 +188,18 @@ inline std::vector<int32_t> token_ids(const std::string& option, const std::stri
     }
     if (comma == std::string::npos) return ids;
     start = comma + 1;
+  }
+}
+
+// --device cuda[:N], checked now: a build without CUDA, or no such GPU, is a UsageError naming the
+// reason before any work.
+inline Device cuda_device(const std::string& text) {
+  try {
+    Device d = parse_device(text);
+    allocator_for(d);  // throws DeviceError when the GPU is not there
+    return d;
+  } catch (const Error& e) {
+    throw UsageError(str("--device '", text, "': ", e.what()));
   }
 }
 

@@ -9,7 +9,6 @@
 #include "bench/gpt2_bench.h"
 
 #include "cli.h"
-#include "core/allocator.h"
 #include "core/parallel.h"
 #include "optim/adam_cpu.h"
 
@@ -21,13 +20,7 @@ Device bench_device(const std::string& text) {
   if (text == "cpu") return Device::cpu();
   MW_CHECK_T(cli::UsageError, text.rfind("cuda", 0) == 0,
              str("--device '", text, "': expected cpu or cuda[:N]"));
-  try {
-    Device d = parse_device(text);
-    allocator_for(d);  // throws DeviceError when the GPU is not there
-    return d;
-  } catch (const Error& e) {
-    throw cli::UsageError(str("--device '", text, "': ", e.what()));
-  }
+  return cli::cuda_device(text);
 }
 
 int run(const cli::Parser& p) {

@@ -311,12 +311,7 @@ void parse_device_option(const cli::Parser& p, Options& o) {
       }
     }
   } else if (kind == "cuda") {
-    try {  // a build without CUDA, or no visible GPU, is a clear error now rather than mid-run
-      o.device = parse_device(dev);
-      allocator_for(o.device);
-    } catch (const Error& e) {
-      throw cli::UsageError(str("--device '", dev, "': ", e.what()));
-    }
+    o.device = cli::cuda_device(dev);
   } else if (dev != "cpu") {
     throw cli::UsageError(
         str("--device '", dev, "': expected cpu, sim[:CAPACITY] such as sim:4GiB, or cuda[:N]"));

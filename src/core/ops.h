@@ -104,6 +104,10 @@ struct AttentionDims {
   int64_t B, T, C, NH, hs;
 };
 AttentionDims attention_dims(const Tensor& qkv, int64_t n_head);
+// Query rows per block of the CUDA attention (Note [Attention on CUDA by query blocks]): at most
+// 128 and at most T, and few enough that one block's scores [B*NH, rows, <= T] stay within 2^24
+// elements; at least 1. The memory plan counts the same blocks.
+int64_t cuda_attention_block_rows(int64_t B, int64_t NH, int64_t T);
 
 // ---- fused shifted cross-entropy ----
 // loss = mean over b, t < T-1 of -log softmax(logits[b, t])[ids[b, t+1]]   (ColossalAI GPTLMLoss)

@@ -8,6 +8,7 @@
 
 #include "core/allocator.h"
 #include "core/error.h"
+#include "core/ops.h"
 #include "models/gpt2/spec.h"
 #include "nn/checkpoint.h"
 #include "offload/gemini/chunk_search.h"
@@ -33,7 +34,7 @@ struct Activations {
   double mlp_grad = 0;        // [N, F]: the gradient inside a block's MLP backward
   // CUDA: what attention_backward allocates beside the saved tensors (attention_cuda.cpp): dqkv
   // [N, 3C], per-head copies of q, k, v, dO and dq, dk, dv (7 [N, C]), two score buffers of
-  // B*NH x rows x T with rows = min(128, T, max(1, 2^24 / (B*NH*T))). 0 on the host devices.
+  // B*NH x rows x T (rows: ops::cuda_attention_block_rows). 0 on the host devices.
   double attention_backward = 0;
 };
 
@@ -57,7 +58,8 @@ Activations activations(const PlanInputs& in) {
   a.mlp_grad = r(N * static_cast<double>(c.mlp_width()) * e);
   if (in.device.is_cuda()) {
     const double BNH = B * static_cast<double>(c.n_head);
-    const double rows = std::min({128.0, T, std::max(1.0, std::floor(16777216.0 / (BNH * T)))});
+    const auto rows =
+        static_cast<double>(ops::cuda_attention_block_rows(in.batch, c.n_head, in.seq));
     a.attention_backward =
         r(3 * N * C * e) + r(4 * N * C * e) + r(3 * N * C * e) + r(2 * BNH * rows * T * e);
   }

@@ -6,6 +6,7 @@
 // the pre-dropout probabilities for backward; the dropout mask is regenerated from its RngState
 // (Note [Counter-based dropout]).
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -24,6 +25,14 @@ AttentionDims attention_dims(const Tensor& qkv, int64_t n_head) {
   MW_CHECK_T(ShapeError, n_head > 0 && C % n_head == 0, "attention: ", C,
              " channels do not split into ", n_head, " heads");
   return {qkv.size(0), qkv.size(1), C, n_head, C / n_head};
+}
+
+int64_t cuda_attention_block_rows(int64_t B, int64_t NH, int64_t T) {
+  constexpr double kScoreElements = 16777216.0;  // 2^24: 64 MiB of f32 scores
+  const double per_row =
+      std::max(1.0, static_cast<double>(B) * static_cast<double>(NH) * static_cast<double>(T));
+  const auto fits = static_cast<int64_t>(std::min(kScoreElements / per_row, 128.0));
+  return std::clamp<int64_t>(fits, 1, std::max<int64_t>(1, std::min<int64_t>(128, T)));
 }
 
 namespace {

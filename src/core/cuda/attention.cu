@@ -27,10 +27,6 @@ namespace {
 
 constexpr int kRowThreads = 128;  // threads per score row (rows hold at most T keys)
 
-unsigned row_grid(int64_t rows) {
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(rows, 65535 * 8)));
-}
-
 // keep_scale where element (bh, t, s) survives attention dropout, 0 where dropped; 1 without it.
 template <typename T>
 __device__ T keep_of(double p, T keep_scale, RngState rng, int64_t bh, int64_t T_len, int64_t t,

@@ -9,16 +9,10 @@ namespace mw::ops::cuda {
 
 namespace {
 
-// Query rows per block: at most 128 (a block's products are already large enough to run near
-// cuBLAS's rate, and smaller blocks waste less of the masked triangle), and few enough that one
-// block's scores [B*NH, rows, keys <= T] stay under kScoreElements (64 MiB of f32).
-constexpr int64_t kMaxBlockRows = 128;
-constexpr int64_t kScoreElements = int64_t{1} << 24;
-
-int64_t block_rows(const AttentionDims& d) {
-  const int64_t per_row = std::max<int64_t>(1, d.B * d.NH * d.T);
-  return std::clamp<int64_t>(kScoreElements / per_row, 1, std::min(kMaxBlockRows, d.T));
-}
+// Query rows per block (ops::cuda_attention_block_rows): at most 128, as a block's products are
+// then already large enough to run near cuBLAS's rate and smaller blocks waste less of the masked
+// triangle; fewer when a block's scores would pass 64 MiB of f32.
+int64_t block_rows(const AttentionDims& d) { return cuda_attention_block_rows(d.B, d.NH, d.T); }
 
 // The per-head products of one block: every (batch, head) at once, planes T*hs elements apart.
 struct HeadProducts {

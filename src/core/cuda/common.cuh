@@ -19,6 +19,12 @@ inline unsigned grid_for(int64_t n) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, 65535 * 8)));
 }
 
+// Blocks for a loop over rows, one block per row at a time (the kernels stride by gridDim.x):
+// one per row up to 2^20, never zero.
+inline unsigned row_grid(int64_t rows) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(rows, int64_t{1} << 20)));
+}
+
 #define MW_GRID_STRIDE(i, n)                                                             \
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)

@@ -61,10 +61,6 @@ __global__ void ce_backward_kernel(const T* logits, const T* lse, const int64_t*
   }
 }
 
-inline unsigned row_grid(int64_t rows) {
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(rows, int64_t{1} << 20)));
-}
-
 }  // namespace
 
 template <typename T>

@@ -13,10 +13,6 @@ namespace {
 constexpr int kRowThreads = 256;
 constexpr int64_t kChunkRows = 64;
 
-inline unsigned row_grid(int64_t rows) {
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(rows, int64_t{1} << 20)));
-}
-
 template <typename T>
 __global__ void embedding_kernel(const T* table, const int64_t* rows, int64_t n_rows, int64_t C,
                                  T* out) {
