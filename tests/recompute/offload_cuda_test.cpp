@@ -2,9 +2,8 @@
 // GPU and is skipped without one (GTEST_SKIP), and in a build without CUDA only the skip is
 // compiled.
 //
-// memwall has no CUDA forward/backward kernels yet (only the fused Adam), so no GPT-2 step can run
-// on cuda and the bitwise gradient comparison of offload_test.cpp cannot be made here. What these
-// tests check instead, on raw device tensors:
+// These tests check the offloader on raw device tensors (the GPT-2 steps with offload on CUDA are
+// the trainer's; tests/gpt2):
 //  - round trips through pack/unpack are bitwise, for views and shared storages, in background and
 //    synchronous modes, with prefetch cycling;
 //  - the device bytes are held until the device->host copy has finished, then freed;
@@ -14,6 +13,7 @@
 //  - the pinned allocator's statistics show exactly the offloaded bytes.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -71,10 +71,43 @@ Tensor cuda_random(int64_t numel, uint64_t seed) {
 // A cuda tensor of n bytes (as f32), zeroed, then every byte set to `value` by a memset enqueued
 // on the compute stream after ~8 ms of other compute work (24 x 1 GiB memsets at ~3 TB/s): a copy
 // that does not wait for the compute stream reads the zeros.
-Tensor filled_late(int64_t nbytes, unsigned char value, const std::shared_ptr<Storage>& scratch) {
+// Holds the compute stream (the legacy default stream) at a host function from close() until
+// open(): work enqueued after close() cannot start, so "the copy is still in flight" is a fact
+// rather than a race between the GPU and this thread (a busy GPU alone was not enough: on an idle
+// H100 under a parallel ctest, the 8 ms of memsets below finished before the test's next line).
+// The host function gives up after 5 s and says so, so an implementation that waits for the copy
+// fails the test instead of hanging it.
+class StreamGate {
+ public:
+  void close() { EXPECT_EQ(cudaLaunchHostFunc(nullptr, &StreamGate::hold, this), cudaSuccess); }
+  void open() { open_ = true; }
+  bool gave_up() const { return gave_up_; }
+  ~StreamGate() {
+    open();
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+
+ private:
+  static void hold(void* self) {  // runs on CUDA's callback thread; calls no CUDA function
+    auto* gate = static_cast<StreamGate*>(self);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!gate->open_) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        gate->gave_up_ = true;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+  std::atomic<bool> open_{false}, gave_up_{false};
+};
+
+Tensor filled_late(int64_t nbytes, unsigned char value, const std::shared_ptr<Storage>& scratch,
+                   StreamGate* gate = nullptr) {
   Tensor t = Tensor::empty({nbytes / 4}, DType::F32, kCuda);
   EXPECT_EQ(cudaMemset(t.storage()->data(), 0, static_cast<size_t>(nbytes)), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (gate) gate->close();
   for (int i = 0; i < 24; ++i)
     EXPECT_EQ(cudaMemsetAsync(scratch->data(), i, static_cast<size_t>(scratch->nbytes()), nullptr),
               cudaSuccess);
@@ -156,12 +189,14 @@ TEST(ActivationOffloadCuda, DeviceBytesAreHeldUntilTheCopyHasReadThem) {
   const int64_t n = int64_t{64} << 20;
   ActivationOffloader off;  // background
   const int64_t before = cuda_current();
-  Tensor x = filled_late(n, 0x5A, scratch);
+  StreamGate gate;
+  Tensor x = filled_late(n, 0x5A, scratch, &gate);
   auto handle = off.pack(x);
   x = Tensor();
-  // The copy waits behind ~8 ms of compute work, so the worker cannot have dropped the device
+  // The copy waits behind the held compute stream, so the worker cannot have dropped the device
   // storage yet: its bytes are still allocated although forward's reference is gone.
   EXPECT_GE(cuda_current() - before, n) << "device bytes freed while the copy may still read them";
+  gate.open();
   off.wait_idle();
   EXPECT_EQ(cuda_current(), before) << "after the copy the device bytes must be freed";
   EXPECT_EQ(off.stats().to_host_bytes, n);
@@ -174,9 +209,12 @@ TEST(ActivationOffloadCuda, AnUnpackWhileTheCopyIsInFlightServesTheDeviceBytes) 
   auto scratch = busy_scratch();
   const int64_t n = int64_t{16} << 20;
   ActivationOffloader off;
-  Tensor x = filled_late(n, 0x77, scratch);
+  StreamGate gate;
+  Tensor x = filled_late(n, 0x77, scratch, &gate);
   auto handle = off.pack(x);
-  Tensor back = off.unpack(handle);  // the copy cannot be done: ~8 ms of compute work ahead
+  Tensor back = off.unpack(handle);  // the copy cannot be done: the compute stream is held
+  EXPECT_FALSE(gate.gave_up()) << "unpack waited for the device->host copy";
+  gate.open();
   EXPECT_EQ(back.storage().get(), x.storage().get());
   EXPECT_EQ(off.stats().cancelled, 1);
   EXPECT_EQ(off.stats().to_device_bytes, 0);
