@@ -35,20 +35,23 @@ int run(const cli::Parser& p) {
   gpt2::Config config = s.config;
   config.set_dropout(0.0);
   const Device device = bench_device(p.str("device"));
+  const bool bf16 = p.choice("precision", {"fp32", "bf16"}) == "bf16";
+  const DType precision = bf16 ? DType::BF16 : DType::F32;
 
   cli::print(bench::strprintf(
-      "memwall: GPT-2 %s fp32 on %s, B%lld T%lld, %lld steps, %d threads, HybridAdam "
+      "memwall: GPT-2 %s %s on %s, B%lld T%lld, %lld steps, %d threads, HybridAdam "
       "(%s)\n",
-      s.model.c_str(), device.str().c_str(), static_cast<long long>(s.batch),
-      static_cast<long long>(s.seq), static_cast<long long>(s.steps), num_threads(),
-      optim::isa_name(optim::best_isa())));
+      s.model.c_str(), bf16 ? "bf16 autocast" : "fp32", device.str().c_str(),
+      static_cast<long long>(s.batch), static_cast<long long>(s.seq),
+      static_cast<long long>(s.steps), num_threads(), optim::isa_name(optim::best_isa())));
   const bench::Gpt2StepTiming ours =
-      bench::time_gpt2_steps(config, s.batch, s.seq, s.steps, device, cli::print);
-  const bench::IsolatedGemm isolated = bench::time_isolated_gemms(config, s.batch, s.seq, device);
+      bench::time_gpt2_steps(config, s.batch, s.seq, s.steps, device, precision, cli::print);
+  const bench::IsolatedGemm isolated =
+      bench::time_isolated_gemms(config, s.batch, s.seq, device, precision);
   bench::TorchPeer torch;
   if (p.choice("torch", {"auto", "off"}) != "off")
     torch = bench::run_torch_peer(MW_SOURCE_DIR, s.model, s.batch, s.seq, s.steps, num_threads(),
-                                  device, cli::print);
+                                  device, precision, cli::print);
   cli::print(bench::gpt2_bench_report(s.model, ours, isolated, torch, p.has("json")));
   return 0;
 }
@@ -66,6 +69,9 @@ int main(int argc, char** argv) {
            "cpu | cuda[:N] (a CUDA build; the per-op table is GPU time with "
            "CUDA_LAUNCH_BLOCKING=1)");
   p.option("torch", "auto", "auto|off: run the PyTorch peer");
+  p.option("precision", "fp32",
+           "fp32|bf16: bf16 runs the forward and the loss under autocast on both sides "
+           "(docs/precision.md)");
   p.flag("json", "print a JSON summary as the last line");
   return mw::cli::run_main(p, "gpt2_bench", argc, argv,
                            [](const mw::cli::Parser& q) { return mw::run(q); });

@@ -11,6 +11,8 @@
 #    Gemini auto and static (parameters and states on the host), HF save then --init-from.
 # Everything goes to $OUT/bench.log; the last lines printed are a summary table.
 # `bash tools/gpu_bench.sh quick`: only the comparison of GPT-2 small B8 T1024 and medium B4 T1024.
+# `bash tools/gpu_bench.sh bf16`: small B8 T1024 in fp32, then small and medium with autocast bf16
+# on both sides.
 set -uo pipefail
 out=${OUT:-/tmp/out}; log=$out/bench.log
 runs=/tmp/gpu-bench; mkdir -p "$out" "$runs"  # one file per run here ($OUT brings back 8 files at most)
@@ -38,15 +40,17 @@ print("%.1f ms / %.0f MiB / loss0 %.4f" % (j["median_step_ms"], j["device_peak_m
     "$1" 2>/dev/null || echo "failed"
 }
 
-# One shape: PyTorch with HF's eager attention, PyTorch with its fused SDPA, then memwall.
+# One shape in one precision (fp32 unless a fifth argument says bf16): PyTorch with HF's eager
+# attention, PyTorch with its fused SDPA, then memwall.
 compare() {
-  local model=$1 batch=$2 seq=$3 steps=$4 tag="$1-b$2-t$3" a
+  local model=$1 batch=$2 seq=$3 steps=$4 precision=${5:-fp32} a
+  local tag="$1-b$2-t$3${5:+-$5}"
   for a in eager sdpa; do
     run "torch-$a-$tag" 150 python3 tools/torch_gpt2_bench.py --device cuda --model "$model" \
-      --batch "$batch" --seq "$seq" --steps "$steps" --attention "$a" --json
+      --batch "$batch" --seq "$seq" --steps "$steps" --attention "$a" --precision "$precision" --json
   done
   run "mw-$tag" 150 "$train" --device cuda --model "$model" --batch "$batch" --seq "$seq" \
-    --steps "$steps" --dropout 0
+    --steps "$steps" --dropout 0 --precision "$precision"
   local m mp
   m=$(grep -o 'median step: [0-9.]* ms' "$runs/mw-$tag.txt" | grep -o '[0-9][0-9.]*')
   mp=$(grep -o 'cuda:0 peak [0-9]* MiB' "$runs/mw-$tag.txt" | tail -1)
@@ -59,6 +63,13 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,n
 if [[ ${1:-} == quick ]]; then  # the fp32 comparison alone, for a short lease
   compare small 8 1024 8
   compare medium 4 1024 6
+  printf '%s\n' "${summary[@]}"
+  exit 0
+fi
+if [[ ${1:-} == bf16 ]]; then  # autocast bf16 against torch.autocast, with fp32 small as the anchor
+  compare small 8 1024 8
+  compare small 8 1024 8 bf16
+  compare medium 4 1024 6 bf16
   printf '%s\n' "${summary[@]}"
   exit 0
 fi

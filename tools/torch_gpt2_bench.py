@@ -6,7 +6,9 @@
 
 --device cuda runs the same steps on the GPU (fp32, TF32 off, as memwall's cuBLAS calls), times them with
 torch.cuda.synchronize() before each clock read, and reports torch.cuda.max_memory_allocated as
-"device_peak_mb" beside the RSS.
+"device_peak_mb" beside the RSS. --precision bf16 runs the forward and the loss under
+torch.autocast(dtype=torch.bfloat16) (fp32 master weights and AdamW, as memwall's --precision bf16);
+its GEMM ceiling is then measured in bf16.
 
 Each step is exactly: zero_grad(set_to_none=True); logits = model(ids); loss = mean CE(logits[:, :-1],
 ids[:, 1:]); loss.backward(); optimizer.step(). The model is tools/torch_gpt2.py's HF GPT-2 with dropout
@@ -46,13 +48,13 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def measure_gemm_gflops(n_embd, tokens, device, seconds=1.0):
-    """The ceiling for this run: torch's fp32 GEMM rate on the MLP's shape [tokens, C] @ [C, 4C].
+def measure_gemm_gflops(n_embd, tokens, device, dtype=torch.float32, seconds=1.0):
+    """The ceiling for this run: torch's GEMM rate in `dtype` on the MLP's shape [tokens, C] @ [C, 4C].
 
     Measured in the same process with the same threads (or GPU), so a busy machine lowers both numbers.
     """
-    a = torch.randn(tokens, n_embd, device=device)
-    b = torch.randn(n_embd, 4 * n_embd, device=device)
+    a = torch.randn(tokens, n_embd, device=device).to(dtype)
+    b = torch.randn(n_embd, 4 * n_embd, device=device).to(dtype)
     torch.mm(a, b)  # warm-up: thread pool start, first-touch of the output
     sync(device)
     flop = 2.0 * tokens * n_embd * 4 * n_embd
@@ -75,15 +77,17 @@ def jemalloc_loaded():
         return False
 
 
-def train_steps(model, optimizer, ids, steps):
-    """Times `steps` AdamW training steps; returns the step times (ms) and the losses."""
+def train_steps(model, optimizer, ids, steps, autocast_dtype=None):
+    """Times `steps` AdamW training steps, the forward under autocast to `autocast_dtype` when given;
+    returns the step times (ms) and the losses."""
     step_ms, losses = [], []
     for step in range(steps):
         sync(ids.device)
         t = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        logits = model(ids)
-        loss = tg.lm_loss(logits, ids)
+        with torch.autocast(ids.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            logits = model(ids)
+            loss = tg.lm_loss(logits, ids)
         loss.backward()
         optimizer.step()
         sync(ids.device)
@@ -118,6 +122,8 @@ def parse_args():
     ap.add_argument("--device", default="cpu", help="cpu | cuda[:N] (default cpu)")
     ap.add_argument("--attention", default="eager", choices=["eager", "sdpa"],
                     help="eager: HF's written-out attention (default); sdpa: torch's fused kernel")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                    help="bf16: forward and loss under torch.autocast(dtype=bfloat16)")
     ap.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     return ap.parse_args()
 
@@ -165,9 +171,11 @@ def main():
         flush=True,
     )
 
-    gemm_before = measure_gemm_gflops(cfg.n_embd, args.batch * args.seq, device)
-    step_ms, losses = train_steps(model, optimizer, ids, args.steps)
-    gemm_after = measure_gemm_gflops(cfg.n_embd, args.batch * args.seq, device)
+    low = torch.bfloat16 if args.precision == "bf16" else None
+    gemm_dtype = low or torch.float32
+    gemm_before = measure_gemm_gflops(cfg.n_embd, args.batch * args.seq, device, gemm_dtype)
+    step_ms, losses = train_steps(model, optimizer, ids, args.steps, low)
+    gemm_after = measure_gemm_gflops(cfg.n_embd, args.batch * args.seq, device, gemm_dtype)
     gemm_gflops = 0.5 * (gemm_before + gemm_after)
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     median_ms = statistics.median(step_ms)
@@ -197,6 +205,7 @@ def main():
             "losses": losses,
             "device": str(device),
             "attention": args.attention,
+            "precision": args.precision,
         }
         if device.type == "cuda":
             summary["device_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20

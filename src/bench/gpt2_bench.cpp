@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "autograd/autocast.h"
 #include "autograd/functions.h"
 #include "core/allocator.h"
 #include "core/cuda_stream.h"
@@ -34,7 +35,7 @@ void synchronize(Device device) {
 }  // namespace
 
 Gpt2StepTiming time_gpt2_steps(const gpt2::Config& config, int64_t B, int64_t T, int64_t steps,
-                               Device device, const LineSink& log) {
+                               Device device, DType precision, const LineSink& log) {
   gpt2::GPT2 model(config, 0, DType::F32, device);
   optim::HybridAdamOptions hopts;
   hopts.update_in_backward = true;  // gpt2_train's default (Note [Update in backward])
@@ -51,9 +52,11 @@ Gpt2StepTiming time_gpt2_steps(const gpt2::Config& config, int64_t B, int64_t T,
     synchronize(device);
     const auto t0 = clock_type::now();
     opt.zero_grad();
-    Tensor logits = model(ids);
-    Tensor loss = shifted_cross_entropy(logits, ids);
-    logits = Tensor();
+    Tensor loss;
+    {
+      AutocastGuard autocast(precision);
+      loss = shifted_cross_entropy(model(ids), ids);
+    }
     synchronize(device);
     const auto t1 = clock_type::now();
     const int64_t gemm_fwd_ns = ops::gemm_stats().nanoseconds;
@@ -88,6 +91,7 @@ Gpt2StepTiming time_gpt2_steps(const gpt2::Config& config, int64_t B, int64_t T,
   r.median_ms = median(ms);
   r.peak_rss_bytes = peak_rss_bytes();
   r.device = device;
+  r.precision = precision;
   if (device.is_cuda()) {
     r.device_peak_bytes = allocator_for(device).stats().peak_bytes;
     const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING");
@@ -116,7 +120,8 @@ double median_of_five_ms(Device device, F&& f) {
 }
 }  // namespace
 
-IsolatedGemm time_isolated_gemms(const gpt2::Config& c, int64_t B, int64_t T, Device device) {
+IsolatedGemm time_isolated_gemms(const gpt2::Config& c, int64_t B, int64_t T, Device device,
+                                 DType precision) {
   const int64_t R = B * T, C = c.n_embd, V = c.vocab_size, L = c.n_layer;
   struct Shape {
     int64_t M, K, N;  // forward: [M, K] @ [K, N]
@@ -126,12 +131,12 @@ IsolatedGemm time_isolated_gemms(const gpt2::Config& c, int64_t B, int64_t T, De
       {R, C, 3 * C, L}, {R, C, C, L}, {R, C, 4 * C, L}, {R, 4 * C, C, L}, {R, C, V, 1}};
   double total_ms = 0, total_flops = 0;
   for (const Shape& s : forward) {
-    const DType f32 = DType::F32;
-    Tensor x = Tensor::full({s.M, s.K}, 0.01, f32, device);
-    Tensor w = Tensor::full({s.K, s.N}, 0.02, f32, device);
-    Tensor y = Tensor::empty({s.M, s.N}, f32, device);
-    Tensor dy = Tensor::full({s.M, s.N}, 0.03, f32, device);
-    Tensor dx = Tensor::empty({s.M, s.K}, f32, device), dw = Tensor::empty({s.K, s.N}, f32, device);
+    const DType t = precision;
+    Tensor x = Tensor::full({s.M, s.K}, 0.01, t, device);
+    Tensor w = Tensor::full({s.K, s.N}, 0.02, t, device);
+    Tensor y = Tensor::empty({s.M, s.N}, t, device);
+    Tensor dy = Tensor::full({s.M, s.N}, 0.03, t, device);
+    Tensor dx = Tensor::empty({s.M, s.K}, t, device), dw = Tensor::empty({s.K, s.N}, t, device);
     // forward, grad wrt input, grad wrt weight: the three products of a linear layer
     double ms = median_of_five_ms(device, [&] { ops::gemm(x, false, w, false, y, false); }) +
                 median_of_five_ms(device, [&] { ops::gemm(dy, false, w, true, dx, false); }) +
@@ -143,11 +148,12 @@ IsolatedGemm time_isolated_gemms(const gpt2::Config& c, int64_t B, int64_t T, De
 }
 
 TorchPeer run_torch_peer(const std::string& source_dir, const std::string& model, int64_t B,
-                         int64_t T, int64_t steps, int threads, Device device,
+                         int64_t T, int64_t steps, int threads, Device device, DType precision,
                          const LineSink& log) {
   TorchPeer r;
-  const std::string shape = str(" --model ", model, " --batch ", B, " --seq ", T, " --steps ",
-                                steps, " --threads ", threads, " --json 2>&1");
+  const std::string shape =
+      str(" --model ", model, " --batch ", B, " --seq ", T, " --steps ", steps, " --threads ",
+          threads, precision == DType::BF16 ? " --precision bf16" : "", " --json 2>&1");
   const std::string cmd =
       device.is_cuda()
           ? str("python3 ", source_dir, "/tools/torch_gpt2_bench.py --device ", device.str(), shape)
@@ -296,8 +302,9 @@ std::string gpt2_bench_report(const std::string& model, const Gpt2StepTiming& ou
   const double step_gflops = ours.gemm_flops_per_step / 1e9 / (ours.median_ms / 1e3);
   out += strprintf(
       "achieved: %.1f GFLOP/s over the whole step (its GEMM FLOPs / median step) = %.0f%% of the "
-      "%.1f GFLOP/s sgemm ceiling measured in this run\n",
-      step_gflops, 100.0 * step_gflops / iso.gflops, iso.gflops);
+      "%.1f GFLOP/s %s GEMM ceiling measured in this run\n",
+      step_gflops, 100.0 * step_gflops / iso.gflops, iso.gflops,
+      ours.precision == DType::F32 ? "f32" : dtype_name(ours.precision));
   if (json) out += json_summary(model, ours, iso, torch, step_gflops);
   return out;
 }

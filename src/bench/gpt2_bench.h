@@ -9,6 +9,7 @@
 
 #include "bench/format.h"
 #include "core/device.h"
+#include "core/dtype.h"
 #include "core/op_profile.h"
 #include "models/gpt2/config.h"
 
@@ -17,7 +18,8 @@ namespace mw::bench {
 struct Gpt2StepTiming {
   double median_ms = 0, gemm_ms_per_step = 0, gemm_gflops = 0;
   int64_t peak_rss_bytes = 0, gemm_flops_per_step = 0;
-  Device device;  // where the model trained
+  Device device;                 // where the model trained
+  DType precision = DType::F32;  // autocast's dtype (F32: off)
   // False on CUDA unless CUDA_LAUNCH_BLOCKING=1: kernels and cuBLAS calls return before the GPU
   // runs them, so the GEMM and per-op times are launch times and the report leaves them out.
   bool ops_timed = true;
@@ -31,19 +33,22 @@ struct Gpt2StepTiming {
   int64_t measured_steps = 0;
 };
 
-// `steps` fp32 training steps (HybridAdam, updates in backward, random tokens) on `device` (cpu or
-// cuda:N); the first is a warmup, reported to `log` but not in the medians. On CUDA each phase ends
-// with a device synchronisation, so the phase times are the GPU's; the per-op table is host time
-// (launches are asynchronous) unless the process runs with CUDA_LAUNCH_BLOCKING=1.
+// `steps` training steps (HybridAdam, updates in backward, random tokens) on `device` (cpu or
+// cuda:N), the forward and loss under autocast to `precision` (F32: off; BF16); the first is a
+// warmup, reported to `log` but not in the medians. On CUDA each phase ends with a device
+// synchronisation, so the phase times are the GPU's; the per-op table is host time (launches are
+// asynchronous) unless the process runs with CUDA_LAUNCH_BLOCKING=1.
 Gpt2StepTiming time_gpt2_steps(const gpt2::Config& config, int64_t B, int64_t T, int64_t steps,
-                               Device device, const LineSink& log);
+                               Device device, DType precision, const LineSink& log);
 
 // The ceiling: each GEMM shape of one training step timed alone (median of 5), weighted by how
-// many times a step runs it.
+// many times a step runs it; operands and results in `precision` (autocast's linears multiply
+// bf16 operands).
 struct IsolatedGemm {
   double ms_per_step = 0, gflops = 0;
 };
-IsolatedGemm time_isolated_gemms(const gpt2::Config& config, int64_t B, int64_t T, Device device);
+IsolatedGemm time_isolated_gemms(const gpt2::Config& config, int64_t B, int64_t T, Device device,
+                                 DType precision);
 
 struct TorchPeer {
   bool ok = false;
@@ -54,9 +59,10 @@ struct TorchPeer {
 };
 // On the cpu runs `source_dir`/tools/torch_gpt2_bench.sh tuned (Debian's python3-torch); on CUDA
 // tools/torch_gpt2_bench.py --device cuda:N with the python3 on PATH (the GPU machine's own torch).
-// Its lines go to `log`.
+// Its lines go to `log`. BF16 `precision` runs it with --precision bf16 (torch.autocast).
 TorchPeer run_torch_peer(const std::string& source_dir, const std::string& model, int64_t B,
-                         int64_t T, int64_t steps, int threads, Device device, const LineSink& log);
+                         int64_t T, int64_t steps, int threads, Device device, DType precision,
+                         const LineSink& log);
 
 // The lines after the run: the comparison table, GEMM share, phases, ceiling, and with `json`
 // the JSON summary line.

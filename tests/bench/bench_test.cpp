@@ -142,7 +142,7 @@ TEST(Gpt2Bench, TheReportWithoutAPeerSaysWhyAndTheJsonLineHasTheRatios) {
 TEST(Gpt2Bench, TinyStepsAreTimedAndLogged) {
   Collect log;
   const Gpt2StepTiming t =
-      time_gpt2_steps(gpt2::Config::preset("tiny"), 2, 8, 3, Device::cpu(), log.sink());
+      time_gpt2_steps(gpt2::Config::preset("tiny"), 2, 8, 3, Device::cpu(), DType::F32, log.sink());
   EXPECT_EQ(t.losses.size(), 3u);
   EXPECT_EQ(t.forward_ms.size(), 2u) << "the first step is a warmup";
   EXPECT_TRUE(has(log.text, "  ours [2] loss ")) << log.text;
@@ -170,14 +170,15 @@ TEST(Gpt2BenchCuda, TinyStepsMatchTheCpuAndReportTheDevicePeak) {
   // second run would draw other masks than the first (seen on an H100: 1e-3 apart at step 0).
   gpt2::Config tiny = gpt2::Config::preset("tiny");
   tiny.set_dropout(0.0);
-  const Gpt2StepTiming cpu = time_gpt2_steps(tiny, 2, 8, 3, Device::cpu(), log.sink());
-  const Gpt2StepTiming gpu = time_gpt2_steps(tiny, 2, 8, 3, Device::cuda(0), log.sink());
+  const Gpt2StepTiming cpu = time_gpt2_steps(tiny, 2, 8, 3, Device::cpu(), DType::F32, log.sink());
+  const Gpt2StepTiming gpu =
+      time_gpt2_steps(tiny, 2, 8, 3, Device::cuda(0), DType::F32, log.sink());
   ASSERT_EQ(gpu.losses.size(), cpu.losses.size());
   for (size_t i = 0; i < cpu.losses.size(); ++i)
     EXPECT_NEAR(gpu.losses[i], cpu.losses[i], 1e-4 * std::abs(cpu.losses[i])) << "step " << i;
   EXPECT_GT(gpu.device_peak_bytes, 0);
   EXPECT_EQ(cpu.device_peak_bytes, 0);
-  const IsolatedGemm iso = time_isolated_gemms(tiny, 2, 8, Device::cuda(0));
+  const IsolatedGemm iso = time_isolated_gemms(tiny, 2, 8, Device::cuda(0), DType::F32);
   EXPECT_GT(iso.gflops, 0);
 }
 
