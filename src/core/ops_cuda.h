@@ -24,20 +24,27 @@ Tensor sum_all(const Tensor& x);
 Tensor sum_dim(const Tensor& x, int64_t dim, bool keepdim);
 Tensor expand_dim(const Tensor& g, const Shape& shape, int64_t dim, bool keepdim);
 
-// C[M, N] (row-major, ld ldc) = op(A) @ op(B) (+ C when beta = 1): cuBLAS on device pointers of
-// `dtype` (f32 or f64) on cuda:device_index, operands as ops::gemm's BLAS view (row-major with
-// leading dimensions).
-void gemm(int device_index, DType dtype, bool trans_a, bool trans_b, int64_t M, int64_t N,
+// The dtypes of a product: both operands', and the result's. f32 and f64 products keep their
+// dtype (a DType converts to that); bf16 and f16 operands give their own dtype or f32, rounded
+// once from f32 sums (Note [Products in bf16 and f16 on CUDA], core/cuda/ops_cuda.cpp).
+struct GemmDTypes {
+  DType operands, result;
+  GemmDTypes(DType same) : operands(same), result(same) {}  // NOLINT: implicit on purpose
+  GemmDTypes(DType operands_, DType result_) : operands(operands_), result(result_) {}
+};
+// C[M, N] (row-major, ld ldc) = op(A) @ op(B) (+ C when beta = 1): cuBLAS on device pointers on
+// cuda:device_index, operands as ops::gemm's BLAS view (row-major with leading dimensions).
+void gemm(int device_index, GemmDTypes dtypes, bool trans_a, bool trans_b, int64_t M, int64_t N,
           int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, double beta, void* C,
           int64_t ldc);
-// `batch` such products at once (cublas?gemmStridedBatched): product i reads A + i*stride_a and
+// `batch` such products at once (cublasGemmStridedBatchedEx): product i reads A + i*stride_a and
 // B + i*stride_b and writes C + i*stride_c (strides in elements). Attention's per-head products.
 struct GemmBatch {
   int64_t count, stride_a, stride_b, stride_c;
 };
-void gemm_batched(int device_index, DType dtype, bool trans_a, bool trans_b, int64_t M, int64_t N,
-                  int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, double beta,
-                  void* C, int64_t ldc, const GemmBatch& batch);
+void gemm_batched(int device_index, GemmDTypes dtypes, bool trans_a, bool trans_b, int64_t M,
+                  int64_t N, int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb,
+                  double beta, void* C, int64_t ldc, const GemmBatch& batch);
 // linear's two non-GEMM steps: out [R, N] = bias [N] in every row; the column sums [N] of a 2-D
 // x [R, N] (dbias), deterministic (chunks of rows in order, then the chunks in order).
 void fill_rows(Tensor& out, const Tensor& bias);

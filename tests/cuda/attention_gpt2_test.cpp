@@ -4,6 +4,7 @@
 // same run on the CPU. Skipped without a visible GPU.
 #include <gtest/gtest.h>
 
+#include "autograd/autocast.h"
 #include "autograd/functions.h"
 #include "core/ops.h"
 #include "cuda_test_util.h"
@@ -70,8 +71,10 @@ TEST(CudaAttention, MismatchedShapesAreClearErrors) {
 }
 
 // Losses of `steps` HybridAdam steps of the tiny GPT-2 on `device`, dropout 0.1, from the fixture's
-// weights; the final parameters in `final_params` (on the CPU).
-std::vector<double> train(Device device, int steps, std::vector<Tensor>& final_params) {
+// weights, the forward under autocast to `precision` (f32: off); the final parameters in
+// `final_params` (on the CPU).
+std::vector<double> train(Device device, int steps, std::vector<Tensor>& final_params,
+                          DType precision = DType::F32) {
   const std::string fixture = std::string(MW_SOURCE_DIR) + "/tests/fixtures/gpt2_tiny";
   auto config = gpt2::load_hf_config(fixture);
   config.set_dropout(0.1);
@@ -93,7 +96,11 @@ std::vector<double> train(Device device, int steps, std::vector<Tensor>& final_p
   std::vector<double> losses;
   for (int step = 0; step < steps; ++step) {
     opt.zero_grad();
-    Tensor loss = shifted_cross_entropy(model(ids), ids);
+    Tensor loss;
+    {
+      AutocastGuard autocast(precision);
+      loss = shifted_cross_entropy(model(ids), ids);
+    }
     losses.push_back(loss.item());
     backward(loss);
     opt.step();
@@ -116,6 +123,24 @@ TEST(CudaGpt2, ThreeTrainingStepsMatchTheCpu) {
   ASSERT_EQ(cpu_params.size(), gpu_params.size());
   for (size_t i = 0; i < cpu_params.size(); ++i)
     MW_EXPECT_CLOSE("parameter " + std::to_string(i), gpu_params[i], cpu_params[i], 2e-5, 1e-4);
+}
+
+TEST(CudaGpt2, Bf16TrainingStepsMatchTheCpu) {
+  MW_SKIP_WITHOUT_GPU();
+  // Both devices compute autocast's bf16 policy with the same roundings (each product's f32 sum
+  // rounded once to bf16, Note [Products in bf16 and f16 on CUDA]), the sums in another order: an
+  // output near a bf16 rounding boundary can round the other way, a relative 2^-8 step. The loss
+  // averages many such values (rtol 2e-3, a half-ulp of bf16's 2^-9 = 1.95e-3 at most per value);
+  // Adam's first steps move a weight by about +-lr whatever its gradient's size, so a gradient
+  // near 0 whose sign differs moves it 2 lr the other way: 3 steps, 6e-3 absolute.
+  std::vector<Tensor> cpu_params, gpu_params;
+  const auto cpu_losses = train(Device::cpu(), 3, cpu_params, DType::BF16);
+  const auto gpu_losses = train(gpu(), 3, gpu_params, DType::BF16);
+  MW_EXPECT_CLOSE("losses", Tensor::from_vector(gpu_losses, {3}),
+                  Tensor::from_vector(cpu_losses, {3}), 0, 2e-3);
+  ASSERT_EQ(cpu_params.size(), gpu_params.size());
+  for (size_t i = 0; i < cpu_params.size(); ++i)
+    MW_EXPECT_CLOSE("parameter " + std::to_string(i), gpu_params[i], cpu_params[i], 6e-3, 0);
 }
 
 }  // namespace

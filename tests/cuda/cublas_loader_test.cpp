@@ -28,8 +28,8 @@ TEST(CublasOnFirstUse, IsNotLoadedByCpuWorkAndResolvesEveryEntryPointWhenAsked) 
   const ops::cuda::CublasApi& api = ops::cuda::cublas();
   EXPECT_NE(api.create, nullptr);
   EXPECT_NE(api.set_math_mode, nullptr);
-  EXPECT_NE(api.sgemm, nullptr);
-  EXPECT_NE(api.dgemm, nullptr);
+  EXPECT_NE(api.gemm_ex, nullptr);
+  EXPECT_NE(api.gemm_strided_batched_ex, nullptr);
   ASSERT_NE(api.status_string, nullptr);
   EXPECT_GT(std::strlen(api.status_string(CUBLAS_STATUS_NOT_INITIALIZED)), 0u);  // callable
   void* handle = ::dlopen(soname.c_str(), RTLD_NOW | RTLD_NOLOAD);

@@ -53,6 +53,17 @@ TEST(CudaOps, CopiesFillsAndLayouts) {
   Tensor fh = Tensor::zeros({4, 6});
   fh.narrow(1, 2, 3).fill_(2.5);
   expect_bitwise_equal("fill_ view", f, fh);
+  // Rows of narrowed matrices (one pitched copy) both ways, and a single row.
+  Tensor wide = random_tensor({5, 11}, 3), wd = wide.to(gpu());
+  expect_bitwise_equal("narrowed columns made contiguous", wd.narrow(1, 2, 7).contiguous(),
+                       wide.narrow(1, 2, 7).contiguous());
+  Tensor into = Tensor::zeros({5, 11}, DType::F32, gpu()), into_h = Tensor::zeros({5, 11});
+  Tensor into_view = into.narrow(1, 1, 7), into_h_view = into_h.narrow(1, 1, 7);
+  into_view.copy_(wd.narrow(1, 3, 7));
+  into_h_view.copy_(wide.narrow(1, 3, 7));
+  expect_bitwise_equal("into narrowed columns", into, into_h);
+  expect_bitwise_equal("one narrowed row", wd.narrow(0, 2, 1).narrow(1, 4, 6).contiguous(),
+                       wide.narrow(0, 2, 1).narrow(1, 4, 6).contiguous());
   EXPECT_EQ(Tensor::full({2}, 7.0, DType::I64, gpu()).to_vector<int64_t>(),
             (std::vector<int64_t>{7, 7}));
 }

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/convert.h"
 #include "core/cpu/blas.h"
 #include "core/mixed_ops.h"
 #include "core/ops.h"
@@ -47,6 +48,9 @@ inline uint64_t att_index(const Dims& d, int64_t b, int64_t h, int64_t t, int64_
 }  // namespace
 
 AttentionOut attention(const Tensor& qkv_in, int64_t n_head, double attn_dropout, RngState rng) {
+  // CUDA takes bf16/f16 qkv as they are (Note [Low-precision attention on CUDA]).
+  if (qkv_in.device().is_cuda() && is_low_precision(qkv_in.dtype()))
+    return cuda::attention(qkv_in, n_head, attn_dropout, rng);
   if (mixed::any_low({&qkv_in})) return mixed::attention(qkv_in, n_head, attn_dropout, rng);
   check_float("attention", qkv_in);
   if (qkv_in.device().is_cuda()) return cuda::attention(qkv_in, n_head, attn_dropout, rng);
@@ -99,6 +103,9 @@ AttentionOut attention(const Tensor& qkv_in, int64_t n_head, double attn_dropout
 
 Tensor attention_backward(const Tensor& dout_in, const Tensor& qkv_in, const Tensor& att_in,
                           int64_t n_head, double attn_dropout, RngState rng) {
+  if (qkv_in.device().is_cuda() && is_low_precision(qkv_in.dtype()) &&
+      dout_in.dtype() == qkv_in.dtype())
+    return cuda::attention_backward(dout_in, qkv_in, att_in, n_head, attn_dropout, rng);
   if (mixed::any_low({&dout_in, &qkv_in, &att_in}))
     return mixed::attention_backward(dout_in, qkv_in, att_in, n_head, attn_dropout, rng);
   if (qkv_in.device().is_cuda())

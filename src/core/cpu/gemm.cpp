@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/convert.h"
 #include "core/cpu/blas.h"
 #include "core/mixed_ops.h"
 #include "core/ops.h"
@@ -37,6 +38,13 @@ BlasOperand as_blas(const Tensor& t, bool trans, Tensor& keepalive) {
     return {t.raw_data(), t.stride(1), !trans};  // a transposed view: flip the flag
   keepalive = t.contiguous();
   return {keepalive.raw_data(), std::max<int64_t>(1, keepalive.size(1)), trans};
+}
+
+// bf16 or f16 operands of one dtype on a CUDA device: cuBLAS multiplies them as they are, on
+// tensor cores (Note [Products in bf16 and f16 on CUDA], core/cuda/ops_cuda.cpp), instead of the
+// widening copies of mixed::gemm. The result may be their dtype or f32.
+bool native_low(const Tensor& a, const Tensor& b) {
+  return a.device().is_cuda() && is_low_precision(a.dtype()) && b.dtype() == a.dtype();
 }
 
 // C[M,N] = alpha * op(A) @ op(B) + beta * C, tiled over the larger of M and N.
@@ -74,9 +82,11 @@ void tiled_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, i
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& out,
           bool accumulate) {
-  if (mixed::any_low({&a, &b, &out})) return mixed::gemm(a, trans_a, b, trans_b, out, accumulate);
-  check_float("gemm", a);
-  MW_CHECK_T(ShapeError, a.dtype() == b.dtype() && a.dtype() == out.dtype(),
+  const bool native = native_low(a, b) && (out.dtype() == a.dtype() || out.dtype() == DType::F32);
+  if (!native && mixed::any_low({&a, &b, &out}))
+    return mixed::gemm(a, trans_a, b, trans_b, out, accumulate);
+  if (!native) check_float("gemm", a);
+  MW_CHECK_T(ShapeError, a.dtype() == b.dtype() && (native || a.dtype() == out.dtype()),
              "gemm: dtypes differ: ", a.desc(), ", ", b.desc(), ", ", out.desc());
   MW_CHECK_T(DeviceError, a.device() == b.device() && a.device() == out.device(),
              "gemm: devices differ: ", a.desc(), ", ", b.desc(), ", ", out.desc());
@@ -94,8 +104,8 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   out.bump_version();
   const auto t0 = std::chrono::steady_clock::now();
   if (out.device().is_cuda()) {  // enqueued only: the time counted is the launch's
-    cuda::gemm(out.device().index, a.dtype(), A.trans, B.trans, M, N, K, A.data, A.ld, B.data, B.ld,
-               accumulate ? 1.0 : 0.0, out.raw_data(), std::max<int64_t>(1, N));
+    cuda::gemm(out.device().index, {a.dtype(), out.dtype()}, A.trans, B.trans, M, N, K, A.data,
+               A.ld, B.data, B.ld, accumulate ? 1.0 : 0.0, out.raw_data(), std::max<int64_t>(1, N));
   } else {
     dispatch_float(a.dtype(), "gemm", [&]<typename T>() {
       tiled_gemm<T>(A.trans, B.trans, M, N, K, static_cast<const T*>(A.data), A.ld,
@@ -149,19 +159,22 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
-  if (mixed::any_low({&x, &w, &bias})) return mixed::linear(x, w, bias);
+  const bool native = native_low(x, w);
+  if (!native && mixed::any_low({&x, &w, &bias})) return mixed::linear(x, w, bias);
   MW_CHECK_T(ShapeError, w.dim() == 2 && x.size(-1) == w.size(0), "linear: input ", x.desc(),
              " does not fit weight ", w.desc(), " ([in, out], HF Conv1D layout)");
   const int64_t K = w.size(0), N = w.size(1);
   Tensor x2 = x.reshape({-1, K});
   const int64_t R = x2.size(0);
-  Tensor out = Tensor::empty({R, N}, x.dtype(), x.device());
   bool has_bias = bias.defined();
+  // Low operands with a bias: the bias rows and the product are added in f32 and rounded once.
+  const DType acc = native && has_bias ? DType::F32 : x.dtype();
+  Tensor out = Tensor::empty({R, N}, acc, x.device());
   if (has_bias) {
     MW_CHECK_T(ShapeError, bias.dim() == 1 && bias.size(0) == N, "linear: bias ", bias.desc(),
                " does not fit weight ", w.desc());
     if (out.device().is_cuda()) {
-      cuda::fill_rows(out, bias);
+      cuda::fill_rows(out, bias.to(acc));
     } else {
       dispatch_float(x.dtype(), "linear", [&]<typename T>() {
         const T* bp = bias.contiguous().template data<T>();
@@ -175,12 +188,13 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   gemm(x2, false, w, false, out, has_bias);
   Shape shape = x.shape();
   shape.back() = N;
-  return out.view(shape);
+  return out.to(x.dtype()).view(shape);
 }
 
 LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, bool need_dx,
                             bool need_dw, bool need_dbias) {
-  if (mixed::any_low({&dy, &x, &w}))
+  const bool native = native_low(dy, x) && w.dtype() == x.dtype();
+  if (!native && mixed::any_low({&dy, &x, &w}))
     return mixed::linear_backward(dy, x, w, need_dx, need_dw, need_dbias);
   const int64_t K = w.size(0), N = w.size(1);
   Tensor dy2 = dy.reshape({-1, N}), x2 = x.reshape({-1, K});
@@ -195,8 +209,8 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, 
     g.dw = Tensor::empty({K, N}, w.dtype(), w.device());
     gemm(x2, true, dy2, false, g.dw, false);
   }
-  if (need_dbias && dy.device().is_cuda()) {
-    g.dbias = cuda::column_sums(dy2);
+  if (need_dbias && dy.device().is_cuda()) {  // f32 for low dy, as mixed::linear_backward's
+    g.dbias = cuda::column_sums(native ? dy2.to(DType::F32) : dy2);
   } else if (need_dbias) {
     // Column sums: each thread owns a range of columns and adds rows in order (deterministic), in
     // double (Note [Reductions accumulate in double], layers.cpp).

@@ -18,9 +18,15 @@
 // scores of one block live only inside one call (64 MiB of f32 at most, attention_cuda.cpp).
 // Each row's max and sums come from block_reduce in a fixed order, and cuBLAS is deterministic on
 // one GPU, so runs give the same bits.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cmath>
+#include <type_traits>
 
 #include "core/cuda/common.cuh"
+#include "core/dtype.h"
+#include "core/error.h"
 
 namespace mw::ops::cuda_kernels {
 namespace {
@@ -36,6 +42,17 @@ __device__ T keep_of(double p, T keep_scale, RngState rng, int64_t bh, int64_t T
   return random_uniform(rng, index) >= p ? keep_scale : T(0);
 }
 
+// v stored as P: unchanged when P is T, rounded to nearest even for bf16 and f16.
+template <typename P, typename T>
+__device__ inline P store_as(T v) {
+  if constexpr (std::is_same_v<P, __nv_bfloat16>)
+    return __float2bfloat16_rn(static_cast<float>(v));
+  else if constexpr (std::is_same_v<P, __half>)
+    return __float2half_rn(static_cast<float>(v));
+  else
+    return v;
+}
+
 // Element i of the planes [parts][B][NH][T][hs] sits at this offset of the interleaved
 // [B][T][parts * C] tensor.
 __device__ inline int64_t interleaved_offset(int64_t i, int64_t B, int64_t T_len, int64_t C,
@@ -48,23 +65,24 @@ __device__ inline int64_t interleaved_offset(int64_t i, int64_t B, int64_t T_len
   return (b * T_len + t) * parts * C + part * C + h * hs + d;
 }
 
-// To planes (split) or back (merge): one thread per element.
-template <typename T, bool Split>
-__global__ void heads_kernel(const T* src, T* dst, int64_t B, int64_t T_len, int64_t C, int64_t NH,
-                             int parts) {
+// To planes (split) or back (merge, storing as Dst): one thread per element.
+template <typename Src, typename Dst, bool Split>
+__global__ void heads_kernel(const Src* src, Dst* dst, int64_t B, int64_t T_len, int64_t C,
+                             int64_t NH, int parts) {
   MW_GRID_STRIDE(i, parts * B * T_len * C) {
     const int64_t j = interleaved_offset(i, B, T_len, C, NH, parts);
     if (Split)
       dst[i] = src[j];
     else
-      dst[j] = src[i];
+      dst[j] = store_as<Dst>(src[i]);
   }
 }
 
-// Forward: one block per score row (bh, t); s becomes P~ in place, lse_t is written.
-template <typename T>
+// Forward: one block per score row (bh, t); P~ goes to `probs` (the scores themselves, or their
+// low-precision copy), lse_t is written.
+template <typename T, typename P>
 __global__ void __launch_bounds__(kRowThreads)
-    probs_kernel(T* scores, AttentionBlock blk, double p, RngState rng, T* lse) {
+    probs_kernel(T* scores, P* probs, AttentionBlock blk, double p, RngState rng, T* lse) {
   __shared__ T shared[32];
   const T scale = T(1) / dev_sqrt(static_cast<T>(blk.hs));
   const T keep_scale = static_cast<T>(1.0 / (1.0 - p));
@@ -77,18 +95,21 @@ __global__ void __launch_bounds__(kRowThreads)
     T l = 0;
     for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) l += dev_exp(s[j] * scale - m);
     const T row_lse = m + dev_log(block_reduce<T>(l, shared));
+    P* out = probs + row * blk.keys;
     for (int64_t j = threadIdx.x; j < blk.keys; j += blockDim.x)
-      s[j] = j <= t
-                 ? dev_exp(s[j] * scale - row_lse) * keep_of<T>(p, keep_scale, rng, bh, blk.T, t, j)
-                 : T(0);
+      out[j] = store_as<P>(j <= t ? dev_exp(s[j] * scale - row_lse) *
+                                        keep_of<T>(p, keep_scale, rng, bh, blk.T, t, j)
+                                  : T(0));
     if (threadIdx.x == 0) lse[bh * blk.T + t] = row_lse;
   }
 }
 
-// Backward: one block per score row; s (scores) becomes P~, dp (dO . v) becomes dS.
-template <typename T>
+// Backward: one block per score row; P~ from s (scores) goes to `probs`, dS from dp (dO . v) to
+// `dscores` (in place: the scores and dp themselves; or their low-precision copies).
+template <typename T, typename P>
 __global__ void __launch_bounds__(kRowThreads)
-    grad_scores_kernel(T* scores, T* dp, const T* lse, AttentionBlock blk, double p, RngState rng) {
+    grad_scores_kernel(T* scores, T* dp, P* probs, P* dscores, const T* lse, AttentionBlock blk,
+                       double p, RngState rng) {
   __shared__ T shared[32];
   const T scale = T(1) / dev_sqrt(static_cast<T>(blk.hs));
   const T keep_scale = static_cast<T>(1.0 / (1.0 - p));
@@ -101,16 +122,17 @@ __global__ void __launch_bounds__(kRowThreads)
     for (int64_t j = threadIdx.x; j <= t; j += blockDim.x)
       D += dev_exp(s[j] * scale - row_lse) * keep_of<T>(p, keep_scale, rng, bh, blk.T, t, j) * g[j];
     D = block_reduce<T>(D, shared);
+    P *p_out = probs + row * blk.keys, *ds_out = dscores + row * blk.keys;
     for (int64_t j = threadIdx.x; j < blk.keys; j += blockDim.x) {
+      T pk = 0, ds = 0;
       if (j <= t) {
         const T pr = dev_exp(s[j] * scale - row_lse);
         const T keep = keep_of<T>(p, keep_scale, rng, bh, blk.T, t, j);
-        s[j] = pr * keep;
-        g[j] = pr * (keep * g[j] - D) * scale;
-      } else {
-        s[j] = T(0);
-        g[j] = T(0);
+        pk = pr * keep;
+        ds = pr * (keep * g[j] - D) * scale;
       }
+      p_out[j] = store_as<P>(pk);
+      ds_out[j] = store_as<P>(ds);
     }
   }
 }
@@ -121,7 +143,7 @@ template <typename T>
 void split_heads(const T* src, T* dst, int64_t B, int64_t T_len, int64_t C, int64_t NH, int parts) {
   const int64_t n = parts * B * T_len * C;
   if (n == 0) return;
-  heads_kernel<T, true><<<grid_for(n), kThreads>>>(src, dst, B, T_len, C, NH, parts);
+  heads_kernel<T, T, true><<<grid_for(n), kThreads>>>(src, dst, B, T_len, C, NH, parts);
   check_kernel_launch("attention (split heads)");
 }
 
@@ -129,35 +151,86 @@ template <typename T>
 void merge_heads(const T* src, T* dst, int64_t B, int64_t T_len, int64_t C, int64_t NH, int parts) {
   const int64_t n = parts * B * T_len * C;
   if (n == 0) return;
-  heads_kernel<T, false><<<grid_for(n), kThreads>>>(src, dst, B, T_len, C, NH, parts);
+  heads_kernel<T, T, false><<<grid_for(n), kThreads>>>(src, dst, B, T_len, C, NH, parts);
+  check_kernel_launch("attention (merge heads)");
+}
+
+namespace {
+// f(P{}) with P the device type of a bf16 or f16 DType code.
+template <typename F>
+void with_low_type(int dtype, const char* op, F&& f) {
+  if (dtype == static_cast<int>(DType::BF16))
+    f(__nv_bfloat16{});
+  else if (dtype == static_cast<int>(DType::F16))
+    f(__half{});
+  else
+    throw InvalidArgument(str(op, " (CUDA): expected a bf16 or f16 copy, got dtype code ", dtype));
+}
+}  // namespace
+
+void merge_heads_low(const float* src, void* dst, int low_dtype, int64_t B, int64_t T_len,
+                     int64_t C, int64_t NH, int parts) {
+  const int64_t n = parts * B * T_len * C;
+  if (n == 0) return;
+  with_low_type(low_dtype, "attention (merge heads)", [&](auto low) {
+    using P = decltype(low);
+    heads_kernel<float, P, false>
+        <<<grid_for(n), kThreads>>>(src, static_cast<P*>(dst), B, T_len, C, NH, parts);
+  });
   check_kernel_launch("attention (merge heads)");
 }
 
 template <typename T>
 void attention_probs(T* scores, const AttentionBlock& blk, double attn_dropout, RngState rng,
-                     T* lse) {
+                     T* lse, const LowCopies& low) {
   if (blk.BNH * blk.rows == 0) return;
-  probs_kernel<T>
-      <<<row_grid(blk.BNH * blk.rows), kRowThreads>>>(scores, blk, attn_dropout, rng, lse);
+  const unsigned grid = row_grid(blk.BNH * blk.rows);
+  if (!low.probs) {
+    probs_kernel<T, T><<<grid, kRowThreads>>>(scores, scores, blk, attn_dropout, rng, lse);
+  } else if constexpr (std::is_same_v<T, float>) {
+    with_low_type(low.dtype, "attention (probabilities)", [&](auto l) {
+      using P = decltype(l);
+      probs_kernel<T, P>
+          <<<grid, kRowThreads>>>(scores, static_cast<P*>(low.probs), blk, attn_dropout, rng, lse);
+    });
+  } else {
+    throw InvalidArgument("attention (CUDA): low-precision copies need f32 scores");
+  }
   check_kernel_launch("attention (probabilities)");
 }
 
 template <typename T>
 void attention_grad_scores(T* scores, T* dprobs, const T* lse, const AttentionBlock& blk,
-                           double attn_dropout, RngState rng) {
+                           double attn_dropout, RngState rng, const LowCopies& low) {
   if (blk.BNH * blk.rows == 0) return;
-  grad_scores_kernel<T>
-      <<<row_grid(blk.BNH * blk.rows), kRowThreads>>>(scores, dprobs, lse, blk, attn_dropout, rng);
+  const unsigned grid = row_grid(blk.BNH * blk.rows);
+  if (!low.probs) {
+    grad_scores_kernel<T, T>
+        <<<grid, kRowThreads>>>(scores, dprobs, scores, dprobs, lse, blk, attn_dropout, rng);
+  } else if constexpr (std::is_same_v<T, float>) {
+    with_low_type(low.dtype, "attention_backward (score gradients)", [&](auto l) {
+      using P = decltype(l);
+      grad_scores_kernel<T, P><<<grid, kRowThreads>>>(scores, dprobs, static_cast<P*>(low.probs),
+                                                      static_cast<P*>(low.dscores), lse, blk,
+                                                      attn_dropout, rng);
+    });
+  } else {
+    throw InvalidArgument("attention_backward (CUDA): low-precision copies need f32 scores");
+  }
   check_kernel_launch("attention_backward (score gradients)");
 }
 
-#define MW_ATTENTION_KERNELS(T)                                                        \
-  template void split_heads<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, int); \
-  template void merge_heads<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, int); \
-  template void attention_probs<T>(T*, const AttentionBlock&, double, RngState, T*);   \
-  template void attention_grad_scores<T>(T*, T*, const T*, const AttentionBlock&, double, RngState);
+#define MW_ATTENTION_KERNELS(T)                                                           \
+  template void split_heads<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, int);    \
+  template void merge_heads<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, int);    \
+  template void attention_probs<T>(T*, const AttentionBlock&, double, RngState, T*,       \
+                                   const LowCopies&);                                     \
+  template void attention_grad_scores<T>(T*, T*, const T*, const AttentionBlock&, double, \
+                                         RngState, const LowCopies&);
 MW_ATTENTION_KERNELS(float)
 MW_ATTENTION_KERNELS(double)
 #undef MW_ATTENTION_KERNELS
+template void split_heads<uint16_t>(const uint16_t*, uint16_t*, int64_t, int64_t, int64_t, int64_t,
+                                    int);
 
 }  // namespace mw::ops::cuda_kernels

@@ -40,16 +40,19 @@ void resolve(void* lib, const char* symbol, F& fn) {
              " that memwall was built with");
 }
 
+// The written-out pointer types name the overloads memwall means (a mismatch does not compile).
+[[maybe_unused]] constexpr GemmExFn kGemmExOverload = &cublasGemmEx;
+[[maybe_unused]] constexpr GemmStridedBatchedExFn kGemmStridedBatchedExOverload =
+    &cublasGemmStridedBatchedEx;
+
 CublasApi load() {
   void* lib = open_cublas();
   CublasApi api;
   // The _v2 names are what cublas_v2.h's macros call.
   resolve(lib, "cublasCreate_v2", api.create);
   resolve(lib, "cublasSetMathMode", api.set_math_mode);
-  resolve(lib, "cublasSgemm_v2", api.sgemm);
-  resolve(lib, "cublasDgemm_v2", api.dgemm);
-  resolve(lib, "cublasSgemmStridedBatched", api.sgemm_strided_batched);
-  resolve(lib, "cublasDgemmStridedBatched", api.dgemm_strided_batched);
+  resolve(lib, "cublasGemmEx", api.gemm_ex);
+  resolve(lib, "cublasGemmStridedBatchedEx", api.gemm_strided_batched_ex);
   resolve(lib, "cublasGetStatusString", api.status_string);
   return api;  // the library stays open for the process
 }

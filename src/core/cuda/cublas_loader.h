@@ -7,14 +7,23 @@
 
 namespace mw::ops::cuda {
 
+// cublasGemmEx and cublasGemmStridedBatchedEx are overloaded in C++ (cublas_api.h adds inline
+// wrappers taking the old cudaDataType compute type), so their pointer types are written out.
+using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+                                    int, const void*, const void*, cudaDataType, int, const void*,
+                                    cudaDataType, int, const void*, void*, cudaDataType, int,
+                                    cublasComputeType_t, cublasGemmAlgo_t);
+using GemmStridedBatchedExFn = cublasStatus_t (*)(
+    cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*, const void*,
+    cudaDataType, int, long long int, const void*, cudaDataType, int, long long int, const void*,
+    void*, cudaDataType, int, long long int, int, cublasComputeType_t, cublasGemmAlgo_t);
+
 // The cuBLAS entry points memwall calls, resolved from the library with dlsym.
 struct CublasApi {
   decltype(&cublasCreate) create = nullptr;
   decltype(&cublasSetMathMode) set_math_mode = nullptr;
-  decltype(&cublasSgemm) sgemm = nullptr;
-  decltype(&cublasDgemm) dgemm = nullptr;
-  decltype(&cublasSgemmStridedBatched) sgemm_strided_batched = nullptr;
-  decltype(&cublasDgemmStridedBatched) dgemm_strided_batched = nullptr;
+  GemmExFn gemm_ex = nullptr;
+  GemmStridedBatchedExFn gemm_strided_batched_ex = nullptr;
   decltype(&cublasGetStatusString) status_string = nullptr;
 };
 

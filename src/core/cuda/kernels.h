@@ -100,23 +100,38 @@ void dropout(const T* x, T* out, int64_t n, double p, RngState rng);
 
 // ---- attention (attention.cu), Note [Attention on CUDA by query blocks] ----
 // dst [parts][B][NH][T][hs] from src [B][T][parts * C], and back (parts 3 for qkv, 1 for out).
+// split_heads also takes uint16_t: bf16 and f16 planes are moved as 16-bit patterns.
 template <typename T>
 void split_heads(const T* src, T* dst, int64_t B, int64_t T_len, int64_t C, int64_t NH, int parts);
 template <typename T>
 void merge_heads(const T* src, T* dst, int64_t B, int64_t T_len, int64_t C, int64_t NH, int parts);
+// merge_heads from f32 planes into a bf16 or f16 tensor (low_dtype: a DType code), each element
+// rounded once (nearest even).
+void merge_heads_low(const float* src, void* dst, int low_dtype, int64_t B, int64_t T_len,
+                     int64_t C, int64_t NH, int parts);
 // One block of query rows [t0, t0 + rows) of every (batch, head): scores [BNH][rows][keys], keys =
 // t0 + rows (the causal prefix); T the sequence length, hs the head size (scale 1/sqrt(hs)).
 struct AttentionBlock {
   int64_t BNH, T, rows, keys, t0, hs;
 };
-// Raw scores -> dropped-out probabilities in place; the rows' log-sum-exp into lse [BNH, T].
+// Where the row kernels write what the next products read: in place over the scores (null
+// pointers), or rounded to a bf16 or f16 copy with the scores' layout (Note [Low-precision
+// attention on CUDA]; float scores only).
+struct LowCopies {
+  void* probs = nullptr;    // P~
+  void* dscores = nullptr;  // dS (backward)
+  int dtype = 0;            // their DType code
+};
+// Raw scores -> dropped-out probabilities (in place or into low.probs); the rows' log-sum-exp into
+// lse [BNH, T].
 template <typename T>
 void attention_probs(T* scores, const AttentionBlock& blk, double attn_dropout, RngState rng,
-                     T* lse);
-// Backward: raw scores -> probabilities (from lse), dprobs (dO . v) -> score gradients, in place.
+                     T* lse, const LowCopies& low = {});
+// Backward: raw scores -> probabilities (from lse), dprobs (dO . v) -> score gradients, in place
+// or into low.probs and low.dscores.
 template <typename T>
 void attention_grad_scores(T* scores, T* dprobs, const T* lse, const AttentionBlock& blk,
-                           double attn_dropout, RngState rng);
+                           double attn_dropout, RngState rng, const LowCopies& low = {});
 
 // ---- shifted cross-entropy (cross_entropy.cu) ----
 // targets [B, T] int64 (validated). lse [B, T-1]; loss [1] = mean of the row losses; row_loss is

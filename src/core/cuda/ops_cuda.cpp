@@ -170,6 +170,28 @@ Tensor expand_dim(const Tensor& g_in, const Shape& shape, int64_t dim, bool keep
 
 // ---------------- copies and fills ----------------
 
+namespace {
+// Rows with unit stride on both sides of a same-dtype copy between 2-D views of one device (the
+// narrowed logits of Note [Padded vocabulary on CUDA]): one cudaMemcpy2DAsync instead of the
+// strided kernel's index arithmetic per element. False when the views are not such rows.
+bool pitched_copy(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype() != src.dtype() || dst.dim() != 2 || src.dim() != 2) return false;
+  const auto rows_of = [](const Tensor& t) {
+    return t.stride(1) == 1 && (t.size(0) == 1 || t.stride(0) >= t.size(1));
+  };
+  if (!rows_of(dst) || !rows_of(src)) return false;
+  const auto es = static_cast<size_t>(dtype_size(dst.dtype()));
+  const size_t width = static_cast<size_t>(dst.size(1)) * es;
+  const auto pitch = [&](const Tensor& t) {
+    return t.size(0) == 1 ? width : static_cast<size_t>(t.stride(0)) * es;
+  };
+  check_cuda(cudaMemcpy2DAsync(dst.raw_data(), pitch(dst), src.raw_data(), pitch(src), width,
+                               static_cast<size_t>(dst.size(0)), cudaMemcpyDeviceToDevice, nullptr),
+             "cudaMemcpy2DAsync of ", dst.desc());
+  return true;
+}
+}  // namespace
+
 void copy_(Tensor& dst, const Tensor& src) {
   check_same_shape("copy_", dst, src);
   if (dst.numel() == 0) return dst.bump_version();
@@ -188,6 +210,7 @@ void copy_(Tensor& dst, const Tensor& src) {
   Tensor on_dst = src.device() == dst.device() ? src : src.to(dst.device());
   use_device_of("copy_", dst, {&on_dst});
   dst.bump_version();
+  if (pitched_copy(dst, on_dst)) return;
   const bool f32_and_low = (dst.dtype() == DType::F32 && is_low_precision(on_dst.dtype())) ||
                            (is_low_precision(dst.dtype()) && on_dst.dtype() == DType::F32);
   if (f32_and_low && dst.is_contiguous() && on_dst.is_contiguous()) {
@@ -252,63 +275,79 @@ LockedHandle gemm_handle(int device_index, std::initializer_list<int64_t> dims) 
 
 }  // namespace
 
-void gemm(int device_index, DType dtype, bool trans_a, bool trans_b, int64_t M, int64_t N,
+namespace {
+
+cudaDataType_t cuda_data_type(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::F64: return CUDA_R_64F;
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F16: return CUDA_R_16F;
+    default: break;
+  }
+  throw ShapeError(str("gemm on CUDA: expected f32, f64, bf16 or f16, got ", dtype_name(dtype)));
+}
+
+// Note [Products in bf16 and f16 on CUDA]: every product goes through cublasGemmEx (or its strided
+// batched form) with the operands' and the result's cuBLAS types. f32 and f64 compute in their
+// own type (CUBLAS_COMPUTE_32F / 64F under the handle's default math: no TF32), which is what
+// cublasSgemm / cublasDgemm did. bf16 and f16 operands (the autocast linears and the LM head) run
+// on tensor cores with CUBLAS_COMPUTE_32F: each product of two 16-bit values is exact in f32, the
+// sums are f32, and the result is rounded once, to the result's type (bf16, f16 or f32), after
+// adding beta * C in f32. That is the CPU's contract for low-precision storage (widen, f32
+// kernel, round once; Note [Low-precision storage]) with the sums in cuBLAS's order, and the
+// arithmetic of PyTorch's bf16 matmul under autocast.
+struct GemmTypes {
+  cudaDataType_t ab, c;
+  cublasComputeType_t compute;
+  bool f64;
+};
+
+GemmTypes gemm_types(DType ab, DType c) {
+  const bool f64 = ab == DType::F64;
+  MW_CHECK_T(ShapeError, ab == c || (is_low_precision(ab) && c == DType::F32),
+             "gemm on CUDA: ", dtype_name(ab), " operands with a ", dtype_name(c),
+             " result; expected the operands' dtype, or f32 for bf16/f16 operands");
+  return {cuda_data_type(ab), cuda_data_type(c), f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F,
+          f64};
+}
+
+}  // namespace
+
+void gemm(int device_index, GemmDTypes dtypes, bool trans_a, bool trans_b, int64_t M, int64_t N,
           int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, double beta, void* C,
           int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  LockedHandle h = gemm_handle(device_index, {M, N, K, lda, ldb, ldc});
+  gemm_batched(device_index, dtypes, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc,
+               {1, 0, 0, 0});
+}
+
+void gemm_batched(int device_index, GemmDTypes dtypes, bool trans_a, bool trans_b, int64_t M,
+                  int64_t N, int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb,
+                  double beta, void* C, int64_t ldc, const GemmBatch& batch) {
+  if (M == 0 || N == 0 || batch.count == 0) return;
+  const GemmTypes t = gemm_types(dtypes.operands, dtypes.result);
+  LockedHandle h = gemm_handle(device_index, {M, N, K, lda, ldb, ldc, batch.count});
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
   const cublasOperation_t ob = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t oa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int n = static_cast<int>(N), m = static_cast<int>(M), k = static_cast<int>(K);
-  if (dtype == DType::F32) {
-    const float alpha = 1.0f, b = static_cast<float>(beta);
-    check_cublas(
-        cublas().sgemm(h.handle, ob, oa, n, m, k, &alpha, static_cast<const float*>(B),
-                       static_cast<int>(ldb), static_cast<const float*>(A), static_cast<int>(lda),
-                       &b, static_cast<float*>(C), static_cast<int>(ldc)),
-        "cublasSgemm");
-  } else {
-    MW_CHECK_T(ShapeError, dtype == DType::F64, "gemm on CUDA: expected f32 or f64, got ",
-               dtype_name(dtype));
-    const double alpha = 1.0;
-    check_cublas(
-        cublas().dgemm(h.handle, ob, oa, n, m, k, &alpha, static_cast<const double*>(B),
-                       static_cast<int>(ldb), static_cast<const double*>(A), static_cast<int>(lda),
-                       &beta, static_cast<double*>(C), static_cast<int>(ldc)),
-        "cublasDgemm");
+  // alpha and beta in the compute type.
+  const float alpha32 = 1.0f, beta32 = static_cast<float>(beta);
+  const double alpha64 = 1.0;
+  const void* alpha = t.f64 ? static_cast<const void*>(&alpha64) : &alpha32;
+  const void* b = t.f64 ? static_cast<const void*>(&beta) : &beta32;
+  if (batch.count == 1) {
+    check_cublas(cublas().gemm_ex(h.handle, ob, oa, n, m, k, alpha, B, t.ab, static_cast<int>(ldb),
+                                  A, t.ab, static_cast<int>(lda), b, C, t.c, static_cast<int>(ldc),
+                                  t.compute, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
+    return;
   }
-}
-
-void gemm_batched(int device_index, DType dtype, bool trans_a, bool trans_b, int64_t M, int64_t N,
-                  int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, double beta,
-                  void* C, int64_t ldc, const GemmBatch& batch) {
-  if (M == 0 || N == 0 || batch.count == 0) return;
-  LockedHandle h = gemm_handle(device_index, {M, N, K, lda, ldb, ldc, batch.count});
-  // As gemm: row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
-  const cublasOperation_t ob = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t oa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const int n = static_cast<int>(N), m = static_cast<int>(M), k = static_cast<int>(K);
-  const int count = static_cast<int>(batch.count);
-  if (dtype == DType::F32) {
-    const float alpha = 1.0f, b = static_cast<float>(beta);
-    check_cublas(
-        cublas().sgemm_strided_batched(
-            h.handle, ob, oa, n, m, k, &alpha, static_cast<const float*>(B), static_cast<int>(ldb),
-            batch.stride_b, static_cast<const float*>(A), static_cast<int>(lda), batch.stride_a, &b,
-            static_cast<float*>(C), static_cast<int>(ldc), batch.stride_c, count),
-        "cublasSgemmStridedBatched");
-  } else {
-    MW_CHECK_T(ShapeError, dtype == DType::F64, "batched gemm on CUDA: expected f32 or f64, got ",
-               dtype_name(dtype));
-    const double alpha = 1.0;
-    check_cublas(
-        cublas().dgemm_strided_batched(
-            h.handle, ob, oa, n, m, k, &alpha, static_cast<const double*>(B), static_cast<int>(ldb),
-            batch.stride_b, static_cast<const double*>(A), static_cast<int>(lda), batch.stride_a,
-            &beta, static_cast<double*>(C), static_cast<int>(ldc), batch.stride_c, count),
-        "cublasDgemmStridedBatched");
-  }
+  check_cublas(cublas().gemm_strided_batched_ex(
+                   h.handle, ob, oa, n, m, k, alpha, B, t.ab, static_cast<int>(ldb), batch.stride_b,
+                   A, t.ab, static_cast<int>(lda), batch.stride_a, b, C, t.c, static_cast<int>(ldc),
+                   batch.stride_c, static_cast<int>(batch.count), t.compute, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmStridedBatchedEx");
 }
 
 void fill_rows(Tensor& out, const Tensor& bias_in) {

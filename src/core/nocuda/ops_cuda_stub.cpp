@@ -21,11 +21,11 @@ void axpy_(Tensor&, const Tensor&, double) { no_cuda("axpy_"); }
 Tensor sum_all(const Tensor&) { no_cuda("sum"); }
 Tensor sum_dim(const Tensor&, int64_t, bool) { no_cuda("sum"); }
 Tensor expand_dim(const Tensor&, const Shape&, int64_t, bool) { no_cuda("expand"); }
-void gemm(int, DType, bool, bool, int64_t, int64_t, int64_t, const void*, int64_t, const void*,
+void gemm(int, GemmDTypes, bool, bool, int64_t, int64_t, int64_t, const void*, int64_t, const void*,
           int64_t, double, void*, int64_t) {
   no_cuda("gemm");
 }
-void gemm_batched(int, DType, bool, bool, int64_t, int64_t, int64_t, const void*, int64_t,
+void gemm_batched(int, GemmDTypes, bool, bool, int64_t, int64_t, int64_t, const void*, int64_t,
                   const void*, int64_t, double, void*, int64_t, const GemmBatch&) {
   no_cuda("gemm_batched");
 }
