@@ -23,6 +23,7 @@
 #include "data/json.h"
 #include "dist/communicator.h"
 #include "models/gpt2/spec.h"
+#include "placement_options.h"
 #include "train/json_log.h"
 #include "train/progress.h"
 #include "train/trainer.h"
@@ -219,43 +220,6 @@ void declare_memory_data_and_outputs(cli::Parser& p) {
   p.option("load-optimizer", "", "before training, load the optimizer state from this file");
 }
 
-// HybridAdam's overlap, Gemini's placement and tiers, the trace and the precision.
-void declare_placement(cli::Parser& p) {
-  p.option("update-in-backward", "on",
-           "on|off: step each parameter as soon as its gradient is "
-           "final, freeing it (Note [Update in backward])");
-  p.option("nvme-borrow", "off",
-           "on|off: lend spent gradient buffers as extra read-ahead slots (up to the largest "
-           "parameter's m+v of RAM)");
-  p.option("optimizer-states", "host",
-           "host|device: where HybridAdam keeps m and v of parameters "
-           "on the sim device");
-  p.option("nvme-timeline", "", "write per-slice read/compute/write times of the last step (CSV)");
-  p.option("gemini", "none",
-           "none|static|auto|const: chunk-based placement of the parameters between the device "
-           "(--device sim:CAPACITY) and the host (docs/gemini.md)");
-  p.option("chunk-size", "", "Gemini chunk capacity in elements (default: searched)");
-  p.option("offload-param-frac", "0",
-           "--gemini static: fraction of chunk bytes whose parameters live on the host");
-  p.option("offload-optim-frac", "0",
-           "--gemini static: fraction of chunk bytes whose gradients and Adam states live on "
-           "the host (1 and 1: ColossalAI's placement_policy='cpu')");
-  p.option("const-budget", "512MiB", "--gemini const: cap on chunk bytes gathered on the device");
-  p.option("auto-margin", "",
-           "--gemini auto: share of the capacity kept free beyond the measured non-model "
-           "reserve (default 0.02 on sim, 0.10 on cuda)");
-  p.option("host-capacity", "",
-           "--gemini: host RAM for chunks and optimizer states; what does not fit goes to disk "
-           "under --nvme-dir (three tiers)");
-  p.option("trace", "", "write a Chrome/Perfetto trace (JSON) of the run's memory and moves");
-  p.option("precision", "fp32",
-           "fp32|bf16|fp16: matmuls and attention in bf16/fp16 with f32 masters (fp16 with a "
-           "dynamic loss scaler, and updates after backward) (docs/precision.md)");
-  p.option("initial-loss-scale", "",
-           "--precision fp16: the loss scale to start from (default 65536; halved after two "
-           "overflowing steps, doubled after 1000 good ones)");
-}
-
 // The tokenizer, sampling during training, data parallel, and the memory plan.
 void declare_tokenizer_sampling_and_dist(cli::Parser& p) {
   p.option("vocab", "", "the tokenizer's vocab.json, with --merges (default: --init-from's)");
@@ -318,52 +282,13 @@ void parse_device_option(const cli::Parser& p, Options& o) {
   }
 }
 
-// --offload nvme (HybridAdam's states on disk) and --gemini (chunks between device, host, disk).
-void parse_offload(const cli::Parser& p, Options& o, bool nvme, const std::string& policy) {
-  if (nvme) {
-    MW_CHECK_T(cli::UsageError, o.optimizer == "hybridadam",
-               "--offload nvme needs --optimizer hybridadam");
-    o.nvme.fraction = p.real("fraction", 0, 1);
-    o.nvme.dir = p.str("nvme-dir");
-    o.nvme.window_bytes = p.bytes("nvme-window", 1);
-    o.nvme.record_timeline = !p.str("nvme-timeline").empty();
-    o.nvme.borrow_gradient_slots = p.choice("nvme-borrow", {"on", "off"}) == "on";
-  }
-  if (policy != "none") {
-    MW_CHECK_T(cli::UsageError, !o.device.is_cpu(),
-               "--gemini needs a device to place chunks on: --device sim:CAPACITY");
-    MW_CHECK_T(cli::UsageError, o.optimizer == "hybridadam",
-               "--gemini needs --optimizer hybridadam");
-    o.gemini = policy;
-    auto& g = o.gemini_options;
-    g.policy = gemini::parse_policy(policy);
-    g.device = o.device;
-    if (p.given("chunk-size")) g.chunk_numel = p.integer("chunk-size", 1, int64_t{1} << 40);
-    g.offload_param_frac = p.real("offload-param-frac", 0, 1);
-    g.offload_optim_frac = p.real("offload-optim-frac", 0, 1);
-    g.const_budget_bytes = p.bytes("const-budget");
-    if (p.given("auto-margin")) g.auto_margin = p.real("auto-margin", 0, 0.9);
-    if (p.given("host-capacity")) {
-      g.host_capacity_bytes = p.bytes("host-capacity");
-      // Three tiers: a disk-homed chunk passes through RAM whole, so RAM in flight grows with the
-      // chunk; the disk is at full speed well below ColossalAI's 32-64M elements: search from 8M
-      // (docs/gemini.md: GPT-2 medium's peak RSS 2491 -> 1877 MiB, xl's 3612 -> 3252 MiB).
-      if (!p.given("chunk-size"))
-        g.search.min_chunk_numel = g.search.search_range_numel = int64_t{8} << 20;
-    }
-    g.nvme_dir = p.str("nvme-dir");
-    o.gemini_nvme_window_bytes = p.bytes("nvme-window");
-  } else {
-    for (const char* name : {"chunk-size", "offload-param-frac", "offload-optim-frac",
-                             "const-budget", "auto-margin", "host-capacity"})
-      MW_CHECK_T(cli::UsageError, !p.given(name), "--", name, " needs --gemini");
-  }
-}
-
 // Options that cannot work together, found once everything is parsed.
 void check_combinations(const Options& o) {
   MW_CHECK_T(cli::UsageError, o.resume.empty() || o.load_optimizer.empty(),
              "--resume restores the optimizer itself; drop --load-optimizer");
+  MW_CHECK_T(cli::UsageError, o.gemini_options.gpu_margin_mem_ratio == 0 || o.zero_stage < 2,
+             "--gpu-margin-mem-ratio does not work with --zero 2|3 (sharded chunks stay homed "
+             "where ZeRO puts them); drop one of them");
 }
 
 Options parse_options(const cli::Parser& p) {

@@ -117,11 +117,8 @@ void HybridAdam::update_in_memory(size_t i, const AdamStepScalars& s) {
   Tensor g = grad(p);
   if (!g.defined()) return;
   if (!exp_avg_[i].defined()) {
-    const Device states = !options_.state_devices.empty() ? options_.state_devices.at(i)
-                          : options_.states_on_host && p.device().is_sim() ? Device::cpu()
-                                                                           : p.device();
-    exp_avg_[i] = Tensor::zeros(p.shape(), DType::F32, states);
-    exp_avg_sq_[i] = Tensor::zeros(p.shape(), DType::F32, states);
+    exp_avg_[i] = Tensor::zeros(p.shape(), DType::F32, state_device(i));
+    exp_avg_sq_[i] = Tensor::zeros(p.shape(), DType::F32, state_device(i));
   }
   Tensor gc = g.contiguous();
   p.bump_version();
@@ -135,6 +132,27 @@ void HybridAdam::update_in_memory(size_t i, const AdamStepScalars& s) {
                          &non_finite);
     if (non_finite && non_finite_param_ < 0) non_finite_param_ = static_cast<int64_t>(i);
   }
+}
+
+Device HybridAdam::state_device(size_t i) const {
+  if (!options_.state_devices.empty()) return options_.state_devices.at(i);
+  const Device d = params_[i].device();
+  return options_.states_on_host && d.is_sim() ? Device::cpu() : d;
+}
+
+void HybridAdam::move_states(size_t i, Device device) {
+  MW_CHECK_T(InvalidArgument, i < params_.size() && nvme_index_[i] < 0,
+             "HybridAdam::move_states: parameter ", i, " has no in-memory states to move");
+  if (exp_avg_[i].defined()) {
+    exp_avg_[i] = exp_avg_[i].to(device);
+    exp_avg_sq_[i] = exp_avg_sq_[i].to(device);
+  }
+  if (options_.state_devices.empty()) {  // pin every parameter's placement, then change this one
+    std::vector<Device> where;
+    for (size_t k = 0; k < params_.size(); ++k) where.push_back(state_device(k));
+    options_.state_devices = std::move(where);
+  }
+  options_.state_devices[i] = device;
 }
 
 int64_t HybridAdam::take_non_finite() {

@@ -91,6 +91,10 @@ class HybridAdam : public Optimizer {
   // In-memory states (undefined for offloaded parameters and before the first step).
   const Tensor& exp_avg(size_t i) const { return exp_avg_[i]; }
   const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_[i]; }
+  // Moves parameter i's m and v (in memory, not NVMe-offloaded) to `device`, bit for bit, and
+  // creates them there from now on; the parameter itself is the caller's to move (Gemini's chunks
+  // moved to the device, offload/gemini/margin.cpp).
+  void move_states(size_t i, Device device);
   // Copies of parameter i's m and v wherever they live (zeros before the first step).
   std::pair<Tensor, Tensor> state_copy(size_t i);
   bool offloaded(size_t i) const { return nvme_index_[i] >= 0; }
@@ -131,7 +135,8 @@ class HybridAdam : public Optimizer {
   std::function<void()> update_offloaded_except_rows(size_t i, const Tensor& partial,
                                                      const std::vector<int64_t>& rows);
   void update_in_memory(size_t i, const AdamStepScalars& s);
-  std::vector<char> updated_in_backward_;                    // per parameter, this step
+  Device state_device(size_t i) const;     // where parameter i's m and v are created
+  std::vector<char> updated_in_backward_;  // per parameter, this step
   std::shared_ptr<char> alive_ = std::make_shared<char>(0);  // expires with the optimizer
   HybridAdamOptions options_;
   Isa isa_;

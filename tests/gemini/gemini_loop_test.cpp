@@ -91,6 +91,9 @@ struct LoopRun {
   int64_t sim_peak_bytes = 0;
   gemini::GeminiStats stats, eval_stats;
   int64_t illegal = 0;
+  int moved_chunks = 0;     // Note [Chunks moved to the device]
+  int64_t lower_bound = 0;  // auto's, after the warmup
+  std::vector<int64_t> chunk_bytes;
 };
 
 LoopRun train(TrainOptions o, bool eval_each_step = false) {
@@ -113,6 +116,9 @@ LoopRun train(TrainOptions o, bool eval_each_step = false) {
       r.stats = g->run_stats();
       r.eval_stats = g->eval_stats();
       r.illegal = g->illegal_transitions();
+      r.moved_chunks = g->chunks_moved_to_device();
+      r.lower_bound = g->lower_bound_bytes();
+      for (const auto& c : g->chunks()) r.chunk_bytes.push_back(c->nbytes());
     } else {
       read();
     }
@@ -334,6 +340,48 @@ TEST(GeminiLoop, EvalOnlyFromASavedModelUnderThreeTiers) {
   EXPECT_TRUE(same_bits(want, got)) << want << " vs " << got;
   EXPECT_GT(t.gemini()->eval_stats().nvme_read_bytes, 0);
   EXPECT_EQ(t.gemini()->illegal_transitions(), 0);
+}
+
+// Note [Chunks moved to the device]: with gpu_margin_mem_ratio, auto homes chunks on the device
+// after the warmup, with their gradients and Adam states, while the room its plan leaves lasts.
+// All of them on a roomy device, then about half on a device sized for it: the losses, norms and
+// weights stay the plain run's bit for bit (with dropout, and with accumulation and clipping,
+// which defer the updates), the device stays within its capacity, and a moved chunk's gradient
+// no longer leaves the device (each step after the warmup sends down only what was not moved).
+TEST(GeminiLoop, ChunksMovedToTheDeviceAreBitwiseThePlainTrainer) {
+  TempDir tmp;
+  for (int accum : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "grad accum " << accum);
+    TrainOptions o = base_options(4);
+    o.grad_accum = accum;
+    o.grad_clip = accum > 1 ? 1.0 : 0.0;
+    const LoopRun plain = train(o);
+    TrainOptions a = o;
+    set_mode(a, Mode::kAuto, tmp.file("nvme"));
+    a.sim_capacity_bytes = 64 << 20;
+    const LoopRun none = train(a);
+    EXPECT_EQ(none.moved_chunks, 0);
+    a.gemini_options.gpu_margin_mem_ratio = 1.0;
+    const LoopRun all = train(a);
+    expect_bitwise(plain, all, "all chunks moved");
+    const int chunks = 10;  // base_options: ten chunks of up to 80000 bytes
+    EXPECT_EQ(all.moved_chunks, chunks);
+    // Gradients go down in the warmup only: a quarter of the four steps' bytes.
+    EXPECT_EQ(4 * all.stats.d2h_bytes, none.stats.d2h_bytes);
+    // Room for the first five chunks and half the sixth at 4x their bytes (parameters, m, v,
+    // gradient) beyond the lower bound, after auto's 2% margin: the first five move.
+    ASSERT_EQ(none.chunk_bytes.size(), static_cast<size_t>(chunks));
+    double five = 0;
+    for (int c = 0; c < 5; ++c) five += 4.0 * static_cast<double>(none.chunk_bytes[c]);
+    const double room = five + 2.0 * static_cast<double>(none.chunk_bytes[5]);
+    a.sim_capacity_bytes = static_cast<int64_t>((none.lower_bound + room) / 0.98);
+    const LoopRun half = train(a);
+    expect_bitwise(plain, half, "five chunks moved");
+    EXPECT_EQ(half.moved_chunks, 5);
+    EXPECT_LE(half.sim_peak_bytes, a.sim_capacity_bytes);
+    EXPECT_LT(half.stats.d2h_bytes, none.stats.d2h_bytes);
+    EXPECT_GT(half.stats.d2h_bytes, all.stats.d2h_bytes);
+  }
 }
 
 }  // namespace

@@ -29,6 +29,14 @@ Gemini::Gemini(GeminiOptions options, const std::vector<std::pair<std::string, S
   margin_ = options_.auto_margin >= 0 ? options_.auto_margin
                                       : default_auto_margin(options_.device.is_cuda());
   MW_CHECK_T(InvalidArgument, margin_ < 1.0, "auto margin ", margin_, " must be below 1");
+  const double ratio = options_.gpu_margin_mem_ratio;
+  MW_CHECK_T(InvalidArgument, ratio >= 0 && ratio <= 1, "gpu_margin_mem_ratio ", ratio,
+             " must be in [0, 1]");
+  MW_CHECK_T(InvalidArgument,
+             ratio == 0 || (options_.policy == Policy::kAuto && options_.host_capacity_bytes == 0 &&
+                            options_.shard_ranks == 1),
+             "gpu_margin_mem_ratio moves chunks after auto's warmup: it needs --gemini auto, and "
+             "works without --host-capacity and without ZeRO sharding");
   layout(tensors);
 }
 
@@ -527,11 +535,12 @@ void Gemini::build_plan() {
       avail_[static_cast<size_t>(t)] = options_.const_budget_bytes;
     } else {
       const int64_t reserve = nonmodel_.at(static_cast<size_t>(t));
-      lower_bound_bytes_ = std::max(lower_bound_bytes_, reserve + own + device_home_bytes_);
+      const int64_t resident = device_home_bytes_ + device_state_bytes_;
+      lower_bound_bytes_ = std::max(lower_bound_bytes_, reserve + own + resident);
       if (capacity > 0)
         avail_[static_cast<size_t>(t)] =
             static_cast<int64_t>(static_cast<double>(capacity) * (1.0 - margin_)) - reserve -
-            device_home_bytes_;
+            resident;
     }
   }
   if (options_.verbose && options_.policy == Policy::kAuto) {
@@ -563,6 +572,7 @@ void Gemini::step() {
   }
   adam_->step();  // waits for the updates of NVMe-offloaded Adam states
   poll_pending(true);
+  const bool warmup = recording_;
   if (recording_) {
     sample_nonmodel();
     recording_ = false;
@@ -572,6 +582,7 @@ void Gemini::step() {
   // A gathered copy of an offloaded chunk is stale once its home was stepped.
   for (auto& c : chunks_)
     if (c->gathered()) release(*c, false);
+  if (warmup && options_.gpu_margin_mem_ratio > 0) move_chunks_to_device();
   op_ = 0;
   off_plan_ = false;
   stepped_chunks_ = 0;

@@ -70,6 +70,11 @@ struct GeminiOptions {
   // auto: the share of the capacity kept free beyond the measured non-model reserve; < 0 picks the
   // device's default (Note [Auto margin] in gemini.cpp).
   double auto_margin = -1.0;
+  // auto: ColossalAI's gpu_margin_mem_ratio (Note [Chunks moved to the device], margin.cpp): the
+  // share of the device memory the warmup's plan never needs that chunks may take for good after
+  // the warmup, homed on the device with their gradients and Adam states and stepped there. 0:
+  // none (ColossalAI's default). Not with host_capacity_bytes or sharding.
+  double gpu_margin_mem_ratio = 0.0;
   int64_t chunk_numel = 0;  // 0: search (Note [Chunk-size search])
   // Parameter names in first-use order (record_use_order): the packing order; empty: parameter
   // order (Note [First-use order], use_order.h).
@@ -154,6 +159,8 @@ class Gemini : public optim::Optimizer {
   // auto, after warmup: the least device memory any schedule needs (the largest, over ops, of
   // that op's non-model memory plus its chunks, plus the chunks homed on the device).
   int64_t lower_bound_bytes() const { return lower_bound_bytes_; }
+  // Note [Chunks moved to the device]: the chunks gpu_margin_mem_ratio moved after the warmup.
+  int chunks_moved_to_device() const { return moved_chunks_; }
   int64_t illegal_transitions() const { return states_.illegal_transitions(); }
   GeminiStats take_step_stats();
   const GeminiStats& run_stats() const { return run_; }
@@ -250,6 +257,7 @@ class Gemini : public optim::Optimizer {
   void sample_nonmodel();
   void close_interval();
   void build_plan();
+  void move_chunks_to_device();  // margin.cpp
   void plan_tiers(optim::HybridAdamOptions& adam);
   void bring_home(Chunk& c);
   void poll_pending(bool wait);
@@ -342,6 +350,9 @@ class Gemini : public optim::Optimizer {
   int64_t period_nonmodel_bytes_ = 0;  // Note [Non-model memory]
   std::unique_ptr<NextUse> next_;
   int64_t lower_bound_bytes_ = 0;
+  // Note [Chunks moved to the device]: their Adam states and gradient buffers on the device.
+  int64_t device_state_bytes_ = 0;
+  int moved_chunks_ = 0;
   double margin_ = 0;
 
   // Three tiers: NVMe-homed chunks' blobs, and chunks on their way back to disk after an update.
