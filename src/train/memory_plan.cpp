@@ -8,10 +8,9 @@
 
 #include "core/allocator.h"
 #include "core/error.h"
-#include "core/ops.h"
 #include "models/gpt2/spec.h"
-#include "nn/checkpoint.h"
 #include "offload/gemini/chunk_search.h"
+#include "train/activation_plan.h"
 #include "train/plan_bytes.h"
 
 namespace mw::train {
@@ -21,108 +20,6 @@ using plan_bytes::mib;
 using plan_bytes::mib_text;
 
 namespace {
-
-// Saved tensors of the forward pass, each rounded to the allocator's granule.
-// In double: an absurd B x T x T must not overflow (the plan refuses it); doubles are exact for
-// byte counts up to 2^53 (8 PiB).
-struct Activations {
-  double block = 0;  // one block's saved tensors, its input included
-  double input = 0;  // [N, C]: what a checkpointed block keeps
-  double head = 0;   // ln_f's input and output, mean, rstd, log-sum-exp (the logits apart)
-  double logits = 0;
-  double backward_extra = 0;  // at the LM head's backward: dx [N, C] and wte's gradient [V, C]
-  double mlp_grad = 0;        // [N, F]: the gradient inside a block's MLP backward
-  // CUDA: what attention_backward allocates beside the saved tensors (attention_cuda.cpp): dqkv
-  // [N, 3C], per-head copies of q, k, v, dO and dq, dk, dv (7 [N, C]), two score buffers of
-  // B*NH x rows x T (rows: ops::cuda_attention_block_rows). 0 on the host devices.
-  double attention_backward = 0;
-};
-
-Activations activations(const PlanInputs& in) {
-  const Config& c = in.config;
-  const double e = static_cast<double>(in.dtype_bytes), C = static_cast<double>(c.n_embd);
-  const double B = static_cast<double>(in.batch), T = static_cast<double>(in.seq), N = B * T;
-  auto r = [](double bytes) { return std::ceil(bytes / kHostAlignment) * kHostAlignment; };
-  Activations a;
-  a.input = r(N * C * e);
-  const double stats = 4 * r(N * e);  // two layernorms, mean and rstd each
-  // Attention keeps its probabilities [B, NH, T, T] on the host devices, only their log-sum-exp
-  // [B, NH, T] (f32) on CUDA (Note [Attention on CUDA by query blocks]).
-  const double attention = in.device.is_cuda() ? r(B * static_cast<double>(c.n_head) * T * 4)
-                                               : r(B * static_cast<double>(c.n_head) * T * T * e);
-  a.block = 5 * a.input + r(3 * N * C * e) + 2 * r(N * static_cast<double>(c.mlp_width()) * e) +
-            stats + attention;
-  a.head = 2 * a.input + 3 * r(N * e);
-  a.logits = r(N * static_cast<double>(c.vocab_size) * e);
-  a.backward_extra = a.input + r(static_cast<double>(c.vocab_size) * C * e);
-  a.mlp_grad = r(N * static_cast<double>(c.mlp_width()) * e);
-  if (in.device.is_cuda()) {
-    const double BNH = B * static_cast<double>(c.n_head);
-    const auto rows =
-        static_cast<double>(ops::cuda_attention_block_rows(in.batch, c.n_head, in.seq));
-    a.attention_backward =
-        r(3 * N * C * e) + r(4 * N * C * e) + r(3 * N * C * e) + r(2 * BNH * rows * T * e);
-  }
-  return a;
-}
-
-// What recomputation keeps from the forward: `stored`, the checkpointed segments' inputs and the
-// other segments' saved tensors; `longest`, the most blocks one segment recomputes at once.
-// `inputs`: the checkpointed segments' inputs alone.
-struct Recomputation {
-  double stored = 0, longest = 0, inputs = 0;
-};
-
-// Empty (longest 0) without recomputation; `name` describes the choice for the plan.
-Recomputation recomputation(const PlanInputs& in, const Activations& a, std::string* name) {
-  const int64_t L = in.config.n_layer;
-  if (!in.checkpoint_every_block && in.checkpoint_segments < 0) {
-    *name = "none";
-    return {};
-  }
-  std::vector<nn::Segment> segments;
-  if (in.checkpoint_segments >= 0) {
-    const int64_t k =
-        in.checkpoint_segments == 0 ? nn::sqrt_segments(L) : std::min(in.checkpoint_segments, L);
-    segments = nn::plan_segments(L, k);
-    *name = str(segments.size(), " segments");
-  } else {
-    for (int64_t i = 0; i < L; ++i) segments.push_back({i, i + 1, true});
-    *name = "every block";
-  }
-  Recomputation r;
-  for (const auto& s : segments) {
-    if (s.checkpointed) {
-      r.stored += a.input;
-      r.inputs += a.input;
-      r.longest = std::max(r.longest, static_cast<double>(s.end - s.begin));
-    } else {
-      r.stored += static_cast<double>(s.end - s.begin) * a.block;
-    }
-  }
-  return r;
-}
-
-// Recomputing a segment rebuilds its blocks' saved tensors (its input is already stored), with
-// wte's gradient, the incoming gradient [N, C] and, in the MLP's backward, one [N, F] alive.
-// Excludes what is stored.
-double recomputing_bytes(const Activations& a, const Recomputation& r) {
-  return r.longest * a.block - a.input + a.backward_extra + a.mlp_grad;
-}
-
-// Peak bytes of activations (and the gradients in flight with them) over one step.
-// Two moments compete: the LM head's backward (the logits and their gradient) and, on CUDA, the
-// last block's attention backward (its workspace, with the incoming gradient [N, C]).
-double activation_peak(const PlanInputs& in, const Activations& a, std::string* name) {
-  const double at_head = a.head + a.logits + a.backward_extra;
-  const Recomputation r = recomputation(in, a, name);
-  if (r.longest == 0)
-    return static_cast<double>(in.config.n_layer) * a.block +
-           std::max(at_head, a.input + a.attention_backward);
-  const double recomputing =
-      recomputing_bytes(a, r) - a.mlp_grad + std::max(a.mlp_grad, a.attention_backward);
-  return r.stored + std::max(at_head, recomputing);
-}
 
 // Elements of each parameter, in the tensor table's order (spec.h).
 std::vector<int64_t> parameter_numels(const Config& config) {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/dtype.h"
 #include "models/gpt2/config.h"
 #include "offload/gemini/gemini.h"
 
@@ -34,7 +35,9 @@ using gpt2::Config;
 struct PlanInputs {
   Config config;
   int64_t batch = 4, seq = 128;
-  int64_t dtype_bytes = 4;  // f32 today
+  int64_t dtype_bytes = 4;  // parameters and the f32 activations
+  // --precision: autocast's 16-bit activations (Note [Activations under autocast]); F32: off.
+  DType precision = DType::F32;
   bool adamw = false;       // the scalar reference (no update in backward)
   bool update_in_backward = true;
   bool states_on_host = true;  // HybridAdam's m and v for a sim device

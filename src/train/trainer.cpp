@@ -63,6 +63,7 @@ bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Traine
   PlanInputs in;
   in.config = config;
   in.batch = o.batch, in.seq = o.seq;
+  in.precision = o.precision;
   in.adamw = o.optimizer == "adamw";
   // Under data parallel only Gemini steps in backward (Note [Updates as reductions complete]).
   in.update_in_backward = o.steps_in_backward() && (!o.data_parallel() || !o.gemini.empty());

@@ -8,7 +8,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
+#include "autograd/autocast.h"
 #include "autograd/functions.h"
 #include "core/allocator.h"
 #include "core/error.h"
@@ -172,9 +174,11 @@ Peaks measure(const PlanInputs& in) {
       opt->zero_grad();
       std::unique_ptr<offload::OffloadScope> scope;
       if (offloader) scope = std::make_unique<offload::OffloadScope>(*offloader);
+      std::optional<AutocastGuard> autocast(std::in_place, in.precision);
       Tensor logits = model(ids);
       Tensor loss = shifted_cross_entropy(logits, ids);
       scope.reset();
+      autocast.reset();
       logits = Tensor();
       backward(loss);
       opt->step();
@@ -246,6 +250,18 @@ TEST(MemoryPlan, SmallIshOnSim) { check(on_sim(inputs(small_ish(), 4, 128))); }
 TEST(MemoryPlan, SmallIshOnSimWithRecomputation) {
   PlanInputs in = on_sim(inputs(small_ish(), 4, 128));
   in.checkpoint_every_block = true;
+  check(in);
+}
+
+TEST(MemoryPlan, SmallIshOnSimInBf16AndFp16) {  // Note [Activations under autocast]
+  for (DType low : {DType::BF16, DType::F16})
+    for (bool recompute : {false, true}) {
+      PlanInputs in = on_sim(inputs(small_ish(), 4, 128));
+      in.precision = low, in.checkpoint_every_block = recompute;
+      check(in);
+    }
+  PlanInputs in = on_sim(inputs(wide(), 4, 128));  // GPT-2 small's vocabulary: the head's peak
+  in.precision = DType::BF16;
   check(in);
 }
 
