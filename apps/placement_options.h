@@ -79,12 +79,6 @@ inline void parse_offload(const cli::Parser& p, train::TrainOptions& o, bool nvm
     g.const_budget_bytes = p.bytes("const-budget");
     if (p.given("auto-margin")) g.auto_margin = p.real("auto-margin", 0, 0.9);
     g.gpu_margin_mem_ratio = p.real("gpu-margin-mem-ratio", 0, 1);
-    MW_CHECK_T(
-        cli::UsageError, g.gpu_margin_mem_ratio == 0 || policy == "auto",
-        "--gpu-margin-mem-ratio moves chunks after auto's warmup: use it with --gemini auto");
-    MW_CHECK_T(cli::UsageError, g.gpu_margin_mem_ratio == 0 || !p.given("host-capacity"),
-               "--gpu-margin-mem-ratio does not work with --host-capacity (three tiers plan the "
-               "host budget with every Adam state on the host); drop one of them");
     if (p.given("host-capacity")) {
       g.host_capacity_bytes = p.bytes("host-capacity");
       // Three tiers: a disk-homed chunk passes through RAM whole, so RAM in flight grows with the
@@ -95,6 +89,7 @@ inline void parse_offload(const cli::Parser& p, train::TrainOptions& o, bool nvm
     }
     g.nvme_dir = p.str("nvme-dir");
     o.gemini_nvme_window_bytes = p.bytes("nvme-window");
+    gemini::check_gpu_margin(g);  // before the model is built
   } else {
     for (const char* name :
          {"chunk-size", "offload-param-frac", "offload-optim-frac", "const-budget", "auto-margin",

@@ -38,7 +38,7 @@ struct PlanInputs {
   int64_t dtype_bytes = 4;  // parameters and the f32 activations
   // --precision: autocast's 16-bit activations (Note [Activations under autocast]); F32: off.
   DType precision = DType::F32;
-  bool adamw = false;       // the scalar reference (no update in backward)
+  bool adamw = false;  // the scalar reference (no update in backward)
   bool update_in_backward = true;
   bool states_on_host = true;  // HybridAdam's m and v for a sim device
   double nvme_fraction = 0;    // of parameter elements whose m and v live on disk; 0 = none

@@ -29,14 +29,7 @@ Gemini::Gemini(GeminiOptions options, const std::vector<std::pair<std::string, S
   margin_ = options_.auto_margin >= 0 ? options_.auto_margin
                                       : default_auto_margin(options_.device.is_cuda());
   MW_CHECK_T(InvalidArgument, margin_ < 1.0, "auto margin ", margin_, " must be below 1");
-  const double ratio = options_.gpu_margin_mem_ratio;
-  MW_CHECK_T(InvalidArgument, ratio >= 0 && ratio <= 1, "gpu_margin_mem_ratio ", ratio,
-             " must be in [0, 1]");
-  MW_CHECK_T(InvalidArgument,
-             ratio == 0 || (options_.policy == Policy::kAuto && options_.host_capacity_bytes == 0 &&
-                            options_.shard_ranks == 1),
-             "gpu_margin_mem_ratio moves chunks after auto's warmup: it needs --gemini auto, and "
-             "works without --host-capacity and without ZeRO sharding");
+  check_gpu_margin(options_);
   layout(tensors);
 }
 

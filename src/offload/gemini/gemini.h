@@ -104,6 +104,11 @@ struct GeminiOptions {
   std::function<void(const Tensor& t)> broadcast_from_rank0;
 };
 
+// Note [Chunks moved to the device] (margin.cpp): InvalidArgument, naming --gpu-margin-mem-ratio,
+// unless gpu_margin_mem_ratio is 0, or in [0, 1] under auto without host_capacity_bytes and
+// sharding. Gemini's constructor checks it; gpt2_train too, before building the model.
+void check_gpu_margin(const GeminiOptions& options);
+
 // A rank's piece of a chunk under sharded states: elements [offset, offset + numel) of the chunk
 // (numel 0: the rank has none of it). Every rank's piece starts at rank * stride, where stride =
 // ceil(chunk numel / ranks), so the collectives work on stride x ranks elements.

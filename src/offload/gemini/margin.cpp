@@ -28,9 +28,25 @@
 #include <cstdio>
 
 #include "core/allocator.h"
+#include "core/error.h"
 #include "offload/gemini/gemini.h"
 
 namespace mw::gemini {
+
+void check_gpu_margin(const GeminiOptions& o) {
+  const double ratio = o.gpu_margin_mem_ratio;
+  MW_CHECK_T(InvalidArgument, ratio >= 0 && ratio <= 1, "--gpu-margin-mem-ratio ", ratio,
+             ": expected a share in [0, 1]");
+  if (ratio == 0) return;
+  MW_CHECK_T(InvalidArgument, o.policy == Policy::kAuto,
+             "--gpu-margin-mem-ratio moves chunks after auto's warmup: use it with --gemini auto");
+  MW_CHECK_T(InvalidArgument, o.host_capacity_bytes == 0,
+             "--gpu-margin-mem-ratio does not work with --host-capacity (three tiers plan the host "
+             "budget with every Adam state on the host); drop one of them");
+  MW_CHECK_T(InvalidArgument, o.shard_ranks == 1,
+             "--gpu-margin-mem-ratio does not work with --zero 2|3 (sharded chunks stay homed "
+             "where ZeRO puts them); drop one of them");
+}
 
 void Gemini::move_chunks_to_device() {
   const int64_t capacity = allocator_for(options_.device).stats().capacity_bytes;
@@ -38,8 +54,7 @@ void Gemini::move_chunks_to_device() {
                                          static_cast<double>(lower_bound_bytes_)
                                    : 1e300;  // an unlimited sim device
   const double budget = options_.gpu_margin_mem_ratio * std::max(0.0, room);
-  double used = 0;
-  int64_t moved_bytes = 0;
+  double used = 0;  // 4x the bytes moved
   std::vector<char> moved(chunks_.size(), 0);
   for (auto& owned : chunks_) {
     Chunk& c = *owned;
@@ -58,7 +73,6 @@ void Gemini::move_chunks_to_device() {
     // The parameters and, after the warmup's update, m and v went host -> device once.
     run_.h2d_bytes += 3 * c.nbytes();
     used += cost;
-    moved_bytes += c.nbytes();
     moved[k] = 1;
     ++moved_chunks_;
   }
@@ -73,8 +87,8 @@ void Gemini::move_chunks_to_device() {
     std::printf(
         "gemini auto: gpu_margin_mem_ratio %g: %d of %zu chunks (%.1f MiB) moved to %s with "
         "their gradients and Adam states, of %s the plan leaves free\n",
-        options_.gpu_margin_mem_ratio, moved_chunks_, chunks_.size(),
-        static_cast<double>(moved_bytes) / 1048576.0, options_.device.str().c_str(),
+        options_.gpu_margin_mem_ratio, moved_chunks_, chunks_.size(), used / 4 / 1048576.0,
+        options_.device.str().c_str(),
         capacity > 0 ? str(static_cast<int64_t>(room / 1048576.0), " MiB").c_str()
                      : "an unlimited device");
   build_plan();
