@@ -17,13 +17,15 @@ namespace {
 // largest: the LM head's products, which widen blocks of at most 2048 x 2048 (mixed::gemm), and
 // a block's backward, where the MLP's output projection widens dy [N, C], x [N, F] and w [F, C]
 // and gets dx [N, F] and dw [F, C] in f32 (with wte's f32 gradient alive), or the attention
-// widens dout, qkv and the probabilities and gets dqkv in f32.
+// widens dout and qkv and gets dqkv in f32 (the probabilities it recomputes from the row
+// statistics are per-task scratch, as in the f32 kernel: Note [Low-precision attention on the
+// host]).
 template <typename Round>
 void host_low_transients(Activations& a, const PlanInputs& in, const Round& r) {
   const Config& c = in.config;
   const double B = static_cast<double>(in.batch), T = static_cast<double>(in.seq), N = B * T;
   const double C = static_cast<double>(c.n_embd), F = static_cast<double>(c.mlp_width());
-  const double V = static_cast<double>(c.vocab_size), H = static_cast<double>(c.n_head);
+  const double V = static_cast<double>(c.vocab_size);
   const auto blk = [](double n) { return std::min(n, 2048.0); };
   // mixed::gemm of an [M, K] by [K, Nout] product: the f32 accumulator and two widened blocks.
   const auto gemm = [&](double M, double Nout, double K) {
@@ -33,16 +35,16 @@ void host_low_transients(Activations& a, const PlanInputs& in, const Round& r) {
   const double head_dt = r(N * C * 2) + r(V * C * 2) + gemm(V, C, N);  // dx, dt
   a.head_backward = std::max(head_dx, head_dt);
   const double mlp = r(N * C * 4) + 2 * r(N * F * 4) + 2 * r(F * C * 4) + r(N * F * 2);
-  const double attention =
-      r(N * C * 4) + 2 * r(3 * N * C * 4) + r(B * H * T * T * 4) + r(3 * N * C * 2);
+  const double attention = r(N * C * 4) + 2 * r(3 * N * C * 4) + r(3 * N * C * 2);
   a.attention_backward = std::max(mlp, attention);
 }
 }  // namespace
 
 // Note [Activations under autocast]: with --precision bf16|fp16 (autograd/autocast.h) the
-// residual stream, the layernorms' inputs and statistics and the log-sum-exps stay f32 (e); what
-// the linears save (their cast inputs), qkv, the attention output, GELU's input and output, the
-// host devices' probabilities and the logits are 16-bit (el). At the LM head's backward the
+// residual stream, the layernorms' inputs and statistics, the log-sum-exps and the host attention's
+// row statistics stay f32 (e); what
+// the linears save (their cast inputs), qkv, the attention output, GELU's input and output and the
+// logits are 16-bit (el). At the LM head's backward the
 // gradient of the table is rounded to 16 bits and widened into the f32 master's gradient (both
 // alive), and on CUDA the cross-entropy's backward widens the logits to f32 and rounds its
 // gradient into a new 16-bit tensor (the logits, an f32 copy and the gradient alive at once:
@@ -60,10 +62,12 @@ Activations activations(const PlanInputs& in) {
   Activations a;
   a.input = r(N * C * e);
   const double stats = 4 * r(N * e);  // two layernorms, mean and rstd each
-  // Attention keeps its probabilities [B, NH, T, T] on the host devices, only their log-sum-exp
-  // [B, NH, T] (f32) on CUDA (Note [Attention on CUDA by query blocks]).
-  const double attention = cuda ? r(B * static_cast<double>(c.n_head) * T * 4)
-                                : r(B * static_cast<double>(c.n_head) * T * T * el);
+  // Attention keeps its probabilities [B, NH, T, T] on the host devices in f32, each row's softmax
+  // max and 1/sum [B, NH, T, 2] (f32) under autocast there (Note [Low-precision attention on the
+  // host]), only their log-sum-exp [B, NH, T] (f32) on CUDA (Note [Attention on CUDA by query
+  // blocks]).
+  const double BNHT = B * static_cast<double>(c.n_head) * T;
+  const double attention = cuda ? r(BNHT * 4) : low ? r(BNHT * 2 * 4) : r(BNHT * T * e);
   a.block =
       2 * a.input + 3 * r(N * C * el) + r(3 * N * C * el) + 2 * r(N * F * el) + stats + attention;
   a.head = a.input + r(N * C * el) + 3 * r(N * e);

@@ -12,6 +12,7 @@
 #include <optional>
 #include <vector>
 
+#include "../precision/exact_attention.h"
 #include "autograd/autocast.h"
 #include "autograd/autograd.h"
 #include "autograd/functions.h"
@@ -171,97 +172,21 @@ TEST(CudaLowPrecision, LmHeadOnAnOddVocabularyUnderAutocast) {
   expect_within_sum_bound("dtable", grad(table), dt, dt_terms, R, DType::BF16);
 }
 
-// The exact causal attention of the 16-bit values in qkv [B, T, 3C] (n_head heads, no dropout)
-// and its gradient for dout [B, T, C], in f64, with beside each output element the sum of the
-// absolute terms it is made of (what roundings of those terms can move it by): out = sum_j p v_j
-// with sum_j p |v_j|; dq = sum_j dS k_j with sum |dS| |k_j|; dk, dv likewise.
-struct ExactAttention {
-  std::vector<double> out, out_terms, dqkv, dqkv_terms;
-};
-
-ExactAttention exact_attention(const Tensor& qkv_t, const Tensor& dout_t, int64_t NH) {
-  const int64_t B = qkv_t.size(0), T = qkv_t.size(1), C = qkv_t.size(2) / 3, hs = C / NH;
-  const auto qkv = f64(qkv_t).to_vector<double>(), dout = f64(dout_t).to_vector<double>();
-  ExactAttention e{std::vector<double>(B * T * C), std::vector<double>(B * T * C),
-                   std::vector<double>(B * T * 3 * C), std::vector<double>(B * T * 3 * C)};
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
-  auto at = [&](int64_t b, int64_t t, int part, int64_t h) {
-    return (b * T + t) * 3 * C + part * C + h * hs;
-  };
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < NH; ++h) {
-      for (int64_t t = 0; t < T; ++t) {
-        std::vector<double> p(t + 1), dp(t + 1);
-        double m = -INFINITY, l = 0, D = 0;
-        for (int64_t j = 0; j <= t; ++j) {
-          double s = 0, g = 0;
-          for (int64_t c = 0; c < hs; ++c) {
-            s += qkv[at(b, t, 0, h) + c] * qkv[at(b, j, 1, h) + c];
-            g += dout[(b * T + t) * C + h * hs + c] * qkv[at(b, j, 2, h) + c];
-          }
-          p[j] = s * scale;
-          dp[j] = g;
-          m = std::max(m, p[j]);
-        }
-        for (double& x : p) l += (x = std::exp(x - m));
-        for (int64_t j = 0; j <= t; ++j) D += (p[j] /= l) * dp[j];
-        for (int64_t j = 0; j <= t; ++j) {
-          const double ds = p[j] * (dp[j] - D) * scale;
-          for (int64_t c = 0; c < hs; ++c) {
-            const int64_t o = (b * T + t) * C + h * hs + c;
-            const double qc = qkv[at(b, t, 0, h) + c], kc = qkv[at(b, j, 1, h) + c],
-                         vc = qkv[at(b, j, 2, h) + c], dc = dout[o];
-            e.out[o] += p[j] * vc;
-            e.out_terms[o] += p[j] * std::abs(vc);
-            e.dqkv[at(b, t, 0, h) + c] += ds * kc;
-            e.dqkv_terms[at(b, t, 0, h) + c] += std::abs(ds * kc);
-            e.dqkv[at(b, j, 1, h) + c] += ds * qc;
-            e.dqkv_terms[at(b, j, 1, h) + c] += std::abs(ds * qc);
-            e.dqkv[at(b, j, 2, h) + c] += p[j] * dc;
-            e.dqkv_terms[at(b, j, 2, h) + c] += p[j] * std::abs(dc);
-          }
-        }
-      }
-    }
-  }
-  return e;
-}
-
-// |actual - exact| <= 2u (|exact| + terms) + 2^-16 max |exact|: one rounding of each P~ or dS
-// element (u times its term) and one of the result (u |exact|), with a factor 2 for the f32
-// arithmetic around them; the absolute part covers f32's errors in the scores, exp and D_t (the
-// row's sum of p dP), which can move a dS that nearly cancels by more than u |dS|.
-void expect_attention_bound(const std::string& what, const Tensor& actual,
-                            const std::vector<double>& exact, const std::vector<double>& terms) {
-  const auto a = actual.to(Device::cpu()).to_vector<double>();
-  ASSERT_EQ(a.size(), exact.size()) << what;
-  double largest = 0;
-  for (double x : exact) largest = std::max(largest, std::abs(x));
-  const double u = unit_roundoff(actual.dtype()), atol = std::ldexp(largest, -16);
-  int bad = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double bound = 2 * u * (std::abs(exact[i]) + terms[i]) + atol;
-    if (!(std::abs(a[i] - exact[i]) <= bound) && bad++ < 3)
-      ADD_FAILURE() << what << "[" << i << "]: " << a[i] << ", exact " << exact[i] << ", bound "
-                    << bound;
-  }
-}
-
 TEST(CudaLowPrecision, AttentionOn16BitHeadsIsTheExactAttentionToTheirRoundings) {
   MW_SKIP_WITHOUT_GPU();
   const int64_t B = 2, T = 130, NH = 2, C = 32;  // two query blocks, the second of 2 rows
   for (DType low : {DType::BF16, DType::F16}) {
     SCOPED_TRACE(dtype_name(low));
     Tensor qkv = random_tensor({B, T, 3 * C}, 61, low), dout = random_tensor({B, T, C}, 62, low);
-    const ExactAttention e = exact_attention(qkv, dout, NH);
+    const test::ExactAttention e = test::exact_attention(qkv, dout, NH);
     auto r = ops::attention(qkv.to(gpu()), NH, 0.0, RngState{});
     ASSERT_EQ(r.out.dtype(), low);
     ASSERT_EQ(r.att.dtype(), DType::F32);  // the log-sum-exp stays f32
-    expect_attention_bound("out", r.out, e.out, e.out_terms);
+    test::expect_attention_bound("out", r.out, e.out, e.out_terms);
     Tensor dqkv =
         ops::attention_backward(dout.to(gpu()), qkv.to(gpu()), r.att, NH, 0.0, RngState{});
     ASSERT_EQ(dqkv.dtype(), low);
-    expect_attention_bound("dqkv", dqkv, e.dqkv, e.dqkv_terms);
+    test::expect_attention_bound("dqkv", dqkv, e.dqkv, e.dqkv_terms);
   }
 }
 
