@@ -3,6 +3,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <filesystem>
 
 #include "core/allocator.h"
 #include "core/error.h"
@@ -24,6 +25,10 @@ JsonLog::JsonLog(const std::string& path, int64_t first_step) : path_(path) {
       }
     }
   }
+  // Missing directories are created, as the check before the run promised
+  // (data::check_output_path); a failure to create them is reported by the open.
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   out_ = std::make_unique<std::ofstream>(path, std::ios::trunc);
   *out_ << kept;
   MW_CHECK_T(IoError, out_->good(), "--log '", path, "' cannot be written: ", errno_text(errno),

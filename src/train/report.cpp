@@ -1,5 +1,6 @@
 // What the Trainer reports: the progress line, the memory per tier, and the closing lines of a run
 // (time, memory, NVMe, Gemini, activation offload) with the optional outputs they come with.
+#include <filesystem>
 #include <fstream>
 
 #include "core/allocator.h"
@@ -101,6 +102,9 @@ std::string Trainer::finish_report(double total_s) {
         " rows, held pages ", f(mib(st.held_bytes_max), 1), " MiB max | gradients waiting for ",
         "the updater ", mib_text(st.queued_grad_bytes_max), " max\n");
     if (!o_.nvme_timeline.empty()) {
+      std::error_code ec;  // missing directories, as data::check_output_path promised
+      std::filesystem::create_directories(std::filesystem::path(o_.nvme_timeline).parent_path(),
+                                          ec);
       std::ofstream csv(o_.nvme_timeline);
       MW_CHECK_T(IoError, csv.good(), "--nvme-timeline '", o_.nvme_timeline, "' cannot be written");
       csv << "param,offset,numel,read_issue_ms,read_done_ms,compute_start_ms,compute_end_ms,"

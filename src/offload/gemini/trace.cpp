@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 
 #include "core/error.h"
 
@@ -29,6 +30,10 @@ void Trace::counter(const std::string& name, double ts_us, int64_t bytes) {
 }
 
 void Trace::write(const std::string& path) const {
+  // Missing directories are created, as gpt2_train's check before the run promised
+  // (data::check_output_path); a failure to create them is reported by the open.
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (!f) {
     const int err = errno;
