@@ -381,9 +381,9 @@ Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, double attn_drop
   }
   auto r = ops::attention(qkv, n_head, attn_dropout, rng);
   return record("AttentionBackward", r.out, {qkv}, [&](const std::vector<bool>&) -> BackwardFn {
-    // r.att: the probabilities on cpu/sim, the per-row log-sum-exp on CUDA (ops.h).
+    // r.att: the rows' softmax statistics on cpu/sim, their log-sum-exp on CUDA (ops.h).
     SavedTensor sq(qkv, "attention qkv"),
-        sa(r.att, qkv.device().is_cuda() ? "attention log-sum-exp" : "attention probabilities");
+        sa(r.att, qkv.device().is_cuda() ? "attention log-sum-exp" : "attention row statistics");
     return [=](const Grads& g) -> Grads {
       return {ops::attention_backward(g[0], sq.unpack(), sa.unpack(), n_head, attn_dropout, rng)};
     };

@@ -135,25 +135,17 @@ Tensor dropout(const Tensor& x, double p, RngState rng) {
   return narrow_to(ops::dropout(widen(x), p, rng), x.dtype());
 }
 
-// On cpu/sim the 16-bit qkv is widened and backward keeps each row's softmax statistics, f32,
-// instead of the probabilities (Note [Low-precision attention on the host], cpu/attention.cpp).
-// On CUDA att is the per-row log-sum-exp [B, NH, T]: small, and bf16's 2^-8 relative step on a
-// value near log(T) would scale every recomputed probability by up to 4%, so it stays f32.
+// att stays f32: on cpu/sim each row's softmax statistics (Note [Row statistics instead of
+// probabilities], cpu/attention.cpp: rounded probabilities would move every dS of a row), on CUDA
+// the per-row log-sum-exp [B, NH, T], where bf16's 2^-8 relative step on a value near log(T) would
+// scale every recomputed probability by up to 4%.
 AttentionOut attention(const Tensor& qkv, int64_t n_head, double attn_dropout, RngState rng) {
-  if (!qkv.device().is_cuda() && is_low_precision(qkv.dtype())) {
-    AttentionOut r = ops::attention_row_stats(widen(qkv), n_head, attn_dropout, rng);
-    return {narrow_to(r.out, qkv.dtype()), r.att};
-  }
   AttentionOut r = ops::attention(widen(qkv), n_head, attn_dropout, rng);
   return {narrow_to(r.out, qkv.dtype()), r.att};
 }
 
 Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att, int64_t n_head,
                           double attn_dropout, RngState rng) {
-  if (!qkv.device().is_cuda() && is_low_precision(qkv.dtype()))
-    return narrow_to(
-        ops::attention_backward_row_stats(widen(dout), widen(qkv), att, n_head, attn_dropout, rng),
-        qkv.dtype());
   return narrow_to(
       ops::attention_backward(widen(dout), widen(qkv), widen(att), n_head, attn_dropout, rng),
       qkv.dtype());

@@ -88,11 +88,10 @@ Tensor softmax_backward(const Tensor& dout, const Tensor& y);
 Tensor dropout(const Tensor& x, double p, RngState rng);
 
 // ---- causal self-attention ----
-// qkv [B, T, 3C] -> out [B, T, C]. On cpu/sim, att [B, NH, T, T] holds the pre-dropout
-// probabilities that backward needs (the mask is regenerated), or for bf16/f16 qkv each row's
-// softmax statistics [B, NH, T, 2] (attention_row_stats below); on CUDA, att is the per-row
-// log-sum-exp [B, NH, T] (Note [Attention on CUDA by query blocks]), and backward recomputes the
-// probabilities from it.
+// qkv [B, T, 3C] -> out [B, T, C]. Backward recomputes the probabilities from att: on cpu/sim each
+// row's softmax max and 1/sum [B, NH, T, 2], in qkv's dtype or f32 for a bf16/f16 qkv (Note [Row
+// statistics instead of probabilities], cpu/attention.cpp); on CUDA the per-row log-sum-exp
+// [B, NH, T] (Note [Attention on CUDA by query blocks]). The dropout mask is regenerated.
 struct AttentionOut {
   Tensor out, att;
 };
@@ -100,13 +99,6 @@ AttentionOut attention(const Tensor& qkv, int64_t n_head, double attn_dropout, R
 // Returns dqkv [B, T, 3C].
 Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att, int64_t n_head,
                           double attn_dropout, RngState rng);
-// The host devices' f32 attention that keeps, instead of the probabilities, each row's softmax max
-// and 1/sum, att [B, NH, T, 2] f32; backward recomputes the probabilities from them bit for bit.
-// The 16-bit path on cpu/sim (Note [Low-precision attention on the host], cpu/attention.cpp).
-AttentionOut attention_row_stats(const Tensor& qkv, int64_t n_head, double attn_dropout,
-                                 RngState rng);
-Tensor attention_backward_row_stats(const Tensor& dout, const Tensor& qkv, const Tensor& stats,
-                                    int64_t n_head, double attn_dropout, RngState rng);
 // qkv [B, T, 3C] split into n_head heads, checked (ShapeError naming what does not fit).
 struct AttentionDims {
   int64_t B, T, C, NH, hs;

@@ -18,8 +18,7 @@ namespace {
 // a block's backward, where the MLP's output projection widens dy [N, C], x [N, F] and w [F, C]
 // and gets dx [N, F] and dw [F, C] in f32 (with wte's f32 gradient alive), or the attention
 // widens dout and qkv and gets dqkv in f32 (the probabilities it recomputes from the row
-// statistics are per-task scratch, as in the f32 kernel: Note [Low-precision attention on the
-// host]).
+// statistics are per-task scratch: Note [Row statistics instead of probabilities]).
 template <typename Round>
 void host_low_transients(Activations& a, const PlanInputs& in, const Round& r) {
   const Config& c = in.config;
@@ -62,12 +61,11 @@ Activations activations(const PlanInputs& in) {
   Activations a;
   a.input = r(N * C * e);
   const double stats = 4 * r(N * e);  // two layernorms, mean and rstd each
-  // Attention keeps its probabilities [B, NH, T, T] on the host devices in f32, each row's softmax
-  // max and 1/sum [B, NH, T, 2] (f32) under autocast there (Note [Low-precision attention on the
-  // host]), only their log-sum-exp [B, NH, T] (f32) on CUDA (Note [Attention on CUDA by query
-  // blocks]).
+  // Attention keeps each row's softmax max and 1/sum [B, NH, T, 2] on the host devices (f32 under
+  // autocast; Note [Row statistics instead of probabilities]), its log-sum-exp [B, NH, T] (f32) on
+  // CUDA (Note [Attention on CUDA by query blocks]); the probabilities are per-task scratch.
   const double BNHT = B * static_cast<double>(c.n_head) * T;
-  const double attention = cuda ? r(BNHT * 4) : low ? r(BNHT * 2 * 4) : r(BNHT * T * e);
+  const double attention = cuda ? r(BNHT * 4) : r(BNHT * 2 * (low ? 4 : e));
   a.block =
       2 * a.input + 3 * r(N * C * el) + r(3 * N * C * el) + 2 * r(N * F * el) + stats + attention;
   a.head = a.input + r(N * C * el) + 3 * r(N * e);

@@ -331,7 +331,10 @@ void plan_offloaded_activations(MemoryPlan& p, const PlanInputs& in, const Activ
 // allocators, in the RSS). Under Gemini or on CUDA a sampling forward is a no-grad forward of
 // [1, t] whose tensors die as the next op consumes them: its peak is the widest of three moments,
 // each with the residual stream and a layernorm's output [t, C]: the logits [t, V]; attention's
-// qkv [t, 3C], probabilities [H, t, t] and output [t, C]; the MLP's [t, F] input and output.
+// qkv [t, 3C], its kept statistics (on sim each row's max and 1/sum [H, t, 2]; on CUDA counted as
+// probabilities [H, t, t], an upper bound on its score blocks) and output [t, C]; the MLP's [t, F]
+// input and output, beside ln_2's output and c_proj's (Block::forward and Mlp::forward keep their
+// temporaries to the end of the expression; one more [t, C] is measured at t 1024 and not counted).
 bool samples_by_forwards(const PlanInputs& in) { return in.gemini || in.device.is_cuda(); }
 
 double kv_cache_bytes(const PlanInputs& in) {
@@ -349,9 +352,9 @@ double sampling_forward_double(const PlanInputs& in) {
   const double C = static_cast<double>(c.n_embd), F = static_cast<double>(c.mlp_width());
   auto r = [](double bytes) { return std::ceil(bytes / kHostAlignment) * kHostAlignment; };
   const double head = r(t * static_cast<double>(c.vocab_size) * e);
-  const double attention =
-      r(3 * t * C * e) + r(static_cast<double>(c.n_head) * t * t * e) + r(t * C * e);
-  const double mlp = 2 * r(t * F * e);
+  const double kept = static_cast<double>(c.n_head) * t * (in.device.is_cuda() ? t : 2.0) * e;
+  const double attention = r(3 * t * C * e) + r(kept) + r(t * C * e);
+  const double mlp = 2 * r(t * F * e) + 2 * r(t * C * e);
   return 2 * r(t * C * e) + std::max({head, attention, mlp});
 }
 

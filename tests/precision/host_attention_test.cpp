@@ -1,4 +1,4 @@
-// The host devices' attention on bf16/f16 qkv (Note [Low-precision attention on the host],
+// The host devices' attention on bf16/f16 qkv (Note [Row statistics instead of probabilities],
 // core/cpu/attention.cpp): against the exact attention of the same 16-bit values, and its backward
 // against the f32 backward it stands for, bitwise.
 #include <gtest/gtest.h>

@@ -122,7 +122,7 @@ TEST(MixedOps, LinearGeluAttentionAndLossTrackF32) {
   expect_within("gelu", g, g32, gb);
   // Attention on bf16 qkv: f32 inside, the output rounded once (u|out|, plus the f32 softmax's
   // 1e-6 absolute). Backward keeps each row's softmax statistics in f32, not the probabilities
-  // (Note [Low-precision attention on the host]; tests/precision/host_attention_test.cpp).
+  // (Note [Row statistics instead of probabilities]; tests/precision/host_attention_test.cpp).
   Tensor qkv = y32.to(low);
   auto a32 = ops::attention(qkv.to(DType::F32), 4, 0.0, {});
   auto a = ops::attention(qkv, 4, 0.0, {});

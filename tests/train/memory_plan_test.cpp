@@ -355,11 +355,10 @@ PlanInputs gemini_auto(const Config& c, int64_t chunk_numel) {
 TEST(MemoryPlan, SmallIshOnSimWithGeminiAuto) { check(gemini_auto(small_ish(), 300000)); }
 
 // The sampling forward's arithmetic against a real no-grad forward of [1, t] on sim (the path of
-// CUDA without Gemini): a context where the attention probabilities are the widest moment (t 1024,
-// 16 MiB of them) and one where the logits are (V 8192, t 512: 16 MiB). The plan counts the widest
-// tensors of each moment; short-lived [t, C] temporaries beside them are not counted (about 0.75
-// MiB: at t 256 with V 2048 the plan says 2.50 MiB against 3.25 measured, a case too small to
-// matter next to a step's activations).
+// CUDA without Gemini): a context where the MLP is the widest moment (t 1024: 8 MiB of [t, F]; the
+// attention's 16 MiB of probabilities are per-task scratch since Note [Row statistics instead of
+// probabilities]) and one where the logits are (V 8192, t 512: 16 MiB). The plan counts the widest
+// tensors of each moment; one short-lived [t, C] beside them is not (1 MiB of 13 at t 1024).
 TEST(MemoryPlan, ASamplingForwardNeedsWhatThePlanSays) {
   struct Case {
     int64_t t, vocab;
@@ -385,11 +384,11 @@ TEST(MemoryPlan, ASamplingForwardNeedsWhatThePlanSays) {
   }
 }
 
-// --sample-every under Gemini: a no-grad forward of the whole context (1024 tokens: probabilities
-// of 16 MiB) between steps needs more than a B1 T8 step's activations (2.7 MiB, mostly wte's
-// gradient). The plan counts every chunk on the device beside it; an evaluation releases each
-// chunk after its last use (Note [Evaluation forward]), so the plan is an upper bound here
-// (37.1 MiB planned, 27.0 measured), never below the need.
+// --sample-every under Gemini: a no-grad forward of the whole context (1024 tokens) between steps
+// needs more than a B1 T8 step's activations (2.7 MiB, mostly wte's gradient). The plan counts
+// every chunk on the device beside it; an evaluation releases each chunk after its last use (Note
+// [Evaluation forward]), so the plan is an upper bound here (37.1 MiB planned, 27.0 measured),
+// never below the need.
 TEST(MemoryPlan, SmallIshOnSimWithGeminiAndSamplingIsBoundedByThePlan) {
   Config c = small_ish();
   c.n_positions = 1024;
