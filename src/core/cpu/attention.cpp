@@ -52,14 +52,57 @@ inline uint64_t att_index(const Dims& d, int64_t b, int64_t h, int64_t t, int64_
 // in the qkv's dtype (f32 for a widened 16-bit qkv), and backward recomputes the scores and the
 // probabilities from them with the forward's arithmetic, so bit for bit the forward's. Memory: 2
 // values per row instead of T, where the probabilities were the largest activation of a block at
-// long sequences (GPT-2 small B4 T512 fp32: 600 MB of 4 GB). Time: one more small product per
-// head in backward, partly paid back by the vectorised exp (fast::exp, Note [Wider clones of f32
-// loops]): GPT-2 small B4 T128, attention forward 61.0 -> 53.5 ms and backward 98.3 -> 118.4 ms
-// per step, 0.2% of the step. Precision: a 16-bit qkv kept bf16 probabilities before, and
-// backward took each row's D_t = sum_j p dP from the rounded values: an error of u sum_j p |dP|
-// (u = 2^-8 in bf16) in every dS of the row, not small where dP_j - D_t cancels (5% of some dq in
-// tests/precision/host_attention_test.cpp); recomputed in f32, D_t has f32's error. CUDA keeps the
-// per-row log-sum-exp for the same reasons (Note [Attention on CUDA by query blocks]).
+// long sequences (GPT-2 small B4 T512 fp32: peak RSS 3974 -> 3383 MiB). Time: one more small
+// product per head in backward, paid back by the vectorised exp (fast::exp, Note [Wider clones of
+// f32 loops]) and the blocked products below (Note [Causal products by blocks]). Precision: a
+// 16-bit qkv kept bf16 probabilities before, and backward took each row's D_t = sum_j p dP from the
+// rounded values: an error of u sum_j p |dP| (u = 2^-8 in bf16) in every dS of the row, not small
+// where dP_j - D_t cancels (5% of some dq in tests/precision/host_attention_test.cpp); recomputed
+// in f32, D_t has f32's error. CUDA keeps the per-row log-sum-exp for the same reasons (Note
+// [Attention on CUDA by query blocks]).
+
+// Note [Causal products by blocks]: the probabilities and dS of a head are lower triangular, so
+// each product that has them as an operand, or makes them, runs by blocks of kCausalBlock rows
+// (or columns), each over the part below the diagonal only: row block [r0, r1) of the scores
+// needs keys [0, r1), of P V the same keys; column block [c0, c1) of P^T dO needs queries
+// [c0, T). That is (n+1)/2n of the full products for n = T/64 blocks (75% at T 128, 53% at
+// T 1024); 64-row blocks measured as fast as 32 at T 512 and faster at T 128 (fewer, larger
+// calls). Entries above the diagonal are never read: the softmax and its backward write zeros
+// there before any product reads those rows. GPT-2 small B4 fp32, attention forward + backward
+// per step: T 128 160 -> 148 ms, T 512 2482 -> 1874 ms (with Note [Row statistics instead of
+// probabilities]'s extra product included; `gpt2_bench --torch off`, per-op profile).
+constexpr int64_t kCausalBlock = 64;
+
+// c[r0:r1, 0:r1] = alpha a[r0:r1] b[0:r1]^T for each row block: the scores (a = q, b = k) and
+// dP (a = dO, b = v), [T, hs] operands with leading dimensions lda, ldb; c is [T, T].
+template <typename T>
+void causal_abt(const Dims& d, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T* c) {
+  for (int64_t r0 = 0; r0 < d.T; r0 += kCausalBlock) {
+    const int64_t r1 = std::min(d.T, r0 + kCausalBlock);
+    blas_gemm<T>(false, true, r1 - r0, r1, d.hs, alpha, a + r0 * lda, lda, b, ldb, T(0),
+                 c + r0 * d.T, d.T);
+  }
+}
+
+// y[r0:r1] = l[r0:r1, 0:r1] x[0:r1] for each row block: out = P v and dq = dS k.
+template <typename T>
+void causal_lx(const Dims& d, const T* l, const T* x, int64_t ldx, T* y, int64_t ldy) {
+  for (int64_t r0 = 0; r0 < d.T; r0 += kCausalBlock) {
+    const int64_t r1 = std::min(d.T, r0 + kCausalBlock);
+    blas_gemm<T>(false, false, r1 - r0, d.hs, r1, T(1), l + r0 * d.T, d.T, x, ldx, T(0),
+                 y + r0 * ldy, ldy);
+  }
+}
+
+// y[c0:c1] = l[c0:T, c0:c1]^T x[c0:T] for each column block: dv = P^T dO and dk = dS^T q.
+template <typename T>
+void causal_ltx(const Dims& d, const T* l, const T* x, int64_t ldx, T* y, int64_t ldy) {
+  for (int64_t c0 = 0; c0 < d.T; c0 += kCausalBlock) {
+    const int64_t c1 = std::min(d.T, c0 + kCausalBlock);
+    blas_gemm<T>(true, false, c1 - c0, d.hs, d.T - c0, T(1), l + c0 * d.T + c0, d.T, x + c0 * ldx,
+                 ldx, T(0), y + c0 * ldy, ldy);
+  }
+}
 
 // row[j] = exp(row[j] - mx) for j < n: fast::exp in f32 (vectorised), std::exp in f64.
 MW_F32_CLONES void exp_shifted_f32(float* row, int64_t n, float mx) {
@@ -79,7 +122,7 @@ void exp_shifted(T* row, int64_t n, T mx) {
 template <typename T>
 void head_softmax(const Dims& d, const T* q, T* p, const T* stats_in, T* stats_out) {
   const T scale = T(1) / std::sqrt(static_cast<T>(d.hs));
-  blas_gemm<T>(false, true, d.T, d.T, d.hs, scale, q, 3 * d.C, q + d.C, 3 * d.C, T(0), p, d.T);
+  causal_abt(d, scale, q, 3 * d.C, q + d.C, 3 * d.C, p);
   for (int64_t t = 0; t < d.T; ++t) {
     T* row = p + t * d.T;
     const T mx = stats_in ? stats_in[2 * t] : *std::max_element(row, row + t + 1);
@@ -129,8 +172,7 @@ void attention_forward(const Dims& d, const Tensor& qkv, AttentionOut& r, double
         drop_head(d, b, h, p.data(), dropped, attn_dropout, rng);
         probs = dropped.data();
       }
-      blas_gemm<T>(false, false, d.T, d.hs, d.T, T(1), probs, d.T, q + 2 * d.C, 3 * d.C, T(0),
-                   po + b * d.T * d.C + h * d.hs, d.C);
+      causal_lx(d, probs, q + 2 * d.C, 3 * d.C, po + b * d.T * d.C + h * d.hs, d.C);
     }
   });
 }
@@ -176,9 +218,9 @@ void attention_backward_kernel(const Dims& d, const Tensor& dout, const Tensor& 
         probs = dropped.data();
       }
       // dv = probs^T @ dO
-      blas_gemm<T>(true, false, d.T, d.hs, d.T, T(1), probs, d.T, dO, d.C, T(0), dv, 3 * d.C);
+      causal_ltx(d, probs, dO, d.C, dv, 3 * d.C);
       // dp = dO @ v^T, then through dropout (the same draws) and softmax
-      blas_gemm<T>(false, true, d.T, d.T, d.hs, T(1), dO, d.C, v, 3 * d.C, T(0), dp.data(), d.T);
+      causal_abt(d, T(1), dO, d.C, v, 3 * d.C, dp.data());
       if (attn_dropout > 0)
         for (int64_t t = 0; t < d.T; ++t)
           for (int64_t j = 0; j <= t; ++j)
@@ -186,10 +228,8 @@ void attention_backward_kernel(const Dims& d, const Tensor& dout, const Tensor& 
                 random_uniform(rng, att_index(d, b, h, t, j)) >= attn_dropout ? keep_scale : T(0);
       softmax_backward_rows(d, p.data(), dp.data());
       // dq = ds @ k ; dk = ds^T @ q
-      blas_gemm<T>(false, false, d.T, d.hs, d.T, T(1), dp.data(), d.T, k, 3 * d.C, T(0), dq,
-                   3 * d.C);
-      blas_gemm<T>(true, false, d.T, d.hs, d.T, T(1), dp.data(), d.T, q, 3 * d.C, T(0), dk,
-                   3 * d.C);
+      causal_lx(d, dp.data(), k, 3 * d.C, dq, 3 * d.C);
+      causal_ltx(d, dp.data(), q, 3 * d.C, dk, 3 * d.C);
     }
   });
 }
