@@ -69,8 +69,9 @@ inline uint64_t att_index(const Dims& d, int64_t b, int64_t h, int64_t t, int64_
 // T 1024); 64-row blocks measured as fast as 32 at T 512 and faster at T 128 (fewer, larger
 // calls). Entries above the diagonal are never read: the softmax and its backward write zeros
 // there before any product reads those rows. GPT-2 small B4 fp32, attention forward + backward
-// per step: T 128 160 -> 148 ms, T 512 2482 -> 1874 ms (with Note [Row statistics instead of
-// probabilities]'s extra product included; `gpt2_bench --torch off`, per-op profile).
+// per step: T 128 148-166 against 160-168 ms (four runs each), T 512 2482 -> 1874 ms (with Note
+// [Row statistics instead of probabilities]'s extra product included; `gpt2_bench --torch off`,
+// per-op profile).
 constexpr int64_t kCausalBlock = 64;
 
 // c[r0:r1, 0:r1] = alpha a[r0:r1] b[0:r1]^T for each row block: the scores (a = q, b = k) and
