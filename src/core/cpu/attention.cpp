@@ -14,6 +14,7 @@
 #include "core/convert.h"
 #include "core/cpu/blas.h"
 #include "core/cpu/fast_math.h"
+#include "core/cpu/row_softmax.h"
 #include "core/mixed_ops.h"
 #include "core/ops.h"
 #include "core/ops_cuda.h"
@@ -69,9 +70,9 @@ inline uint64_t att_index(const Dims& d, int64_t b, int64_t h, int64_t t, int64_
 // T 1024); 64-row blocks measured as fast as 32 at T 512 and faster at T 128 (fewer, larger
 // calls). Entries above the diagonal are never read: the softmax and its backward write zeros
 // there before any product reads those rows. GPT-2 small B4 fp32, attention forward + backward
-// per step: T 128 148-166 against 160-168 ms (four runs each), T 512 2482 -> 1874 ms (with Note
-// [Row statistics instead of probabilities]'s extra product included; `gpt2_bench --torch off`,
-// per-op profile).
+// per step, with the extra product of Note [Row statistics instead of probabilities] and the
+// softmax rows' max and sums in lanes (row_softmax.h): T 128 about 152 against 160-168 ms, T 512
+// 2480 -> 1733 ms (`gpt2_bench --torch off`, per-op profile, against 3d9fd27).
 constexpr int64_t kCausalBlock = 64;
 
 // c[r0:r1, 0:r1] = alpha a[r0:r1] b[0:r1]^T for each row block: the scores (a = q, b = k) and
@@ -105,16 +106,22 @@ void causal_ltx(const Dims& d, const T* l, const T* x, int64_t ldx, T* y, int64_
   }
 }
 
-// row[j] = exp(row[j] - mx) for j < n: fast::exp in f32 (vectorised), std::exp in f64.
+// row[j] = exp(row[j] - mx) for j < n, in place: fast::exp in f32, cloned for AVX2 (Note [Wider
+// clones of f32 loops]), std::exp in f64. Forward and backward make each exp here, so backward's
+// are the forward's bit for bit. The forward's row max and normaliser: row_softmax.h.
 MW_F32_CLONES void exp_shifted_f32(float* row, int64_t n, float mx) {
   for (int64_t j = 0; j < n; ++j) row[j] = fast::exp(row[j] - mx);
+}
+MW_F32_CLONES float row_max_f32(const float* row, int64_t n) { return row_max(row, n); }
+MW_F32_CLONES double double_lane_sum_f32(const float* exps, int64_t n) {
+  return lane_sum<double>(exps, n);
 }
 template <typename T>
 void exp_shifted(T* row, int64_t n, T mx) {
   if constexpr (std::is_same_v<T, float>)
     exp_shifted_f32(row, n, mx);
   else
-    for (int64_t j = 0; j < n; ++j) row[j] = std::exp(row[j] - mx);
+    for (int64_t j = 0; j < n; ++j) row[j] = fast::exp_t(row[j] - mx);
 }
 
 // Scores q k^T / sqrt(hs) of one head into p [T, T], then each row's causal softmax, zeros above
@@ -126,14 +133,20 @@ void head_softmax(const Dims& d, const T* q, T* p, const T* stats_in, T* stats_o
   causal_abt(d, scale, q, 3 * d.C, q + d.C, 3 * d.C, p);
   for (int64_t t = 0; t < d.T; ++t) {
     T* row = p + t * d.T;
-    const T mx = stats_in ? stats_in[2 * t] : *std::max_element(row, row + t + 1);
-    exp_shifted(row, t + 1, mx);
     T inv;
     if (stats_in) {
+      exp_shifted(row, t + 1, stats_in[2 * t]);
       inv = stats_in[2 * t + 1];
     } else {
-      double sum = 0;  // Note [Reductions accumulate in double] (layers.cpp)
-      for (int64_t j = 0; j <= t; ++j) sum += row[j];
+      T mx;
+      double sum;
+      if constexpr (std::is_same_v<T, float>) {
+        exp_shifted(row, t + 1, mx = row_max_f32(row, t + 1));
+        sum = double_lane_sum_f32(row, t + 1);
+      } else {
+        exp_shifted(row, t + 1, mx = row_max(row, t + 1));
+        sum = lane_sum<double>(row, t + 1);
+      }
       inv = static_cast<T>(1.0 / sum);
       stats_out[2 * t] = mx, stats_out[2 * t + 1] = inv;
     }
@@ -178,19 +191,38 @@ void attention_forward(const Dims& d, const Tensor& qkv, AttentionOut& r, double
   });
 }
 
-// dS = P o (dP - D_t) / sqrt(hs) row by row, over dp [T, T] (holding dO v^T, the dropout mask
-// already applied), with D_t = sum_j p dP.
+// One row of dS = P o (dP - D_t) / sqrt(hs) over row[0, n) (holding dO v^T, the dropout mask
+// already applied), with D_t = sum_j p dP in eight double lanes (Note [Reductions accumulate in
+// double], layers.cpp; the products of two floats are exact in double).
+template <typename T>
+inline void softmax_backward_row(const T* a, T* row, int64_t n, T scale) {
+  constexpr int64_t kLanes = 8;
+  double lane[kLanes] = {};
+  const int64_t nmain = n / kLanes * kLanes;
+  for (int64_t j = 0; j < nmain; j += kLanes)
+    for (int64_t k = 0; k < kLanes; ++k)
+      lane[k] += static_cast<double>(row[j + k]) * static_cast<double>(a[j + k]);
+  double dot_sum = 0;
+  for (int64_t k = 0; k < kLanes; ++k) dot_sum += lane[k];
+  for (int64_t j = nmain; j < n; ++j)
+    dot_sum += static_cast<double>(row[j]) * static_cast<double>(a[j]);
+  const T dot = static_cast<T>(dot_sum);
+  for (int64_t j = 0; j < n; ++j) row[j] = a[j] * (row[j] - dot) * scale;
+}
+MW_F32_CLONES void softmax_backward_row_f32(const float* a, float* row, int64_t n, float scale) {
+  softmax_backward_row(a, row, n, scale);
+}
+
+// dS over dp [T, T], row by row, zeros above the diagonal.
 template <typename T>
 void softmax_backward_rows(const Dims& d, const T* p, T* dp) {
   const T scale = T(1) / std::sqrt(static_cast<T>(d.hs));
   for (int64_t t = 0; t < d.T; ++t) {
     T* row = dp + t * d.T;
-    const T* a = p + t * d.T;
-    double dot_sum = 0;  // Note [Reductions accumulate in double] (layers.cpp)
-    for (int64_t j = 0; j <= t; ++j)
-      dot_sum += static_cast<double>(row[j]) * static_cast<double>(a[j]);
-    const T dot = static_cast<T>(dot_sum);
-    for (int64_t j = 0; j <= t; ++j) row[j] = a[j] * (row[j] - dot) * scale;
+    if constexpr (std::is_same_v<T, float>)
+      softmax_backward_row_f32(p + t * d.T, row, t + 1, scale);
+    else
+      softmax_backward_row(p + t * d.T, row, t + 1, scale);
     std::fill(row + t + 1, row + d.T, T(0));
   }
 }

@@ -5,6 +5,7 @@
 
 #include "core/convert.h"
 #include "core/cpu/fast_math.h"
+#include "core/cpu/row_softmax.h"
 #include "core/ops.h"
 #include "core/ops_cuda.h"
 #include "core/parallel.h"
@@ -24,41 +25,6 @@ std::vector<int64_t> target_ids(const Tensor& ids, int64_t B, int64_t T, int64_t
     out[static_cast<size_t>(i)] = id;
   }
   return out;
-}
-
-constexpr int64_t kChunk = 512;
-
-// A row's maximum (into mx) and its normaliser, sum_j e^(row[j] - mx), in double. The maximum in
-// eight independent lanes combined in a fixed order: vectorisable without reassociating a single
-// running value, and deterministic. The normaliser chunk by chunk: the exps into a buffer (a loop
-// the compiler vectorises), then the chunk's sum in eight lanes (64 terms each), added to a double
-// total (Note [Reductions accumulate in double], layers.cpp).
-template <typename Tp>
-inline double row_max_and_sum(const Tp* row, int64_t V, Tp& mx) {
-  Tp chunk[kChunk];
-  constexpr int64_t kLanes = 8;
-  Tp lane[kLanes];
-  for (int64_t k = 0; k < kLanes; ++k) lane[k] = row[0];
-  const int64_t Vmain = V / kLanes * kLanes;
-  for (int64_t j = 0; j < Vmain; j += kLanes)
-    for (int64_t k = 0; k < kLanes; ++k) lane[k] = row[j + k] > lane[k] ? row[j + k] : lane[k];
-  mx = lane[0];
-  for (int64_t k = 1; k < kLanes; ++k) mx = std::max(mx, lane[k]);
-  for (int64_t j = Vmain; j < V; ++j) mx = std::max(mx, row[j]);
-  double sum = 0;
-  for (int64_t j0 = 0; j0 < V; j0 += kChunk) {
-    const int64_t n = std::min(kChunk, V - j0);
-    for (int64_t j = 0; j < n; ++j) chunk[j] = fast::exp_t(row[j0 + j] - mx);
-    for (int64_t k = 0; k < kLanes; ++k) lane[k] = 0;
-    const int64_t nmain = n / kLanes * kLanes;
-    for (int64_t j = 0; j < nmain; j += kLanes)
-      for (int64_t k = 0; k < kLanes; ++k) lane[k] += chunk[j + k];
-    double chunk_sum = 0;
-    for (int64_t k = 0; k < kLanes; ++k) chunk_sum += static_cast<double>(lane[k]);
-    for (int64_t j = nmain; j < n; ++j) chunk_sum += static_cast<double>(chunk[j]);
-    sum += chunk_sum;
-  }
-  return sum;
 }
 
 MW_F32_CLONES double row_max_and_sum_f32(const float* row, int64_t V, float& mx) {

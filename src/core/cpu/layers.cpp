@@ -5,8 +5,9 @@
 // Note [Reductions accumulate in double]
 // Every sum of many f32 terms in the CPU kernels (layernorm's row moments and its dweight/dbias
 // column sums, linear's dbias, softmax's normaliser and backward dot product, attention's,
-// sum_dim, sum_to_shape, sum_all) accumulates in double and rounds once at the end; the
-// cross-entropy normaliser sums 64-term f32 lanes per chunk and the chunks in double. A running
+// sum_dim, sum_to_shape, sum_all) accumulates in double and rounds once at the end (the
+// attention's normaliser in eight double lanes, row_softmax.h); the cross-entropy normaliser
+// sums 64-term f32 lanes per chunk and the chunks in double. A running
 // f32 sum of n terms loses up to n half-ulps (typically sqrt(n)), where PyTorch's cascade sums
 // lose about log n; per op (tests/accuracy) linear's dbias over 8192 rows went from 47 eps to
 // 0.9, softmax backward from 49 to 2.3 (docs/accuracy.md). Cost, side by side on GPT-2 small
