@@ -21,6 +21,7 @@ OpenBLAS kernel set (memwall and this torch link the same libopenblas).
 """
 
 import argparse
+import dataclasses
 import copy
 import json
 import math
@@ -112,11 +113,16 @@ def one_run(args, seed):
 
 
 def main():
+    global CONFIG  # the parity config unless a shape option below changes it
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--binary", default=os.path.join(REPO_ROOT, "build", "apps", "gpt2_train"))
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--n-layer", type=int, default=CONFIG.n_layer)
+    ap.add_argument("--n-head", type=int, default=CONFIG.n_head)
+    ap.add_argument("--n-embd", type=int, default=CONFIG.n_embd, help="a multiple of --n-head")
+    ap.add_argument("--vocab-size", type=int, default=CONFIG.vocab_size)
     ap.add_argument("--seed", type=int, default=1, help="first seed")
     ap.add_argument("--seeds", type=int, default=8,
                     help="runs (seeds) pooled per tensor: one run's error is noisy (Adam turns the\n"
@@ -127,6 +133,9 @@ def main():
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--check", type=float, default=0, help="exit 1 if any ratio exceeds this")
     args = ap.parse_args()
+    CONFIG = dataclasses.replace(CONFIG, n_layer=args.n_layer, n_head=args.n_head,
+                                 n_embd=args.n_embd, vocab_size=args.vocab_size,
+                                 n_positions=max(CONFIG.n_positions, args.seq))
 
     torch.set_num_threads(1)
     # Per tensor, over the seeds: the pooled error (RMS of the per-seed errors) of memwall and PyTorch

@@ -142,6 +142,22 @@ TEST(Gradcheck, CausalSelfAttention) {
   }
 }
 
+// Rows longer than one causal block (Note [Causal products by blocks], core/cpu/attention.cpp:
+// 64 rows): T=130 is two full blocks and a block of two rows, so every product meets a block
+// below the diagonal, the diagonal blocks and the short last one.
+TEST(Gradcheck, CausalSelfAttentionOverSeveralBlocks) {
+  Generator gen(5);
+  for (double p : {0.0, 0.25}) {
+    SCOPED_TRACE(p);
+    gradcheck(
+        [&](const Ts& x) {
+          gen.set_state({5, 0});
+          return causal_self_attention(x[0], 2, p, gen);
+        },
+        {random_tensor({1, 130, 12}, 2)});
+  }
+}
+
 TEST(Gradcheck, ShiftedCrossEntropy) {
   Tensor ids = Tensor::from_vector<int64_t>({1, 4, 2, 0, 3, 4, 4, 1}, {2, 4});
   gradcheck([&](const Ts& x) { return shifted_cross_entropy(x[0], ids); },
