@@ -156,17 +156,21 @@ void head_softmax(const Dims& d, const T* q, T* p, const T* stats_in, T* stats_o
 }
 
 // The dropout of one head's probabilities: (t, j) is kept, scaled by 1/(1-p), when its draw is
-// at least p (Note [Counter-based dropout]); forward and backward draw the same.
+// at least p (Note [Counter-based dropout]); forward and backward draw the same. Backward also
+// takes each kept entry's factor, 1/(1-p) or 0, in `factor` [T, T] (below the diagonal) for dP,
+// so each entry is drawn once per pass.
 template <typename T>
 void drop_head(const Dims& d, int64_t b, int64_t h, const T* p, std::vector<T>& dropped,
-               double attn_dropout, RngState rng) {
+               double attn_dropout, RngState rng, std::vector<T>* factor = nullptr) {
   const T keep_scale = static_cast<T>(1.0 / (1.0 - attn_dropout));
   dropped.assign(p, p + d.T * d.T);
+  if (factor) factor->resize(dropped.size());
   for (int64_t t = 0; t < d.T; ++t)
-    for (int64_t j = 0; j <= t; ++j)
-      dropped[t * d.T + j] = random_uniform(rng, att_index(d, b, h, t, j)) >= attn_dropout
-                                 ? dropped[t * d.T + j] * keep_scale
-                                 : T(0);
+    for (int64_t j = 0; j <= t; ++j) {
+      const bool keep = random_uniform(rng, att_index(d, b, h, t, j)) >= attn_dropout;
+      dropped[t * d.T + j] = keep ? dropped[t * d.T + j] * keep_scale : T(0);
+      if (factor) (*factor)[t * d.T + j] = keep ? keep_scale : T(0);
+    }
 }
 
 template <typename T>
@@ -235,9 +239,8 @@ void attention_backward_kernel(const Dims& d, const Tensor& dout, const Tensor& 
   const T* pd = dout.template data<T>();
   const T* stats = stats_all.template data<T>();
   T* pg = dqkv.template data<T>();
-  const T keep_scale = static_cast<T>(1.0 / (1.0 - attn_dropout));
   parallel_for(d.B * d.NH, 1, [&](int64_t s, int64_t e) {
-    std::vector<T> p(static_cast<size_t>(d.T * d.T)), dp(p.size()), dropped;
+    std::vector<T> p(static_cast<size_t>(d.T * d.T)), dp(p.size()), dropped, factor;
     for (int64_t bh = s; bh < e; ++bh) {
       const int64_t b = bh / d.NH, h = bh % d.NH;
       const int64_t base = b * d.T * 3 * d.C + h * d.hs;
@@ -247,7 +250,7 @@ void attention_backward_kernel(const Dims& d, const Tensor& dout, const Tensor& 
       head_softmax<T>(d, q, p.data(), stats + bh * d.T * 2, nullptr);
       const T* probs = p.data();
       if (attn_dropout > 0) {
-        drop_head(d, b, h, p.data(), dropped, attn_dropout, rng);
+        drop_head(d, b, h, p.data(), dropped, attn_dropout, rng, &factor);
         probs = dropped.data();
       }
       // dv = probs^T @ dO
@@ -256,9 +259,7 @@ void attention_backward_kernel(const Dims& d, const Tensor& dout, const Tensor& 
       causal_abt(d, T(1), dO, d.C, v, 3 * d.C, dp.data());
       if (attn_dropout > 0)
         for (int64_t t = 0; t < d.T; ++t)
-          for (int64_t j = 0; j <= t; ++j)
-            dp[t * d.T + j] *=
-                random_uniform(rng, att_index(d, b, h, t, j)) >= attn_dropout ? keep_scale : T(0);
+          for (int64_t j = 0; j <= t; ++j) dp[t * d.T + j] *= factor[t * d.T + j];
       softmax_backward_rows(d, p.data(), dp.data());
       // dq = ds @ k ; dk = ds^T @ q
       causal_lx(d, dp.data(), k, 3 * d.C, dq, 3 * d.C);
