@@ -40,6 +40,9 @@ struct PlanInputs {
   DType precision = DType::F32;
   bool adamw = false;  // the scalar reference (no update in backward)
   bool update_in_backward = true;
+  // --grad-accum: micro-batches per step. From the second on, every gradient accumulated so far
+  // lives beside the next micro-batch's activations.
+  int64_t micro_batches = 1;
   bool states_on_host = true;  // HybridAdam's m and v for a sim device
   double nvme_fraction = 0;    // of parameter elements whose m and v live on disk; 0 = none
   int64_t nvme_window_bytes = 0;

@@ -67,6 +67,7 @@ bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Traine
   in.adamw = o.optimizer == "adamw";
   // Under data parallel only Gemini steps in backward (Note [Updates as reductions complete]).
   in.update_in_backward = o.steps_in_backward() && (!o.data_parallel() || !o.gemini.empty());
+  in.micro_batches = o.grad_accum;
   in.states_on_host = o.states_on_host;
   in.nvme_fraction = o.nvme.fraction;
   in.nvme_window_bytes = o.gemini.empty() ? o.nvme.window_bytes : o.gemini_nvme_window_bytes;

@@ -172,15 +172,20 @@ Peaks measure(const PlanInputs& in) {
       data::random_tokens(9, step, in.batch, in.seq, in.config.vocab_size, tokens.data());
       Tensor ids = Tensor::from_vector(tokens, {in.batch, in.seq}, dev);
       opt->zero_grad();
-      std::unique_ptr<offload::OffloadScope> scope;
-      if (offloader) scope = std::make_unique<offload::OffloadScope>(*offloader);
-      std::optional<AutocastGuard> autocast(std::in_place, in.precision);
-      Tensor logits = model(ids);
-      Tensor loss = shifted_cross_entropy(logits, ids);
-      scope.reset();
-      autocast.reset();
-      logits = Tensor();
-      backward(loss);
+      for (int64_t micro = 0; micro < in.micro_batches; ++micro) {  // --grad-accum
+        if (in.gemini)
+          static_cast<gemini::Gemini*>(opt.get())->set_final_backward(micro + 1 ==
+                                                                      in.micro_batches);
+        std::unique_ptr<offload::OffloadScope> scope;
+        if (offloader) scope = std::make_unique<offload::OffloadScope>(*offloader);
+        std::optional<AutocastGuard> autocast(std::in_place, in.precision);
+        Tensor logits = model(ids);
+        Tensor loss = shifted_cross_entropy(logits, ids);
+        scope.reset();
+        autocast.reset();
+        logits = Tensor();
+        backward(loss);
+      }
       opt->step();
     }
     if (in.sample_tokens > 0) {  // Gemini's path (the KV-cache decoder's heap is no allocator's)
@@ -268,6 +273,18 @@ TEST(MemoryPlan, SmallIshOnSimInBf16AndFp16) {  // Note [Activations under autoc
 TEST(MemoryPlan, SmallIshOnSimWithAdamW) {  // no update in backward: every gradient at once
   PlanInputs in = on_sim(inputs(small_ish(), 2, 64));
   in.adamw = true;
+  check(in);
+}
+
+// --grad-accum: from the second micro-batch on, the gradients so far live beside its
+// activations. Without the plan's row for them the sim peak was 36% above the plan for GPT-2 small
+// B2 T128 (1292.7 MiB measured, 949.6 planned); 22% with recomputation.
+TEST(MemoryPlan, SmallIshOnSimWithGradientAccumulation) {
+  PlanInputs in = on_sim(inputs(small_ish(), 4, 128));
+  in.update_in_backward = false;  // as the trainer sets it under --grad-accum
+  in.micro_batches = 2;
+  check(in);
+  in.checkpoint_every_block = true;
   check(in);
 }
 
