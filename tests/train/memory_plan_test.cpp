@@ -295,8 +295,6 @@ TEST(MemoryPlan, SmallIshOnSimWithHalfTheAdamStatesOnNvme) {
   check(in);
 }
 
-// --offload-activations (issue #17): saved activations on the host, the device keeping the head,
-// the logits and the blocks in flight.
 // --offload-activations (issue #17). The host is measured with the cpu cache off: its best-fit
 // slack is not planned (next test). With gpt2_train's window (prefetch 128 MiB, pending 256 MiB)
 // every offloaded activation of this model is prefetched back from the head's backward on, so the
@@ -313,6 +311,14 @@ TEST(MemoryPlan, SmallIshOnSimWithOffloadedActivations) {
   in.offload_activations = true;
   check_offloaded(in);
   in.offload_in_flight_bytes = 4 << 20;
+  check_offloaded(in);
+  // No update in backward (--grad-clip): every gradient at the end of backward, beside what the
+  // device holds of the activations, not all of them (planned so, this case was -27%).
+  in.update_in_backward = false;
+  check_offloaded(in);
+  in.offload_in_flight_bytes = 128 << 20;
+  check_offloaded(in);
+  in.offload_activations = false;
   check_offloaded(in);
 }
 
