@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <vector>
 
 #include "autograd/autograd.h"
 #include "core/ops.h"
@@ -12,6 +13,22 @@
 namespace mw::optim {
 
 namespace {
+// Gradients are checked and unscaled by slices of at most kSlice elements, so that the
+// temporaries (the host copy the check reads, the scaled values) stay small whatever the largest
+// gradient. Whole, GPT-2 small's wte gradient made 147 MiB of each, on the host and on the device:
+// `--precision fp16 --device sim` peaked at 1097 MiB on both against 949.6 MiB planned.
+constexpr int64_t kSlice = int64_t{1} << 22;  // 16 MiB of f32
+
+// The gradient as slices of at most kSlice elements (a non-contiguous one whole).
+std::vector<Tensor> slices(const Tensor& g) {
+  if (!g.is_contiguous() || g.numel() <= kSlice) return {g};
+  const Tensor flat = g.view({-1});
+  std::vector<Tensor> out;
+  for (int64_t at = 0; at < flat.numel(); at += kSlice)
+    out.push_back(flat.narrow(0, at, std::min(kSlice, flat.numel() - at)));
+  return out;
+}
+
 bool all_finite(const Tensor& g) {
   Tensor h = g.to(Device::cpu());
   if (h.dtype() != DType::F32) h = h.to(DType::F32);
@@ -44,13 +61,15 @@ Tensor DynamicLossScaler::backward_seed(const Tensor& loss) const {
 bool DynamicLossScaler::unscale_and_check(const std::vector<Tensor>& params) {
   for (const Tensor& p : params) {
     Tensor g = grad(p);
-    if (g.defined() && !all_finite(g)) return false;
+    if (!g.defined()) continue;
+    for (const Tensor& s : slices(g))
+      if (!all_finite(s)) return false;
   }
   const double inverse = 1.0 / state_.scale;
   for (const Tensor& p : params) {
     Tensor g = grad(p);
     if (!g.defined()) continue;
-    g.copy_(ops::affine_scalar(g, inverse, 0.0));
+    for (Tensor s : slices(g)) s.copy_(ops::affine_scalar(s, inverse, 0.0));
   }
   return true;
 }
