@@ -1,0 +1,162 @@
+// The memory plan's refusals (train/memory_plan.h, check_plan_fits): what does not fit is refused
+// naming the numbers and the options; the sim device's bytes count against the host; data parallel
+// is planned per rank and checked per host; the arithmetic stays fast and saturates on absurd
+// shapes. The plan against measured peaks: memory_plan_test.cpp.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+
+#include "core/error.h"
+#include "plan_test_inputs.h"
+#include "train/memory_plan.h"
+
+namespace mw::train {
+namespace {
+
+using gpt2::Config;
+using test::inputs;
+using test::on_sim;
+using test::wide;
+
+TEST(MemoryPlan, RefusesWhatDoesNotFitNamingTheNumbersAndTheOptions) {
+  PlanInputs in = inputs(Config::preset("small"), 100000, 128);
+  const MemoryPlan plan = plan_memory(in);
+  AvailableMemory avail;
+  avail.host_bytes = int64_t{16} << 30;
+  avail.host_source = "MemAvailable";
+  try {
+    check_plan_fits(plan, in, avail);
+    FAIL() << "a 10 TiB plan was accepted";
+  } catch (const OutOfMemory& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("16384.0 MiB available"), std::string::npos) << what;
+    EXPECT_NE(what.find("--batch"), std::string::npos) << what;
+    EXPECT_NE(what.find("--checkpoint-activations"), std::string::npos) << what;
+    EXPECT_NE(what.find("--skip-memory-check"), std::string::npos) << what;
+  }
+  in.batch = 4;  // GPT-2 small at B4 T128 fits in 16 GiB
+  EXPECT_NO_THROW(check_plan_fits(plan_memory(in), in, avail));
+}
+
+// The sim device's memory is host RAM: a plan that fits the device's capacity but not the host
+// with the device's bytes added is refused (GPT-2 xl on sim:100GiB with its Adam states on the
+// device planned 23.2 GiB on the device and none on the host, passed, and was OOM-killed).
+TEST(MemoryPlan, SimDeviceBytesCountAgainstHostRam) {
+  PlanInputs in = on_sim(inputs(Config::preset("small"), 4, 128));
+  in.device_capacity_bytes = int64_t{100} << 30;
+  in.states_on_host = false;
+  const MemoryPlan plan = plan_memory(in);
+  ASSERT_GT(plan.device_bytes, plan.host_bytes) << plan.table();
+  AvailableMemory avail;
+  avail.host_source = "MemAvailable";
+  avail.host_bytes = plan.host_bytes + plan.device_bytes - 1;  // one byte short
+  try {
+    check_plan_fits(plan, in, avail);
+    FAIL() << "the sim device's bytes were not counted against host RAM\n" << plan.table();
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("the simulated device"), std::string::npos) << e.what();
+  }
+  avail.host_bytes += 1;
+  EXPECT_NO_THROW(check_plan_fits(plan, in, avail));
+  in.device = Device::cuda(0);  // a GPU's bytes are not the host's: nothing is added
+  const MemoryPlan on_gpu = plan_memory(in);
+  ASSERT_GT(on_gpu.device_bytes, 0) << on_gpu.table();
+  avail.host_bytes = on_gpu.host_bytes;
+  EXPECT_NO_THROW(check_plan_fits(on_gpu, in, avail));
+}
+
+// Data parallel (docs/distributed.md): the plan is one rank's, over its rows of the global batch;
+// ZeRO 1 and 2 shard the Adam states (and stage 2 the kept gradients); ranks on one machine share
+// its RAM, so the check multiplies. Measured against each rank's peak in tests/dist/plan_test.cpp.
+TEST(MemoryPlan, DataParallelIsPlannedPerRankAndCheckedPerHost) {
+  const PlanInputs one = inputs(wide(), 4, 128);
+  PlanInputs dp = one;
+  dp.ranks = 2;
+  dp.update_in_backward = false;  // as the trainer sets it under data parallel
+  const MemoryPlan single = plan_memory(one), ddp = plan_memory(dp);
+  PlanInputs half = one;
+  half.batch = 2;
+  EXPECT_EQ(ddp.activation_bytes, plan_memory(half).activation_bytes) << "B4 over 2 ranks: B2";
+  auto row = [](const MemoryPlan& p, const std::string& what) {
+    for (const auto& r : p.rows)
+      if (r.what == what) return r.bytes;
+    return int64_t{0};
+  };
+  const int64_t params = row(single, "parameters");
+  EXPECT_EQ(row(ddp, "gradient buckets"), params) << "stage 0 keeps every bucket";
+  EXPECT_EQ(row(ddp, "Adam m, v"), 2 * params);
+  dp.zero_stage = 1;
+  const MemoryPlan z1 = plan_memory(dp);
+  EXPECT_EQ(row(z1, "Adam m, v"), params) << "this rank's half of m and v";
+  EXPECT_EQ(row(z1, "gradient shard"), params / 2);
+  dp.zero_stage = 2;
+  const MemoryPlan z2 = plan_memory(dp);
+  EXPECT_EQ(row(z2, "gradient buckets"), 0) << "stage 2 frees a bucket after its reduce_scatter";
+  EXPECT_LT(z2.host_bytes, z1.host_bytes);
+  // Four ranks on a machine with room for three of them.
+  dp.ranks = dp.ranks_on_host = 4;
+  const MemoryPlan four = plan_memory(dp);
+  EXPECT_NE(four.table().find("4 ranks on this host"), std::string::npos) << four.table();
+  AvailableMemory avail;
+  avail.host_bytes = 3 * four.host_bytes + (four.host_bytes / 2);
+  avail.host_source = "MemAvailable";
+  try {
+    check_plan_fits(four, dp, avail);
+    FAIL() << "four ranks were accepted in the room of three and a half";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("(4 ranks on this host)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fewer ranks per host"), std::string::npos) << e.what();
+  }
+  dp.ranks_on_host = 3;  // the fourth rank on another machine
+  EXPECT_NO_THROW(check_plan_fits(plan_memory(dp), dp, avail));
+}
+
+TEST(MemoryPlan, ADeviceTooSmallIsRefusedWithGeminiSuggested) {
+  PlanInputs in = inputs(Config::preset("small"), 4, 128);
+  in.device = Device::sim(0);
+  in.device_capacity_bytes = int64_t{768} << 20;
+  try {
+    check_plan_fits(plan_memory(in), in, AvailableMemory{});
+    FAIL() << "GPT-2 small on 768 MiB without Gemini was accepted";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("--gemini auto"), std::string::npos) << e.what();
+  }
+}
+
+TEST(MemoryPlan, TheLargestConfigIsPlannedQuicklyWithoutOverflow) {
+  // Every size at the config's limit (2^24): the plan neither overflows nor lists 200 million
+  // tensors, so an absurd config.json is refused at once.
+  const int64_t max_dim = int64_t{1} << 24;
+  PlanInputs in = inputs(Config::preset("small"), 1 << 20, 1024);
+  in.config.n_layer = max_dim;
+  in.config.n_embd = max_dim;
+  in.config.n_head = 1;
+  in.config.vocab_size = max_dim;
+  const auto t0 = std::chrono::steady_clock::now();
+  const MemoryPlan plan = plan_memory(in);
+  in.gemini = true;
+  in.device = Device::sim(0);
+  const MemoryPlan gemini_plan = plan_memory(in);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(seconds, 0.5);                                // two tables of at most two layers each
+  EXPECT_GE(plan.host_bytes, int64_t{1} << 60);           // saturated, not wrapped negative
+  EXPECT_GE(gemini_plan.device_bytes, int64_t{1} << 60);  // static, nothing offloaded
+  // Past kListedLayers the per-block arithmetic equals the listed table's.
+  PlanInputs listed = inputs(Config::preset("small"), 4, 128), derived = listed;
+  listed.config.n_layer = 4096;
+  derived.config.n_layer = 4097;
+  const MemoryPlan a = plan_memory(listed), b = plan_memory(derived);
+  EXPECT_EQ(b.host_bytes - a.host_bytes,
+            plan_memory(inputs(Config::preset("small"), 4, 128)).host_bytes -
+                plan_memory([] {
+                  PlanInputs eleven = inputs(Config::preset("small"), 4, 128);
+                  eleven.config.n_layer = 11;
+                  return eleven;
+                }())
+                    .host_bytes);
+}
+
+}  // namespace
+}  // namespace mw::train

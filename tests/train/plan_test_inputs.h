@@ -1,0 +1,33 @@
+// Inputs shared by the memory plan's tests (memory_plan_test.cpp: the plan against measured peaks;
+// memory_check_test.cpp: the refusals and the arithmetic's edges).
+#pragma once
+
+#include "models/gpt2/config.h"
+#include "train/memory_plan.h"
+
+namespace mw::train::test {
+
+constexpr int kSim = 5;  // a sim device of its own (capacity and peak are per index)
+
+// GPT-2 small's widths (C 768, V 50257) with two blocks.
+inline gpt2::Config wide() {
+  gpt2::Config c = gpt2::Config::preset("small");
+  c.n_layer = 2;
+  return c;
+}
+
+inline PlanInputs inputs(const gpt2::Config& c, int64_t batch, int64_t seq) {
+  PlanInputs in;
+  in.config = c;
+  in.config.set_dropout(0.1);
+  in.batch = batch;
+  in.seq = seq;
+  return in;
+}
+
+inline PlanInputs on_sim(PlanInputs in) {
+  in.device = Device::sim(kSim);
+  return in;
+}
+
+}  // namespace mw::train::test
