@@ -22,6 +22,7 @@
 #include "data/atomic_save.h"
 #include "data/json.h"
 #include "dist/communicator.h"
+#include "models/gpt2/hf_io.h"
 #include "models/gpt2/spec.h"
 #include "placement_options.h"
 #include "train/json_log.h"
@@ -401,9 +402,12 @@ void report_eval(train::Trainer& t, train::JsonLog& log, bool tty) {
 
 int run(const Options& o) {
   // Outputs first: a typo in any output path fails now, not after training (docs/reliability.md).
-  for (const auto& [option, path] : {std::pair<const char*, std::string>{"--save", o.save},
-                                     {"--checkpoint-dir", o.checkpoint_dir}})
-    if (!path.empty()) data::check_output_path(path, option, /*as_directory=*/true);
+  // --save replaces its folder as a whole: only one that holds a saved model's files alone
+  // (Note [Replacing only what a save wrote]); --checkpoint-dir holds step_NNNNNN folders.
+  if (!o.save.empty())
+    data::check_output_path(o.save, "--save", /*as_directory=*/true, gpt2::is_saved_model_entry);
+  if (!o.checkpoint_dir.empty())
+    data::check_output_path(o.checkpoint_dir, "--checkpoint-dir", /*as_directory=*/true);
   for (const auto& [option, path] : {std::pair<const char*, std::string>{"--log", o.log},
                                      {"--save-optimizer", o.save_optimizer},
                                      {"--nvme-timeline", o.nvme_timeline},

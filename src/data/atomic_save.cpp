@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -89,14 +90,41 @@ int remove_stale_temporaries(const std::string& path) {
   return removed;
 }
 
-StagedDirectory::StagedDirectory(std::string final_dir, std::string hint)
-    : final_(std::move(final_dir)), tmp_(temporary_sibling(final_)), hint_(std::move(hint)) {
+void check_only_saved_entries(const std::string& dir, const std::string& option,
+                              const SavedEntries& saved) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;
+  std::vector<std::string> foreign;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!saved(name)) foreign.push_back(name);
+  }
+  if (foreign.empty()) return;
+  std::sort(foreign.begin(), foreign.end());
+  std::string list;
+  for (size_t i = 0; i < foreign.size() && i < 5; ++i)
+    list += str(i ? ", " : "", "'", foreign[i], "'");
+  if (foreign.size() > 5) list += str(" and ", foreign.size() - 5, " more");
+  throw IoError(str(option, " '", dir, "' holds ", list,
+                    ", which a save there would delete: the folder is replaced as a whole. Pass a "
+                    "new folder (e.g. '",
+                    (fs::path(dir) / "model").string(),
+                    "'), or one that an earlier save wrote; nothing was written"),
+                dir, 0, 0, EEXIST);
+}
+
+StagedDirectory::StagedDirectory(std::string final_dir, std::string hint, SavedEntries saved)
+    : final_(std::move(final_dir)),
+      tmp_(temporary_sibling(final_)),
+      hint_(std::move(hint)),
+      saved_(std::move(saved)) {
   check_replaceable_name(final_, "saving to");
   std::error_code ec;
   fs::create_directories(parent_directory(final_), ec);
   remove_stale_temporaries(final_);
   MW_CHECK_T(IoError, !fs::exists(final_, ec) || fs::is_directory(final_, ec), "'", final_,
              "' exists and is not a directory; ", hint_);
+  check_only_saved_entries(final_, "saving to", saved_);
   remove_tree(tmp_);  // this process's own, from an earlier failed attempt
   if (::mkdir(tmp_.c_str(), 0755) != 0) {
     int err = errno;
@@ -115,6 +143,7 @@ std::string StagedDirectory::file(const std::string& name) const { return tmp_ +
 
 void StagedDirectory::commit() {
   throw_if_stop_requested(str("before moving '", tmp_, "' into place").c_str());
+  check_only_saved_entries(final_, "saving to", saved_);  // again: files may have come meanwhile
   fsync_directory(tmp_);
   std::error_code ec;
   std::string old;  // where the replaced folder ends up, to be removed; empty when none
@@ -145,16 +174,19 @@ void StagedDirectory::fail_move(int err) const {
 
 void set_refuse_rename_exchange_for_testing(bool refuse) { g_refuse_exchange = refuse; }
 
-void check_output_path(const std::string& path, const std::string& option, bool as_directory) {
+void check_output_path(const std::string& path, const std::string& option, bool as_directory,
+                       const SavedEntries& saved) {
   std::error_code ec;
   const bool exists = fs::exists(path, ec);
-  if (as_directory) check_replaceable_name(path, option);
-  if (as_directory)
+  if (as_directory) {
+    check_replaceable_name(path, option);
     MW_CHECK_T(IoError, !exists || fs::is_directory(path, ec), option, " '", path,
                "' exists and is not a directory; pass a folder path (it is created or replaced)");
-  else
+    if (saved) check_only_saved_entries(path, option, saved);
+  } else {
     MW_CHECK_T(IoError, !fs::is_directory(path, ec), option, " '", path,
                "' is a directory; pass a file path");
+  }
   // A FIFO or device (--log /dev/stdout, a named pipe): it must accept a writer now, or the run
   // would block opening it (a FIFO without a reader answers ENXIO to a non-blocking open).
   struct stat st;

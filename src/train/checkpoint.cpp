@@ -122,7 +122,12 @@ std::string write_checkpoint(const std::string& dir, const TrainState& state,
                              const std::function<void(const std::string&)>& save_optimizer) {
   const std::string final_path = (fs::path(dir) / checkpoint_name(state.step)).string();
   const std::string hint = "pass --checkpoint-dir a writable directory with free space";
-  data::StagedDirectory staged(final_path, hint);
+  // What a checkpoint folder holds (an earlier run's step of the same number is replaced).
+  const data::SavedEntries saved = [](const std::string& name) {
+    return name == "model" || name == kTrainerState || name == kManifest ||
+           name.rfind("optimizer", 0) == 0;
+  };
+  data::StagedDirectory staged(final_path, hint, saved);
   try {
     save_model(staged.file("model"));
     if (save_optimizer) save_optimizer(staged.file("optimizer.bin"));

@@ -174,25 +174,6 @@ TEST(Reliability, BadOutputPathsFailBeforeStepZero) {
   EXPECT_TRUE(hidden_entries(tmp.path()).empty());
 }
 
-// Every output may name directories that do not exist yet: the check before the run accepts them
-// (the nearest existing one must be writable), so each writer creates them. Before, --log failed
-// when the trainer opened it, and --trace and --nvme-timeline only after the last step.
-TEST(Reliability, OutputsInMissingDirectoriesAreCreated) {
-  TempDir tmp;
-  const std::string d = tmp.file("new/deeper");
-  Outcome o = run_app(tmp, "gpt2_train", tiny({"--steps",          "2",          "--device",
-                                               "sim:64MiB",        "--gemini",   "auto",
-                                               "--offload",        "nvme",       "--log",
-                                               d + "/log.json",    "--trace",    d + "/trace.json",
-                                               "--nvme-timeline",  d + "/t.csv", "--save-optimizer",
-                                               d + "/opt.bin",     "--save",     d + "/model",
-                                               "--checkpoint-dir", d + "/ck"}));
-  EXPECT_EQ(o.exit_code, 0) << o.output;
-  for (const char* f : {"log.json", "trace.json", "t.csv", "opt.bin", "model/model.safetensors",
-                        "ck/step_000002/manifest.json"})
-    EXPECT_TRUE(std::filesystem::is_regular_file(d + "/" + f)) << f << "\n" << o.output;
-}
-
 // A first good save in tmp/m and tmp/opt.bin; returns their bytes.
 struct Saved {
   std::string weights, config, optimizer;

@@ -27,6 +27,9 @@ int64_t entries(const std::string& dir) {
   return std::distance(fs::directory_iterator(dir), fs::directory_iterator());
 }
 
+// The entries the test saves write ("a" and "b").
+bool ab(const std::string& name) { return name == "a" || name == "b"; }
+
 void write_pieces(const std::string& path, const std::string& a, const std::string& b) {
   write_file_atomically(path, {{a.data(), int64_t(a.size())}, {b.data(), int64_t(b.size())}},
                         "test hint");
@@ -93,7 +96,7 @@ INSTANTIATE_TEST_SUITE_P(ExchangeAndRenameAside, AtomicFolder, ::testing::Bool()
 TEST_P(AtomicFolder, AFolderIsReplacedWholeOrNotAtAll) {
   const std::string dir = tmp.file("model");
   auto save = [&](const std::string& a, const std::string& b) {
-    StagedDirectory staged(dir, "test hint");
+    StagedDirectory staged(dir, "test hint", ab);
     write_file(staged.file("a"), {{a.data(), int64_t(a.size())}}, "test hint");
     write_file(staged.file("b"), {{b.data(), int64_t(b.size())}}, "test hint");
     staged.commit();
@@ -114,9 +117,39 @@ TEST_P(AtomicFolder, AFolderIsReplacedWholeOrNotAtAll) {
   EXPECT_EQ(entries(tmp.path()), 1);
   // A plain file where the folder should be is refused, untouched.
   write_bytes(tmp.file("file"), "x");
-  expect_throw_with<IoError>([&] { StagedDirectory s(tmp.file("file"), "hint"); },
+  expect_throw_with<IoError>([&] { StagedDirectory s(tmp.file("file"), "hint", ab); },
                              {"not a directory"});
   EXPECT_EQ(read_bytes(tmp.file("file")), "x");
+}
+
+// Note [Replacing only what a save wrote]: `gpt2_train --save /tmp` replaced all of /tmp with the
+// model. A folder holding anything a save does not write is refused before a byte is written, and
+// again at the swap if something arrived meanwhile; it is left exactly as it was.
+TEST_F(AtomicSave, AFolderWithOtherFilesIsNeverReplaced) {
+  const std::string dir = tmp.file("work");
+  fs::create_directories(dir + "/sub");
+  write_bytes(dir + "/a", "a0");
+  write_bytes(dir + "/notes.txt", "mine");
+  expect_throw_with<IoError>([&] { StagedDirectory s(dir, "hint", ab); },
+                             {"'notes.txt', 'sub'", "would delete", "nothing was written"});
+  expect_throw_with<IoError>([&] { check_output_path(dir, "--save", true, ab); },
+                             {"--save", "'notes.txt', 'sub'", "a new folder"});
+  check_output_path(dir, "--checkpoint-dir", true);  // a container: nothing in it is replaced
+  EXPECT_EQ(read_bytes(dir + "/notes.txt"), "mine");
+  EXPECT_EQ(entries(dir), 3);
+  EXPECT_EQ(entries(tmp.path()), 1) << "no temporary left";
+  // A file that arrives while the save is staged stops the swap; the folder keeps it.
+  fs::remove_all(dir + "/sub");
+  fs::remove(dir + "/notes.txt");
+  {
+    StagedDirectory staged(dir, "hint", ab);
+    write_bytes(staged.file("a"), "a1");
+    write_bytes(dir + "/late.txt", "arrived");
+    expect_throw_with<IoError>([&] { staged.commit(); }, {"'late.txt'"});
+  }
+  EXPECT_EQ(read_bytes(dir + "/a"), "a0");
+  EXPECT_EQ(read_bytes(dir + "/late.txt"), "arrived");
+  EXPECT_EQ(entries(tmp.path()), 1) << "no temporary left";
 }
 
 TEST_F(AtomicSave, LeftoversOfDeadProcessesAreRemovedByTheNextSave) {

@@ -228,6 +228,13 @@ void load_hf_weights(GPT2& model, const std::string& dir) {
   }
 }
 
+bool is_saved_model_entry(const std::string& name) {
+  for (const char* saved : {kSingleFile, "config.json", "generation_config.json", "tokenizer.json",
+                            "vocab.json", "merges.txt"})
+    if (name == saved) return true;
+  return false;
+}
+
 void save_hf(const GPT2& model, const std::string& dir) { save_hf(model, dir, model.config()); }
 
 // Note [Streaming save]: each parameter is read (and checked finite) only when the writer reaches
@@ -256,7 +263,7 @@ void save_hf(const GPT2& model, const std::string& dir, const Config& config,
   writer.set_metadata("format", "pt");
   const char* hint = "pass --save a folder in a writable directory with room";
   try {
-    data::StagedDirectory staged(dir, hint);
+    data::StagedDirectory staged(dir, hint, is_saved_model_entry);
     writer.write(staged.file(kSingleFile), /*atomic=*/false);  // the model first
     const std::string config_json = config.to_json(), generation = config.generation_config_json();
     data::write_file(staged.file("config.json"),

@@ -62,9 +62,17 @@ void load_hf_weights(GPT2& model, const std::string& dir);
 // when given, is called before a parameter's bytes are read, so a caller whose parameters live on
 // disk (Gemini's three tiers) can bring in one chunk at a time. `extra_files` (name, contents),
 // such as the tokenizer's vocab.json + merges.txt or tokenizer.json, are written into the folder.
+//
+// An existing DIR is replaced only when it holds nothing but what save_hf writes
+// (is_saved_model_entry; Note [Replacing only what a save wrote], data/atomic_save.h); otherwise
+// IoError naming the foreign entries, and nothing is written.
 void save_hf(const GPT2& model, const std::string& dir);
 void save_hf(const GPT2& model, const std::string& dir, const Config& config,
              const std::function<void(const std::string& hf_name)>& before_read = {},
              const std::vector<std::pair<std::string, std::string>>& extra_files = {});
+
+// The names save_hf writes into its folder: model.safetensors, config.json,
+// generation_config.json and the tokenizer's tokenizer.json, vocab.json, merges.txt.
+bool is_saved_model_entry(const std::string& name);
 
 }  // namespace mw::gpt2
