@@ -450,10 +450,11 @@ MemoryPlan plan_memory(const PlanInputs& global) {
     add(p, "gradients kept across micro-batches", dev, params,
         str("--grad-accum ", in.micro_batches, ": beside the next micro-batch's activations"));
   } else if (!data_parallel && (in.adamw || !in.update_in_backward)) {
-    // Every gradient but the first block's exists at the first block's backward, when the
-    // other activations are gone: the peak is the larger of the two moments. Against the
-    // device's share of the activations (with offload, not all of them: GPT-2 small B2 T256
-    // --offload-activations --grad-clip on sim was planned 849.7 MiB, measured 962).
+    // At the first block's backward nearly every gradient exists (all are counted, an upper
+    // bound by that block's own) beside what the block holds, the other activations gone: the
+    // peak is the larger of that moment and the activations' peak, the device's share of them
+    // (with offload, not all of them: GPT-2 small B2 T256 --offload-activations --grad-clip on
+    // sim was planned 849.7 MiB, measured 962).
     add(p, "gradients beyond the activations' peak", dev,
         std::max<int64_t>(0, params + first_block_backward(in, a) - device_act),
         "no update in backward: all gradients at the first block's backward");
