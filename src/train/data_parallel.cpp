@@ -71,13 +71,32 @@ DataParallel::~DataParallel() = default;
 
 Tensor DataParallel::flat_param(size_t param) const { return params_[param].detach().view({-1}); }
 
+namespace {
+
+// A parameter of `numel` elements opens a new bucket after one of `bucket_numel` elements.
+bool opens_bucket(int64_t bucket_numel, int64_t numel, int64_t cap) {
+  return bucket_numel > 0 && bucket_numel + numel > cap;
+}
+
+}  // namespace
+
+std::vector<int64_t> bucket_numels(const std::vector<int64_t>& numels, int64_t bucket_bytes) {
+  const int64_t cap = std::max<int64_t>(1, bucket_bytes / 4);
+  std::vector<int64_t> out;
+  for (size_t k = numels.size(); k-- > 0;) {  // reverse registration order
+    if (out.empty() || opens_bucket(out.back(), numels[k], cap)) out.push_back(0);
+    out.back() += numels[k];
+  }
+  return out;
+}
+
 void DataParallel::build_buckets(int64_t bucket_bytes) {
   const int64_t n = comm_->size(), r = comm_->rank();
   const int64_t cap = std::max<int64_t>(1, bucket_bytes / 4);
   bucket_of_.assign(numels_.size(), 0);
   member_of_.assign(numels_.size(), 0);
-  for (size_t k = numels_.size(); k-- > 0;) {  // reverse registration order
-    if (buckets_.empty() || (buckets_.back().numel > 0 && buckets_.back().numel + numels_[k] > cap))
+  for (size_t k = numels_.size(); k-- > 0;) {  // reverse registration order, as bucket_numels
+    if (buckets_.empty() || opens_bucket(buckets_.back().numel, numels_[k], cap))
       buckets_.emplace_back();
     Bucket& b = buckets_.back();
     bucket_of_[k] = buckets_.size() - 1;

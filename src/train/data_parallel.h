@@ -56,6 +56,11 @@ struct ShardPiece {
   int64_t offset = 0, numel = 0;
 };
 
+// Note [Gradient buckets]'s grouping: the element counts of the buckets, in the order their
+// collectives start (the reverse of `numels`, the parameters' registration order), each about
+// `bucket_bytes` of f32 and at least one parameter. The memory plan sizes its rows from them.
+std::vector<int64_t> bucket_numels(const std::vector<int64_t>& numels, int64_t bucket_bytes);
+
 struct DataParallelStats {
   dist::CommStats comm;
   double backward_end_wait_ms = 0;    // waiting for gradient collectives after backward (exposed)

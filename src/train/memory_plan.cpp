@@ -11,6 +11,7 @@
 #include "models/gpt2/spec.h"
 #include "offload/gemini/chunk_search.h"
 #include "train/activation_plan.h"
+#include "train/data_parallel.h"
 #include "train/plan_bytes.h"
 
 namespace mw::train {
@@ -262,17 +263,43 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // parameters stay counted whole, an upper bound: a rank holds its pieces (Psi/N) and the buckets
 // in use (Note [ZeRO stage 3], train/zero3.cpp), which the plan does not lay out.
 // The buckets and shards are host memory whatever the device (train/data_parallel.cpp: the
-// collectives run on host buffers); on sim this row was once counted on the device, 475 MiB
-// too much there and too little on the host for GPT-2 small at 2 ranks.
-void plan_gradient_buckets(MemoryPlan& p, const PlanInputs& in, int64_t params) {
+// collectives run on host buffers); on sim they were once counted on the device, 475 MiB too much
+// there and too little on the host for GPT-2 small at 2 ranks. Sizes come from the buckets
+// themselves (bucket_numels): a parameter larger than --bucket-mb is a bucket of its own (GPT-2's
+// wte, 147 MiB), so stage 2's two buckets in flight are the two largest, not 2 x --bucket-mb.
+// Stages 1 and 2 then rebuild the parameters after the update by all_gathers of three buckets at
+// a time, each from a host piece into a host buffer of the whole bucket (stage 1's is the kept
+// bucket): a moment after backward, so only what it holds beyond backward's host extras (the
+// buckets in flight, the activations when they are on the host) is added. Measured on sim, 26.8M
+// parameters (wte a bucket of 73.6 MiB), 2 ranks: host peaks 307 / 293 MiB at stages 1 / 2 against
+// 255.7 / 203.4 planned without these two corrections.
+void plan_gradient_buckets(MemoryPlan& p, const PlanInputs& in, int64_t params,
+                           int64_t host_activations) {
+  std::vector<int64_t> numels;
+  for (const auto& spec : gpt2::tensor_specs(in.config)) numels.push_back(shape_numel(spec.shape));
+  std::vector<int64_t> bytes;
+  for (int64_t n : bucket_numels(numels, in.bucket_bytes)) bytes.push_back(4 * n);
+  std::sort(bytes.rbegin(), bytes.rend());
+  auto largest = [&](size_t k, auto each) {
+    int64_t sum = 0;
+    for (size_t i = 0; i < k && i < bytes.size(); ++i) sum += each(bytes[i]);
+    return sum;
+  };
   const int64_t piece = ceil_div(params, in.ranks);
   if (in.zero_stage < 2)
     add(p, "gradient buckets", "host", params, "data parallel: every bucket kept");
   if (in.zero_stage >= 1)
     add(p, "gradient shard", "host", piece, str("ZeRO ", in.zero_stage, ": 1/", in.ranks));
+  const int64_t in_flight = in.zero_stage >= 2 ? largest(2, [](int64_t b) { return b; }) : 0;
   if (in.zero_stage >= 2)
-    add(p, "gradient buckets in flight", "host", std::min(params, 2 * in.bucket_bytes),
-        "freed after their reduce_scatter");
+    add(p, "gradient buckets in flight", "host", in_flight, "the two largest, until reduced");
+  if (in.zero_stage == 1 || in.zero_stage == 2) {
+    const int64_t gather =
+        largest(3, [&](int64_t b) { return ceil_div(b, in.ranks) + (in.zero_stage == 2 ? b : 0); });
+    add(p, "all_gather buffers beyond backward's", "host",
+        std::max<int64_t>(0, gather - in_flight - host_activations),
+        "three buckets at a time, after the update");
+  }
 }
 
 // What the first block's backward holds beside the gradients, the last moment of a backward
@@ -441,7 +468,7 @@ MemoryPlan plan_memory(const PlanInputs& global) {
   }
   plan_sampling(p, in, device_act);
   const bool data_parallel = in.ranks > 1 || in.zero_stage > 0;
-  if (data_parallel) plan_gradient_buckets(p, in, params);
+  if (data_parallel) plan_gradient_buckets(p, in, params, on_device ? 0 : device_act);
   if (in.micro_batches > 1) {
     // The gradients of the micro-batches so far stay through the next one's forward and
     // backward, beside its activations (measured: GPT-2 small B2 T128 --grad-accum 2 on sim,

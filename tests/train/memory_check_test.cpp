@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "plan_test_inputs.h"
+#include "train/data_parallel.h"
 #include "train/memory_plan.h"
 
 namespace mw::train {
@@ -69,6 +70,14 @@ TEST(MemoryPlan, SimDeviceBytesCountAgainstHostRam) {
 // Data parallel (docs/distributed.md): the plan is one rank's, over its rows of the global batch;
 // ZeRO 1 and 2 shard the Adam states (and stage 2 the kept gradients); ranks on one machine share
 // its RAM, so the check multiplies. Measured against each rank's peak in tests/dist/plan_test.cpp.
+// The buckets the plan sizes its data-parallel rows from are DataParallel's (one rule, shared):
+// reverse registration order, about --bucket-mb each, a larger parameter alone.
+TEST(MemoryPlan, BucketsGroupParametersInReverseOrderUpToTheCap) {
+  EXPECT_EQ(bucket_numels({10, 5, 30, 2, 3}, 4 * 12), (std::vector<int64_t>{5, 30, 5, 10}));
+  EXPECT_EQ(bucket_numels({4, 4, 4}, 4 * 12), (std::vector<int64_t>{12}));
+  EXPECT_EQ(bucket_numels({}, 4 * 12), (std::vector<int64_t>{}));
+}
+
 TEST(MemoryPlan, DataParallelIsPlannedPerRankAndCheckedPerHost) {
   const PlanInputs one = inputs(wide(), 4, 128);
   PlanInputs dp = one;
