@@ -57,12 +57,14 @@ INSTANTIATE_TEST_SUITE_P(Stages, DataParallelPlan, ::testing::Values(0, 1, 2));
 // host). With --grad-accum 2 the device keeps every gradient through the second micro-batch. At
 // stages 1 and 2 the host's peak is the all_gathers after the update and, at stage 2, the two
 // largest buckets in flight (wte's alone is 73.6 MiB here): -17% / -31% before they were planned.
+// At stage 3 the device holds this rank's pieces and two gathered buckets: -18% when the plan
+// counted the parameters whole.
 TEST(DataParallelPlanOnSim, EachRanksDeviceAndHostPeaksAreWithinTheBarOfItsPlan) {
   if (testing::is_mpi_worker()) GTEST_SKIP() << "inside a worker";
   if (auto why = testing::mpi_unavailable(); !why.empty()) GTEST_SKIP() << why;
   const std::string app = std::string(MW_BINARY_DIR) + "/apps/gpt2_train";
   for (const auto& [zero, accum] :
-       std::vector<std::pair<int, int>>{{0, 1}, {0, 2}, {1, 1}, {2, 1}}) {
+       std::vector<std::pair<int, int>>{{0, 1}, {0, 2}, {1, 1}, {2, 1}, {3, 1}}) {
     const std::string args =
         str(" --model small --n-layer 4 --n-embd 384 --n-head 6 --batch 4 --seq 64 --steps 2 "
             "--dropout 0 --threads 1 --device sim:16GiB --zero ",
