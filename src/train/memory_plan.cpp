@@ -433,6 +433,54 @@ int64_t sampling_forward_bytes(const PlanInputs& in) {
   return clamp_bytes(sampling_forward_double(in));
 }
 
+// The parameters' row: whole, or under ZeRO 3 on a device this rank's pieces and the buckets
+// gathered around the ops.
+void plan_parameters(MemoryPlan& p, const PlanInputs& in, int64_t params, bool on_device) {
+  const std::string& dev = p.device_name;
+  if (in.zero_stage == 3 && in.ranks > 1 && on_device) {
+    // Note [ZeRO stage 3]: this rank's pieces, and the buckets of the op running and of the next
+    // (prefetched), gathered whole beside them: the two largest. Counted whole, the parameters were
+    // 18% under the sim peak (26.8M parameters, 2 ranks: 213.1 MiB planned, 260 measured), the
+    // pieces on the device beside them. On the CPU the parameters stay counted whole (within 1%
+    // there).
+    const std::vector<int64_t> bytes = bucket_bytes_largest_first(in);
+    int64_t gathered = 0;
+    for (size_t i = 0; i < 2 && i < bytes.size(); ++i) gathered += bytes[i];
+    add(p, "parameters", dev, ceil_div(params, in.ranks) + gathered,
+        "ZeRO 3: this rank's pieces and two buckets gathered");
+  } else {
+    add(p, "parameters", dev, params, "");
+  }
+}
+
+// The gradients beyond the activations: data parallel's buckets, those kept across micro-batches,
+// or all of them at the end of a backward without updates in it. `device_act`: what the device
+// holds of the activations at their peak.
+void plan_gradients(MemoryPlan& p, const PlanInputs& in, const Activations& a, int64_t params,
+                    int64_t device_act) {
+  const bool on_device = !in.device.is_cpu();
+  const std::string& dev = p.device_name;
+  const bool data_parallel = in.ranks > 1 || in.zero_stage > 0;
+  if (data_parallel) plan_gradient_buckets(p, in, params, on_device ? 0 : device_act);
+  if (in.micro_batches > 1) {
+    // The gradients of the micro-batches so far stay through the next one's forward and
+    // backward, beside its activations (measured: GPT-2 small B2 T128 --grad-accum 2 on sim,
+    // peak 1292.7 MiB = parameters + gradients + activations; this row missing, the plan said
+    // 949.6). Data parallel too: the buckets take them only after the last micro-batch.
+    add(p, "gradients kept across micro-batches", dev, params,
+        str("--grad-accum ", in.micro_batches, ": beside the next micro-batch's activations"));
+  } else if (!data_parallel && (in.adamw || !in.update_in_backward)) {
+    // At the first block's backward nearly every gradient exists (all are counted, an upper
+    // bound by that block's own) beside what the block holds, the other activations gone: the
+    // peak is the larger of that moment and the activations' peak, the device's share of them
+    // (with offload, not all of them: GPT-2 small B2 T256 --offload-activations --grad-clip on
+    // sim was planned 849.7 MiB, measured 962).
+    add(p, "gradients beyond the activations' peak", dev,
+        std::max<int64_t>(0, params + first_block_backward(in, a) - device_act),
+        "no update in backward: all gradients at the first block's backward");
+  }
+}
+
 MemoryPlan plan_memory(const PlanInputs& global) {
   PlanInputs in = global;  // one rank's: its rows of the global batch (Note [Global batch])
   in.ranks = std::max<int64_t>(1, global.ranks);
@@ -462,20 +510,7 @@ MemoryPlan plan_memory(const PlanInputs& global) {
     return p;
   }
   const std::string dev = p.device_name;
-  if (in.zero_stage == 3 && in.ranks > 1 && on_device) {
-    // Note [ZeRO stage 3]: this rank's pieces, and the buckets of the op running and of the next
-    // (prefetched), gathered whole beside them: the two largest. Counted whole, the parameters were
-    // 18% under the sim peak (26.8M parameters, 2 ranks: 213.1 MiB planned, 260 measured), the
-    // pieces on the device beside them. On the CPU the parameters stay counted whole (within 1%
-    // there).
-    const std::vector<int64_t> bytes = bucket_bytes_largest_first(in);
-    int64_t gathered = 0;
-    for (size_t i = 0; i < 2 && i < bytes.size(); ++i) gathered += bytes[i];
-    add(p, "parameters", dev, ceil_div(params, in.ranks) + gathered,
-        "ZeRO 3: this rank's pieces and two buckets gathered");
-  } else {
-    add(p, "parameters", dev, params, "");
-  }
+  plan_parameters(p, in, params, on_device);
   std::string act_note = str("B", in.batch, " T", in.seq, ", recompute: ", p.recompute);
   if (in.ranks > 1) act_note += str(" (B", global.batch, " over ", in.ranks, " ranks)");
   if (in.offload_activations && on_device) {
@@ -491,25 +526,7 @@ MemoryPlan plan_memory(const PlanInputs& global) {
     device_act = s.kept + s.in_flight;
   }
   plan_sampling(p, in, device_act);
-  const bool data_parallel = in.ranks > 1 || in.zero_stage > 0;
-  if (data_parallel) plan_gradient_buckets(p, in, params, on_device ? 0 : device_act);
-  if (in.micro_batches > 1) {
-    // The gradients of the micro-batches so far stay through the next one's forward and
-    // backward, beside its activations (measured: GPT-2 small B2 T128 --grad-accum 2 on sim,
-    // peak 1292.7 MiB = parameters + gradients + activations; this row missing, the plan said
-    // 949.6). Data parallel too: the buckets take them only after the last micro-batch.
-    add(p, "gradients kept across micro-batches", dev, params,
-        str("--grad-accum ", in.micro_batches, ": beside the next micro-batch's activations"));
-  } else if (!data_parallel && (in.adamw || !in.update_in_backward)) {
-    // At the first block's backward nearly every gradient exists (all are counted, an upper
-    // bound by that block's own) beside what the block holds, the other activations gone: the
-    // peak is the larger of that moment and the activations' peak, the device's share of them
-    // (with offload, not all of them: GPT-2 small B2 T256 --offload-activations --grad-clip on
-    // sim was planned 849.7 MiB, measured 962).
-    add(p, "gradients beyond the activations' peak", dev,
-        std::max<int64_t>(0, params + first_block_backward(in, a) - device_act),
-        "no update in backward: all gradients at the first block's backward");
-  }
+  plan_gradients(p, in, a, params, device_act);
   // HybridAdam keeps a sim device's states on the host unless told otherwise, a CUDA device's on
   // the device (its fused kernel steps them there); AdamW beside the parameters. ZeRO 1 and 2 keep
   // this rank's shard's.
