@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 
 #include "core/allocator.h"
 #include "core/error.h"
@@ -13,14 +14,13 @@
 #include "train/activation_plan.h"
 #include "train/data_parallel.h"
 #include "train/plan_bytes.h"
+#include "train/plan_parts.h"
 
 namespace mw::train {
 
 using plan_bytes::clamp_bytes;
 using plan_bytes::mib;
 using plan_bytes::mib_text;
-
-namespace {
 
 // Elements of each parameter, in the tensor table's order (spec.h).
 std::vector<int64_t> parameter_numels(const Config& config) {
@@ -32,14 +32,6 @@ std::vector<int64_t> parameter_numels(const Config& config) {
   }
   return sizes;
 }
-
-// Past this many layers the table is not listed tensor by tensor (a config.json may say 16
-// million layers: 200 million entries, gigabytes of names): every block has the same tensors, so
-// the tables of one and of two layers give the rest, still from spec.h alone.
-constexpr int64_t kListedLayers = 4096;
-// Past kListedLayers the chunks are equal slices of the parameters, at most this many (a model
-// that large is refused by the plan anyway; the bound keeps planning it under 2 s).
-constexpr int64_t kMaxPlannedChunks = 65536;
 
 Config with_layers(Config c, int64_t n_layer) {
   c.n_layer = n_layer;
@@ -72,187 +64,6 @@ void add(MemoryPlan& p, const std::string& what, const std::string& tier, int64_
   else
     p.device_bytes += bytes;
 }
-
-struct ChunkBytes {
-  // The parameters' bytes under Gemini: packed, each chunk rounded once, not every tensor (a tiny
-  // model's many small tensors would otherwise count up to 4 KiB each that no chunk holds).
-  int64_t total = 0;
-  int64_t largest = 0;
-  int64_t first = 0;  // the chunk of wte (first in parameter order): the LM head's, at the peak
-  std::vector<int64_t> each;  // in chunk order; empty past kListedLayers
-};
-
-// Gemini's chunks in bytes, from the tensor table alone (Note [Chunk-size search]): chunks
-// allocate only what their tensors use. Past kListedLayers the search would be slow, and the
-// capacity is taken as max(min chunk, largest tensor): chunks of many layers fill it.
-ChunkBytes chunk_bytes(const PlanInputs& in) {
-  const bool listed = in.config.n_layer <= kListedLayers;
-  const std::vector<int64_t> sizes =
-      parameter_numels(listed ? in.config : with_layers(in.config, 2));
-  gemini::ChunkSearchOptions search = in.gemini_options.search;
-  search.interval_numel = in.config.n_embd;  // as gpt2_train sets it
-  int64_t capacity = in.gemini_options.chunk_numel;
-  std::vector<bool> alone(sizes.size(), false);
-  if (capacity <= 0 && listed) {
-    const gemini::ChunkSearchResult r = gemini::search_chunk_size(sizes, search);
-    capacity = r.chunk_numel;
-    alone = r.outlier;
-  } else if (capacity <= 0) {
-    capacity = std::max(search.min_chunk_numel, *std::max_element(sizes.begin(), sizes.end()));
-  }
-  if (!listed) {  // chunks of `capacity` elements, filled in order; at most kMaxPlannedChunks
-    const int64_t total = clamp_bytes(parameter_bytes(in));
-    int64_t bytes = round_up(capacity * in.dtype_bytes, kHostAlignment);
-    if (total / bytes >= kMaxPlannedChunks)  // an absurd model: coarser chunks, planned in time
-      bytes = round_up(total / kMaxPlannedChunks + 1, kHostAlignment);
-    ChunkBytes out{total, bytes, bytes, {}};
-    for (int64_t done = 0; done < total; done += bytes)
-      out.each.push_back(std::min(bytes, total - done));
-    return out;
-  }
-  const std::vector<int> chunk_of = gemini::pack_chunks(sizes, capacity, alone);
-  std::vector<int64_t> chunk_numel;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    const auto c = static_cast<size_t>(chunk_of[i]);
-    if (chunk_numel.size() <= c) chunk_numel.resize(c + 1, 0);
-    chunk_numel[c] += sizes[i];
-  }
-  ChunkBytes out;
-  for (int64_t numel : chunk_numel) {
-    out.each.push_back(round_up(numel * in.dtype_bytes, kHostAlignment));
-    out.total += out.each.back();
-  }
-  out.largest = *std::max_element(out.each.begin(), out.each.end());
-  out.first = out.each.front();
-  return out;
-}
-
-// Homes and state devices as Gemini's constructor chooses them (offload/gemini/placement.h), and
-// the Adam states' bytes on each side.
-struct GeminiHomes {
-  int64_t device_homes = 0;  // chunks (or sharded chunks' pieces) homed on the device
-  std::vector<bool> params_off, optim_on_host;
-  int64_t host_chunks = 0, host_states = 0, device_states = 0;
-  std::vector<gemini::TierChunk> tiers;  // Note [Three tiers], as this rank holds them
-  bool sharded_states = false;           // --zero 2|3 under mpirun: pieces of m, v, gradients
-};
-
-GeminiHomes gemini_homes(const PlanInputs& in, const ChunkBytes& chunks) {
-  const auto& g = in.gemini_options;
-  const size_t n = chunks.each.size();
-  GeminiHomes h;
-  h.params_off.assign(n, true);
-  h.optim_on_host.assign(n, true);
-  if (g.policy == gemini::Policy::kStatic) {
-    h.params_off = gemini::choose_offloaded(chunks.each, g.offload_param_frac);
-    const std::vector<bool> optim_off = gemini::choose_offloaded(chunks.each, g.offload_optim_frac);
-    for (size_t c = 0; c < n; ++c) h.optim_on_host[c] = h.params_off[c] || optim_off[c];
-  }
-  // Note [Sharded optimizer states] (--zero 2|3 under mpirun): each rank's m, v of its 1/N
-  // piece; Note [Sharded parameters]: the sharded chunks' homes hold pieces too.
-  const int64_t pieces = in.zero_stage >= 2 && in.ranks > 1 ? in.ranks : 1;
-  h.sharded_states = pieces > 1;
-  const std::vector<bool> sharded = pieces > 1
-                                        ? gemini::choose_offloaded(chunks.each, g.shard_param_frac)
-                                        : std::vector<bool>(n, false);
-  for (size_t c = 0; c < n; ++c) {
-    const int64_t piece = ((chunks.each[c] / 4 + pieces - 1) / pieces) * 4;
-    const int64_t home = sharded[c] ? piece : chunks.each[c];
-    if (h.params_off[c]) h.host_chunks += home;
-    if (!h.params_off[c]) h.device_homes += home;
-    (h.optim_on_host[c] ? h.host_states : h.device_states) += 2 * piece;
-    h.tiers.push_back({chunks.each[c], home, 2 * piece, h.params_off[c], h.optim_on_host[c],
-                       static_cast<bool>(sharded[c])});
-  }
-  return h;
-}
-
-// Gemini (docs/gemini.md): chunks hold the parameters; gradients and Adam states of a chunk live
-// where its placement says. Update in backward keeps one chunk's gradient buffer on the host at a
-// time (measured: the host chunk peak is the homes plus the largest chunk). The device peaks at
-// the LM head's backward (Note [Activation arithmetic]), which needs wte's chunk: an offloaded
-// placement holds that chunk then, and a budget fills with more chunks while they fit.
-void plan_gemini(MemoryPlan& p, const PlanInputs& in, int64_t act_peak) {
-  const ChunkBytes chunks = chunk_bytes(in);
-  const int64_t params = chunks.total;
-  const int64_t largest = chunks.largest;
-  const auto& g = in.gemini_options;
-  const std::string dev = p.device_name;
-  const size_t n = chunks.each.size();
-  const GeminiHomes h = gemini_homes(in, chunks);
-  int64_t device_chunks = params;  // auto keeps what fits, below
-  if (g.policy == gemini::Policy::kStatic) {
-    // Offloaded chunks (wte's first) are gathered one op at a time: wte's at the peak.
-    device_chunks = h.device_homes + (h.device_homes < params ? chunks.first : 0);
-  } else if (g.policy == gemini::Policy::kConst) {
-    const int64_t more = std::max<int64_t>(0, g.const_budget_bytes - chunks.first) / largest;
-    device_chunks = std::min(params, chunks.first + more * largest);
-  }
-  int64_t device_total = device_chunks + h.device_states + act_peak;
-  std::string chunk_note = "chunks on the device at the peak";
-  if (g.policy == gemini::Policy::kAuto && in.device_capacity_bytes > 0) {
-    const double margin =
-        g.auto_margin >= 0 ? g.auto_margin : gemini::default_auto_margin(in.device.is_cuda());
-    const auto cap = static_cast<int64_t>(in.device_capacity_bytes * (1.0 - margin));
-    const int64_t floor = act_peak + chunks.first;  // the op's chunk plus non-model memory
-    const int64_t fitted = std::max(std::min(device_total, cap), floor);
-    device_chunks = std::max<int64_t>(0, fitted - act_peak - h.device_states);
-    chunk_note = "auto: what fits in capacity x (1 - margin)";
-  }
-  add(p, "parameter chunks", dev, device_chunks, chunk_note);
-  add(p, "Adam m, v", dev, h.device_states, "chunks whose states stay on the device");
-  add(p, "activations + head", dev, act_peak, "Note [Activation arithmetic]");
-  // Note [Three tiers] (docs/gemini.md), by Gemini's own arithmetic.
-  gemini::TierPlan t;
-  if (g.host_capacity_bytes > 0)
-    t = gemini::plan_tiers(h.tiers, g.host_capacity_bytes, in.nvme_fraction, in.nvme_window_bytes);
-  // Note [Deferred updates] (offload/gemini/deferred.cpp): with --grad-clip/--grad-accum (and
-  // under data parallel) every chunk's gradient buffer lives until step(), where its Adam states
-  // are; those of disk-homed chunks go to disk (all but the newest, inside the reserve). Under
-  // sharded states only this rank's reduced piece lives on, disk-homed chunks' too (Note [Three
-  // tiers under data parallel]); the three tiers' reserve holds the full buffers being reduced.
-  // Without a host budget there is no reserve, and whole buffers are counted: they cover those
-  // (measured: docs/distributed.md, "Gemini with --zero 2").
-  int64_t deferred_host_grads = 0;
-  if (!in.update_in_backward) {
-    int64_t device_grads = 0;
-    for (size_t c = 0; c < n; ++c) {
-      const int64_t kept = g.host_capacity_bytes > 0 ? h.tiers[c].state_bytes / 2  // a piece
-                                                     : chunks.each[c];
-      if (!h.optim_on_host[c])
-        device_grads += kept;
-      else if (h.sharded_states || t.on_disk.empty() || !t.on_disk[c])
-        deferred_host_grads += kept;
-    }
-    if (device_grads > 0)
-      add(p, "gradient buffers until step()", dev, device_grads,
-          "--grad-clip/--grad-accum: updates after backward");
-  }
-  // Under sharded states a chunk's reduce_scatter writes this rank's piece of its gradient beside
-  // the whole buffer (measured: --zero 2 and 3 at 2 ranks on sim, the host peak one piece of the
-  // largest chunk above the plan without it, 358 / 307 MiB against 306.6 / 255.5).
-  const int64_t reduced_piece = h.sharded_states ? (largest + in.ranks - 1) / in.ranks : 0;
-  if (t.disk_chunk_bytes == 0 && t.disk_state_bytes == 0) {
-    add(p, "chunk homes + Adam m, v + gradient buffers", "host",
-        h.host_chunks + h.host_states + std::max(largest, deferred_host_grads) + reduced_piece,
-        deferred_host_grads > 0 ? "every chunk's gradients until step()"
-                                : "the largest chunk for gradients");
-    return;
-  }
-  if (t.disk_state_bytes > 0)
-    add(p, "Adam m, v (NVMe)", "disk", t.disk_state_bytes, "beyond --host-capacity (three tiers)");
-  add(p, t.nvme_fraction > 0 ? "Adam m, v in RAM + NVMe window" : "Adam m, v", "host",
-      t.host_state_bytes, "");
-  add(p, "parameter chunks (NVMe)", "disk", t.disk_chunk_bytes, "homed on disk, last chunk first");
-  add(p, "chunk homes", "host", t.host_chunk_bytes, "");
-  add(p, "gradient buffers", "host", t.reserve_bytes, "3 x the largest chunk, kept free");
-  if (deferred_host_grads > 0)  // RAM-homed chunks keep theirs until step(); disk-homed spill
-    add(p, "gradient buffers until step()", "host", deferred_host_grads,
-        h.sharded_states ? "updates after backward: this rank's pieces"
-                         : "updates after backward: RAM-homed chunks' gradients");
-}
-
-}  // namespace
 
 namespace {
 
@@ -505,7 +316,7 @@ MemoryPlan plan_memory(const PlanInputs& global) {
     }
     if (in.sample_tokens > 0)  // Gemini's non-model memory covers the sampling forward too
       device_act = std::max(device_act, clamp_bytes(sampling_forward_double(in)));
-    plan_gemini(p, in, device_act);
+    plan_gemini(p, in, a, device_act);
     add(p, "token ids", p.device_name, io_bytes, "");
     return p;
   }

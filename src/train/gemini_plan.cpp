@@ -1,0 +1,363 @@
+// The memory plan's Gemini rows (plan_parts.h): chunks packed as Gemini packs them, their homes
+// by placement policy, and the host's gradient buffers, gathers and tiers (docs/gemini.md).
+#include <algorithm>
+#include <functional>
+#include <string>
+
+#include "core/allocator.h"
+#include "models/gpt2/spec.h"
+#include "offload/gemini/chunk_search.h"
+#include "offload/gemini/placement.h"
+#include "train/plan_bytes.h"
+#include "train/plan_parts.h"
+
+namespace mw::train {
+
+using plan_bytes::clamp_bytes;
+
+namespace {
+
+struct ChunkBytes {
+  // The parameters' bytes under Gemini: packed, each chunk rounded once, not every tensor (a tiny
+  // model's many small tensors would otherwise count up to 4 KiB each that no chunk holds).
+  int64_t total = 0;
+  int64_t largest = 0;
+  int64_t first = 0;  // the chunk of wte (first in parameter order): the LM head's, at the peak
+  std::vector<int64_t> each;  // in chunk order; empty past kListedLayers
+  // Per op of a transformer block (a module: its weight and bias), the block and the chunks
+  // holding the op's tensors (two where it straddles a chunk boundary); empty past
+  // kListedLayers, where an op may straddle two.
+  struct Op {
+    size_t block = 0;
+    std::vector<int> chunks;
+    int64_t grad_bytes = 0;  // its weight's and bias's gradients, made on the device
+  };
+  std::vector<Op> block_ops;
+};
+
+// The ops of the transformer blocks (their tensors named "transformer.h.K.MODULE.NAME"), each
+// with the chunks holding its tensors.
+std::vector<ChunkBytes::Op> ops_of_blocks(const PlanInputs& in, const std::vector<int>& of) {
+  std::vector<ChunkBytes::Op> out;
+  const std::string prefix = "transformer.h.";
+  std::string module;
+  size_t i = 0;
+  for (const auto& spec : tensor_specs(in.config)) {
+    const int c = of[i++];
+    if (spec.name.rfind(prefix, 0) != 0) continue;
+    const std::string name = spec.name.substr(0, spec.name.rfind('.'));
+    if (out.empty() || name != module) out.push_back({std::stoul(name.substr(prefix.size())), {}});
+    module = name;
+    ChunkBytes::Op& op = out.back();
+    if (std::find(op.chunks.begin(), op.chunks.end(), c) == op.chunks.end()) op.chunks.push_back(c);
+    op.grad_bytes += round_up(shape_numel(spec.shape) * in.dtype_bytes, kHostAlignment);
+  }
+  return out;
+}
+
+// Gemini's chunks in bytes, from the tensor table alone (Note [Chunk-size search]): chunks
+// allocate only what their tensors use. Past kListedLayers the search would be slow, and the
+// capacity is taken as max(min chunk, largest tensor): chunks of many layers fill it.
+ChunkBytes chunk_bytes(const PlanInputs& in) {
+  const bool listed = in.config.n_layer <= kListedLayers;
+  const std::vector<int64_t> sizes =
+      parameter_numels(listed ? in.config : with_layers(in.config, 2));
+  gemini::ChunkSearchOptions search = in.gemini_options.search;
+  search.interval_numel = in.config.n_embd;  // as gpt2_train sets it
+  int64_t capacity = in.gemini_options.chunk_numel;
+  std::vector<bool> alone(sizes.size(), false);
+  if (capacity <= 0 && listed) {
+    const gemini::ChunkSearchResult r = gemini::search_chunk_size(sizes, search);
+    capacity = r.chunk_numel;
+    alone = r.outlier;
+  } else if (capacity <= 0) {
+    capacity = std::max(search.min_chunk_numel, *std::max_element(sizes.begin(), sizes.end()));
+  }
+  if (!listed) {  // chunks of `capacity` elements, filled in order; at most kMaxPlannedChunks
+    const int64_t total = clamp_bytes(parameter_bytes(in));
+    int64_t bytes = round_up(capacity * in.dtype_bytes, kHostAlignment);
+    if (total / bytes >= kMaxPlannedChunks)  // an absurd model: coarser chunks, planned in time
+      bytes = round_up(total / kMaxPlannedChunks + 1, kHostAlignment);
+    ChunkBytes out{total, bytes, bytes, {}, {}};
+    for (int64_t done = 0; done < total; done += bytes)
+      out.each.push_back(std::min(bytes, total - done));
+    return out;
+  }
+  const std::vector<int> chunk_of = gemini::pack_chunks(sizes, capacity, alone);
+  std::vector<int64_t> chunk_numel;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const auto c = static_cast<size_t>(chunk_of[i]);
+    if (chunk_numel.size() <= c) chunk_numel.resize(c + 1, 0);
+    chunk_numel[c] += sizes[i];
+  }
+  ChunkBytes out;
+  for (int64_t numel : chunk_numel) {
+    out.each.push_back(round_up(numel * in.dtype_bytes, kHostAlignment));
+    out.total += out.each.back();
+  }
+  out.largest = *std::max_element(out.each.begin(), out.each.end());
+  out.first = out.each.front();
+  out.block_ops = ops_of_blocks(in, chunk_of);
+  return out;
+}
+
+// Homes and state devices as Gemini's constructor chooses them (offload/gemini/placement.h), and
+// the Adam states' bytes on each side.
+struct GeminiHomes {
+  int64_t device_homes = 0;  // chunks (or sharded chunks' pieces) homed on the device
+  std::vector<bool> params_off, optim_on_host;
+  int64_t host_chunks = 0, host_states = 0, device_states = 0;
+  std::vector<gemini::TierChunk> tiers;  // Note [Three tiers], as this rank holds them
+  bool sharded_states = false;           // --zero 2|3 under mpirun: pieces of m, v, gradients
+};
+
+GeminiHomes gemini_homes(const PlanInputs& in, const ChunkBytes& chunks) {
+  const auto& g = in.gemini_options;
+  const size_t n = chunks.each.size();
+  GeminiHomes h;
+  h.params_off.assign(n, true);
+  h.optim_on_host.assign(n, true);
+  if (g.policy == gemini::Policy::kStatic) {
+    h.params_off = gemini::choose_offloaded(chunks.each, g.offload_param_frac);
+    const std::vector<bool> optim_off = gemini::choose_offloaded(chunks.each, g.offload_optim_frac);
+    for (size_t c = 0; c < n; ++c) h.optim_on_host[c] = h.params_off[c] || optim_off[c];
+  }
+  // Note [Sharded optimizer states] (--zero 2|3 under mpirun): each rank's m, v of its 1/N
+  // piece; Note [Sharded parameters]: the sharded chunks' homes hold pieces too.
+  const int64_t pieces = in.zero_stage >= 2 && in.ranks > 1 ? in.ranks : 1;
+  h.sharded_states = pieces > 1;
+  const std::vector<bool> sharded = pieces > 1
+                                        ? gemini::choose_offloaded(chunks.each, g.shard_param_frac)
+                                        : std::vector<bool>(n, false);
+  for (size_t c = 0; c < n; ++c) {
+    const int64_t piece = ((chunks.each[c] / 4 + pieces - 1) / pieces) * 4;
+    const int64_t home = sharded[c] ? piece : chunks.each[c];
+    if (h.params_off[c]) h.host_chunks += home;
+    if (!h.params_off[c]) h.device_homes += home;
+    (h.optim_on_host[c] ? h.host_states : h.device_states) += 2 * piece;
+    h.tiers.push_back({chunks.each[c], home, 2 * piece, h.params_off[c], h.optim_on_host[c],
+                       static_cast<bool>(sharded[c])});
+  }
+  return h;
+}
+
+int64_t sum_of_largest(std::vector<int64_t> each, size_t k) {
+  std::sort(each.begin(), each.end(), std::greater<>());
+  int64_t sum = 0;
+  for (size_t i = 0; i < std::min(k, each.size()); ++i) sum += each[i];
+  return sum;
+}
+
+// Note [Sharded optimizer states]: after the updates, step() all_gathers every rank's updated
+// piece of each replicated chunk into a host buffer of the whole chunk, two chunks at a time, each
+// beside this rank's piece (measured: GPT-2 small --gemini auto --zero 2 at 2 ranks on sim, the
+// host peak two of its largest chunks and pieces above the homes and states, 1441 MiB against
+// 1197.2 planned from the backward's gradient buffers alone). Sharded chunks gather nothing then.
+int64_t piece_gathers(const GeminiHomes& h) {
+  if (!h.sharded_states) return 0;
+  std::vector<int64_t> each;
+  for (const gemini::TierChunk& c : h.tiers)
+    if (!c.sharded) each.push_back(c.bytes + c.state_bytes / 2);  // buffer + piece
+  return sum_of_largest(std::move(each), 2);
+}
+
+// Note [Shard prefetch] (offload/gemini/shard.cpp): under static and auto, when every offloaded
+// chunk is sharded and the room allows, the next op's sharded chunk is gathered while wte's is in
+// use at the peak (measured: GPT-2 small --gemini static --offload-param-frac 1 --zero 3 at 2 ranks
+// on sim, 555 MiB against 392.5 planned without it).
+int64_t shard_prefetch(const PlanInputs& in, const GeminiHomes& h, const ChunkBytes& chunks,
+                       int64_t device_total) {
+  if (!h.sharded_states || in.device_capacity_bytes <= 0) return 0;
+  int64_t next = 0;
+  for (size_t c = 0; c < h.tiers.size(); ++c) {
+    if (h.tiers[c].params_off && !h.tiers[c].sharded) return 0;  // no prefetch then
+    if (c > 0 && h.tiers[c].sharded) next = std::max(next, chunks.each[c]);
+  }
+  const auto& g = in.gemini_options;
+  const double margin =
+      g.auto_margin >= 0 ? g.auto_margin : gemini::default_auto_margin(in.device.is_cuda());
+  const double room = static_cast<double>(in.device_capacity_bytes) * (1.0 - margin);
+  return static_cast<double>(device_total + next) <= room ? next : 0;
+}
+
+// Note [Minimal residency] (offload/gemini): under static an offloaded chunk, and under every
+// policy a sharded one (Note [Sharded parameters]), is gathered for the ops that use it and
+// released when an op starts that does not, so an op whose weight and bias straddle two chunks
+// holds both in its backward, beside the saved tensors of its block and those below it, wte's
+// gradient, the block's own temporaries and the op's weight gradient (measured: GPT-2 small B4 T64
+// `--gemini static
+// --offload-param-frac 1` on sim, the peak 560 MiB at block 5's backward against 490.3 planned
+// from wte's chunk at the LM head). The chunk bytes to plan beyond the device homes so that, with
+// `act_peak` beside them, the larger of the two peaks is covered; under recomputation or activation
+// offload the whole `act_peak` is taken beside a block's chunks (an upper bound). `on_use`: per
+// chunk, whether it is gathered so; `prefetch`: the sharded chunk gathered beside wte's at the LM
+// head (shard_prefetch).
+int64_t gathered_on_use(const PlanInputs& in, const Activations& a, const ChunkBytes& chunks,
+                        const std::vector<bool>& on_use, int64_t act_peak, int64_t prefetch) {
+  const bool any_off = std::find(on_use.begin(), on_use.end(), true) != on_use.end();
+  // wte's at the LM head's backward, and the next sharded chunk if prefetched then
+  int64_t most = any_off ? chunks.first + prefetch : 0;
+  const bool plain =
+      !in.checkpoint_every_block && in.checkpoint_segments < 0 && !in.offload_activations;
+  for (const ChunkBytes::Op& op : chunks.block_ops) {
+    int64_t gathered = 0;
+    for (int c : op.chunks)
+      if (on_use[static_cast<size_t>(c)]) gathered += chunks.each[static_cast<size_t>(c)];
+    const double below = static_cast<double>(op.block + 1) * a.block + a.backward_extra +
+                         a.mlp_grad + a.attention_backward + static_cast<double>(op.grad_bytes);
+    const int64_t alive = plain ? clamp_bytes(below) : act_peak;
+    most = std::max(most, gathered - (act_peak - alive));
+  }
+  if (chunks.block_ops.empty() && any_off && chunks.each.size() > 1)
+    most = std::max(most, 2 * chunks.largest);  // unlisted: any op may straddle two
+  return most;
+}
+
+// The device's chunk bytes at its peak, and what they are.
+int64_t device_chunk_bytes(const PlanInputs& in, const Activations& a, const ChunkBytes& chunks,
+                           const GeminiHomes& h, int64_t act_peak, std::string* chunk_note) {
+  const int64_t params = chunks.total;
+  const auto& g = in.gemini_options;
+  const size_t n = chunks.each.size();
+  // Per chunk: gathered by the ops that use it and released after (static's offloaded chunks,
+  // wte's first, and every sharded chunk); auto keeps the others while they fit, below.
+  std::vector<bool> on_use(n);
+  int64_t kept = 0;
+  for (size_t c = 0; c < n; ++c) {
+    on_use[c] = h.tiers[c].sharded || (g.policy == gemini::Policy::kStatic && h.params_off[c]);
+    // a device-homed sharded chunk keeps its piece there
+    kept += !on_use[c] ? chunks.each[c] : h.params_off[c] ? 0 : h.tiers[c].home_bytes;
+  }
+  int64_t device_chunks = params;
+  if (g.policy != gemini::Policy::kConst) {
+    const int64_t at_head = kept + chunks.first + h.device_states + act_peak;
+    device_chunks = kept + gathered_on_use(in, a, chunks, on_use, act_peak,
+                                           shard_prefetch(in, h, chunks, at_head));
+  } else {
+    const int64_t more = std::max<int64_t>(0, g.const_budget_bytes - chunks.first) / chunks.largest;
+    device_chunks = std::min(params, chunks.first + more * chunks.largest);
+  }
+  const int64_t device_total = device_chunks + h.device_states + act_peak;
+  *chunk_note = "chunks on the device at the peak";
+  if (g.policy == gemini::Policy::kAuto && in.device_capacity_bytes > 0) {
+    const double margin =
+        g.auto_margin >= 0 ? g.auto_margin : gemini::default_auto_margin(in.device.is_cuda());
+    const auto cap = static_cast<int64_t>(in.device_capacity_bytes * (1.0 - margin));
+    const int64_t floor = act_peak + chunks.first;  // the op's chunk plus non-model memory
+    const int64_t fitted = std::max(std::min(device_total, cap), floor);
+    device_chunks = std::max<int64_t>(0, fitted - act_peak - h.device_states);
+    *chunk_note = "auto: what fits in capacity x (1 - margin)";
+  }
+  return device_chunks;
+}
+
+// A chunk whose states stay on the device gathers its gradients there, updated as the chunk's
+// last gradient comes (measured: GPT-2 B2 T32 of width 256 and vocabulary 256 under `--gemini
+// static`, nothing offloaded, the sim peak 55 MiB against 42.7 planned without it).
+// Under sharded states, as on the host (plan_host): two buffers while one is reduced, and a piece.
+void plan_device_gradients(MemoryPlan& p, const PlanInputs& in, const ChunkBytes& chunks,
+                           const GeminiHomes& h) {
+  if (!in.update_in_backward) return;  // deferred: plan_gemini
+  const int64_t largest = chunks.largest;
+  std::vector<int64_t> each;
+  for (size_t c = 0; c < chunks.each.size(); ++c)
+    if (!h.optim_on_host[c]) each.push_back(chunks.each[c]);
+  const int64_t grads = sum_of_largest(each, h.sharded_states ? 2 : 1);
+  const int64_t piece = h.sharded_states && !each.empty() ? (largest + in.ranks - 1) / in.ranks : 0;
+  add(p, "gradient buffers", p.device_name, grads + piece,
+      h.sharded_states ? "chunks whose Adam states are on the device: two, one reducing"
+                       : "the largest chunk whose Adam states are on the device");
+}
+
+// The host's rows: chunk homes, Adam states and gradient buffers, or the three tiers'.
+void plan_host(MemoryPlan& p, const PlanInputs& in, const ChunkBytes& chunks, const GeminiHomes& h,
+               const gemini::TierPlan& t, int64_t deferred_host_grads) {
+  const int64_t largest = chunks.largest;
+  const size_t n = chunks.each.size();
+  // Under sharded states a chunk's reduce_scatter writes this rank's piece of its gradient beside
+  // the whole buffer (measured: --zero 2 and 3 at 2 ranks on sim, the host peak one piece of the
+  // largest chunk above the plan without it, 358 / 307 MiB against 306.6 / 255.5).
+  // Backward goes on while a chunk's reduction runs: the next chunk's buffer fills beside it
+  // (measured: --gemini auto --zero 3, GPT-2 small at 2 ranks on sim, 1121 MiB against 959.9
+  // planned from one buffer).
+  // Only chunks whose Adam states are on the host have their buffers there; but a chunk is built
+  // in RAM whatever its home (Note [Streaming construction]): the largest at least.
+  std::vector<int64_t> on_host;
+  for (size_t c = 0; c < n; ++c)
+    if (h.optim_on_host[c]) on_host.push_back(chunks.each[c]);
+  const int64_t reduced_piece =
+      h.sharded_states && !on_host.empty() ? (largest + in.ranks - 1) / in.ranks : 0;
+  const int64_t buffers = std::max(largest, sum_of_largest(on_host, h.sharded_states ? 2 : 1));
+  if (t.disk_chunk_bytes == 0 && t.disk_state_bytes == 0) {
+    const int64_t grads = std::max(buffers, deferred_host_grads) + reduced_piece;
+    const int64_t gathers = piece_gathers(h);
+    add(p, "chunk homes + Adam m, v + gradient buffers", "host",
+        h.host_chunks + h.host_states + std::max(grads, gathers),
+        gathers > grads           ? "step(): two chunks' all_gathers of updated pieces"
+        : deferred_host_grads > 0 ? "every chunk's gradients until step()"
+        : h.sharded_states        ? "two chunks' gradients: one reducing"
+                                  : "the largest chunk for gradients");
+    return;
+  }
+  if (t.disk_state_bytes > 0)
+    add(p, "Adam m, v (NVMe)", "disk", t.disk_state_bytes, "beyond --host-capacity (three tiers)");
+  add(p, t.nvme_fraction > 0 ? "Adam m, v in RAM + NVMe window" : "Adam m, v", "host",
+      t.host_state_bytes, "");
+  add(p, "parameter chunks (NVMe)", "disk", t.disk_chunk_bytes, "homed on disk, last chunk first");
+  add(p, "chunk homes", "host", t.host_chunk_bytes, "");
+  add(p, "gradient buffers", "host", t.reserve_bytes, "3 x the largest chunk, kept free");
+  if (deferred_host_grads > 0)  // RAM-homed chunks keep theirs until step(); disk-homed spill
+    add(p, "gradient buffers until step()", "host", deferred_host_grads,
+        h.sharded_states ? "updates after backward: this rank's pieces"
+                         : "updates after backward: RAM-homed chunks' gradients");
+}
+
+}  // namespace
+
+// Gemini (docs/gemini.md): chunks hold the parameters; gradients and Adam states of a chunk live
+// where its placement says. Update in backward keeps one chunk's gradient buffer on the host at a
+// time (measured: the host chunk peak is the homes plus the largest chunk). The device peaks at
+// the LM head's backward (Note [Activation arithmetic]), which needs wte's chunk: an offloaded
+// placement holds that chunk then, and a budget fills with more chunks while they fit.
+void plan_gemini(MemoryPlan& p, const PlanInputs& in, const Activations& a, int64_t act_peak) {
+  const ChunkBytes chunks = chunk_bytes(in);
+  const auto& g = in.gemini_options;
+  const std::string dev = p.device_name;
+  const size_t n = chunks.each.size();
+  const GeminiHomes h = gemini_homes(in, chunks);
+  std::string chunk_note;
+  const int64_t device_chunks = device_chunk_bytes(in, a, chunks, h, act_peak, &chunk_note);
+  add(p, "parameter chunks", dev, device_chunks, chunk_note);
+  add(p, "Adam m, v", dev, h.device_states, "chunks whose states stay on the device");
+  plan_device_gradients(p, in, chunks, h);
+  add(p, "activations + head", dev, act_peak, "Note [Activation arithmetic]");
+  // Note [Three tiers] (docs/gemini.md), by Gemini's own arithmetic.
+  gemini::TierPlan t;
+  if (g.host_capacity_bytes > 0)
+    t = gemini::plan_tiers(h.tiers, g.host_capacity_bytes, in.nvme_fraction, in.nvme_window_bytes);
+  // Note [Deferred updates] (offload/gemini/deferred.cpp): with --grad-clip/--grad-accum (and
+  // under data parallel) every chunk's gradient buffer lives until step(), where its Adam states
+  // are; those of disk-homed chunks go to disk (all but the newest, inside the reserve). Under
+  // sharded states only this rank's reduced piece lives on, disk-homed chunks' too (Note [Three
+  // tiers under data parallel]); the three tiers' reserve holds the full buffers being reduced.
+  // Without a host budget there is no reserve, and whole buffers are counted: they cover those
+  // (measured: docs/distributed.md, "Gemini with --zero 2").
+  int64_t deferred_host_grads = 0;
+  if (!in.update_in_backward) {
+    int64_t device_grads = 0;
+    for (size_t c = 0; c < n; ++c) {
+      const int64_t kept = g.host_capacity_bytes > 0 ? h.tiers[c].state_bytes / 2  // a piece
+                                                     : chunks.each[c];
+      if (!h.optim_on_host[c])
+        device_grads += kept;
+      else if (h.sharded_states || t.on_disk.empty() || !t.on_disk[c])
+        deferred_host_grads += kept;
+    }
+    if (device_grads > 0)
+      add(p, "gradient buffers until step()", dev, device_grads,
+          "--grad-clip/--grad-accum: updates after backward");
+  }
+  plan_host(p, in, chunks, h, t, deferred_host_grads);
+}
+
+}  // namespace mw::train
