@@ -87,10 +87,26 @@ void tokenize_corpus(CorpusReader& reader, std::vector<std::unique_ptr<BpeTokeni
   }
 }
 
+namespace {
+constexpr size_t kListedShards = 3;
+}  // namespace
+
 std::string split_summary(const char* name, const TokenShardWriter& w) {
-  std::string out = str(name, ": ", w.num_tokens(), " tokens in ", w.paths().size(), " shard(s)");
-  for (const auto& path : w.paths())
-    out += str(" ", path, " (", static_cast<int64_t>(std::filesystem::file_size(path)), " bytes)");
+  const std::vector<std::string>& paths = w.paths();
+  std::string out = str(name, ": ", w.num_tokens(), " tokens in ", paths.size(), " shard(s)");
+  const auto listed = [&](size_t i) {
+    return str(" ", paths[i], " (", static_cast<int64_t>(std::filesystem::file_size(paths[i])),
+               " bytes)");
+  };
+  // Many small shards (--shard-tokens 1 gives one per token): the first two and the last.
+  const size_t n = paths.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (n > kListedShards && i == kListedShards - 1) {
+      out += str(" ... (", n - kListedShards, " more)") + listed(n - 1);
+      break;
+    }
+    out += listed(i);
+  }
   return out + "\n";
 }
 

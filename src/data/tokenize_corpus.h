@@ -51,7 +51,8 @@ void prepare_shard_dir(const std::string& dir);
 void tokenize_corpus(CorpusReader& reader, std::vector<std::unique_ptr<BpeTokenizer>>& workers,
                      ShardSplits& splits, const std::function<void(int64_t tokens)>& progress);
 
-// "train: N tokens in K shard(s) PATH (BYTES bytes)..." with a newline.
+// "train: N tokens in K shard(s) PATH (BYTES bytes)..." with a newline; past three shards the
+// first two, "... (K-3 more)" and the last.
 std::string split_summary(const char* name, const TokenShardWriter& w);
 
 }  // namespace mw::data

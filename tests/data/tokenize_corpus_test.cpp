@@ -36,6 +36,22 @@ TEST(ShardSplits, WholeDocumentsGoToValWhileItHoldsLessThanItsShare) {
   EXPECT_NE(line.find("val_000000.bin ("), std::string::npos) << line;
 }
 
+// --shard-tokens 1 writes a shard per token: the summary names the first two and the last, not
+// every one (203 paths on one line before).
+TEST(ShardSplits, TheSummaryOfManyShardsNamesTheFirstTwoAndTheLast) {
+  TempDir tmp;
+  ShardSplits s(tmp.path(), 1, 0, 7);
+  s.add(true, std::vector<int32_t>{1, 2, 3, 4, 5});  // 6 tokens with the <eot>: 6 shards
+  s.train.finish();
+  const std::string line = split_summary("train", s.train);
+  EXPECT_EQ(line.rfind("train: 6 tokens in 6 shard(s) ", 0), 0u) << line;
+  for (const char* shown :
+       {"train_000000.bin (", "train_000001.bin (", "... (3 more)", "train_000005.bin ("})
+    EXPECT_NE(line.find(shown), std::string::npos) << shown << " in " << line;
+  for (const char* hidden : {"train_000002.bin", "train_000003.bin", "train_000004.bin"})
+    EXPECT_EQ(line.find(hidden), std::string::npos) << hidden << " in " << line;
+}
+
 TEST(ShardSplits, ADirectoryHoldingShardsIsRefusedAndAMissingOneIsMade) {
   TempDir tmp;
   const std::string dir = tmp.file("out/nested");
