@@ -188,8 +188,7 @@ int64_t shard_prefetch(const PlanInputs& in, const GeminiHomes& h, const ChunkBy
 // `--gemini static
 // --offload-param-frac 1` on sim, the peak 560 MiB at block 5's backward against 490.3 planned
 // from wte's chunk at the LM head). The chunk bytes to plan beyond the device homes so that, with
-// `act_peak` beside them, the larger of the two peaks is covered; under recomputation or activation
-// offload the whole `act_peak` is taken beside a block's chunks (an upper bound). `on_use`: per
+// `act_peak` beside them, the larger of the two peaks is covered. `on_use`: per
 // chunk, whether it is gathered so; `prefetch`: the sharded chunk gathered beside wte's at the LM
 // head (shard_prefetch).
 int64_t gathered_on_use(const PlanInputs& in, const Activations& a, const ChunkBytes& chunks,
@@ -197,16 +196,23 @@ int64_t gathered_on_use(const PlanInputs& in, const Activations& a, const ChunkB
   const bool any_off = std::find(on_use.begin(), on_use.end(), true) != on_use.end();
   // wte's at the LM head's backward, and the next sharded chunk if prefetched then
   int64_t most = any_off ? chunks.first + prefetch : 0;
-  const bool plain =
-      !in.checkpoint_every_block && in.checkpoint_segments < 0 && !in.offload_activations;
+  std::string recompute;
+  const Recomputation r = recomputation(in, a, &recompute);
   for (const ChunkBytes::Op& op : chunks.block_ops) {
     int64_t gathered = 0;
     for (int c : op.chunks)
       if (on_use[static_cast<size_t>(c)]) gathered += chunks.each[static_cast<size_t>(c)];
-    const double below = static_cast<double>(op.block + 1) * a.block + a.backward_extra +
-                         a.mlp_grad + a.attention_backward + static_cast<double>(op.grad_bytes);
-    const int64_t alive = plain ? clamp_bytes(below) : act_peak;
-    most = std::max(most, gathered - (act_peak - alive));
+    // As activation_peak counts a block's backward: the op's incoming gradient and its weight's
+    // gradient, or the attention's workspace (on the host under autocast, the f32 copies of the
+    // MLP's products and weight gradients); with recomputation the longest segment rebuilt
+    // beside what is stored, any block's ops (an upper bound). Offloaded activations come back
+    // before their block's backward: at most the plain run's.
+    const double op_bytes =
+        std::max(a.mlp_grad + static_cast<double>(op.grad_bytes), a.attention_backward);
+    const double alive =
+        r.longest == 0 ? static_cast<double>(op.block + 1) * a.block + a.backward_extra + op_bytes
+                       : r.stored + recomputing_bytes(a, r) - a.mlp_grad + op_bytes;
+    most = std::max(most, gathered - (act_peak - clamp_bytes(alive)));
   }
   if (chunks.block_ops.empty() && any_off && chunks.each.size() > 1)
     most = std::max(most, 2 * chunks.largest);  // unlisted: any op may straddle two
