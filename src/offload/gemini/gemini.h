@@ -131,6 +131,11 @@ struct GeminiStats {
   int64_t updated_in_backward = 0;  // chunks (Note [Updates as reductions complete])
 };
 
+// Note [Deferred updates]: a later micro-batch's gradient on another device than its chunk's
+// buffer is added in slices of this many elements (16 MiB of f32), so the host holds no second
+// copy.
+inline constexpr int64_t kAddSliceNumel = int64_t{1} << 22;
+
 class Gemini : public optim::Optimizer {
  public:
   // Packs `model`'s parameters (created on the cpu) into chunks and installs its hooks. The model
