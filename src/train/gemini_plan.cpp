@@ -235,14 +235,14 @@ int64_t device_chunk_bytes(const PlanInputs& in, const Activations& a, const Chu
     // a device-homed sharded chunk keeps its piece there
     kept += !on_use[c] ? chunks.each[c] : h.params_off[c] ? 0 : h.tiers[c].home_bytes;
   }
-  int64_t device_chunks = params;
-  if (g.policy != gemini::Policy::kConst) {
-    const int64_t at_head = kept + chunks.first + h.device_states + act_peak;
-    device_chunks = kept + gathered_on_use(in, a, chunks, on_use, act_peak,
-                                           shard_prefetch(in, h, chunks, at_head));
-  } else {
+  const int64_t at_head = kept + chunks.first + h.device_states + act_peak;
+  const int64_t gathered =
+      gathered_on_use(in, a, chunks, on_use, act_peak, shard_prefetch(in, h, chunks, at_head));
+  int64_t device_chunks = kept + gathered;
+  if (g.policy == gemini::Policy::kConst) {  // the replicated chunks cached up to the budget
     const int64_t more = std::max<int64_t>(0, g.const_budget_bytes - chunks.first) / chunks.largest;
-    device_chunks = std::min(params, chunks.first + more * chunks.largest);
+    device_chunks = std::min(kept, chunks.first + more * chunks.largest) +
+                    (kept < params ? gathered : 0);  // sharded chunks: as under every policy
   }
   const int64_t device_total = device_chunks + h.device_states + act_peak;
   *chunk_note = "chunks on the device at the peak";
