@@ -135,7 +135,9 @@ double activation_peak(const PlanInputs& in, const Activations& a, std::string* 
            std::max(at_head, a.input + a.attention_backward);
   const double recomputing =
       recomputing_bytes(a, r) - a.mlp_grad + std::max(a.mlp_grad, a.attention_backward);
-  return r.stored + std::max(at_head, recomputing);
+  // The segment that is not checkpointed is the last: its backward, and the freeing of its saved
+  // tensors, come before any recomputation, which has only the checkpoints' inputs beside it.
+  return std::max(r.stored + at_head, r.inputs + recomputing);
 }
 
 }  // namespace mw::train

@@ -206,13 +206,17 @@ int64_t gathered_on_use(const PlanInputs& in, const Activations& a, const ChunkB
     // As activation_peak counts a block's backward: the op's incoming gradient and its weight's
     // gradient, or the attention's workspace (on the host under autocast, the f32 copies of the
     // MLP's products and weight gradients); with recomputation the longest segment rebuilt
-    // beside what is stored, any block's ops (an upper bound). Offloaded activations come back
+    // beside the checkpoints' inputs, or the segment not checkpointed with what is stored, at any
+    // block's ops (an upper bound). Offloaded activations come back
     // before their block's backward: at most the plain run's.
     const double op_bytes =
         std::max(a.mlp_grad + static_cast<double>(op.grad_bytes), a.attention_backward);
     const double alive =
-        r.longest == 0 ? static_cast<double>(op.block + 1) * a.block + a.backward_extra + op_bytes
-                       : r.stored + recomputing_bytes(a, r) - a.mlp_grad + op_bytes;
+        r.longest == 0
+            ? static_cast<double>(op.block + 1) * a.block + a.backward_extra + op_bytes
+            : std::max(r.stored + a.backward_extra,  // the last segment is not checkpointed
+                       r.inputs + recomputing_bytes(a, r) - a.mlp_grad) +
+                  op_bytes;
     most = std::max(most, gathered - (act_peak - clamp_bytes(alive)));
   }
   if (chunks.block_ops.empty() && any_off && chunks.each.size() > 1)
