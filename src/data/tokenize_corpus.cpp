@@ -100,13 +100,9 @@ std::string split_summary(const char* name, const TokenShardWriter& w) {
   };
   // Many small shards (--shard-tokens 1 gives one per token): the first two and the last.
   const size_t n = paths.size();
-  for (size_t i = 0; i < n; ++i) {
-    if (n > kListedShards && i == kListedShards - 1) {
-      out += str(" ... (", n - kListedShards, " more)") + listed(n - 1);
-      break;
-    }
-    out += listed(i);
-  }
+  const size_t head = n > kListedShards ? kListedShards - 1 : n;
+  for (size_t i = 0; i < head; ++i) out += listed(i);
+  if (head < n) out += str(" ... (", n - kListedShards, " more)") + listed(n - 1);
   return out + "\n";
 }
 

@@ -24,6 +24,7 @@ struct ChunkBytes {
   int64_t total = 0;
   int64_t largest = 0;
   int64_t first = 0;  // the chunk of wte (first in parameter order): the LM head's, at the peak
+  int64_t widest_numel = 0;   // the largest tensor's elements
   std::vector<int64_t> each;  // in chunk order; empty past kListedLayers
   // Per op of a transformer block (a module: its weight and bias), the block and the chunks
   // holding the op's tensors (two where it straddles a chunk boundary); empty past
@@ -67,19 +68,20 @@ ChunkBytes chunk_bytes(const PlanInputs& in) {
   search.interval_numel = in.config.n_embd;  // as gpt2_train sets it
   int64_t capacity = in.gemini_options.chunk_numel;
   std::vector<bool> alone(sizes.size(), false);
+  const int64_t widest = *std::max_element(sizes.begin(), sizes.end());
   if (capacity <= 0 && listed) {
     const gemini::ChunkSearchResult r = gemini::search_chunk_size(sizes, search);
     capacity = r.chunk_numel;
     alone = r.outlier;
   } else if (capacity <= 0) {
-    capacity = std::max(search.min_chunk_numel, *std::max_element(sizes.begin(), sizes.end()));
+    capacity = std::max(search.min_chunk_numel, widest);
   }
   if (!listed) {  // chunks of `capacity` elements, filled in order; at most kMaxPlannedChunks
     const int64_t total = clamp_bytes(parameter_bytes(in));
     int64_t bytes = round_up(capacity * in.dtype_bytes, kHostAlignment);
     if (total / bytes >= kMaxPlannedChunks)  // an absurd model: coarser chunks, planned in time
       bytes = round_up(total / kMaxPlannedChunks + 1, kHostAlignment);
-    ChunkBytes out{total, bytes, bytes, {}, {}};
+    ChunkBytes out{total, bytes, bytes, widest, {}, {}};
     for (int64_t done = 0; done < total; done += bytes)
       out.each.push_back(std::min(bytes, total - done));
     return out;
@@ -98,6 +100,7 @@ ChunkBytes chunk_bytes(const PlanInputs& in) {
   }
   out.largest = *std::max_element(out.each.begin(), out.each.end());
   out.first = out.each.front();
+  out.widest_numel = widest;
   out.block_ops = ops_of_blocks(in, chunk_of);
   return out;
 }
@@ -142,6 +145,18 @@ GeminiHomes gemini_homes(const PlanInputs& in, const ChunkBytes& chunks) {
   return h;
 }
 
+// The share of the device Gemini keeps free (--gpu-margin-mem-ratio's complement; as Gemini's
+// constructor sets it).
+double device_margin(const PlanInputs& in) {
+  const auto& g = in.gemini_options;
+  return g.auto_margin >= 0 ? g.auto_margin : gemini::default_auto_margin(in.device.is_cuda());
+}
+
+// A sharded chunk's reduced piece of the gradient: 1/N of the largest chunk.
+int64_t reduced_piece(const PlanInputs& in, int64_t largest) {
+  return (largest + in.ranks - 1) / in.ranks;
+}
+
 int64_t sum_of_largest(std::vector<int64_t> each, size_t k) {
   std::sort(each.begin(), each.end(), std::greater<>());
   int64_t sum = 0;
@@ -174,10 +189,7 @@ int64_t shard_prefetch(const PlanInputs& in, const GeminiHomes& h, const ChunkBy
     if (h.tiers[c].params_off && !h.tiers[c].sharded) return 0;  // no prefetch then
     if (c > 0 && h.tiers[c].sharded) next = std::max(next, chunks.each[c]);
   }
-  const auto& g = in.gemini_options;
-  const double margin =
-      g.auto_margin >= 0 ? g.auto_margin : gemini::default_auto_margin(in.device.is_cuda());
-  const double room = static_cast<double>(in.device_capacity_bytes) * (1.0 - margin);
+  const double room = static_cast<double>(in.device_capacity_bytes) * (1.0 - device_margin(in));
   return static_cast<double>(device_total + next) <= room ? next : 0;
 }
 
@@ -186,12 +198,11 @@ int64_t shard_prefetch(const PlanInputs& in, const GeminiHomes& h, const ChunkBy
 // released when an op starts that does not, so an op whose weight and bias straddle two chunks
 // holds both in its backward, beside the saved tensors of its block and those below it, wte's
 // gradient, the block's own temporaries and the op's weight gradient (measured: GPT-2 small B4 T64
-// `--gemini static
-// --offload-param-frac 1` on sim, the peak 560 MiB at block 5's backward against 490.3 planned
-// from wte's chunk at the LM head). The chunk bytes to plan beyond the device homes so that, with
-// `act_peak` beside them, the larger of the two peaks is covered. `on_use`: per
-// chunk, whether it is gathered so; `prefetch`: the sharded chunk gathered beside wte's at the LM
-// head (shard_prefetch).
+// `--gemini static --offload-param-frac 1` on sim, the peak 560 MiB at block 5's backward against
+// 490.3 planned from wte's chunk at the LM head). Returns the chunk bytes to plan beyond the
+// device homes so that, with `act_peak` beside them, the larger of the two peaks is covered.
+// `on_use`: per chunk, whether it is gathered so; `prefetch`: the sharded chunk gathered beside
+// wte's at the LM head (shard_prefetch).
 int64_t gathered_on_use(const PlanInputs& in, const Activations& a, const ChunkBytes& chunks,
                         const std::vector<bool>& on_use, int64_t act_peak, int64_t prefetch) {
   const bool any_off = std::find(on_use.begin(), on_use.end(), true) != on_use.end();
@@ -205,10 +216,10 @@ int64_t gathered_on_use(const PlanInputs& in, const Activations& a, const ChunkB
       if (on_use[static_cast<size_t>(c)]) gathered += chunks.each[static_cast<size_t>(c)];
     // As activation_peak counts a block's backward: the op's incoming gradient and its weight's
     // gradient, or the attention's workspace (on the host under autocast, the f32 copies of the
-    // MLP's products and weight gradients); with recomputation the longest segment rebuilt
-    // beside the checkpoints' inputs, or the segment not checkpointed with what is stored, at any
-    // block's ops (an upper bound). Offloaded activations come back
-    // before their block's backward: at most the plain run's.
+    // MLP's products and weight gradients); with recomputation the longest segment rebuilt beside
+    // the checkpoints' inputs, or the segment not checkpointed with what is stored, at any block's
+    // ops (an upper bound). Offloaded activations come back before their block's backward: at
+    // most the plain run's.
     const double op_bytes =
         std::max(a.mlp_grad + static_cast<double>(op.grad_bytes), a.attention_backward);
     const double alive =
@@ -251,9 +262,7 @@ int64_t device_chunk_bytes(const PlanInputs& in, const Activations& a, const Chu
   const int64_t device_total = device_chunks + h.device_states + act_peak;
   *chunk_note = "chunks on the device at the peak";
   if (g.policy == gemini::Policy::kAuto && in.device_capacity_bytes > 0) {
-    const double margin =
-        g.auto_margin >= 0 ? g.auto_margin : gemini::default_auto_margin(in.device.is_cuda());
-    const auto cap = static_cast<int64_t>(in.device_capacity_bytes * (1.0 - margin));
+    const auto cap = static_cast<int64_t>(in.device_capacity_bytes * (1.0 - device_margin(in)));
     const int64_t floor = act_peak + chunks.first;  // the op's chunk plus non-model memory
     const int64_t fitted = std::max(std::min(device_total, cap), floor);
     device_chunks = std::max<int64_t>(0, fitted - act_peak - h.device_states);
@@ -269,12 +278,11 @@ int64_t device_chunk_bytes(const PlanInputs& in, const Activations& a, const Chu
 void plan_device_gradients(MemoryPlan& p, const PlanInputs& in, const ChunkBytes& chunks,
                            const GeminiHomes& h) {
   if (!in.update_in_backward) return;  // deferred: plan_gemini
-  const int64_t largest = chunks.largest;
   std::vector<int64_t> each;
   for (size_t c = 0; c < chunks.each.size(); ++c)
     if (!h.optim_on_host[c]) each.push_back(chunks.each[c]);
   const int64_t grads = sum_of_largest(each, h.sharded_states ? 2 : 1);
-  const int64_t piece = h.sharded_states && !each.empty() ? (largest + in.ranks - 1) / in.ranks : 0;
+  const int64_t piece = h.sharded_states && !each.empty() ? reduced_piece(in, chunks.largest) : 0;
   add(p, "gradient buffers", p.device_name, grads + piece,
       h.sharded_states ? "chunks whose Adam states are on the device: two, one reducing"
                        : "the largest chunk whose Adam states are on the device");
@@ -296,11 +304,10 @@ void plan_host(MemoryPlan& p, const PlanInputs& in, const ChunkBytes& chunks, co
   std::vector<int64_t> on_host;
   for (size_t c = 0; c < n; ++c)
     if (h.optim_on_host[c]) on_host.push_back(chunks.each[c]);
-  const int64_t reduced_piece =
-      h.sharded_states && !on_host.empty() ? (largest + in.ranks - 1) / in.ranks : 0;
+  const int64_t piece = h.sharded_states && !on_host.empty() ? reduced_piece(in, largest) : 0;
   const int64_t buffers = std::max(largest, sum_of_largest(on_host, h.sharded_states ? 2 : 1));
   if (t.disk_chunk_bytes == 0 && t.disk_state_bytes == 0) {
-    const int64_t grads = std::max(buffers, deferred_host_grads) + reduced_piece;
+    const int64_t grads = std::max(buffers, deferred_host_grads) + piece;
     const int64_t gathers = piece_gathers(h);
     add(p, "chunk homes + Adam m, v + gradient buffers", "host",
         h.host_chunks + h.host_states + std::max(grads, gathers),
@@ -326,10 +333,10 @@ void plan_host(MemoryPlan& p, const PlanInputs& in, const ChunkBytes& chunks, co
 }  // namespace
 
 // Gemini (docs/gemini.md): chunks hold the parameters; gradients and Adam states of a chunk live
-// where its placement says. Update in backward keeps one chunk's gradient buffer on the host at a
-// time (measured: the host chunk peak is the homes plus the largest chunk). The device peaks at
-// the LM head's backward (Note [Activation arithmetic]), which needs wte's chunk: an offloaded
-// placement holds that chunk then, and a budget fills with more chunks while they fit.
+// where its placement says. Update in backward keeps one chunk's gradient buffer at a time (two
+// under sharded states, one being reduced). The device peaks at the LM head's backward (Note
+// [Activation arithmetic]), which needs wte's chunk, or at a block op's backward that gathers its
+// chunks (device_chunk_bytes); auto fills the device with more chunks while they fit.
 void plan_gemini(MemoryPlan& p, const PlanInputs& in, const Activations& a, int64_t act_peak) {
   const ChunkBytes chunks = chunk_bytes(in);
   const auto& g = in.gemini_options;
@@ -371,13 +378,9 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, const Activations& a, int6
   // From the second micro-batch on, a gradient made on the device comes into its host buffer in
   // slices (gemini::kAddSliceNumel), one beside the buffers (measured: GPT-2 small B4 T64 static
   // offload 1 `--grad-accum 2` on sim, the host peak 16 MiB above the plan without it).
-  if (in.micro_batches > 1 && deferred_host_grads > 0) {
-    const std::vector<int64_t> sizes = parameter_numels(
-        in.config.n_layer <= kListedLayers ? in.config : with_layers(in.config, 2));
-    const int64_t widest = *std::max_element(sizes.begin(), sizes.end());
-    deferred_host_grads +=
-        round_up(std::min(widest, gemini::kAddSliceNumel) * in.dtype_bytes, kHostAlignment);
-  }
+  if (in.micro_batches > 1 && deferred_host_grads > 0)
+    deferred_host_grads += round_up(
+        std::min(chunks.widest_numel, gemini::kAddSliceNumel) * in.dtype_bytes, kHostAlignment);
   plan_host(p, in, chunks, h, t, deferred_host_grads);
 }
 

@@ -459,13 +459,18 @@ TEST(MemoryPlan, GeminiCountsChunkBytesNotEveryTensorRounded) {
 
 TEST(MemoryPlan, WideOnSimWithGeminiAuto) { check(gemini_auto(wide(), 0)); }
 
-TEST(MemoryPlan, SmallIshOnSimWithGeminiStaticHalfOffloaded) {
-  PlanInputs in = on_sim(inputs(small_ish(), 4, 128));
+// --gemini static with ColossalAI's fractions of the chunks offloaded.
+PlanInputs gemini_static(PlanInputs in, double param_frac, double optim_frac) {
   in.gemini = true;
   in.gemini_options.policy = gemini::Policy::kStatic;
+  in.gemini_options.offload_param_frac = param_frac;
+  in.gemini_options.offload_optim_frac = optim_frac;
+  return in;
+}
+
+TEST(MemoryPlan, SmallIshOnSimWithGeminiStaticHalfOffloaded) {
+  PlanInputs in = gemini_static(on_sim(inputs(small_ish(), 4, 128)), 0.5, 0.5);
   in.gemini_options.chunk_numel = 300000;
-  in.gemini_options.offload_param_frac = 0.5;
-  in.gemini_options.offload_optim_frac = 0.5;
   check(in);
 }
 
@@ -478,12 +483,8 @@ TEST(MemoryPlan, SmallIshOnSimWithGeminiStaticHalfOffloaded) {
 TEST(MemoryPlan, SmallIshOnSimWithGeminiStaticEveryChunkOffloaded) {
   Config c = small_ish();
   c.vocab_size = 256;
-  PlanInputs in = on_sim(inputs(c, 2, 32));
-  in.gemini = true;
-  in.gemini_options.policy = gemini::Policy::kStatic;
+  PlanInputs in = gemini_static(on_sim(inputs(c, 2, 32)), 1, 1);
   in.gemini_options.chunk_numel = 600000;  // each block (789,760 elements) spans two chunks
-  in.gemini_options.offload_param_frac = 1;
-  in.gemini_options.offload_optim_frac = 1;
   check(in);
 }
 
@@ -492,10 +493,7 @@ TEST(MemoryPlan, SmallIshOnSimWithGeminiStaticEveryChunkOffloaded) {
 TEST(MemoryPlan, SmallIshOnSimWithGeminiStaticNothingOffloaded) {
   Config c = small_ish();
   c.vocab_size = 256;
-  PlanInputs in = on_sim(inputs(c, 2, 32));
-  in.gemini = true;
-  in.gemini_options.policy = gemini::Policy::kStatic;
-  check(in);
+  check(gemini_static(on_sim(inputs(c, 2, 32)), 0, 0));
 }
 
 // Gemini under --grad-accum: from the second micro-batch on each gradient is added into its
@@ -503,11 +501,7 @@ TEST(MemoryPlan, SmallIshOnSimWithGeminiStaticNothingOffloaded) {
 // Brought over whole, wte's gradient (147 MiB here) was a second copy on the host: GPT-2 small B4
 // T64 measured 2046 MiB against 1898.8 planned; now 1915 against 1914.8 with the slice planned.
 TEST(MemoryPlan, WideOnSimWithGeminiStaticAndGradientAccumulation) {
-  PlanInputs in = on_sim(inputs(wide(), 2, 32));
-  in.gemini = true;
-  in.gemini_options.policy = gemini::Policy::kStatic;
-  in.gemini_options.offload_param_frac = 1;
-  in.gemini_options.offload_optim_frac = 1;
+  PlanInputs in = gemini_static(on_sim(inputs(wide(), 2, 32)), 1, 1);
   in.update_in_backward = false;  // as the trainer sets it under --grad-accum
   in.micro_batches = 2;
   check(in);

@@ -75,12 +75,13 @@ void Gemini::add_gradient(Chunk& c, const ChunkMember& member, const Tensor& g,
   // (kAddSliceNumel), so the host never holds a second copy of a large one (wte's: 147 MiB for
   // GPT-2 small; measured with --grad-accum 2, the host peak that much above the memory plan).
   const Tensor flat = gc.view({member.numel});
-  const int64_t step = gc.device() == grad_device ? member.numel : kAddSliceNumel;
+  const bool here = gc.device() == grad_device;
+  const int64_t step = here ? member.numel : kAddSliceNumel;
   for (int64_t at = 0; at < member.numel; at += step) {
     const int64_t n = std::min(step, member.numel - at);
     const Tensor part = flat.narrow(0, at, n);
     Tensor dst = c.grad.narrow(0, member.offset + at, n);
-    ops::axpy_(dst, part.device() == grad_device ? part : part.to(grad_device));
+    ops::axpy_(dst, here ? part : part.to(grad_device));
   }
 }
 
