@@ -1,6 +1,7 @@
 // DynamicLossScaler (Note [Dynamic loss scaling], loss_scaler.h).
 #include "optim/loss_scaler.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <vector>
@@ -8,6 +9,7 @@
 #include "autograd/autograd.h"
 #include "core/ops.h"
 #include "core/parallel.h"
+#include "optim/grad_norm.h"
 #include "optim/hybrid_adam.h"
 
 namespace mw::optim {
@@ -30,6 +32,13 @@ std::vector<Tensor> slices(const Tensor& g) {
 }
 
 bool all_finite(const Tensor& g) {
+  if (g.device().is_cuda() && g.dtype() == DType::F32 && g.is_contiguous()) {
+    // On the device: a float's square is finite in double, so the block sums of squares are
+    // finite exactly when every element is (only the partials cross to the host).
+    std::vector<double> parts;
+    append_block_squares(g, parts);
+    return std::all_of(parts.begin(), parts.end(), [](double s) { return std::isfinite(s); });
+  }
   Tensor h = g.to(Device::cpu());
   if (h.dtype() != DType::F32) h = h.to(DType::F32);
   h = h.contiguous();

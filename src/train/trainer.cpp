@@ -144,10 +144,8 @@ double global_grad_norm(const std::vector<Tensor>& params) {
   for (const Tensor& p : params) {
     Tensor g = grad(p);
     if (!g.defined()) continue;
-    if (g.device().is_cuda()) g = g.to(Device::cpu());
-    g = g.contiguous();
     parts.clear();
-    optim::append_block_squares(g.data<float>(), g.numel(), parts);  // Note [Norm order]
+    optim::append_block_squares(g.contiguous(), parts);  // Note [Norm order], on g's device
     sum_sq = optim::add_in_order(sum_sq, parts);
   }
   return std::sqrt(sum_sq);

@@ -190,12 +190,10 @@ void Gemini::settle_reduction(Chunk& c) {
 }
 
 void Gemini::take_norm_parts(Chunk& c) {
-  Tensor g = c.grad.device().is_cuda() ? c.grad.to(Device::cpu()) : c.grad;
-  const float* x = static_cast<const float*>(g.raw_data());
-  for (const ChunkMember& m : c.members()) {
+  for (const ChunkMember& m : c.members()) {  // on the buffer's device (Note [Norm order])
     std::vector<double>& parts = norm_parts_[m.tensor];
     parts.clear();
-    optim::append_block_squares(x + m.offset, m.numel, parts);
+    optim::append_block_squares(c.grad.narrow(0, m.offset, m.numel), parts);
   }
   c.norm_taken = true;
 }
