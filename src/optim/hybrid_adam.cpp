@@ -122,16 +122,25 @@ void HybridAdam::update_in_memory(size_t i, const AdamStepScalars& s) {
   }
   Tensor gc = g.contiguous();
   p.bump_version();
-  if (p.device().is_cuda())
+  const bool on_gpu = p.device().is_cuda();
+  if (on_gpu && exp_avg_[i].device().is_cuda()) {
     adam_update_cuda(s, p.data<float>(), gc.raw_data(), gc.dtype(), exp_avg_[i].data<float>(),
                      exp_avg_sq_[i].data<float>(), p.numel(), nullptr);
-  else {
-    std::atomic<bool> non_finite{false};
-    adam_update_parallel(isa_, s, p.data<float>(), gc.raw_data(), gc.dtype(),
-                         exp_avg_[i].data<float>(), exp_avg_sq_[i].data<float>(), p.numel(),
-                         &non_finite);
-    if (non_finite && non_finite_param_ < 0) non_finite_param_ = static_cast<int64_t>(i);
+    return;
   }
+  // Note [GPU parameters with host states]: ZeRO-Offload's update. A parameter on the GPU whose m
+  // and v are on the host (Gemini's device-homed chunks under --offload-optim-frac) comes to the
+  // host, is stepped there by the CPU kernel with its gradient, and goes back: one copy of the
+  // parameter each way instead of m and v. (The CUDA kernel on host states faulted: an H200 run of
+  // `--gemini static --offload-optim-frac 1` stopped with an illegal memory access.)
+  Tensor hp = on_gpu ? p.to(Device::cpu()) : p;
+  if (gc.device().is_cuda()) gc = gc.to(Device::cpu());
+  std::atomic<bool> non_finite{false};
+  adam_update_parallel(isa_, s, hp.data<float>(), gc.raw_data(), gc.dtype(),
+                       exp_avg_[i].data<float>(), exp_avg_sq_[i].data<float>(), p.numel(),
+                       &non_finite);
+  if (non_finite && non_finite_param_ < 0) non_finite_param_ = static_cast<int64_t>(i);
+  if (on_gpu) p.copy_(hp);
 }
 
 Device HybridAdam::state_device(size_t i) const {

@@ -291,7 +291,35 @@ void plan_gradients(MemoryPlan& p, const PlanInputs& in, const Activations& a, i
   }
 }
 
+namespace {
+// HybridAdam's NVMe offload keeps the states of host parameters on disk (ColossalAI's
+// nvme_offload_fraction: CPU parameters only; under Gemini, those of the chunks whose states are
+// on the host). On a GPU without Gemini no parameter is on the host: it offloaded nothing, silently
+// (measured on an H200: --device cuda --offload nvme kept its 949 MiB of m and v on the GPU, while
+// this plan put them on disk).
+void check_nvme_offload(const PlanInputs& in) {
+  MW_CHECK_T(InvalidArgument, in.nvme_fraction <= 0 || in.gemini || !in.device.is_cuda(),
+             "--offload nvme keeps the Adam states of host parameters on disk, but on --device "
+             "cuda every parameter and its m and v live on the GPU, so nothing would be "
+             "offloaded. Add --gemini static --offload-optim-frac 1 to keep the states of the "
+             "GPU's parameters on the host, where --offload nvme puts them on disk "
+             "(docs/gemini.md); or train with --device cpu");
+  const auto& g = in.gemini_options;
+  MW_CHECK_T(InvalidArgument,
+             in.nvme_fraction <= 0 || !in.gemini || !in.device.is_cuda() ||
+                 g.policy != gemini::Policy::kStatic ||
+                 g.offload_param_frac >= g.offload_optim_frac,
+             "--offload nvme on --device cuda offloads the Adam states of chunks homed on the "
+             "host, but --offload-optim-frac ",
+             g.offload_optim_frac, " > --offload-param-frac ", g.offload_param_frac,
+             " keeps some chunks with host states on the GPU, whose states would stay in RAM. "
+             "Pass --offload-param-frac ",
+             g.offload_optim_frac, " (ColossalAI's placement_policy='cpu' is 1 and 1)");
+}
+}  // namespace
+
 MemoryPlan plan_memory(const PlanInputs& global) {
+  check_nvme_offload(global);
   PlanInputs in = global;  // one rank's: its rows of the global batch (Note [Global batch])
   in.ranks = std::max<int64_t>(1, global.ranks);
   in.batch = global.batch / in.ranks;

@@ -133,6 +133,32 @@ TEST(MemoryPlan, ADeviceTooSmallIsRefusedWithGeminiSuggested) {
   }
 }
 
+// HybridAdam offloads the states of host parameters only: on a GPU without Gemini, --offload nvme
+// would offload nothing, and the plan put the states on disk. Under Gemini the chunks whose states
+// are on the host offload theirs.
+TEST(MemoryPlan, NvmeOffloadThatWouldOffloadNothingIsRefusedWithTheWayThatDoes) {
+  PlanInputs in = inputs(Config::preset("small"), 4, 128);
+  in.nvme_fraction = 1.0;
+  in.device = Device::sim(0);
+  in.device_capacity_bytes = int64_t{8} << 30;
+  EXPECT_NO_THROW(plan_memory(in)) << "sim parameters are host memory: offloaded";
+  in.device = Device::cuda(0);
+  try {
+    plan_memory(in);
+    FAIL() << "--device cuda --offload nvme was planned";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--gemini static --offload-optim-frac 1"),
+              std::string::npos)
+        << e.what();
+  }
+  in.gemini = true;
+  in.gemini_options.policy = gemini::Policy::kStatic;
+  in.gemini_options.offload_optim_frac = 1.0;
+  EXPECT_THROW(plan_memory(in), InvalidArgument) << "host states of chunks homed on the GPU";
+  in.gemini_options.offload_param_frac = 1.0;
+  EXPECT_NO_THROW(plan_memory(in)) << "Gemini's host-homed chunks' states are offloaded";
+}
+
 TEST(MemoryPlan, TheLargestConfigIsPlannedQuicklyWithoutOverflow) {
   // Every size at the config's limit (2^24): the plan neither overflows nor lists 200 million
   // tensors, so an absurd config.json is refused at once.
