@@ -271,6 +271,34 @@ int64_t device_chunk_bytes(const PlanInputs& in, const Activations& a, const Chu
   return device_chunks;
 }
 
+// Note [Chunks moved to the device] (offload/gemini/margin.cpp): after auto's warmup, chunks in
+// chunk order are homed on the device with their Adam states while gpu_margin_mem_ratio x
+// (capacity x (1 - margin) - the plan's lower bound) lasts, 4x its bytes each. The lower bound is
+// taken as wte's chunk beside the activations (Gemini measures its own, a little higher: as many
+// chunks or more are planned to move, the device's safe side). Their m and v join the device, and
+// the gradient buffer of the largest moved chunk but wte's, which is counted at the LM head
+// already (measured, GPT-2 small B2 T128 on sim:3GiB: ratio 0.3 moved wte's chunk, 1112 MiB
+// against 817.8 planned without it; ratio 1 all three, 1891; on an H200 at B8 T1024, 7830 against
+// 6878.6). The host's rows stay as planned: the warmup holds every chunk and state there.
+int64_t moved_chunk_bytes(const PlanInputs& in, const ChunkBytes& chunks, int64_t act_peak) {
+  const auto& g = in.gemini_options;
+  if (g.policy != gemini::Policy::kAuto || g.gpu_margin_mem_ratio <= 0) return 0;
+  const double room =
+      in.device_capacity_bytes > 0
+          ? static_cast<double>(in.device_capacity_bytes) * (1.0 - device_margin(in)) -
+                static_cast<double>(act_peak + chunks.first)
+          : 1e300;
+  const double budget = g.gpu_margin_mem_ratio * std::max(0.0, room);
+  int64_t used = 0, states = 0, grad = 0;
+  for (size_t c = 0; c < chunks.each.size(); ++c) {
+    if (static_cast<double>(used + 4 * chunks.each[c]) > budget) break;
+    used += 4 * chunks.each[c];
+    states += 2 * chunks.each[c];
+    if (c > 0) grad = std::max(grad, chunks.each[c]);
+  }
+  return states + grad;
+}
+
 // A chunk whose states stay on the device gathers its gradients there, updated as the chunk's
 // last gradient comes (measured: GPT-2 B2 T32 of width 256 and vocabulary 256 under `--gemini
 // static`, nothing offloaded, the sim peak 55 MiB against 42.7 planned without it).
@@ -348,6 +376,13 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, const Activations& a, int6
   add(p, "parameter chunks", dev, device_chunks, chunk_note);
   add(p, "Adam m, v", dev, h.device_states, "chunks whose states stay on the device");
   plan_device_gradients(p, in, chunks, h);
+  int64_t moved = moved_chunk_bytes(in, chunks, act_peak);
+  if (moved > 0 && in.device_capacity_bytes > 0) {  // auto then evicts more to stay within it
+    const auto cap = static_cast<int64_t>(in.device_capacity_bytes * (1.0 - device_margin(in)));
+    moved = std::min(moved, std::max<int64_t>(0, cap - p.device_bytes - act_peak));
+  }
+  add(p, "chunks moved: Adam m, v + a gradient buffer", dev, moved,
+      "--gpu-margin-mem-ratio, after the warmup");
   add(p, "activations + head", dev, act_peak, "Note [Activation arithmetic]");
   // Note [Three tiers] (docs/gemini.md), by Gemini's own arithmetic.
   gemini::TierPlan t;

@@ -379,6 +379,18 @@ PlanInputs gemini_auto(const Config& c, int64_t chunk_numel) {
 
 TEST(MemoryPlan, SmallIshOnSimWithGeminiAuto) { check(gemini_auto(small_ish(), 300000)); }
 
+// Note [Chunks moved to the device]: with room to spare, --gpu-margin-mem-ratio homes some chunks
+// (0.2 of the room) or all of them (1) on the device after the warmup, with their m and v.
+TEST(MemoryPlan, SmallIshOnSimWithGeminiAutoMovingChunksToTheDevice) {
+  for (double ratio : {0.2, 1.0}) {
+    SCOPED_TRACE(ratio);
+    PlanInputs in = gemini_auto(small_ish(), 300000);
+    in.device_capacity_bytes *= 3;
+    in.gemini_options.gpu_margin_mem_ratio = ratio;
+    check(in);
+  }
+}
+
 // The sampling forward's arithmetic against a real no-grad forward of [1, t] on sim (the path of
 // CUDA without Gemini): a context where the MLP is the widest moment (t 1024: 8 MiB of [t, F]; the
 // attention's 16 MiB of probabilities are per-task scratch since Note [Row statistics instead of

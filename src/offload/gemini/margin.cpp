@@ -22,9 +22,9 @@
 // more for its gradient.
 //
 // Not with three tiers (--host-capacity plans the host's budget with the states on the host) or
-// ZeRO sharding; the memory plan printed before the run counts the states on the host (the
-// warmup's placement): it is an upper bound for the host and the device stays within capacity
-// by construction.
+// ZeRO sharding. The memory plan printed before the run counts the states on the host (the
+// warmup's placement, an upper bound there) and, on the device, the moved chunks' m and v by this
+// arithmetic with its own lower bound (train/gemini_plan.cpp, moved_chunk_bytes).
 #include <cstdio>
 
 #include "core/allocator.h"
