@@ -13,6 +13,11 @@
 # `bash tools/gpu_bench.sh quick`: only the comparison of GPT-2 small B8 T1024 and medium B4 T1024.
 # `bash tools/gpu_bench.sh bf16`: small B8 T1024 in fp32, then small and medium with autocast bf16
 # on both sides.
+# `bash tools/gpu_bench.sh paths`: GPT-2 small B8 T1024, 6 steps each, plain against Gemini auto
+# (with --gpu-margin-mem-ratio 0, 0.5, 1), fp16 and bf16, gradient accumulation (plain and Gemini
+# static on the host), activation offload, Gemini static with host states (parameters on the GPU, then
+# on the host with NVMe states), Gemini's three tiers (states and a chunk on disk): step,
+# device peak against the --plan, loss.
 set -uo pipefail
 out=${OUT:-/tmp/out}; log=$out/bench.log
 runs=/tmp/gpu-bench; mkdir -p "$out" "$runs"  # one file per run here ($OUT brings back 8 files at most)
@@ -63,6 +68,29 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,n
 if [[ ${1:-} == quick ]]; then  # the fp32 comparison alone, for a short lease
   compare small 8 1024 8
   compare medium 4 1024 6
+  printf '%s\n' "${summary[@]}"
+  exit 0
+fi
+if [[ ${1:-} == paths ]]; then  # the CUDA paths written without a GPU (sessions 16-19), run once each
+  small=(--device cuda --model small --batch 8 --seq 1024 --dropout 0)
+  for v in "plain:" "auto:--gemini auto" "auto-margin1:--gemini auto --gpu-margin-mem-ratio 1" \
+           "auto-margin05:--gemini auto --gpu-margin-mem-ratio 0.5" \
+           "fp16:--precision fp16" "bf16:--precision bf16" \
+           "accum2:--grad-accum 2 --grad-clip 1" \
+           "static-host-accum2:--gemini static --offload-param-frac 1 --offload-optim-frac 1 --grad-accum 2 --grad-clip 1" \
+           "offload-act:--checkpoint-activations --offload-activations" \
+           "static-optim-host:--gemini static --offload-optim-frac 1" \
+           "gemini-nvme:--gemini static --offload-param-frac 1 --offload-optim-frac 1 --offload nvme" \
+           "three-tiers:--gemini static --offload-param-frac 1 --offload-optim-frac 1 \
+--host-capacity 800MiB"; do
+    name=${v%%:*}; read -r -a extra <<<"${v#*:}"
+    run "plan-$name" 60 "$train" "${small[@]}" --steps 6 "${extra[@]}" --plan
+    run "mw-$name" 150 "$train" "${small[@]}" --steps 6 "${extra[@]}"
+    summary+=("$name rc=$? $(grep -o 'median step: [0-9.]* ms' "$runs/mw-$name.txt") \
+$(grep -o 'cuda:0 peak [0-9]* MiB' "$runs/mw-$name.txt" | tail -1) (plan $(grep -o 'cuda:0 *[0-9.]* MiB' \
+"$runs/plan-$name.txt" | tail -1)) $(grep -o '\[5\] loss: [0-9.]*' "$runs/mw-$name.txt") \
+$(grep -o '^Gemini: [0-9.]* MiB host->device.*evictions' "$runs/mw-$name.txt")")
+  done
   printf '%s\n' "${summary[@]}"
   exit 0
 fi
