@@ -193,13 +193,14 @@ inline std::vector<int32_t> token_ids(const std::string& option, const std::stri
 
 // --device cuda[:N], checked now: a build without CUDA, or no such GPU, is a UsageError naming the
 // reason before any work.
-inline Device cuda_device(const std::string& text) {
+// `shown`: the option's whole text, when `text` is a part of it.
+inline Device cuda_device(const std::string& text, const std::string& shown = "") {
   try {
     Device d = parse_device(text);
     allocator_for(d);  // throws DeviceError when the GPU is not there
     return d;
   } catch (const Error& e) {
-    throw UsageError(str("--device '", text, "': ", e.what()));
+    throw UsageError(str("--device '", shown.empty() ? text : shown, "': ", e.what()));
   }
 }
 

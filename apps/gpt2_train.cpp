@@ -181,8 +181,8 @@ void declare_model_and_loop(cli::Parser& p) {
            "the config's, 0.1)");
   p.option("optimizer", "hybridadam", "hybridadam|adamw (adamw is the plain scalar reference)");
   p.option("device", "cpu",
-           "cpu | sim[:CAPACITY] (simulated accelerator, e.g. sim:4GiB) | cuda[:N] (a GPU, in a "
-           "CUDA build)");
+           "cpu | sim[:CAPACITY] (simulated accelerator, e.g. sim:4GiB) | cuda[:N][:CAPACITY] (a "
+           "GPU, in a CUDA build; CAPACITY caps what the run may use of it, e.g. cuda:768MiB)");
 }
 
 // Activation memory, the data, evaluation, checkpoints, outputs and NVMe offload.
@@ -262,7 +262,7 @@ cli::Parser make_parser() {
   return p;
 }
 
-// --device cpu | sim[:CAPACITY] | cuda[:N].
+// --device cpu | sim[:CAPACITY] | cuda[:N][:CAPACITY].
 void parse_device_option(const cli::Parser& p, Options& o) {
   std::string dev = p.str("device");
   std::string kind = dev.substr(0, dev.find(':'));
@@ -270,16 +270,28 @@ void parse_device_option(const cli::Parser& p, Options& o) {
     o.device = Device::sim(0);
     if (dev.size() > 4) {
       try {
-        o.sim_capacity_bytes = parse_bytes(dev.substr(4));
+        o.device_capacity_limit_bytes = parse_bytes(dev.substr(4));
       } catch (const InvalidArgument& e) {
         throw cli::UsageError(str("--device '", dev, "': ", e.what()));
       }
     }
-  } else if (kind == "cuda") {
-    o.device = cli::cuda_device(dev);
+  } else if (kind == "cuda") {  // cuda[:N][:CAPACITY]: a last part that is not an index caps it
+    const size_t last = dev.rfind(':');
+    std::string spec = dev;
+    if (last != std::string::npos &&
+        dev.find_first_not_of("0123456789", last + 1) != std::string::npos) {
+      try {
+        o.device_capacity_limit_bytes = parse_bytes(dev.substr(last + 1));
+      } catch (const InvalidArgument& e) {
+        throw cli::UsageError(str("--device '", dev, "': ", e.what()));
+      }
+      spec = dev.substr(0, last);
+    }
+    o.device = cli::cuda_device(spec, dev);
   } else if (dev != "cpu") {
-    throw cli::UsageError(
-        str("--device '", dev, "': expected cpu, sim[:CAPACITY] such as sim:4GiB, or cuda[:N]"));
+    throw cli::UsageError(str("--device '", dev,
+                              "': expected cpu, sim[:CAPACITY] such as sim:4GiB, or "
+                              "cuda[:N][:CAPACITY] such as cuda:0 or cuda:768MiB"));
   }
 }
 

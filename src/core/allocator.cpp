@@ -84,6 +84,12 @@ void set_sim_capacity(int index, int64_t capacity_bytes) {
   sim_allocator(index).set_capacity(capacity_bytes);
 }
 
+void limit_cuda_memory(int index, int64_t bytes) {
+  auto* caching = dynamic_cast<CachingAllocator*>(&allocator_for(Device::cuda(index)));
+  MW_CHECK_T(InvalidArgument, caching != nullptr, "cuda:", index, " has no caching allocator");
+  caching->set_limit(bytes);
+}
+
 void set_host_max_cached_bytes(int64_t bytes) { registry().cpu->set_max_cached_bytes(bytes); }
 
 int64_t peak_rss_bytes() {

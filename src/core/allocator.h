@@ -81,6 +81,9 @@ class Allocator {
 Allocator& allocator_for(Device device);
 // Sets the hard capacity of sim device `index` (0 = unlimited). Its statistics are kept.
 void set_sim_capacity(int index, int64_t capacity_bytes);
+// Caps what memwall uses of GPU `index` at `bytes` (0 = the whole GPU):
+// CachingAllocator::set_limit.
+void limit_cuda_memory(int index, int64_t bytes);
 // Bounds the cpu allocator's cache (freeing cached blocks beyond it): a run that budgets host RAM
 // (Gemini's three tiers) keeps little besides what it uses.
 void set_host_max_cached_bytes(int64_t bytes);

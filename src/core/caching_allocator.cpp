@@ -21,6 +21,7 @@ CachingAllocator::CachingAllocator(Device device, std::unique_ptr<MemorySource> 
   MW_CHECK_T(InvalidArgument, !policy_.reserve_capacity || hard_capacity_,
              "CachingAllocator: only a hard capacity can be reserved");
   set_capacity(capacity_bytes);
+  reported_capacity_ = capacity_bytes;
 }
 
 // Wholly free segments go back; a segment with live blocks (tensors held by statics at exit) is
@@ -40,12 +41,13 @@ void CachingAllocator::check_capacity_locked(int64_t rounded) const {
       stats_.current_bytes + rounded <= stats_.capacity_bytes)
     return;
   const int64_t free_bytes = stats_.capacity_bytes - stats_.current_bytes;
-  throw OutOfMemory(
-      str(device_.str(), " out of memory: requested ", rounded, " bytes, ", free_bytes,
-          " bytes free of a ", stats_.capacity_bytes,
-          "-byte capacity. Raise the capacity (--device sim:SIZE), lower the batch, or enable "
-          "checkpointing/offload."),
-      rounded, free_bytes, stats_.capacity_bytes);
+  throw OutOfMemory(str(device_.str(), " out of memory: requested ", rounded, " bytes, ",
+                        free_bytes, " bytes free of a ", stats_.capacity_bytes,
+                        "-byte capacity. Raise the capacity (--device sim:SIZE or cuda:SIZE), "
+                        "lower the batch, or "
+                        "enable "
+                        "checkpointing/offload."),
+                    rounded, free_bytes, stats_.capacity_bytes);
 }
 
 void* CachingAllocator::allocate(int64_t nbytes) {
@@ -242,6 +244,20 @@ void CachingAllocator::reset_peak() {
 void CachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mutex_);
   free_cached_locked(-1);
+}
+
+void CachingAllocator::set_limit(int64_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    MW_CHECK_T(InvalidArgument, !policy_.reserve_capacity, device_.str(),
+               ": set_limit is for a GPU's cache; use set_capacity");
+    MW_CHECK_T(InvalidArgument,
+               bytes >= 0 && (reported_capacity_ == 0 || bytes <= reported_capacity_),
+               device_.str(), ": a memory limit of ", bytes, " bytes; expected one in [1, ",
+               reported_capacity_, "], the device's memory (0 = no limit)");
+    hard_capacity_ = bytes > 0;
+  }
+  set_capacity(bytes > 0 ? bytes : reported_capacity_);
 }
 
 // The old capacity's reserved segment goes back now if wholly free, else when it becomes so; the

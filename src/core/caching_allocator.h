@@ -114,6 +114,10 @@ class CachingAllocator final : public Allocator {
   // A new hard capacity (0 = unlimited); returns the wholly free segments first (and, with
   // reserve_capacity, gets the new capacity's segment). Statistics are kept.
   void set_capacity(int64_t capacity_bytes);
+  // A cap below a GPU's memory (0 = none): the capacity becomes hard at `bytes` (what passes it is
+  // refused, and the cache is held within it), as torch.cuda.set_per_process_memory_fraction; 0
+  // restores the device's own size, reported only. For trying a run on a smaller GPU.
+  void set_limit(int64_t bytes);
   // Bounds the cache (returning wholly free segments beyond it): a run that budgets host RAM
   // (Gemini's three tiers) keeps little besides what it uses.
   void set_max_cached_bytes(int64_t bytes);
@@ -163,6 +167,7 @@ class CachingAllocator final : public Allocator {
   std::unique_ptr<MemorySource> source_;
   CachePolicy policy_;
   bool hard_capacity_;
+  int64_t reported_capacity_ = 0;  // the capacity given at construction (a GPU's memory)
   mutable std::mutex mutex_;
   AllocatorStats stats_;
   FreeSet free_small_, free_large_;

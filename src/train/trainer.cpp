@@ -74,8 +74,8 @@ bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Traine
   in.nvme_dir = o.gemini.empty() ? o.nvme.dir : o.gemini_options.nvme_dir;
   in.device = o.device;
   // A GPU's capacity is its memory as its allocator reports it (cudaMemGetInfo's total).
-  in.device_capacity_bytes =
-      o.device.is_cuda() ? allocator_for(o.device).stats().capacity_bytes : o.sim_capacity_bytes;
+  in.device_capacity_bytes = o.device.is_cuda() ? allocator_for(o.device).stats().capacity_bytes
+                                                : o.device_capacity_limit_bytes;
   in.checkpoint_every_block = o.checkpoint_every_block;
   in.checkpoint_segments = o.checkpoint_segments;
   in.offload_activations = o.offload_activations;
@@ -154,7 +154,9 @@ double global_grad_norm(const std::vector<Tensor>& params) {
 Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), print_(print) {
   if (!print_) print_ = [](const std::string&) {};
   set_num_threads(static_cast<int>(o_.threads));
-  if (o_.device.is_sim()) set_sim_capacity(o_.device.index, o_.sim_capacity_bytes);
+  if (o_.device.is_sim()) set_sim_capacity(o_.device.index, o_.device_capacity_limit_bytes);
+  if (o_.device.is_cuda() && o_.device_capacity_limit_bytes > 0)
+    limit_cuda_memory(o_.device.index, o_.device_capacity_limit_bytes);
 
   config_ = resolve_config(o_, [&](const std::string& w) { print_("gpt2_train: " + w + "\n"); });
   saved_config_ = config_;  // what --save records: not the run's --dropout, unless asked

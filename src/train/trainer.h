@@ -50,7 +50,8 @@ struct TrainOptions {
   double dropout = -1;  // < 0: the config's
   optim::AdamHyper hyper;
   Device device = Device::cpu();
-  int64_t sim_capacity_bytes = 0;
+  // sim: the simulated device's capacity; cuda: a cap below the GPU's memory (0: none).
+  int64_t device_capacity_limit_bytes = 0;
   // The training loop (Note [LR schedule], Note [Updates after backward]).
   LrScheduleKind lr_schedule = LrScheduleKind::kConstant;
   int64_t warmup_steps = 0;

@@ -55,7 +55,7 @@ std::string format_val(double v) {  // as gpt2_train prints it
 TEST(Gpt2Train, BadFlagsPrintUsageWithTheReasonAndExit2) {
   for (const char* args :
        {"--no-such-flag", "--batch abc", "--model huge", "--steps", "--device gpu", "--dropout 1.5",
-        "--lr -1", "--gpu-margin-mem-ratio 0.5",
+        "--lr -1", "--gpu-margin-mem-ratio 0.5", "--device cuda:7x", "--device cuda:0:-1MiB",
         "--device sim:1GiB --gemini static --gpu-margin-mem-ratio 0.5",
         "--device sim:1GiB --gemini auto --gpu-margin-mem-ratio 1.5",
         "--device sim:1GiB --gemini auto --gpu-margin-mem-ratio 0.5 --host-capacity 1GiB"}) {

@@ -158,6 +158,25 @@ TEST(CachingAllocator, AHardCapacityRefusesWithTheBytesNeededFreeAndTheCapacity)
   EXPECT_NO_THROW(a->deallocate(a->allocate(16 * kG), 16 * kG)) << "all of it is usable";
 }
 
+// A GPU's cap (--device cuda:SIZE, CachingAllocator::set_limit): a reported-only capacity becomes
+// hard at the limit, the cache is held inside it, and lifting it restores the device's size.
+TEST(CachingAllocator, ALimitMakesAGpusReportedCapacityHardUntilLifted) {
+  auto [src, a] = make(gpu_cache_policy(512, int64_t{1} << 40), int64_t{64} << 20, false);
+  void* big = a->allocate(int64_t{40} << 20);
+  a->deallocate(big, int64_t{40} << 20);  // cached: 40 MiB of segment
+  a->set_limit(int64_t{16} << 20);
+  EXPECT_EQ(a->stats().capacity_bytes, int64_t{16} << 20);
+  EXPECT_LE(src->out_bytes, int64_t{16} << 20) << "the cache beyond the limit was returned";
+  void* p = a->allocate(int64_t{10} << 20);
+  EXPECT_THROW(a->allocate(int64_t{8} << 20), OutOfMemory) << "10 + 8 MiB passes 16";
+  a->deallocate(p, int64_t{10} << 20);
+  EXPECT_THROW(a->set_limit(int64_t{65} << 20), InvalidArgument) << "above the device's memory";
+  a->set_limit(0);
+  EXPECT_EQ(a->stats().capacity_bytes, int64_t{64} << 20);
+  void* q = a->allocate(int64_t{48} << 20);  // reported only again: the source is the bound
+  a->deallocate(q, int64_t{48} << 20);
+}
+
 // Note [Freeing just enough]: the cache lives inside the capacity, and a miss that does not fit
 // beside it frees the smallest cached block that covers the shortfall, not the whole cache.
 TEST(CachingAllocator, AMissBesideAFullCacheFreesJustEnoughOfIt) {

@@ -97,7 +97,7 @@ struct LoopRun {
 };
 
 LoopRun train(TrainOptions o, bool eval_each_step = false) {
-  set_sim_capacity(kSim, o.sim_capacity_bytes);  // the Trainer sets it too; the peak is reset here
+  set_sim_capacity(kSim, o.device_capacity_limit_bytes);  // the Trainer sets it too; the peak is reset here
   allocator_for(o.device).reset_peak();
   LoopRun r;
   {
@@ -296,11 +296,11 @@ TEST(GeminiLoop, EvaluationBetweenStepsIsBitwiseAndWithinTheCapacity) {
     TrainOptions g = o;
     set_mode(g, m, tmp.file("nvme"));
     if (m == Mode::kAuto)
-      g.sim_capacity_bytes = round_up((cpu.sim_peak_bytes + plain.sim_peak_bytes) / 2, 4096);
+      g.device_capacity_limit_bytes = round_up((cpu.sim_peak_bytes + plain.sim_peak_bytes) / 2, 4096);
     const LoopRun run = train(g);
     expect_bitwise(plain, run, std::string("eval, ") + mode_name(m));
-    if (g.sim_capacity_bytes > 0) {
-      EXPECT_LE(run.sim_peak_bytes, g.sim_capacity_bytes);
+    if (g.device_capacity_limit_bytes > 0) {
+      EXPECT_LE(run.sim_peak_bytes, g.device_capacity_limit_bytes);
     }
     EXPECT_GT(run.eval_stats.gathers, 0) << "the evaluation gathered no chunk";
     // Evaluations follow the warmup's forward ops, and training its plan, after every evaluation.
@@ -358,7 +358,7 @@ TEST(GeminiLoop, ChunksMovedToTheDeviceAreBitwiseThePlainTrainer) {
     const LoopRun plain = train(o);
     TrainOptions a = o;
     set_mode(a, Mode::kAuto, tmp.file("nvme"));
-    a.sim_capacity_bytes = 64 << 20;
+    a.device_capacity_limit_bytes = 64 << 20;
     const LoopRun none = train(a);
     EXPECT_EQ(none.moved_chunks, 0);
     a.gemini_options.gpu_margin_mem_ratio = 1.0;
@@ -374,11 +374,11 @@ TEST(GeminiLoop, ChunksMovedToTheDeviceAreBitwiseThePlainTrainer) {
     double five = 0;
     for (int c = 0; c < 5; ++c) five += 4.0 * static_cast<double>(none.chunk_bytes[c]);
     const double room = five + 2.0 * static_cast<double>(none.chunk_bytes[5]);
-    a.sim_capacity_bytes = static_cast<int64_t>((none.lower_bound + room) / 0.98);
+    a.device_capacity_limit_bytes = static_cast<int64_t>((none.lower_bound + room) / 0.98);
     const LoopRun half = train(a);
     expect_bitwise(plain, half, "five chunks moved");
     EXPECT_EQ(half.moved_chunks, 5);
-    EXPECT_LE(half.sim_peak_bytes, a.sim_capacity_bytes);
+    EXPECT_LE(half.sim_peak_bytes, a.device_capacity_limit_bytes);
     EXPECT_LT(half.stats.d2h_bytes, none.stats.d2h_bytes);
     EXPECT_GT(half.stats.d2h_bytes, all.stats.d2h_bytes);
   }

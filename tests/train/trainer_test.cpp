@@ -45,7 +45,7 @@ TrainOptions tiny(const std::string& data, int64_t steps) {
 // Gemini auto on a 1 GiB sim device, quietly.
 void on_gemini_auto(TrainOptions& o) {
   o.device = Device::sim(0);
-  o.sim_capacity_bytes = int64_t{1} << 30;
+  o.device_capacity_limit_bytes = int64_t{1} << 30;
   o.gemini = "auto";
   o.gemini_options.policy = gemini::Policy::kAuto;
   o.gemini_options.device = o.device;
