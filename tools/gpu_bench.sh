@@ -13,6 +13,8 @@
 # `bash tools/gpu_bench.sh quick`: only the comparison of GPT-2 small B8 T1024 and medium B4 T1024.
 # `bash tools/gpu_bench.sh bf16`: small B8 T1024 in fp32, then small and medium with autocast bf16
 # on both sides.
+# `bash tools/gpu_bench.sh tiers`: GPT-2 medium B2 T128 with Gemini's three tiers on the GPU capped to
+# 768 MiB (`--device cuda:768MiB`) against `--offload nvme --fraction 1.0`: peak RSS, step, losses.
 # `bash tools/gpu_bench.sh paths`: GPT-2 small B8 T1024, 6 steps each, plain against Gemini auto
 # (with --gpu-margin-mem-ratio 0, 0.5, 1), fp16 and bf16, gradient accumulation (plain and Gemini
 # static on the host), activation offload, Gemini static with host states (parameters on the GPU, then
@@ -92,6 +94,18 @@ $(grep -o 'cuda:0 peak [0-9]* MiB' "$runs/mw-$name.txt" | tail -1) (plan $(grep 
 $(grep -o '^Gemini: [0-9.]* MiB host->device.*evictions' "$runs/mw-$name.txt")")
   done
   printf '%s\n' "${summary[@]}"
+  exit 0
+fi
+if [[ ${1:-} == tiers ]]; then  # issue #10's three tiers on a GPU capped to 768 MiB, against NVMe
+  medium=(--model medium --batch 2 --seq 128 --steps 3 --dropout 0)
+  run tiers 300 "$train" "${medium[@]}" --device cuda:768MiB --gemini auto --host-capacity 1GiB \
+    --checkpoint-activations
+  run nvme 300 "$train" "${medium[@]}" --offload nvme --fraction 1.0
+  for name in tiers nvme; do
+    echo "$name: $(grep -o 'Peak RSS: [0-9]* MiB | median step: [0-9.]* ms' "$runs/$name.txt") \
+$(grep -o 'cuda:0 peak [0-9]* MiB' "$runs/$name.txt" | tail -1) losses \
+$(grep -o '^\[[0-9]\] loss: [0-9.]*' "$runs/$name.txt" | grep -o '[0-9.]*$' | tr '\n' ' ')"
+  done
   exit 0
 fi
 if [[ ${1:-} == bf16 ]]; then  # autocast bf16 against torch.autocast, with fp32 small as the anchor
