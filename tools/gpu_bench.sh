@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run ON a lent GPU machine, in the same call as and after .gpu-debs/build-on-gpu.sh (which built
 # build-gpu/ with -DMW_CUDA=ON and unpacked the libraries into /tmp/gpu-deps):
-#   bash .gpu-debs/build-on-gpu.sh -R 'Cuda|Cublas|CUDA|Gpu'; bash tools/gpu_bench.sh
+#   bash .gpu-debs/build-on-gpu.sh -R 'Cuda|Cublas|CUDA|Gpu|Nccl'; bash tools/gpu_bench.sh
 # 1. GPT-2 training steps, memwall (gpt2_train --device cuda) against the machine's own PyTorch
 #    (tools/torch_gpt2_bench.py --device cuda: fp32, TF32 off), same shapes, dropout 0, run side by
 #    side; medians of the steps after the first.
