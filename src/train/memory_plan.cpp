@@ -334,16 +334,17 @@ MemoryPlan plan_memory(const PlanInputs& global) {
   const int64_t params = clamp_bytes(parameter_bytes(in));
   const int64_t io_bytes = 2 * round_up(in.batch * in.seq * 4, kHostAlignment);  // ids + copy
   if (in.gemini) {
-    int64_t device_act = act_peak;
+    int64_t device_act = act_peak, freed_first = 0;
     if (in.offload_activations && on_device) {  // Gemini's non-model memory is what stays
       const OffloadSplit s = offload_split(in, a, act_peak);
       add(p, "activations (offloaded)", "host", s.offloaded,
           str("B", in.batch, " T", in.seq, ", recompute: ", p.recompute));
       device_act = s.kept + s.in_flight;
+      freed_first = std::min(clamp_bytes(a.logits), s.offloaded);
     }
     if (in.sample_tokens > 0)  // Gemini's non-model memory covers the sampling forward too
       device_act = std::max(device_act, clamp_bytes(sampling_forward_double(in)));
-    plan_gemini(p, in, a, device_act);
+    plan_gemini(p, in, a, device_act, freed_first);
     add(p, "token ids", p.device_name, io_bytes, "");
     return p;
   }

@@ -480,6 +480,19 @@ PlanInputs gemini_static(PlanInputs in, double param_frac, double optim_frac) {
   return in;
 }
 
+// With offloaded activations the host holds them all at the end of forward, and gradient buffers
+// only after the loss's backward has freed its logits: a large vocabulary makes the difference
+// (+14% when both were counted at once).
+TEST(MemoryPlan, LargeVocabularyOnSimWithGeminiStaticAndOffloadedActivations) {
+  Config c = small_ish();
+  c.n_embd = 128;
+  c.n_head = 8;
+  c.vocab_size = 50257;
+  PlanInputs in = gemini_static(on_sim(inputs(c, 4, 128)), 0.3, 0.5);
+  in.offload_activations = true;
+  check_offloaded(in);
+}
+
 TEST(MemoryPlan, SmallIshOnSimWithGeminiStaticHalfOffloaded) {
   PlanInputs in = gemini_static(on_sim(inputs(small_ish(), 4, 128)), 0.5, 0.5);
   in.gemini_options.chunk_numel = 300000;
