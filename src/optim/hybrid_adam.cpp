@@ -353,8 +353,10 @@ void HybridAdam::load_state(const std::string& path, const StateFileMap* map) {
       Tensor mc = Tensor::zeros(p.shape(), DType::F32, Device::cpu());
       Tensor vc = Tensor::zeros(p.shape(), DType::F32, Device::cpu());
       read_range(i, 0, p.numel(), mc.data<float>(), vc.data<float>());
-      exp_avg_[i] = mc.to(p.device());
-      exp_avg_sq_[i] = vc.to(p.device());
+      // Where the run keeps them (state_device), not where the parameter is: Gemini's chunks
+      // homed on a GPU with host states stepped a host gradient with the CUDA kernel on resume.
+      exp_avg_[i] = mc.to(state_device(i));
+      exp_avg_sq_[i] = vc.to(state_device(i));
     }
   }
   step_ = step;

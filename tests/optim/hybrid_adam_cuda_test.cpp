@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../cuda/cuda_test_util.h"
+#include "../data/temp_dir.h"
 #include "autograd/autograd.h"
 #include "optim/hybrid_adam.h"
 
@@ -40,6 +41,34 @@ TEST(HybridAdamCuda, GpuParametersWithHostStatesStepAsOnTheHostBitForBit) {
     const std::vector<float> got = run(gpu, states, grads);
     ASSERT_EQ(got.size(), want.size());
     EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+  }
+}
+
+// A reloaded optimizer keeps each parameter's m and v where the run keeps them, not beside the
+// parameter (on a GPU that stepped a host gradient with the CUDA kernel after --resume).
+TEST(HybridAdamStates, LoadedStatesGoWhereTheRunKeepsThem) {
+  data::testing::TempDir tmp;
+  const int64_t n = 1000;
+  std::vector<Device> params = {Device::sim(3)};
+  if (cuda_device_count() > 0) params.push_back(test::gpu());
+  for (const Device& dev : params) {
+    SCOPED_TRACE(dev.str());
+    Tensor p = test::random_tensor({n}, 31).to(dev);
+    set_requires_grad(p);
+    HybridAdamOptions o;
+    o.update_in_backward = false;
+    o.state_devices = {Device::cpu()};
+    HybridAdam adam({p}, o);
+    set_grad(p, test::random_tensor({n}, 32).to(dev));
+    adam.step();
+    ASSERT_TRUE(adam.exp_avg(0).device().is_cpu());
+    adam.save_state(tmp.file("adam.bin"));
+    HybridAdam reloaded({p}, o);
+    reloaded.load_state(tmp.file("adam.bin"));
+    EXPECT_TRUE(reloaded.exp_avg(0).device().is_cpu()) << reloaded.exp_avg(0).device().str();
+    EXPECT_TRUE(reloaded.exp_avg_sq(0).device().is_cpu());
+    set_grad(p, test::random_tensor({n}, 33));  // on the host, as Gemini's buffer for such chunks
+    reloaded.step();                            // the host path: no CUDA kernel on host memory
   }
 }
 
