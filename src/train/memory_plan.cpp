@@ -301,16 +301,19 @@ void check_nvme_offload(const PlanInputs& in) {
   MW_CHECK_T(InvalidArgument, in.nvme_fraction <= 0 || in.gemini || !in.device.is_cuda(),
              "--offload nvme keeps the Adam states of host parameters on disk, but on --device "
              "cuda every parameter and its m and v live on the GPU, so nothing would be "
-             "offloaded. Add --gemini static --offload-optim-frac 1 to keep the states of the "
-             "GPU's parameters on the host, where --offload nvme puts them on disk "
+             "offloaded. Add --gemini static --offload-param-frac 1 --offload-optim-frac 1 to "
+             "home the parameters on the host, where --offload nvme puts their states on disk "
              "(docs/gemini.md); or train with --device cpu");
+  // Three tiers put the Adam states that do not fit in --host-capacity on disk, as --offload nvme.
   const auto& g = in.gemini_options;
+  const bool to_disk = in.nvme_fraction > 0 || g.host_capacity_bytes > 0;
   MW_CHECK_T(InvalidArgument,
-             in.nvme_fraction <= 0 || !in.gemini || !in.device.is_cuda() ||
+             !to_disk || !in.gemini || !in.device.is_cuda() ||
                  g.policy != gemini::Policy::kStatic ||
                  g.offload_param_frac >= g.offload_optim_frac,
-             "--offload nvme on --device cuda offloads the Adam states of chunks homed on the "
-             "host, but --offload-optim-frac ",
+             in.nvme_fraction > 0 ? "--offload nvme" : "--host-capacity",
+             " on --device cuda can put on disk the Adam states of chunks homed on the host only, "
+             "but --offload-optim-frac ",
              g.offload_optim_frac, " > --offload-param-frac ", g.offload_param_frac,
              " keeps some chunks with host states on the GPU, whose states would stay in RAM. "
              "Pass --offload-param-frac ",

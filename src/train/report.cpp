@@ -69,10 +69,10 @@ std::string Trainer::finish_report(double total_s) {
              mib_text(host.current_bytes), " in use now, ", mib_text(host.cached_bytes),
              " cached | optimizer state in memory: ", mib_text(opt_->state_bytes_in_memory()), " (",
              opt_->name(), ")\n");
-  if (o_.device.is_sim()) {
-    const AllocatorStats sim = allocator_for(o_.device).stats();
-    out += str(o_.device.str(), ": peak ", mib_text(sim.peak_bytes), " of ",
-               mib_text(sim.capacity_bytes), " capacity\n");
+  if (!o_.device.is_cpu()) {  // sim, or a GPU (its memory, or the cap of --device cuda:SIZE)
+    const AllocatorStats dev = allocator_for(o_.device).stats();
+    out += str(o_.device.str(), ": peak ", mib_text(dev.peak_bytes), " of ",
+               mib_text(dev.capacity_bytes), " capacity\n");
   }
   if (gem_) {
     const gemini::GeminiStats& g = gem_->run_stats();

@@ -147,15 +147,22 @@ TEST(MemoryPlan, NvmeOffloadThatWouldOffloadNothingIsRefusedWithTheWayThatDoes) 
     plan_memory(in);
     FAIL() << "--device cuda --offload nvme was planned";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("--gemini static --offload-optim-frac 1"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("--gemini static --offload-param-frac 1 --offload-optim-frac 1"),
+        std::string::npos)
         << e.what();
   }
   in.gemini = true;
   in.gemini_options.policy = gemini::Policy::kStatic;
   in.gemini_options.offload_optim_frac = 1.0;
   EXPECT_THROW(plan_memory(in), InvalidArgument) << "host states of chunks homed on the GPU";
+  in.nvme_fraction = 0;  // three tiers would put them on disk as well
+  in.gemini_options.host_capacity_bytes = int64_t{1} << 30;
+  EXPECT_THROW(plan_memory(in), InvalidArgument) << "--host-capacity, same chunks";
   in.gemini_options.offload_param_frac = 1.0;
+  EXPECT_NO_THROW(plan_memory(in)) << "Gemini's host-homed chunks' states go to disk";
+  in.gemini_options.host_capacity_bytes = 0;
+  in.nvme_fraction = 1.0;
   EXPECT_NO_THROW(plan_memory(in)) << "Gemini's host-homed chunks' states are offloaded";
 }
 

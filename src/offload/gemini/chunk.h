@@ -16,7 +16,7 @@
 // Note [NVMe-homed chunks]: with a host budget (three tiers), an offloaded chunk may live on disk
 // between uses: its storage is released and its bytes are a blob in Gemini's swap space. A gather
 // reads the blob straight into the device copy (sim memory is host memory, 4096-aligned, so
-// O_DIRECT reads into it; CUDA would need a pinned bounce buffer, not written yet). For its update
+// O_DIRECT reads into it; on CUDA through a pinned bounce buffer, tiers.cpp). For its update
 // the chunk comes home to RAM (from the device copy when it is still gathered, else from disk),
 // is stepped, written back, and its RAM freed again.
 #pragma once
