@@ -79,6 +79,19 @@ inline void parse_offload(const cli::Parser& p, train::TrainOptions& o, bool nvm
     g.const_budget_bytes = p.bytes("const-budget");
     if (p.given("auto-margin")) g.auto_margin = p.real("auto-margin", 0, 0.9);
     g.gpu_margin_mem_ratio = p.real("gpu-margin-mem-ratio", 0, 1);
+    // Each policy's own knobs do nothing under the others (issue #12: refused, not ignored).
+    MW_CHECK_T(
+        cli::UsageError,
+        policy == "static" || !(p.given("offload-param-frac") || p.given("offload-optim-frac")),
+        "--offload-param-frac and --offload-optim-frac place chunks under --gemini static "
+        "only; with --gemini ",
+        policy, " drop them");
+    MW_CHECK_T(cli::UsageError, policy == "const" || !p.given("const-budget"),
+               "--const-budget caps gathered chunks under --gemini const only; with --gemini ",
+               policy, " drop it");
+    MW_CHECK_T(cli::UsageError, policy == "auto" || !p.given("auto-margin"),
+               "--auto-margin is --gemini auto's share of the device kept free; with --gemini ",
+               policy, " drop it");
     if (p.given("host-capacity")) {
       g.host_capacity_bytes = p.bytes("host-capacity");
       // Three tiers: a disk-homed chunk passes through RAM whole, so RAM in flight grows with the

@@ -289,7 +289,11 @@ TEST(Gpt2Train, GeminiClipAccumAndValidationLogThePlainRunsValues) {
 TEST(Gpt2Train, OptionsThatWouldDoNothingAreRefused) {
   for (const char* args :
        {"--fraction 0.5", "--nvme-dir /tmp", "--eval-every 2", "--checkpoint-every 2",
-        "--min-lr 0.0001", "--shuffle", "--eval-only --val-data x", "--keep 2"}) {
+        "--min-lr 0.0001", "--shuffle", "--eval-only --val-data x", "--keep 2",
+        "--device sim:1GiB --gemini auto --offload-param-frac 1",
+        "--device sim:1GiB --gemini const --offload-optim-frac 0.5",
+        "--device sim:1GiB --gemini static --const-budget 1MiB",
+        "--device sim:1GiB --gemini const --auto-margin 0.1"}) {
     SCOPED_TRACE(args);
     Result r = run(std::string(kTiny) + args);
     EXPECT_EQ(r.exit_code, 2) << r.output;
