@@ -293,10 +293,10 @@ void plan_gradients(MemoryPlan& p, const PlanInputs& in, const Activations& a, i
 
 namespace {
 // HybridAdam's NVMe offload keeps the states of host parameters on disk (ColossalAI's
-// nvme_offload_fraction: CPU parameters only; under Gemini, those of the chunks whose states are
-// on the host). On a GPU without Gemini no parameter is on the host: it offloaded nothing, silently
+// nvme_offload_fraction: CPU parameters only; under Gemini, those of the chunks homed on the
+// host). On a GPU without Gemini no parameter is on the host: it offloaded nothing, silently
 // (measured on an H200: --device cuda --offload nvme kept its 949 MiB of m and v on the GPU, while
-// this plan put them on disk).
+// this plan put them on disk). Chunks homed on the GPU with host states cannot go to disk either.
 void check_nvme_offload(const PlanInputs& in) {
   MW_CHECK_T(InvalidArgument, in.nvme_fraction <= 0 || in.gemini || !in.device.is_cuda(),
              "--offload nvme keeps the Adam states of host parameters on disk, but on --device "
