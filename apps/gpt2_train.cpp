@@ -266,25 +266,22 @@ cli::Parser make_parser() {
 void parse_device_option(const cli::Parser& p, Options& o) {
   std::string dev = p.str("device");
   std::string kind = dev.substr(0, dev.find(':'));
+  auto capacity = [&](const std::string& text) {
+    try {
+      o.device_capacity_limit_bytes = parse_bytes(text);
+    } catch (const InvalidArgument& e) {
+      throw cli::UsageError(str("--device '", dev, "': ", e.what()));
+    }
+  };
   if (kind == "sim") {
     o.device = Device::sim(0);
-    if (dev.size() > 4) {
-      try {
-        o.device_capacity_limit_bytes = parse_bytes(dev.substr(4));
-      } catch (const InvalidArgument& e) {
-        throw cli::UsageError(str("--device '", dev, "': ", e.what()));
-      }
-    }
+    if (dev.size() > 4) capacity(dev.substr(4));
   } else if (kind == "cuda") {  // cuda[:N][:CAPACITY]: a last part that is not an index caps it
     const size_t last = dev.rfind(':');
     std::string spec = dev;
     if (last != std::string::npos &&
         dev.find_first_not_of("0123456789", last + 1) != std::string::npos) {
-      try {
-        o.device_capacity_limit_bytes = parse_bytes(dev.substr(last + 1));
-      } catch (const InvalidArgument& e) {
-        throw cli::UsageError(str("--device '", dev, "': ", e.what()));
-      }
+      capacity(dev.substr(last + 1));
       spec = dev.substr(0, last);
     }
     o.device = cli::cuda_device(spec, dev);

@@ -44,9 +44,7 @@ void CachingAllocator::check_capacity_locked(int64_t rounded) const {
   throw OutOfMemory(str(device_.str(), " out of memory: requested ", rounded, " bytes, ",
                         free_bytes, " bytes free of a ", stats_.capacity_bytes,
                         "-byte capacity. Raise the capacity (--device sim:SIZE or cuda:SIZE), "
-                        "lower the batch, or "
-                        "enable "
-                        "checkpointing/offload."),
+                        "lower the batch, or enable checkpointing/offload."),
                     rounded, free_bytes, stats_.capacity_bytes);
 }
 

@@ -152,6 +152,11 @@ double device_margin(const PlanInputs& in) {
   return g.auto_margin >= 0 ? g.auto_margin : gemini::default_auto_margin(in.device.is_cuda());
 }
 
+// What Gemini lets chunks and non-model memory use of the device: capacity x (1 - margin).
+double usable_device_bytes(const PlanInputs& in) {
+  return static_cast<double>(in.device_capacity_bytes) * (1.0 - device_margin(in));
+}
+
 // A sharded chunk's reduced piece of the gradient: 1/N of the largest chunk.
 int64_t reduced_piece(const PlanInputs& in, int64_t largest) {
   return (largest + in.ranks - 1) / in.ranks;
@@ -189,7 +194,7 @@ int64_t shard_prefetch(const PlanInputs& in, const GeminiHomes& h, const ChunkBy
     if (h.tiers[c].params_off && !h.tiers[c].sharded) return 0;  // no prefetch then
     if (c > 0 && h.tiers[c].sharded) next = std::max(next, chunks.each[c]);
   }
-  const double room = static_cast<double>(in.device_capacity_bytes) * (1.0 - device_margin(in));
+  const double room = usable_device_bytes(in);
   return static_cast<double>(device_total + next) <= room ? next : 0;
 }
 
@@ -262,7 +267,7 @@ int64_t device_chunk_bytes(const PlanInputs& in, const Activations& a, const Chu
   const int64_t device_total = device_chunks + h.device_states + act_peak;
   *chunk_note = "chunks on the device at the peak";
   if (g.policy == gemini::Policy::kAuto && in.device_capacity_bytes > 0) {
-    const auto cap = static_cast<int64_t>(in.device_capacity_bytes * (1.0 - device_margin(in)));
+    const auto cap = static_cast<int64_t>(usable_device_bytes(in));
     const int64_t floor = act_peak + chunks.first;  // the op's chunk plus non-model memory
     const int64_t fitted = std::max(std::min(device_total, cap), floor);
     device_chunks = std::max<int64_t>(0, fitted - act_peak - h.device_states);
@@ -283,11 +288,9 @@ int64_t device_chunk_bytes(const PlanInputs& in, const Activations& a, const Chu
 int64_t moved_chunk_bytes(const PlanInputs& in, const ChunkBytes& chunks, int64_t act_peak) {
   const auto& g = in.gemini_options;
   if (g.policy != gemini::Policy::kAuto || g.gpu_margin_mem_ratio <= 0) return 0;
-  const double room =
-      in.device_capacity_bytes > 0
-          ? static_cast<double>(in.device_capacity_bytes) * (1.0 - device_margin(in)) -
-                static_cast<double>(act_peak + chunks.first)
-          : 1e300;
+  const double room = in.device_capacity_bytes > 0
+                          ? usable_device_bytes(in) - static_cast<double>(act_peak + chunks.first)
+                          : 1e300;
   const double budget = g.gpu_margin_mem_ratio * std::max(0.0, room);
   int64_t used = 0, states = 0, grad = 0;
   for (size_t c = 0; c < chunks.each.size(); ++c) {
@@ -385,7 +388,7 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, const Activations& a, int6
   plan_device_gradients(p, in, chunks, h);
   int64_t moved = moved_chunk_bytes(in, chunks, act_peak);
   if (moved > 0 && in.device_capacity_bytes > 0) {  // auto then evicts more to stay within it
-    const auto cap = static_cast<int64_t>(in.device_capacity_bytes * (1.0 - device_margin(in)));
+    const auto cap = static_cast<int64_t>(usable_device_bytes(in));
     moved = std::min(moved, std::max<int64_t>(0, cap - p.device_bytes - act_peak));
   }
   add(p, "chunks moved: Adam m, v + a gradient buffer", dev, moved,

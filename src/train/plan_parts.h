@@ -32,6 +32,6 @@ void add(MemoryPlan& p, const std::string& what, const std::string& tier, int64_
 // device's non-model memory at its peak; `host_freed_first`: offloaded bytes the host frees before
 // any gradient buffer exists (the loss's logits, fetched back for its backward, the first).
 void plan_gemini(MemoryPlan& p, const PlanInputs& in, const Activations& a, int64_t act_peak,
-                 int64_t host_freed_first = 0);
+                 int64_t host_freed_first);
 
 }  // namespace mw::train

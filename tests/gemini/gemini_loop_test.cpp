@@ -97,7 +97,8 @@ struct LoopRun {
 };
 
 LoopRun train(TrainOptions o, bool eval_each_step = false) {
-  set_sim_capacity(kSim, o.device_capacity_limit_bytes);  // the Trainer sets it too; the peak is reset here
+  set_sim_capacity(
+      kSim, o.device_capacity_limit_bytes);  // the Trainer sets it too; the peak is reset here
   allocator_for(o.device).reset_peak();
   LoopRun r;
   {
@@ -296,7 +297,8 @@ TEST(GeminiLoop, EvaluationBetweenStepsIsBitwiseAndWithinTheCapacity) {
     TrainOptions g = o;
     set_mode(g, m, tmp.file("nvme"));
     if (m == Mode::kAuto)
-      g.device_capacity_limit_bytes = round_up((cpu.sim_peak_bytes + plain.sim_peak_bytes) / 2, 4096);
+      g.device_capacity_limit_bytes =
+          round_up((cpu.sim_peak_bytes + plain.sim_peak_bytes) / 2, 4096);
     const LoopRun run = train(g);
     expect_bitwise(plain, run, std::string("eval, ") + mode_name(m));
     if (g.device_capacity_limit_bytes > 0) {
