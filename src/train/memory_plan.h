@@ -55,9 +55,9 @@ struct PlanInputs {
   // --offload-activations: the device bytes of offloaded activations back on the device at the
   // LM head's backward, the peak: ActivationOffloadOptions' prefetch_bytes (its default here).
   // The prefetch brings activations back from the head's backward on, so a model whose offloaded
-  // activations fit in it saves no device memory. (Forward may hold up to max_pending_bytes, 256
-  // MiB, of copies not yet done; when the disk-less copies keep up, as measured, that moment is
-  // lower.)
+  // activations fit in it saves no device memory. (Forward holds up to max_pending_bytes of copies
+  // not yet done, which the trainer sets to the same bytes, so that this row bounds that moment
+  // too.)
   int64_t offload_in_flight_bytes = int64_t{128} << 20;
   // --sample-every (Note [Sampling during training]): 0 = no sampling. `sample_context` bounds the
   // tokens one sampling forward sees (the prompt's and the new ones; n_positions at most).

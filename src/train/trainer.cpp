@@ -321,7 +321,15 @@ void Trainer::build_optimizer() {
 
 void Trainer::build_recomputation() {
   // Activation offload and recomputation: run_block maps block i through its segment.
-  if (o_.offload_activations) offloader_ = std::make_unique<offload::ActivationOffloader>();
+  if (o_.offload_activations) {
+    // Forward's copies not yet done are held to the bytes backward's prefetch may hold, the memory
+    // plan's in-flight row (PlanInputs::offload_in_flight_bytes), so that one row bounds both
+    // moments (the default lets forward hold twice the row when the copies lag). Copies that keep
+    // up never reach it.
+    offload::ActivationOffloadOptions offload;
+    offload.max_pending_bytes = offload.prefetch_bytes;
+    offloader_ = std::make_unique<offload::ActivationOffloader>(offload);
+  }
   if (!o_.checkpoint_every_block && o_.checkpoint_segments < 0) return;
   const int64_t n = static_cast<int64_t>(model_->blocks().size());
   std::vector<nn::Segment> plan;

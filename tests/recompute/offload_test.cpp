@@ -61,6 +61,31 @@ TEST(ActivationOffload, ParametersAndHostTensorsAreKeptAsIs) {
   EXPECT_EQ(off.stats().kept, 2);
 }
 
+// A tensor unpacked before its copy started keeps its device bytes, and once the caller drops the
+// handle they are the unpacked tensor's alone: the cross-entropy's backward reuses the logits'
+// buffer only then (use_count 1). Its job, queued behind a 64 MiB copy, used to keep a second
+// reference until the worker reached it, so a loaded machine held a second logits-sized buffer.
+TEST(ActivationOffload, ACancelledCopyLeavesTheUnpackedTensorItsBytesAlone) {
+  ActivationOffloader off;
+  int64_t cancelled = 0;
+  for (int round = 0; round < 20; ++round) {
+    Tensor big = Tensor::ones({int64_t{16} << 20}, DType::F32, Device::sim(5));
+    auto big_packed = off.pack(big);  // the worker copies it first
+    Tensor small = Tensor::ones({1024}, DType::F32, Device::sim(5));
+    auto packed = off.pack(small);
+    const int64_t before = off.stats().cancelled;
+    Tensor back = off.unpack(packed);
+    packed.reset();
+    small = Tensor();
+    if (off.stats().cancelled > before) ++cancelled;
+    EXPECT_EQ(back.storage().use_count(), 1) << "round " << round;
+    off.wait_idle();
+  }
+  // Behind a 64 MiB copy a small one has not started in (nearly) every round: this must not pass
+  // without the cancel path taken.
+  EXPECT_GT(cancelled, 0);
+}
+
 TEST(ActivationOffload, ViewsRoundTripAndShareOneHostCopy) {
   offload::ActivationOffloadOptions opts;
   opts.background = false;  // deterministic: the copy is done when pack returns

@@ -16,7 +16,8 @@
 //    min_bytes are kept as they are, never copied.
 //  - Two saved views of one storage share one host copy.
 //  - A handle unpacked before its copy started cancels the copy and keeps the device tensor (on
-//    CUDA, before the copy finished: Note [CUDA activation offload]).
+//    CUDA, before the copy finished: Note [CUDA activation offload]); the queued copy goes with
+//    it, so once the handle is dropped the unpacked tensor alone owns those bytes.
 //  - The device memory the offloader itself holds is bounded: max_pending_bytes in forward (pack
 //    waits for the worker beyond it), prefetch_bytes in backward (plus the tensor being
 //    unpacked). A prefetch that does not fit on the device is dropped, not an error.
