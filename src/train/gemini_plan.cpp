@@ -341,7 +341,8 @@ void plan_device_gradients(MemoryPlan& p, const PlanInputs& in, const ChunkBytes
 
 // The host's rows: chunk homes, Adam states and gradient buffers, or the three tiers'.
 void plan_host(MemoryPlan& p, const PlanInputs& in, const ChunkBytes& chunks, const GeminiHomes& h,
-               const gemini::TierPlan& t, int64_t deferred_host_grads, int64_t host_freed_first) {
+               const gemini::TierPlan& t, int64_t deferred_host_grads,
+               const HostActivations& host_act) {
   const int64_t largest = chunks.largest;
   const size_t n = chunks.each.size();
   // Under sharded states a chunk's reduce_scatter writes this rank's piece of its gradient beside
@@ -362,10 +363,13 @@ void plan_host(MemoryPlan& p, const PlanInputs& in, const ChunkBytes& chunks, co
     // beside gradient buffers, which appear only after the loss's backward has freed its logits
     // (measured: 4 blocks of width 128, vocabulary 50257, B4 T128, static 0.3/0.5 on sim, the host
     // 199 MiB against 227.1 planned when both were counted at once). So the buffers count only
-    // beyond those bytes; the sum stays above both moments.
+    // beyond those bytes; the sum stays above both moments. step()'s all_gathers come after
+    // backward has freed every offloaded activation (measured: 2 blocks of width 128, vocabulary
+    // 50257, B2 T128, auto, --zero 2 at 2 ranks on sim, the host 91 MiB with and without
+    // offloaded activations, against 118.2 planned with both counted at once).
     const int64_t grads =
-        std::max<int64_t>(0, std::max(buffers, deferred_host_grads) + piece - host_freed_first);
-    const int64_t gathers = piece_gathers(h);
+        std::max<int64_t>(0, std::max(buffers, deferred_host_grads) + piece - host_act.freed_first);
+    const int64_t gathers = std::max<int64_t>(0, piece_gathers(h) - host_act.offloaded);
     add(p, "chunk homes + Adam m, v + gradient buffers", "host",
         h.host_chunks + h.host_states + std::max(grads, gathers),
         gathers > grads           ? "step(): two chunks' all_gathers of updated pieces"
@@ -395,7 +399,7 @@ void plan_host(MemoryPlan& p, const PlanInputs& in, const ChunkBytes& chunks, co
 // [Activation arithmetic]), which needs wte's chunk, or at a block op's backward that gathers its
 // chunks (device_chunk_bytes); auto fills the device with more chunks while they fit.
 void plan_gemini(MemoryPlan& p, const PlanInputs& in, const Activations& a, int64_t act_peak,
-                 int64_t host_freed_first) {
+                 const HostActivations& host_act) {
   const ChunkBytes chunks = chunk_bytes(in);
   const auto& g = in.gemini_options;
   const std::string dev = p.device_name;
@@ -446,7 +450,7 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, const Activations& a, int6
   if (in.micro_batches > 1 && deferred_host_grads > 0)
     deferred_host_grads += round_up(
         std::min(chunks.widest_numel, gemini::kAddSliceNumel) * in.dtype_bytes, kHostAlignment);
-  plan_host(p, in, chunks, h, t, deferred_host_grads, host_freed_first);
+  plan_host(p, in, chunks, h, t, deferred_host_grads, host_act);
 }
 
 }  // namespace mw::train

@@ -337,21 +337,23 @@ MemoryPlan plan_memory(const PlanInputs& global) {
   const int64_t params = clamp_bytes(parameter_bytes(in));
   const int64_t io_bytes = 2 * round_up(in.batch * in.seq * 4, kHostAlignment);  // ids + copy
   if (in.gemini) {
-    int64_t device_act = act_peak, freed_first = 0;
+    int64_t device_act = act_peak;
+    HostActivations host_act;
     if (in.offload_activations && on_device) {  // Gemini's non-model memory is what stays
       const OffloadSplit s = offload_split(in, a, act_peak);
       add(p, "activations (offloaded)", "host", s.offloaded,
           str("B", in.batch, " T", in.seq, ", recompute: ", p.recompute));
       device_act = s.kept + s.in_flight;
-      // ... except under --grad-accum, where the first micro-batch's gradient buffers are there
-      // when the next forward ends (measured: 6 blocks of width 32, vocabulary 50257, B2 T64,
-      // auto, --grad-accum 2 on sim, the host 39 MiB against 32.5 planned with the logits
-      // taken off).
-      if (in.micro_batches == 1) freed_first = std::min(clamp_bytes(a.logits), s.offloaded);
+      host_act.offloaded = s.offloaded;
+      // Under --grad-accum the first micro-batch's gradient buffers are there when the next
+      // forward ends (measured: 6 blocks of width 32, vocabulary 50257, B2 T64, auto, --grad-accum
+      // 2 on sim, the host 39 MiB against 32.5 planned with the logits taken off).
+      if (in.micro_batches == 1)
+        host_act.freed_first = std::min(clamp_bytes(a.logits), s.offloaded);
     }
     if (in.sample_tokens > 0)  // Gemini's non-model memory covers the sampling forward too
       device_act = std::max(device_act, clamp_bytes(sampling_forward_double(in)));
-    plan_gemini(p, in, a, device_act, freed_first);
+    plan_gemini(p, in, a, device_act, host_act);
     add(p, "token ids", p.device_name, io_bytes, "");
     return p;
   }

@@ -28,10 +28,16 @@ double parameter_bytes(const PlanInputs& in);
 void add(MemoryPlan& p, const std::string& what, const std::string& tier, int64_t bytes,
          const std::string& note);
 
+// --offload-activations under Gemini, as the host sees it: `offloaded`, every offloaded byte, there
+// at the end of forward and gone before step(); `freed_first`, those the host frees before any
+// gradient buffer exists (the loss's logits, fetched back for its backward, the first).
+struct HostActivations {
+  int64_t offloaded = 0, freed_first = 0;
+};
+
 // Gemini's rows: chunks, Adam states, gradient buffers and the three tiers; `act_peak` is the
-// device's non-model memory at its peak; `host_freed_first`: offloaded bytes the host frees before
-// any gradient buffer exists (the loss's logits, fetched back for its backward, the first).
+// device's non-model memory at its peak.
 void plan_gemini(MemoryPlan& p, const PlanInputs& in, const Activations& a, int64_t act_peak,
-                 int64_t host_freed_first);
+                 const HostActivations& host_act);
 
 }  // namespace mw::train
