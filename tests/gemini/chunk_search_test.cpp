@@ -52,6 +52,11 @@ TEST(ChunkSearch, SmallModelsAreOneChunkAndWasteIsEveryTail) {
   // First fit in order into 50: [10, 20] (tail 20), [30] (tail 20).
   EXPECT_EQ(packing_waste({10, 20, 30}, 50), 40);
   EXPECT_EQ(packing_waste({50, 50}, 50), 0);
+  // A tensor larger than the chunks (--chunk-size below wte's size) gets a chunk of its own size,
+  // and the open chunk stays open, as pack_chunks does: 10 and 20 share one chunk, 20 wasted.
+  // (Counted as a chunk of the given size, it made the waste negative: -11.95% printed.)
+  EXPECT_EQ(packing_waste({10, 80, 20}, 50), 20);
+  EXPECT_EQ(pack_chunks({10, 80, 20}, 50, {}), (std::vector<int>{0, 1, 0}));
 }
 
 TEST(ChunkSearch, PackingIsFirstFitInOrderWithOutliersAlone) {

@@ -24,6 +24,7 @@ std::string ChunkSearchResult::log_line() const {
 int64_t packing_waste(const std::vector<int64_t>& sizes, int64_t chunk_numel) {
   int64_t waste = 0, left = 0;
   for (int64_t s : sizes) {
+    if (s > chunk_numel) continue;  // a chunk of its own, of its size (pack_chunks)
     if (s > left) {
       waste += left;
       left = chunk_numel;

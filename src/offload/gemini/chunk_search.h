@@ -42,7 +42,8 @@ struct ChunkSearchResult {
 };
 
 // Waste of first-fit packing `sizes` (in order) into chunks of chunk_numel (ColossalAI's
-// _get_unused_byte): the sum of every chunk's unused tail, the last chunk's included.
+// _get_unused_byte): the sum of every chunk's unused tail, the last chunk's included. A tensor
+// larger than chunk_numel (a --chunk-size below it) has a chunk of its own size, as in pack_chunks.
 int64_t packing_waste(const std::vector<int64_t>& sizes, int64_t chunk_numel);
 
 ChunkSearchResult search_chunk_size(const std::vector<int64_t>& sizes,
