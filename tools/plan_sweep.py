@@ -10,6 +10,7 @@ A line starts OUT when either is more than 10% off (the plan's bar, docs/reliabi
 
     /usr/bin/python3 tools/plan_sweep.py --runs 40 --seed 7            # one process
     /usr/bin/python3 tools/plan_sweep.py --runs 30 --seed 9 --ranks 2  # data parallel
+    /usr/bin/python3 tools/plan_sweep.py --runs 30 --seed 5 --tiers    # three tiers
 
 Peaks are printed in whole MiB: below 10 MiB a ratio says little.
 """
@@ -22,7 +23,7 @@ import subprocess
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def draw(rng, ranks):
+def draw(rng, ranks, tiers=False):
     heads = rng.choice([2, 4, 8])
     a = ["--model", "small", "--n-layer", str(rng.randint(1, 6)),
          "--n-embd", str(heads * rng.choice([16, 32, 64])), "--n-head", str(heads),
@@ -50,6 +51,9 @@ def draw(rng, ranks):
         a += ["--grad-accum", "2"]
     if rng.random() < 0.1:
         a += ["--grad-clip", "1"]
+    if tiers:  # three tiers: what does not fit the host budget goes to disk
+        a += ["--host-capacity", rng.choice(["16MiB", "48MiB", "96MiB", "192MiB"]),
+              "--nvme-window", rng.choice(["1MiB", "4MiB"])]
     if ranks > 1:
         a += ["--zero", rng.choice(["2", "3"]), "--threads", "1"]
         if rng.random() < 0.3:
@@ -77,6 +81,8 @@ def main():
     ap.add_argument("--runs", type=int, default=40)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--ranks", type=int, default=1)
+    ap.add_argument("--tiers", action="store_true",
+                    help="add --host-capacity (three tiers; runs it refuses print EXIT)")
     ap.add_argument("--binary", default=os.path.join(ROOT, "build", "apps", "gpt2_train"))
     args = ap.parse_args()
     rng = random.Random(args.seed)
@@ -85,7 +91,7 @@ def main():
         launch.insert(1, "--allow-run-as-root")
     out_of_bar = 0
     for _ in range(args.runs):
-        a = draw(rng, args.ranks)
+        a = draw(rng, args.ranks, args.tiers)
         try:
             r = subprocess.run(launch + [args.binary] + a, capture_output=True, text=True,
                                errors="replace", timeout=600)

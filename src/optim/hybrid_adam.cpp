@@ -46,9 +46,17 @@ HybridAdam::HybridAdam(std::vector<Tensor> params, HybridAdamOptions options)
     }
   }
   if (options_.nvme.fraction <= 0.0) return;
-  // Only host parameters can be offloaded (ColossalAI: CPU parameters only).
+  // Only host parameters can be offloaded (ColossalAI: CPU parameters only). Where the caller
+  // placed the states (Gemini: per chunk), only those placed on the host: a chunk whose states
+  // its policy keeps on the sim device kept them there only until a host budget (three tiers)
+  // sent them to disk with the rest (static --offload-optim-frac 0: sim peak 65 MiB against 91
+  // without --host-capacity).
   std::vector<int64_t> numels;
-  for (auto& p : params_) numels.push_back(p.device().is_host_addressable() ? p.numel() : 0);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const bool host = params_[i].device().is_host_addressable() &&
+                      (options_.state_devices.empty() || state_device(i).is_cpu());
+    numels.push_back(host ? params_[i].numel() : 0);
+  }
   std::vector<bool> chosen = select_nvme_offloaded(numels, options_.nvme.fraction);
   std::vector<int64_t> offloaded_numels;
   for (size_t i = 0; i < params_.size(); ++i) {

@@ -524,6 +524,27 @@ TEST(HybridAdamPlacement, SimParametersKeepStatesInHostMemoryUnlessAskedOtherwis
   }
 }
 
+// Placed states win over the NVMe fraction: Gemini keeps the states of a chunk its policy leaves
+// on the device there (static --offload-optim-frac 0), and a host budget (three tiers, fraction
+// 1) sends only the host-placed ones to disk. Both were offloaded before: sim is host-addressable.
+TEST(HybridAdamPlacement, StatesPlacedOnTheDeviceStayOffDisk) {
+  std::vector<Tensor> ps;
+  for (int i = 0; i < 2; ++i) {
+    ps.push_back(Tensor::full({4096}, 0.5, DType::F32, Device::sim(5)));
+    set_requires_grad(ps.back());
+    set_grad(ps.back(), Tensor::full({4096}, 0.25, DType::F32, Device::sim(5)));
+  }
+  HybridAdamOptions options({}, -1.f, small_nvme(1.0));
+  options.update_in_backward = false;
+  options.state_devices = {Device::sim(5), Device::cpu()};
+  HybridAdam opt(ps, options);
+  EXPECT_FALSE(opt.offloaded(0));
+  EXPECT_TRUE(opt.offloaded(1));
+  opt.step();
+  EXPECT_EQ(opt.exp_avg(0).device(), Device::sim(5));
+  for (const Tensor& p : ps) EXPECT_FLOAT_EQ(p.to_vector<float>()[7], 0.5f - 1e-3f);
+}
+
 // Note [Row-split update]: the tied wte is stepped in two parts (all rows but the batch's tokens
 // after the LM head's backward, those rows at the end), its pending rows' pages are held in RAM
 // and laid over the next reads. Parameters, m and v (read back through that overlay) must equal
