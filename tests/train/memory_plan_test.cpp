@@ -261,11 +261,16 @@ TEST(MemoryPlan, SmallIshOnSimWithSqrtSegments) {
   check(in);
 }
 
-TEST(MemoryPlan, SmallIshOnSimInBf16AndFp16) {  // Note [Activations under autocast]
+// Note [Activations under autocast]. fp16's loss scaling defers the updates, as the trainer sets
+// it: with every block checkpointed, all gradients beside the first block's backward and its f32
+// transients (4 blocks of width 256, B8 T128, 48 MiB measured against 39.3 planned with the
+// MLP's gradient alone; here -15.1%).
+TEST(MemoryPlan, SmallIshOnSimInBf16AndFp16) {
   for (DType low : {DType::BF16, DType::F16})
     for (bool recompute : {false, true}) {
-      PlanInputs in = on_sim(inputs(small_ish(), 4, 128));
+      PlanInputs in = on_sim(inputs(small_ish(), 8, 128));
       in.precision = low, in.checkpoint_every_block = recompute;
+      in.update_in_backward = low != DType::F16;
       check(in);
     }
   PlanInputs in = on_sim(inputs(wide(), 4, 128));  // GPT-2 small's vocabulary: the head's peak
@@ -323,6 +328,19 @@ TEST(MemoryPlan, SmallIshOnSimWithOffloadedActivations) {
   check_offloaded(in);
   in.offload_activations = false;
   check_offloaded(in);
+}
+
+// Recomputation, offload and autocast at once: the device's moments as activation_peak counts
+// them, the LM head's f32 accumulators and a recomputed block's f32 transients (4 blocks of width
+// 256, B8 T128, bf16: the sim peak 41 MiB against 28.3 planned with the gradients alone; here
+// -16.2%). The host is not compared: whether the logits' copy (4 MiB of the 9.5 planned) starts
+// before the loss's backward cancels it is timing (measured +11.7% without it).
+TEST(MemoryPlan, SmallIshOnSimInBf16WithRecomputationAndOffload) {
+  PlanInputs in = on_sim(inputs(small_ish(), 8, 128));
+  in.precision = DType::BF16;
+  in.checkpoint_every_block = true;
+  in.offload_activations = true;
+  check(in, /*check_host=*/false);
 }
 
 // With recomputation the host holds what recomputation stores (the checkpoints' inputs, packed by
