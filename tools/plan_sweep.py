@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""The memory plan against the measured peaks, on random Gemini configurations.
+"""The memory plan against the measured peaks, on random configurations, most of them Gemini's.
 
-Draws configurations (depth, width, vocabulary, batch, sequence, chunk size, placement policy and
-fractions, recomputation, activation offload, bf16/fp16, --grad-accum, --grad-clip; with --ranks 2
-also the ZeRO stage and --shard-param-frac), runs `gpt2_train --steps 2` on a sim device for each
-(under mpirun for --ranks > 1), and prints the plan printed before the run ("total: host H MiB |
+Draws configurations (depth, width, vocabulary, batch, sequence, chunk size, placement policy
+(or none) and fractions, recomputation, activation offload, bf16/fp16, --grad-accum, --grad-clip;
+with --ranks 2 also the ZeRO stage and --shard-param-frac), runs `gpt2_train --steps 2` on a sim
+device for each (under mpirun for --ranks > 1), and prints the plan printed before the run ("total: host H MiB |
 sim:0 S MiB") against the peaks printed after it ("Host allocator: peak", "sim:0: peak"), rank 0's.
 A line starts OUT when either is more than 10% off (the plan's bar, docs/reliability.md section 6).
 
@@ -30,12 +30,13 @@ def draw(rng, ranks, tiers=False):
          "--vocab-size", str(rng.choice([100, 257, 1000, 5000, 50257])),
          "--batch", str(rng.choice([2, 4, 8])), "--seq", str(rng.choice([16, 32, 64, 128])),
          "--steps", "2", "--dropout", rng.choice(["0", "0.1"]), "--device", "sim:4GiB"]
-    policy = rng.choice(["static", "static", "auto", "const"])
-    a += ["--gemini", policy]
+    policy = rng.choice(["static", "static", "auto", "const", "none"])
+    if policy != "none":  # none: the plain plan (parameters on the device, HybridAdam)
+        a += ["--gemini", policy]
     if policy == "static":
         a += ["--offload-param-frac", rng.choice(["0", "0.3", "0.5", "1"]),
               "--offload-optim-frac", rng.choice(["0", "0.5", "1"])]
-    if rng.random() < 0.5:
+    if rng.random() < 0.5 and policy != "none":
         a += ["--chunk-size", str(rng.choice([20000, 50000, 100000, 300000, 1000000]))]
     r = rng.random()
     if r < 0.2:
@@ -51,7 +52,7 @@ def draw(rng, ranks, tiers=False):
         a += ["--grad-accum", "2"]
     if rng.random() < 0.1:
         a += ["--grad-clip", "1"]
-    if tiers:  # three tiers: what does not fit the host budget goes to disk
+    if tiers and policy != "none":  # three tiers: what does not fit the host budget goes to disk
         a += ["--host-capacity", rng.choice(["16MiB", "48MiB", "96MiB", "192MiB"]),
               "--nvme-window", rng.choice(["1MiB", "4MiB"])]
     if ranks > 1:
