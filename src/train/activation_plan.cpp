@@ -36,6 +36,7 @@ void host_low_transients(Activations& a, const PlanInputs& in, const Round& r) {
   const double mlp = r(N * C * 4) + 2 * r(N * F * 4) + 2 * r(F * C * 4) + r(N * F * 2);
   const double attention = r(N * C * 4) + 2 * r(3 * N * C * 4) + r(3 * N * C * 2);
   a.attention_backward = std::max(mlp, attention);
+  a.attention_backward_beside_grads = std::max(mlp - 2 * r(F * C * 4), attention);
 }
 }  // namespace
 
@@ -88,6 +89,7 @@ Activations activations(const PlanInputs& in) {
     // dqkv, q k v dO, dq dk dv, the two score buffers and (16-bit) their rounded copies.
     a.attention_backward = r(3 * N * C * el) + r(4 * N * C * el) + r(3 * N * C * acc) +
                            r(2 * BNH * rows * T * acc) + (low ? r(2 * BNH * rows * T * el) : 0);
+    a.attention_backward_beside_grads = a.attention_backward;
   }
   return a;
 }

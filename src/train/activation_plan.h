@@ -24,6 +24,9 @@ struct Activations {
   // B*NH x rows x T (rows: ops::cuda_attention_block_rows). On the host devices under autocast,
   // the f32 copies of a block's backward (host_low_transients); else 0.
   double attention_backward = 0;
+  // The same without the f32 weight gradients among those copies, for the moment when every
+  // gradient is kept and counted already (first_block_backward in memory_plan.cpp).
+  double attention_backward_beside_grads = 0;
   // The LM head's backward beyond backward_extra's tensors when its products widen (the host
   // devices under autocast); 0 otherwise.
   double head_backward = 0;
