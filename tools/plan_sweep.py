@@ -57,7 +57,7 @@ def draw(rng, ranks, tiers=False):
               "--nvme-window", rng.choice(["1MiB", "4MiB"])]
     if ranks > 1:
         a += ["--zero", rng.choice(["2", "3"]), "--threads", "1"]
-        if rng.random() < 0.3:
+        if rng.random() < 0.3 and policy != "none":
             a += ["--shard-param-frac", rng.choice(["0.3", "0.5"])]
     return a
 
