@@ -80,6 +80,10 @@ std::string Trainer::finish_report(double total_s) {
                " gathers), ", format_fixed(mib(g.d2h_bytes), 1), " MiB device->host, ", g.evictions,
                " evictions, host chunk peak ", format_fixed(mib(g.host_chunk_peak_bytes), 1),
                " MiB, ", gem_->illegal_transitions(), " illegal state transitions\n");
+    if (o_.updates_in_last_backward() && !dp_ && step_ > 0)  // Note [Updates in the last backward]
+      out += str("Gemini: ", format_fixed(static_cast<double>(g.updated_in_backward) / step_, 1),
+                 " of ", gem_->chunks().size(),
+                 " chunks per step updated in the last micro-batch's backward\n");
     if (trace_) {
       trace_->write(o_.trace);
       out += str("Trace: ", trace_->size(), " events in ", o_.trace, "\n");

@@ -274,12 +274,16 @@ void Trainer::build_optimizer() {
     hybrid_ = &gem_->adam();
     if (o_.updates_after_backward() || dp_) {  // data parallel: the gradients are reduced first
       gem_->set_deferred_updates(true);
-      if (o_.updates_after_backward())
+      if (o_.updates_in_last_backward())
         print_(
-            "Gemini: updates deferred to after backward for --grad-clip/--grad-accum/fp16: "
+            "Gemini: chunk gradients accumulate over the micro-batches, each chunk updated in the "
+            "last micro-batch's backward once complete (Note [Updates in the last backward])\n");
+      else if (o_.updates_after_backward())
+        print_(
+            "Gemini: updates deferred to after backward for --grad-clip/fp16: "
             "chunk gradients accumulate over the micro-batches (Note [Deferred updates])\n");
-      else  // Note [Updates as reductions complete]
-        gem_->set_updates_as_reduced(o_.steps_in_backward());
+      // Note [Updates as reductions complete], Note [Updates in the last backward]
+      gem_->set_updates_as_reduced(o_.steps_in_backward() || o_.updates_in_last_backward());
     }
     if (dp_) connect_gemini();
   } else if (o_.optimizer == "adamw") {
@@ -493,8 +497,12 @@ StepResult Trainer::train_step() {
   r.lr = schedule_.lr_at(step_);
   const auto t0 = clock::now();
   const double cpu0 = process_cpu_ms();
-  // The LR is set before backward: updates in backward (and Gemini's chunks) use it there.
-  set_step_scalars(r.lr, -1.f);
+  // The LR is set before backward: updates in backward (and Gemini's chunks) use it there, and
+  // so is 1/K when Gemini updates chunks in the last micro-batch's backward (the divisor that
+  // measure_and_scale_gradients sets again).
+  set_step_scalars(r.lr, gem_ && o_.updates_in_last_backward()
+                             ? static_cast<float>(static_cast<double>(o_.grad_accum))
+                             : -1.f);
   phase_ms_.clear();
   opt_->zero_grad();
   std::vector<int32_t> tokens;

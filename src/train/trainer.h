@@ -118,6 +118,12 @@ struct TrainOptions {
   // --update-in-backward, where nothing needs every gradient first (under data parallel: Gemini's
   // Note [Updates as reductions complete]).
   bool steps_in_backward() const { return update_in_backward && !updates_after_backward(); }
+  // Gemini's Note [Updates in the last backward] (offload/gemini/deferred.cpp): with accumulation
+  // alone the divisor (1/K) is known before backward, so each chunk is updated in the step's last
+  // backward once complete; clipping and fp16's loss scaling need every gradient first.
+  bool updates_in_last_backward() const {
+    return update_in_backward && grad_accum > 1 && grad_clip <= 0 && precision != DType::F16;
+  }
 };
 
 // Note [Sampling during training]: --sample-every N prints a sample from the weights after every

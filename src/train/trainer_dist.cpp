@@ -100,9 +100,11 @@ void Trainer::setup_data_parallel() {
     dp_->broadcast_parameters();  // the same initial weights everywhere, whatever each rank built
   }
   set_dropout_batch_shard({local_batch() * dp_->rank(), local_batch(), o_.batch});
-  const std::string when = !o_.steps_in_backward()
-                               ? "updates after backward"
-                               : "each chunk updated in backward once its reduction completes";
+  const std::string when =
+      o_.steps_in_backward() ? "each chunk updated in backward once its reduction completes"
+      : o_.updates_in_last_backward()
+          ? "each chunk updated in the last micro-batch's backward once its reduction completes"
+          : "updates after backward";
   const std::string what =
       o_.gemini.empty() ? dp_->describe()
       : o_.zero_stage >= 2
@@ -265,7 +267,7 @@ std::string Trainer::data_parallel_report() const {
                        " embedding gradient(s) per step reduced during backward, their rows after")
                  : std::string(),
              "\n");
-  if (gem_ && o_.steps_in_backward())
+  if (gem_ && (o_.steps_in_backward() || o_.updates_in_last_backward()))
     out += str("Data parallel: Gemini updated ",
                format_fixed(static_cast<double>(gem_->run_stats().updated_in_backward) / steps, 1),
                " of ", gem_->chunks().size(),

@@ -45,6 +45,9 @@ constexpr const char* kThreeTiersZero3 =
 // Note [Pieces on disk]: at --zero 3 a budget too small for this rank's pieces homes some on disk.
 constexpr const char* kPiecesOnDisk =
     "--device sim:64MiB --gemini auto --chunk-size 4096 --host-capacity 120KiB --nvme-window 16KiB";
+constexpr const char* kPiecesOnDiskAccumOnly =
+    "--device sim:64MiB --gemini auto --chunk-size 4096 --host-capacity 120KiB --nvme-window 16KiB "
+    "--grad-accum 2";
 constexpr const char* kPiecesOnDiskAccum =
     "--device sim:64MiB --gemini auto --chunk-size 4096 --host-capacity 120KiB --nvme-window 16KiB "
     "--grad-accum 2 --grad-clip 0.5 --dropout 0.1";
@@ -191,6 +194,16 @@ INSTANTIATE_TEST_SUITE_P(Zero, DataParallelMatchesOneProcess,
                                            // homed on disk too, updated in backward or at the
                                            // step
                                            Case{3, kPiecesOnDisk}, Case{3, kPiecesOnDiskAccum},
+                                           // Note [Updates in the last backward]:
+                                           // accumulation alone, chunks updated in the last
+                                           // micro-batch's backward (pieces on disk too)
+                                           Case{0,
+                                                "--device sim:64MiB --gemini auto --chunk-size "
+                                                "4096 --grad-accum 2"},
+                                           Case{2,
+                                                "--device sim:64MiB --gemini auto --chunk-size "
+                                                "4096 --grad-accum 2 --dropout 0.1"},
+                                           Case{3, kPiecesOnDiskAccumOnly},
                                            // Note [Updates as reductions complete]: off
                                            Case{2,
                                                 "--device sim:64MiB --gemini auto --chunk-size "

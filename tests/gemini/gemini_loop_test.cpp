@@ -240,7 +240,9 @@ TEST(GeminiLoop, Fp16LossScalingIsBitwiseThePlainTrainer) {
 }
 
 // --grad-accum 3 (with and without clipping): chunk gradient buffers accumulate over the
-// micro-batches with the plain run's additions, including buffers spilled to disk.
+// micro-batches with the plain run's additions, including buffers spilled to disk. Without
+// clipping the chunks are updated in the last micro-batch's backward as they complete (Note
+// [Updates in the last backward]), all but the last and those still in use.
 TEST(GeminiLoop, GradAccumIsBitwiseThePlainTrainer) {
   TempDir tmp;
   for (double clip : {0.0, 1.0}) {
@@ -255,6 +257,10 @@ TEST(GeminiLoop, GradAccumIsBitwiseThePlainTrainer) {
       expect_bitwise(plain, run,
                      std::string("accum 3, clip ") + std::to_string(clip) + ", " + mode_name(m));
       EXPECT_EQ(run.stats.off_plan, 0) << "the plan covers the step's three micro-batches";
+      if (clip == 0.0)
+        EXPECT_GT(run.stats.updated_in_backward, 0) << mode_name(m);
+      else
+        EXPECT_EQ(run.stats.updated_in_backward, 0) << mode_name(m);
     }
   }
 }

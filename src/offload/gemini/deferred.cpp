@@ -96,9 +96,21 @@ void Gemini::complete_deferred(Chunk& c) {
     }
   } else if (final_backward_) {
     take_norm_parts(c);
+    if (updates_as_reduced_) {  // Note [Updates in the last backward]
+      reduced_order_.push_back(c.index());
+      update_reduced(1);
+    }
   }
   if (c.on_nvme()) spill_grads(/*all=*/false);
 }
+
+// Note [Updates in the last backward]: with accumulation and nothing that needs every gradient
+// first (no clipping, no fp16 loss scaling), the divisor 1/K is known before backward (the
+// trainer sets it as HybridAdam's div_scale). So in the step's last backward a chunk, once its
+// gradient is complete (the sum over the micro-batches, added in the plain run's order), is
+// updated one chunk behind as Note [Updates as reductions complete] does it, without a
+// reduction to wait for: the same sums, divisor and Adam step as at step(), bitwise, and the
+// updates overlap the rest of backward again.
 
 // Note [Updates as reductions complete]: under data parallel without clipping, accumulation or
 // fp16 loss scaling (nothing needs every gradient before the first update), a chunk is updated in
@@ -122,7 +134,7 @@ void Gemini::update_reduced(size_t keep) {
   while (reduced_order_.size() > keep) {
     Chunk& c = *chunks_[static_cast<size_t>(reduced_order_.front())];
     reduced_order_.erase(reduced_order_.begin());
-    settle_reduction(c);
+    if (reducing()) settle_reduction(c);
     if (c.gathered() && pinned(c)) continue;  // still in use: step() updates it
     if (sharded()) {
       if (!piece_grads_[static_cast<size_t>(c.index())].defined()) continue;

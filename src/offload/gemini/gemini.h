@@ -194,7 +194,9 @@ class Gemini : public optim::Optimizer {
   void set_final_backward(bool final) { final_backward_ = final; }
   // Note [Updates as reductions complete] (deferred.cpp): under data parallel, with nothing that
   // needs every gradient before the first update (no clipping, accumulation or loss scaling), each
-  // chunk is updated in backward once its reduction completes. Needs deferred updates.
+  // chunk is updated in backward once its reduction completes; Note [Updates in the last
+  // backward]: with accumulation alone, in the last micro-batch's backward, once complete (one
+  // process or several). Needs deferred updates.
   void set_updates_as_reduced(bool on);
   // Note [Gemini under data parallel] (deferred.cpp): with several ranks, `start` begins summing a
   // chunk's gradient buffer over the ranks in place (an asynchronous all_reduce; it returns the
