@@ -325,15 +325,10 @@ void Trainer::build_optimizer() {
 
 void Trainer::build_recomputation() {
   // Activation offload and recomputation: run_block maps block i through its segment.
-  if (o_.offload_activations) {
-    // Forward's copies not yet done are held to the bytes backward's prefetch may hold, the memory
-    // plan's in-flight row (PlanInputs::offload_in_flight_bytes), so that one row bounds both
-    // moments (the default lets forward hold twice the row when the copies lag). Copies that keep
-    // up never reach it.
-    offload::ActivationOffloadOptions offload;
-    offload.max_pending_bytes = offload.prefetch_bytes;
-    offloader_ = std::make_unique<offload::ActivationOffloader>(offload);
-  }
+  // Forward's pending copies held to the prefetch's bytes, the plan's in-flight row for both.
+  offload::ActivationOffloadOptions offload;
+  offload.max_pending_bytes = offload.prefetch_bytes;
+  if (o_.offload_activations) offloader_ = std::make_unique<offload::ActivationOffloader>(offload);
   if (!o_.checkpoint_every_block && o_.checkpoint_segments < 0) return;
   const int64_t n = static_cast<int64_t>(model_->blocks().size());
   std::vector<nn::Segment> plan;
@@ -498,11 +493,9 @@ StepResult Trainer::train_step() {
   const auto t0 = clock::now();
   const double cpu0 = process_cpu_ms();
   // The LR is set before backward: updates in backward (and Gemini's chunks) use it there, and
-  // so is 1/K when Gemini updates chunks in the last micro-batch's backward (the divisor that
-  // measure_and_scale_gradients sets again).
-  set_step_scalars(r.lr, gem_ && o_.updates_in_last_backward()
-                             ? static_cast<float>(static_cast<double>(o_.grad_accum))
-                             : -1.f);
+  // 1/K for Gemini's updates in the last micro-batch's backward (set again after it).
+  const bool in_last = gem_ && o_.updates_in_last_backward();
+  set_step_scalars(r.lr, in_last ? static_cast<float>(o_.grad_accum) : -1.f);
   phase_ms_.clear();
   opt_->zero_grad();
   std::vector<int32_t> tokens;
