@@ -1,6 +1,9 @@
 // Block sums of squares for the global gradient norm (grad_norm.h, Note [Norm order]).
 #include "optim/grad_norm.h"
 
+#include <cmath>
+
+#include "autograd/autograd.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/tensor.h"
@@ -47,6 +50,19 @@ void append_block_squares(const Tensor& x, std::vector<double>& partials) {
 double add_in_order(double sum, const std::vector<double>& partials) {
   for (double part : partials) sum += part;
   return sum;
+}
+
+double global_grad_norm(const std::vector<Tensor>& params) {
+  double sum_sq = 0;
+  std::vector<double> parts;
+  for (const Tensor& p : params) {
+    Tensor g = grad(p);
+    if (!g.defined()) continue;
+    parts.clear();
+    append_block_squares(g.contiguous(), parts);  // on g's device
+    sum_sq = add_in_order(sum_sq, parts);
+  }
+  return std::sqrt(sum_sq);
 }
 
 }  // namespace mw::optim

@@ -39,4 +39,8 @@ void block_squares_cuda(const float* x, int64_t n, double* partials, void* strea
 // Adds partials to sum in order (Note [Norm order]).
 double add_in_order(double sum, const std::vector<double>& partials);
 
+// The global L2 norm of the parameters' gradients, in double, over fixed blocks combined in order
+// (bitwise reproducible; Note [Deterministic parallelism]). Parameters without a gradient count 0.
+double global_grad_norm(const std::vector<Tensor>& params);
+
 }  // namespace mw::optim

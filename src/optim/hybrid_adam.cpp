@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "data/file_io.h"
 #include "optim/adam_cuda.h"
 #include "optim/adam_state_file.h"
+#include "optim/grad_norm.h"
 
 namespace mw::optim {
 
@@ -38,7 +40,8 @@ HybridAdam::HybridAdam(std::vector<Tensor> params, HybridAdamOptions options)
     std::weak_ptr<char> alive = alive_;
     for (size_t i = 0; i < params_.size(); ++i) {
       add_grad_ready_hook(params_[i], [this, alive, i](const Tensor&) {
-        if (alive.expired() || nvme_index_[i] >= 0) return;
+        if (alive.expired() || nvme_index_[i] >= 0 || !final_backward_) return;
+        take_norm_parts(i);
         update_in_memory(i, make_adam_step_scalars(options_.hyper, step_ + 1, options_.div_scale));
         updated_in_backward_[i] = 1;
         set_grad(params_[i], Tensor());  // spent: free it now (Note [Update in backward])
@@ -71,14 +74,20 @@ HybridAdam::HybridAdam(std::vector<Tensor> params, HybridAdamOptions options)
     std::weak_ptr<NvmeAdamStates> weak = nvme_;
     for (size_t i : nvme_params_) {
       add_grad_ready_hook(params_[i], [this, weak, i](const Tensor&) {
-        if (auto alive = weak.lock()) update_offloaded(i, true);
+        if (!final_backward_) return;  // Note [Updates in the last backward]
+        if (auto alive = weak.lock()) {
+          take_norm_parts(i);
+          update_offloaded(i, true);
+        }
       });
       // Note [Row-split update]: an embedding table (GPT-2's tied wte) is stepped, all but the
       // rows this batch looks up, as soon as the LM head's backward made the rest final.
       if (params_[i].dim() == 2)
         add_grad_rows_ready_hook(params_[i], [this, weak, i](const Tensor&, const Tensor& partial,
                                                              const std::vector<int64_t>& rows) {
-          if (weak.expired()) return std::function<void()>();
+          // Under accumulation the first backward's rows are not final (the last backward's
+          // accumulate, so the engine does not call this then: its grad-ready hook steps all).
+          if (weak.expired() || !final_backward_) return std::function<void()>();
           return update_offloaded_except_rows(i, partial, rows);
         });
     }
@@ -180,6 +189,33 @@ int64_t HybridAdam::take_non_finite() {
   return i;
 }
 
+void HybridAdam::take_norm_parts(size_t i) {
+  if (!record_norm_) return;
+  norm_parts_.resize(params_.size());
+  norm_taken_.resize(params_.size(), 0);
+  norm_taken_[i] = 1;
+  norm_parts_[i].clear();
+  const Tensor g = grad(params_[i]);
+  if (g.defined()) append_block_squares(g.contiguous(), norm_parts_[i]);
+}
+
+double HybridAdam::step_grad_norm() const {
+  double sum_sq = 0;
+  std::vector<double> parts;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (i < norm_taken_.size() && norm_taken_[i]) {
+      sum_sq = add_in_order(sum_sq, norm_parts_[i]);
+      continue;
+    }
+    const Tensor g = grad(params_[i]);
+    if (!g.defined()) continue;
+    parts.clear();
+    append_block_squares(g.contiguous(), parts);
+    sum_sq = add_in_order(sum_sq, parts);
+  }
+  return std::sqrt(sum_sq);
+}
+
 uint64_t HybridAdam::step_param(size_t i) {
   MW_CHECK_T(InvalidArgument, i < params_.size(), "HybridAdam::step_param: no parameter ", i);
   updated_in_backward_[i] = 1;
@@ -203,6 +239,7 @@ void HybridAdam::step() {
     update_in_memory(i, s);
   }
   std::fill(updated_in_backward_.begin(), updated_in_backward_.end(), 0);
+  std::fill(norm_taken_.begin(), norm_taken_.end(), 0);
   ++step_;  // counted even when a failure below makes the step partial (per-slice steps tell)
   if (nvme_) {
     try {

@@ -12,7 +12,8 @@
 // updater. Any fraction gives the same bits.
 //
 // Note [Overlapped step contract]: with overlap_backward, each backward must be followed by step()
-// before the next backward (no gradient accumulation), and the gradients must not be changed
+// before the next backward (under gradient accumulation, each backward after which
+// set_final_backward(true) was in force), and the gradients must not be changed
 // between backward and step() (clip by passing div_scale, as ColossalAI does). A second hook for
 // the same parameter in one step is reported as an error by step(). As in PyTorch's
 // optimizer-in-backward, the gradient of a parameter updated inside backward is released right
@@ -85,6 +86,16 @@ class HybridAdam : public Optimizer {
   // schedule), and the gradient divisor (1/K of accumulation times the clip factor; <= 0: none).
   // Updates made in backward use the values set before that backward.
   void set_lr(float lr) { options_.hyper.lr = lr; }
+  // Note [Updates in the last backward]: under gradient accumulation only the step's last
+  // backward updates in its hooks (the gradients are the sums then; set div_scale to 1/K before
+  // it); earlier backwards only accumulate. Default true.
+  void set_final_backward(bool final) { final_backward_ = final; }
+  // With `on`, a parameter updated in backward leaves its gradient's block sums of squares first
+  // (Note [Norm order]), and step_grad_norm() gives the global norm of the step's gradients,
+  // those updated in backward and those still held, summed as global_grad_norm sums them. Call
+  // it before step().
+  void set_record_grad_norm(bool on) { record_norm_ = on; }
+  double step_grad_norm() const;
   void set_div_scale(float div_scale) { options_.div_scale = div_scale; }
   int64_t state_bytes_in_memory() const override;
   Isa isa() const { return isa_; }
@@ -142,6 +153,10 @@ class HybridAdam : public Optimizer {
   Isa isa_;
   int64_t non_finite_param_ = -1;  // take_non_finite(), in-memory updates
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
+  bool final_backward_ = true, record_norm_ = false;
+  std::vector<std::vector<double>> norm_parts_;  // per parameter updated in backward (record_norm_)
+  std::vector<char> norm_taken_;                 // this step
+  void take_norm_parts(size_t i);
   std::vector<int> nvme_index_;  // parameter -> index in nvme_, or -1
   std::vector<size_t> nvme_params_;
   std::shared_ptr<NvmeAdamStates> nvme_;

@@ -138,19 +138,6 @@ gpt2::Config resolve_config(const TrainOptions& o, const std::function<void(std:
   return c;
 }
 
-double global_grad_norm(const std::vector<Tensor>& params) {
-  double sum_sq = 0;
-  std::vector<double> parts;
-  for (const Tensor& p : params) {
-    Tensor g = grad(p);
-    if (!g.defined()) continue;
-    parts.clear();
-    optim::append_block_squares(g.contiguous(), parts);  // Note [Norm order], on g's device
-    sum_sq = optim::add_in_order(sum_sq, parts);
-  }
-  return std::sqrt(sum_sq);
-}
-
 Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), print_(print) {
   if (!print_) print_ = [](const std::string&) {};
   set_num_threads(static_cast<int>(o_.threads));
@@ -291,19 +278,24 @@ void Trainer::build_optimizer() {
                                           o_.hyper);
   } else {
     optim::HybridAdamOptions h(o_.hyper, -1.f, o_.nvme);
-    h.update_in_backward = o_.steps_in_backward();
-    if (o_.updates_after_backward()) h.nvme.overlap_backward = false;
+    h.update_in_backward = o_.steps_in_backward() || o_.updates_in_last_backward();
+    if (o_.updates_after_backward() && !o_.updates_in_last_backward())
+      h.nvme.overlap_backward = false;
     if (dp_) h.update_in_backward = h.nvme.overlap_backward = false;  // gradients averaged first
     h.states_on_host = o_.states_on_host;
     auto owned = std::make_unique<optim::HybridAdam>(
         dp_ ? dp_->optimizer_params() : model_->parameters(), h);
+    owned->set_record_grad_norm(o_.updates_in_last_backward());
     hybrid_ = owned.get();
     opt_ = std::move(owned);
   }
   if (o_.updates_after_backward() && o_.optimizer == "hybridadam" && !gem_)
-    print_(
-        "Updates after backward: --grad-clip/--grad-accum need every gradient first, so update "
-        "in backward and the NVMe overlap with backward are off (Note [Updates after backward])\n");
+    print_(o_.updates_in_last_backward() && !dp_
+               ? "--grad-accum: parameters updated in the last micro-batch's backward (Note "
+                 "[Updates in the last backward])\n"
+               : "Updates after backward: --grad-clip/fp16 need every gradient first, so update in "
+                 "backward and the NVMe overlap with backward are off (Note [Updates after "
+                 "backward])\n");
   const std::string& nvme_dir = o_.gemini.empty() ? o_.nvme.dir : o_.gemini_options.nvme_dir;
   if (hybrid_ && hybrid_->nvme())
     print_(str("NVMe offload: ",
@@ -397,6 +389,7 @@ double Trainer::micro_step(int64_t k, std::vector<int32_t>& tokens, StepResult& 
   mark_phase("backward_start");
   const auto t_bwd = clock::now();
   if (gem_) gem_->set_final_backward(k + 1 == o_.grad_accum);
+  if (hybrid_ && !gem_) hybrid_->set_final_backward(k + 1 == o_.grad_accum);
   if (dp_ && k == o_.grad_accum - 1) dp_->arm();  // Note [Gradient buckets]
   backward(loss, scaler_ ? scaler_->backward_seed(loss) : Tensor());
   r.backward_ms += ms_since(t_bwd);
@@ -439,8 +432,10 @@ bool Trainer::measure_and_scale_gradients(StepResult& r) {
   // Gemini keeps gradients in chunk buffers; its norm sums in the same order (Note [Norm order]).
   // Under ZeRO each rank holds a shard of the reduced gradients (Note [Gradient buckets]).
   const auto t_norm = clock::now();  // under data parallel Gemini waits for its reductions here
+  // HybridAdam updating in the last micro-batch's backward took the norm's parts first.
   double sum_norm = gem_                           ? gem_->grad_norm()
                     : dp_ && dp_->zero_stage() > 0 ? dp_->grad_norm()
+                    : hybrid_                      ? hybrid_->step_grad_norm()
                                                    : global_grad_norm(opt_->params());
   if (gem_ && dp_) dp_->add_backward_end_wait_ms(ms_since(t_norm));
   // fp32 (no scaler): a non-finite gradient cannot be skipped as an overflow; stop before it
@@ -494,7 +489,7 @@ StepResult Trainer::train_step() {
   const double cpu0 = process_cpu_ms();
   // The LR is set before backward: updates in backward (and Gemini's chunks) use it there, and
   // 1/K for Gemini's updates in the last micro-batch's backward (set again after it).
-  const bool in_last = gem_ && o_.updates_in_last_backward();
+  const bool in_last = o_.updates_in_last_backward() && !(dp_ && !gem_);
   set_step_scalars(r.lr, in_last ? static_cast<float>(o_.grad_accum) : -1.f);
   phase_ms_.clear();
   opt_->zero_grad();

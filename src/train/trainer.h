@@ -32,6 +32,7 @@
 #include "models/gpt2/model.h"
 #include "offload/activation/activation_offload.h"
 #include "offload/gemini/gemini.h"
+#include "optim/grad_norm.h"
 #include "optim/hybrid_adam.h"
 #include "optim/loss_scaler.h"
 #include "train/checkpoint.h"
@@ -145,9 +146,7 @@ struct TrainOptions {
 // validated. Warnings (unknown config.json fields) go to `warn`.
 gpt2::Config resolve_config(const TrainOptions& o, const std::function<void(std::string)>& warn);
 
-// The global L2 norm of the parameters' gradients, in double, over fixed blocks combined in order
-// (bitwise reproducible; Note [Deterministic parallelism]). Parameters without a gradient count 0.
-double global_grad_norm(const std::vector<Tensor>& params);
+using optim::global_grad_norm;  // optim/grad_norm.h
 
 struct StepResult {
   int64_t step = 0;  // 0-based index of the update just made ("[step] loss: ...")

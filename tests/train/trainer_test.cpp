@@ -87,6 +87,51 @@ TEST(Trainer, TwoMicroBatchesEqualOneBatchTwiceAsLarge) {
   EXPECT_GT(d, 0);  // genuinely two different computations
 }
 
+// Note [Updates in the last backward]: with accumulation alone, HybridAdam steps each parameter
+// in the last micro-batch's backward (in memory, or on the NVMe updater, overlapped), with the
+// summed gradient and 1/K set before it: bitwise the updates at step() (--update-in-backward off),
+// the same logged norm, and the gradients are spent in backward (released), where deferred
+// updates keep them.
+TEST(Trainer, AccumulationUpdatesInTheLastBackwardAsAtTheStep) {
+  TempDir tmp;
+  TrainOptions o = tiny(write_shard(tmp, "train.bin", 1), 3);
+  o.grad_accum = 2;
+  o.dropout = 0.1;
+  struct Run {
+    std::vector<double> losses, norms;
+    std::vector<std::vector<float>> weights;
+    bool grads_kept = true;  // after every step, every parameter's gradient
+  };
+  auto run = [](const TrainOptions& opts) {  // one after the other: dropout draws from one stream
+    Trainer t(opts, nullptr);
+    Run r;
+    for (int i = 0; i < 3; ++i) {
+      const StepResult step = t.train_step();
+      r.losses.push_back(step.loss);
+      r.norms.push_back(step.grad_norm);
+      for (const Tensor& p : t.model().parameters()) r.grads_kept &= grad(p).defined();
+    }
+    t.flush();
+    r.weights = weights(t);
+    return r;
+  };
+  TrainOptions deferred = o, nvme = o;
+  deferred.update_in_backward = false;
+  nvme.nvme.fraction = 1.0;
+  nvme.nvme.dir = tmp.file("nvme");
+  TrainOptions nvme_deferred = nvme;
+  nvme_deferred.update_in_backward = false;
+  const Run ref = run(deferred);
+  EXPECT_TRUE(ref.grads_kept);
+  for (const TrainOptions& opts : {o, nvme, nvme_deferred}) {
+    const Run r = run(opts);
+    EXPECT_EQ(r.losses, ref.losses);
+    EXPECT_EQ(r.norms, ref.norms) << "the norm's parts taken before each update in backward";
+    EXPECT_EQ(r.weights, ref.weights);
+    EXPECT_EQ(r.grads_kept, !opts.update_in_backward) << "spent in the last backward";
+  }
+}
+
 // The plain loop of torch: backward, clip_grad_norm_, AdamW.step().
 std::vector<std::vector<float>> reference_clipped(const std::string& shard, int64_t steps,
                                                   double max_norm, std::vector<double>* norms) {
