@@ -13,7 +13,10 @@
 // in-memory and NVMe-offloaded states alike. The memory plan counts the gradients accordingly.
 // Gemini defers its chunk updates the same way (Note [Deferred updates] in
 // offload/gemini/deferred.cpp): chunk gradient buffers accumulate, the norm is summed in the
-// plain run's order, and step() updates every chunk.
+// plain run's order, and step() updates every chunk. Accumulation alone needs no norm: its 1/K is
+// set before the last micro-batch's backward, which updates in backward again (Note [Updates in
+// the last backward], offload/gemini/deferred.cpp; HybridAdam::set_final_backward), the norm's
+// parts taken before each update.
 #pragma once
 
 #include <chrono>
