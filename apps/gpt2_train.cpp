@@ -141,9 +141,12 @@ void check_mode_options(const cli::Parser& p, const Options& o, bool nvme, bool 
   for (const char* name : {"nvme-dir", "nvme-window"})
     MW_CHECK_T(cli::UsageError, !p.given(name) || nvme || gemini, "--", name,
                " has no effect without --offload nvme or --gemini");
-  if (p.given("update-in-backward") && (o.optimizer == "adamw" || gemini))
+  // Under Gemini it only chooses whether --grad-accum updates chunks in the last micro-batch's
+  // backward (Note [Updates in the last backward]) or at the step.
+  if (p.given("update-in-backward") && (o.optimizer == "adamw" || (gemini && o.grad_accum == 1)))
     std::fprintf(stderr, "gpt2_train: warning: --update-in-backward has no effect with %s\n",
-                 gemini ? "--gemini in one process (it steps chunks)" : "--optimizer adamw");
+                 gemini ? "--gemini in one process without --grad-accum (it steps chunks)"
+                        : "--optimizer adamw");
   if (p.given("optimizer-states") && !o.device.is_sim())
     std::fprintf(stderr,
                  "gpt2_train: warning: --optimizer-states has no effect without --device sim\n");

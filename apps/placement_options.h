@@ -14,8 +14,9 @@ namespace mw {
 // HybridAdam's overlap, Gemini's placement and tiers, the trace and the precision.
 inline void declare_placement(cli::Parser& p) {
   p.option("update-in-backward", "on",
-           "on|off: step each parameter as soon as its gradient is "
-           "final, freeing it (Note [Update in backward])");
+           "on|off: step each parameter (or Gemini chunk) as soon as its gradient is final, "
+           "freeing it (Note [Update in backward]); with --grad-accum, in the last "
+           "micro-batch's backward");
   p.option("nvme-borrow", "off",
            "on|off: lend spent gradient buffers as extra read-ahead slots (up to the largest "
            "parameter's m+v of RAM)");
