@@ -361,6 +361,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(ResumeCase{"dropout", false, false, false, 1},
                       ResumeCase{"nvme_dropout", true, false, false, 1},
                       ResumeCase{"shuffle_accum_clip_nvme", true, true, true, 2},
+                      // Note [Updates in the last backward]: accumulation alone
+                      ResumeCase{"accum_nvme", true, false, false, 2},
+                      ResumeCase{"gemini_auto_accum_nvme", true, false, false, 2, true},
                       ResumeCase{"gemini_auto_dropout", false, false, false, 1, true},
                       ResumeCase{"gemini_auto_shuffle_accum_clip", false, true, true, 2, true},
                       ResumeCase{"gemini_auto_accum_clip_nvme", true, false, true, 2, true},
