@@ -19,6 +19,9 @@ struct Activations {
   double logits = 0;
   double backward_extra = 0;  // at the LM head's backward: dx [N, C] and wte's gradient [V, C]
   double mlp_grad = 0;        // [N, F]: the gradient inside a block's MLP backward
+  // [F, C]: the largest weight gradient a block's backward makes (c_fc's, c_proj's), alive until
+  // it is accumulated or, updated in backward, stepped.
+  double weight_grad = 0;
   // CUDA: what attention_backward allocates beside the saved tensors (attention_cuda.cpp): dqkv
   // [N, 3C], per-head copies of q, k, v, dO and dq, dk, dv (7 [N, C]), two score buffers of
   // B*NH x rows x T (rows: ops::cuda_attention_block_rows). On the host devices under autocast,

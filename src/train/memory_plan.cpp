@@ -181,8 +181,8 @@ OffloadSplit offload_split(const PlanInputs& in, const Activations& a, int64_t a
   // gradients alone).
   const double head = a.logits + std::max(a.backward_extra, a.head_backward) +
                       std::min(r.stored + a.head, in_flight);
-  const double recompute_kept =
-      recomputing_bytes(a, r) - a.mlp_grad + std::max(a.mlp_grad, a.attention_backward);
+  const double recompute_kept = recomputing_bytes(a, r) - a.mlp_grad +
+                                std::max(a.mlp_grad + a.weight_grad, a.attention_backward);
   const double recompute_back = std::min(r.inputs, in_flight);
   if (head >= recompute_kept + recompute_back) {
     s.kept = clamp_bytes(a.logits + std::max(a.backward_extra, a.head_backward));
