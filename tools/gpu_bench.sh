@@ -15,6 +15,8 @@
 # on both sides.
 # `bash tools/gpu_bench.sh tiers`: GPT-2 medium B2 T128 with Gemini's three tiers on the GPU capped to
 # 768 MiB (`--device cuda:768MiB`) against `--offload nvme --fraction 1.0`: peak RSS, step, losses.
+# `bash tools/gpu_bench.sh accum`: GPT-2 small B8 T1024 --grad-accum 2 under Gemini auto and static
+# (host states), chunks updated in the last micro-batch's backward against all at the step.
 # `bash tools/gpu_bench.sh paths`: GPT-2 small B8 T1024, 6 steps each, plain against Gemini auto
 # (with --gpu-margin-mem-ratio 0, 0.5, 1), fp16 and bf16, gradient accumulation (plain and Gemini
 # static on the host), activation offload, Gemini static with host states (parameters on the GPU, then
@@ -92,6 +94,26 @@ if [[ ${1:-} == paths ]]; then  # the CUDA paths written without a GPU (sessions
 $(grep -o 'cuda:0 peak [0-9]* MiB' "$runs/mw-$name.txt" | tail -1) (plan $(grep -o 'cuda:0 *[0-9.]* MiB' \
 "$runs/plan-$name.txt" | tail -1)) $(grep -o '\[5\] loss: [0-9.]*' "$runs/mw-$name.txt") \
 $(grep -o '^Gemini: [0-9.]* MiB host->device.*evictions' "$runs/mw-$name.txt")")
+  done
+  printf '%s\n' "${summary[@]}"
+  exit 0
+fi
+if [[ ${1:-} == accum ]]; then  # Note [Updates in the last backward] on a GPU: the CPU Adam of
+  # host-state chunks overlapped with the last micro-batch's backward, against every update at the
+  # step (--update-in-backward off); alternated, twice each
+  small=(--device cuda --model small --batch 8 --seq 1024 --dropout 0 --steps 6 --grad-accum 2)
+  for v in "auto:--gemini auto" \
+           "static-host:--gemini static --offload-param-frac 1 --offload-optim-frac 1"; do
+    name=${v%%:*}; read -r -a extra <<<"${v#*:}"
+    for i in 1 2; do
+      run "last-$name-$i" 150 "$train" "${small[@]}" "${extra[@]}"
+      run "off-$name-$i" 150 "$train" "${small[@]}" "${extra[@]}" --update-in-backward off
+      for m in last off; do
+        summary+=("$m-$name-$i $(grep -o 'median step: [0-9.]* ms' "$runs/$m-$name-$i.txt") \
+$(grep -o '\[5\] loss: [0-9.]*' "$runs/$m-$name-$i.txt") \
+$(grep -o '[0-9.]* of [0-9]* chunks per step updated' "$runs/$m-$name-$i.txt")")
+      done
+    done
   done
   printf '%s\n' "${summary[@]}"
   exit 0
