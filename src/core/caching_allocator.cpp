@@ -34,6 +34,7 @@ CachingAllocator::~CachingAllocator() {
     for (Block* b : *set) delete b;
   }
   for (auto& [ptr, b] : live_) delete b;
+  drop_spare_locked();
 }
 
 void CachingAllocator::check_capacity_locked(int64_t rounded) const {
@@ -122,12 +123,16 @@ CachingAllocator::Block* CachingAllocator::new_segment_locked(bool small, int64_
   const int64_t over = segment_bytes_ + bytes - stats_.capacity_bytes;
   if (hard_capacity_ && !reserved_exists && stats_.capacity_bytes > 0 && over > 0)
     free_cached_locked(over);
-  char* ptr = static_cast<char*>(acquire_locked(bytes));  // may throw: nothing to free yet
+  char* ptr = nullptr;
+  if (reserved_exists && spare_ptr_ && spare_bytes_ == bytes)  // its pages are backed already
+    ptr = std::exchange(spare_ptr_, nullptr);
+  else
+    ptr = static_cast<char*>(acquire_locked(bytes));  // may throw: nothing to free yet
   Block* b = new Block;
   b->ptr = ptr;
   b->bytes = bytes;
   b->small = small;
-  b->kind = reserved_exists ? Kind::Transient : Kind::Cached;
+  b->kind = reserved_exists ? Kind::Overflow : Kind::Cached;
   segment_bytes_ += bytes;
   ++segments_;
   stats_.miss_bytes += bytes;
@@ -138,6 +143,7 @@ void* CachingAllocator::acquire_locked(int64_t bytes) {
   if (void* ptr = source_->acquire(bytes)) return ptr;
   ++stats_.retries;
   free_cached_locked(-1);
+  drop_spare_locked();
   if (void* ptr = source_->acquire(bytes)) return ptr;
   AllocatorStats s = stats_;
   s.cached_bytes = segment_bytes_ - stats_.current_bytes;
@@ -191,9 +197,15 @@ void CachingAllocator::erase_free_locked(Block* b) {
   if (b->whole() && b->kind == Kind::Cached) whole_free_bytes_ -= b->bytes;
 }
 
-// b is a wholly free segment, out of the free sets.
+// b is a wholly free segment, out of the free sets. An Overflow segment's pages become the spare.
 void CachingAllocator::release_segment_locked(Block* b) {
-  source_->release(b->ptr, b->bytes);
+  if (b->kind == Kind::Overflow) {
+    drop_spare_locked();
+    spare_ptr_ = b->ptr;
+    spare_bytes_ = b->bytes;
+  } else {
+    source_->release(b->ptr, b->bytes);
+  }
   segment_bytes_ -= b->bytes;
   --segments_;
   delete b;
@@ -222,6 +234,13 @@ void CachingAllocator::free_cached_locked(int64_t needed_bytes) {
   }
 }
 
+void CachingAllocator::drop_spare_locked() {
+  if (!spare_ptr_) return;
+  source_->release(spare_ptr_, spare_bytes_);
+  spare_ptr_ = nullptr;
+  spare_bytes_ = 0;
+}
+
 AllocatorStats CachingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   AllocatorStats s = stats_;
@@ -242,6 +261,7 @@ void CachingAllocator::reset_peak() {
 void CachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mutex_);
   free_cached_locked(-1);
+  drop_spare_locked();
 }
 
 void CachingAllocator::set_limit(int64_t bytes) {
@@ -266,6 +286,7 @@ void CachingAllocator::set_capacity(int64_t capacity_bytes) {
              capacity_bytes);
   stats_.capacity_bytes = capacity_bytes;
   free_cached_locked(-1);
+  drop_spare_locked();
   if (!policy_.reserve_capacity) return;
   std::vector<Block*> old_reserved;
   for (Block* b : free_large_)

@@ -127,10 +127,11 @@ class CachingAllocator final : public Allocator {
  private:
   // What a segment is for. Every block of a segment carries its segment's kind.
   enum class Kind : uint8_t {
-    Cached,    // kept when wholly free, within max_cached_bytes
-    Reserved,  // the sim's capacity (Note [Sim arena]); kept while the capacity stands
-    Transient  // returned as soon as it is wholly free (a fragmented arena's overflow, an old
-               // capacity's segment)
+    Cached,     // kept when wholly free, within max_cached_bytes
+    Reserved,   // the sim's capacity (Note [Sim arena]); kept while the capacity stands
+    Transient,  // returned as soon as it is wholly free (an old capacity's segment)
+    Overflow    // a fragmented arena's overflow: returned when wholly free, its pages kept as
+                // the spare for the next overflow of its size (Note [Sim arena])
   };
   struct Block {
     char* ptr = nullptr;
@@ -158,6 +159,7 @@ class CachingAllocator final : public Allocator {
   void insert_free_locked(Block* b);
   void erase_free_locked(Block* b);
   void release_segment_locked(Block* b);
+  void drop_spare_locked();  // returns the spare overflow segment's pages to the source
   // Returns wholly free Cached segments worth at least needed_bytes to the source (-1: all), by
   // Note [Freeing just enough].
   void free_cached_locked(int64_t needed_bytes);
@@ -176,6 +178,8 @@ class CachingAllocator final : public Allocator {
   int64_t segments_ = 0;
   int64_t whole_free_bytes_ = 0;  // wholly free Cached segments (what max_cached_bytes bounds)
   int64_t free_order_ = 0;        // decreasing: the most recently freed block sorts first
+  char* spare_ptr_ = nullptr;     // the last Overflow segment's pages, outside segment_bytes_
+  int64_t spare_bytes_ = 0;
 };
 
 }  // namespace mw

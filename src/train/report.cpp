@@ -14,6 +14,17 @@ namespace mw::train {
 namespace {
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 std::string mib_text(int64_t bytes) { return format_fixed(mib(bytes), 0) + " MiB"; }
+// Sim, or a GPU: its peak against its memory, or the cap of --device cuda:SIZE.
+std::string device_peak_text(Device device) {
+  const AllocatorStats dev = allocator_for(device).stats();
+  return str(device.str(), ": peak ", mib_text(dev.peak_bytes), " of ",
+             mib_text(dev.capacity_bytes), " capacity",
+             dev.arena_fallbacks > 0  // Note [Sim arena]: blocks its fragmented segment lacked
+                 ? str(", ", dev.arena_fallbacks, " blocks outside its fragmented arena")
+                 : std::string(),
+             "\n");
+}
+
 }  // namespace
 
 std::string format_duration(double seconds) {
@@ -69,11 +80,7 @@ std::string Trainer::finish_report(double total_s) {
              mib_text(host.current_bytes), " in use now, ", mib_text(host.cached_bytes),
              " cached | optimizer state in memory: ", mib_text(opt_->state_bytes_in_memory()), " (",
              opt_->name(), ")\n");
-  if (!o_.device.is_cpu()) {  // sim, or a GPU (its memory, or the cap of --device cuda:SIZE)
-    const AllocatorStats dev = allocator_for(o_.device).stats();
-    out += str(o_.device.str(), ": peak ", mib_text(dev.peak_bytes), " of ",
-               mib_text(dev.capacity_bytes), " capacity\n");
-  }
+  if (!o_.device.is_cpu()) out += device_peak_text(o_.device);
   if (gem_) {
     const gemini::GeminiStats& g = gem_->run_stats();
     out += str("Gemini: ", format_fixed(mib(g.h2d_bytes), 1), " MiB host->device (", g.gathers,

@@ -326,9 +326,9 @@ TEST(CachingAllocator, RandomTrafficKeepsBlocksDisjointAndMergesEverySegmentBack
 }
 
 // Note [Sim arena]: with reserve_capacity the capacity is one segment, got when it is set; blocks
-// of any size are carved from it; a fragmented segment serves from a transient one (counted, and
-// returned when freed) rather than failing; a new capacity retires the old segment, which goes
-// back once its last block is freed.
+// of any size are carved from it; a fragmented segment serves from an overflow one (counted,
+// returned when freed, its pages kept for the next overflow of its size) rather than failing; a
+// new capacity retires the old segment, which goes back once its last block is freed.
 TEST(CachingAllocator, AReservedCapacityIsOneSegmentCarvedAtAnySize) {
   CachePolicy policy = split_to_granule();
   policy.reserve_capacity = true;
@@ -345,8 +345,14 @@ TEST(CachingAllocator, AReservedCapacityIsOneSegmentCarvedAtAnySize) {
   EXPECT_EQ(a->stats().current_bytes, 12 * kG);
   EXPECT_THROW(a->allocate(6 * kG), OutOfMemory) << "the capacity still counts every block";
   a->deallocate(wide, 4 * kG);
-  EXPECT_EQ(src->released.size(), 1u) << "the transient segment went back when freed";
+  EXPECT_EQ(src->released.size(), 0u) << "the overflow's pages are kept as the spare";
+  EXPECT_EQ(a->stats().current_bytes + a->stats().cached_bytes, 16 * kG) << "not as a segment";
+  wide = a->allocate(4 * kG);  // the same overflow again: the spare's pages, nothing acquired
+  EXPECT_EQ(a->stats().arena_fallbacks, 2);
+  EXPECT_EQ(src->acquires, 2);
+  a->deallocate(wide, 4 * kG);
   a->set_capacity(32 * kG);  // blocks of the old segment are still live
+  EXPECT_EQ(src->released.size(), 1u) << "a new capacity returns the spare";
   EXPECT_EQ(src->out_bytes, 48 * kG);
   for (int i = 1; i < 8; i += 2) a->deallocate(blocks[static_cast<size_t>(i)], 2 * kG);
   EXPECT_EQ(src->out_bytes, 32 * kG) << "the old capacity's segment went back with its last block";
