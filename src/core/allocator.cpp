@@ -92,6 +92,12 @@ void limit_cuda_memory(int index, int64_t bytes) {
 
 void set_host_max_cached_bytes(int64_t bytes) { registry().cpu->set_max_cached_bytes(bytes); }
 
+void set_sim_max_cached_bytes(int index, int64_t bytes) {
+  auto* caching = dynamic_cast<CachingAllocator*>(&allocator_for(Device::sim(index)));
+  MW_CHECK_T(InvalidArgument, caching != nullptr, "sim:", index, " has no caching allocator");
+  caching->set_max_cached_bytes(bytes);
+}
+
 int64_t peak_rss_bytes() {
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);

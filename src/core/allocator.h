@@ -90,6 +90,9 @@ void limit_cuda_memory(int index, int64_t bytes);
 // Bounds the cpu allocator's cache (freeing cached blocks beyond it): a run that budgets host RAM
 // (Gemini's three tiers) keeps little besides what it uses.
 void set_host_max_cached_bytes(int64_t bytes);
+// The same for sim device `index`, whose pages are host RAM too: within its arena it caches only
+// the spare overflow segment (Note [Sim arena]).
+void set_sim_max_cached_bytes(int index, int64_t bytes);
 
 // Process memory, from the kernel: peak resident set size (getrusage ru_maxrss) and current RSS.
 int64_t peak_rss_bytes();

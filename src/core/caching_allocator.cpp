@@ -199,8 +199,8 @@ void CachingAllocator::erase_free_locked(Block* b) {
 
 // b is a wholly free segment, out of the free sets. An Overflow segment's pages become the spare.
 void CachingAllocator::release_segment_locked(Block* b) {
-  if (b->kind == Kind::Overflow) {
-    drop_spare_locked();
+  if (b->kind == Kind::Overflow && b->bytes + whole_free_bytes_ <= policy_.max_cached_bytes) {
+    drop_spare_locked();  // within the cache's bound, as a cached segment would be
     spare_ptr_ = b->ptr;
     spare_bytes_ = b->bytes;
   } else {
@@ -317,6 +317,7 @@ void CachingAllocator::set_max_cached_bytes(int64_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   policy_.max_cached_bytes = bytes;
   if (whole_free_bytes_ > bytes) free_cached_locked(whole_free_bytes_ - bytes);
+  if (spare_bytes_ + whole_free_bytes_ > bytes) drop_spare_locked();
 }
 
 }  // namespace mw

@@ -131,7 +131,8 @@ class CachingAllocator final : public Allocator {
     Reserved,   // the sim's capacity (Note [Sim arena]); kept while the capacity stands
     Transient,  // returned as soon as it is wholly free (an old capacity's segment)
     Overflow    // a fragmented arena's overflow: returned when wholly free, its pages kept as
-                // the spare for the next overflow of its size (Note [Sim arena])
+                // the spare for the next overflow of its size, within max_cached_bytes (Note
+                // [Sim arena])
   };
   struct Block {
     char* ptr = nullptr;

@@ -360,6 +360,29 @@ TEST(CachingAllocator, AReservedCapacityIsOneSegmentCarvedAtAnySize) {
   EXPECT_EQ(src->out_bytes, 0);
 }
 
+// The spare overflow segment is cache: a bound below it (Gemini's three tiers on sim, whose pages
+// are host RAM) returns it, and keeps the next one from staying.
+TEST(CachingAllocator, TheSpareOverflowSegmentKeepsToTheCacheBound) {
+  CachePolicy policy = split_to_granule();
+  policy.reserve_capacity = true;
+  policy.max_cached_bytes = 64 * kG;
+  auto [src, a] = make(policy, 8 * kG, true);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(a->allocate(2 * kG));
+  a->deallocate(blocks[0], 2 * kG);
+  a->deallocate(blocks[2], 2 * kG);
+  void* wide = a->allocate(4 * kG);  // two 2-granule holes: an overflow
+  a->deallocate(wide, 4 * kG);
+  EXPECT_EQ(src->released.size(), 0u) << "kept as the spare";
+  a->set_max_cached_bytes(0);
+  EXPECT_EQ(src->released.size(), 1u) << "a bound below it returns it";
+  wide = a->allocate(4 * kG);
+  a->deallocate(wide, 4 * kG);
+  EXPECT_EQ(src->released.size(), 2u) << "and the next overflow goes back when freed";
+  a->deallocate(blocks[1], 2 * kG);
+  a->deallocate(blocks[3], 2 * kG);
+}
+
 // ---- the host sources and the sim device ----
 
 TEST(HostMemory, HeapBlocksAreAlignedForODirect) {
