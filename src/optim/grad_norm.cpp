@@ -52,14 +52,17 @@ double add_in_order(double sum, const std::vector<double>& partials) {
   return sum;
 }
 
+void append_grad_block_squares(const Tensor& param, std::vector<double>& partials) {
+  const Tensor g = grad(param);
+  if (g.defined()) append_block_squares(g.contiguous(), partials);
+}
+
 double global_grad_norm(const std::vector<Tensor>& params) {
   double sum_sq = 0;
   std::vector<double> parts;
   for (const Tensor& p : params) {
-    Tensor g = grad(p);
-    if (!g.defined()) continue;
     parts.clear();
-    append_block_squares(g.contiguous(), parts);  // on g's device
+    append_grad_block_squares(p, parts);
     sum_sq = add_in_order(sum_sq, parts);
   }
   return std::sqrt(sum_sq);

@@ -31,6 +31,8 @@ constexpr int kNormLanes = 32;
 void append_block_squares(const float* x, int64_t n, std::vector<double>& partials);
 // The same for a contiguous f32 tensor on any device: a CUDA one is reduced on its device.
 void append_block_squares(const Tensor& x, std::vector<double>& partials);
+// The same for a parameter's gradient (contiguous, on its device); nothing when it has none.
+void append_grad_block_squares(const Tensor& param, std::vector<double>& partials);
 // The kernel behind it: partials[b] (device memory, ceil(n / kNormBlock) doubles) for x[0, n) on
 // the device, enqueued on `stream` (a cudaStream_t as void*; nullptr = the compute stream).
 // Throws DeviceError in a build without CUDA (optim/nocuda).

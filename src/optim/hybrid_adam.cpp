@@ -192,26 +192,20 @@ int64_t HybridAdam::take_non_finite() {
 void HybridAdam::take_norm_parts(size_t i) {
   if (!record_norm_) return;
   norm_parts_.resize(params_.size());
-  norm_taken_.resize(params_.size(), 0);
-  norm_taken_[i] = 1;
   norm_parts_[i].clear();
-  const Tensor g = grad(params_[i]);
-  if (g.defined()) append_block_squares(g.contiguous(), norm_parts_[i]);
+  append_grad_block_squares(params_[i], norm_parts_[i]);
 }
 
+// A parameter's parts are taken when not empty (a gradient gives one block at least); the others'
+// gradients are still held.
 double HybridAdam::step_grad_norm() const {
   double sum_sq = 0;
   std::vector<double> parts;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (i < norm_taken_.size() && norm_taken_[i]) {
-      sum_sq = add_in_order(sum_sq, norm_parts_[i]);
-      continue;
-    }
-    const Tensor g = grad(params_[i]);
-    if (!g.defined()) continue;
+    const bool taken = i < norm_parts_.size() && !norm_parts_[i].empty();
     parts.clear();
-    append_block_squares(g.contiguous(), parts);
-    sum_sq = add_in_order(sum_sq, parts);
+    if (!taken) append_grad_block_squares(params_[i], parts);
+    sum_sq = add_in_order(sum_sq, taken ? norm_parts_[i] : parts);
   }
   return std::sqrt(sum_sq);
 }
@@ -239,7 +233,7 @@ void HybridAdam::step() {
     update_in_memory(i, s);
   }
   std::fill(updated_in_backward_.begin(), updated_in_backward_.end(), 0);
-  std::fill(norm_taken_.begin(), norm_taken_.end(), 0);
+  for (std::vector<double>& parts : norm_parts_) parts.clear();
   ++step_;  // counted even when a failure below makes the step partial (per-slice steps tell)
   if (nvme_) {
     try {

@@ -154,8 +154,7 @@ class HybridAdam : public Optimizer {
   int64_t non_finite_param_ = -1;  // take_non_finite(), in-memory updates
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
   bool final_backward_ = true, record_norm_ = false;
-  std::vector<std::vector<double>> norm_parts_;  // per parameter updated in backward (record_norm_)
-  std::vector<char> norm_taken_;                 // this step
+  std::vector<std::vector<double>> norm_parts_;  // this step's, per parameter updated in backward
   void take_norm_parts(size_t i);
   std::vector<int> nvme_index_;  // parameter -> index in nvme_, or -1
   std::vector<size_t> nvme_params_;

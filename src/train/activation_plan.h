@@ -51,6 +51,11 @@ Recomputation recomputation(const PlanInputs& in, const Activations& a, std::str
 // wte's gradient, the incoming gradient [N, C] and, in the MLP's backward, one [N, F] alive.
 // Excludes what is stored.
 double recomputing_bytes(const Activations& a, const Recomputation& r);
+// Beside the logits at the LM head's backward: its gradients, or its widened products.
+double head_backward_bytes(const Activations& a);
+// Beside a block's saved tensors at its backward: the op's incoming gradient and its weight's
+// gradient, or the attention's workspace.
+double block_backward_bytes(const Activations& a);
 
 // Peak bytes of activations (and the gradients in flight with them) over one step.
 double activation_peak(const PlanInputs& in, const Activations& a, std::string* name);

@@ -179,13 +179,11 @@ OffloadSplit offload_split(const PlanInputs& in, const Activations& a, int64_t a
   // MLP's gradient or the attention's workspace, whichever is larger (measured: 4 blocks of width
   // 256, B8 T128, bf16 on sim with both flags, the sim peak 41 MiB against 28.3 planned with the
   // gradients alone).
-  const double head = a.logits + std::max(a.backward_extra, a.head_backward) +
-                      std::min(r.stored + a.head, in_flight);
-  const double recompute_kept = recomputing_bytes(a, r) - a.mlp_grad +
-                                std::max(a.mlp_grad + a.weight_grad, a.attention_backward);
+  const double head = a.logits + head_backward_bytes(a) + std::min(r.stored + a.head, in_flight);
+  const double recompute_kept = recomputing_bytes(a, r) - a.mlp_grad + block_backward_bytes(a);
   const double recompute_back = std::min(r.inputs, in_flight);
   if (head >= recompute_kept + recompute_back) {
-    s.kept = clamp_bytes(a.logits + std::max(a.backward_extra, a.head_backward));
+    s.kept = clamp_bytes(a.logits + head_backward_bytes(a));
     s.in_flight = clamp_bytes(head) - s.kept;
   } else {
     s.kept = clamp_bytes(recompute_kept);

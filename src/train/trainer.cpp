@@ -488,9 +488,8 @@ StepResult Trainer::train_step() {
   const auto t0 = clock::now();
   const double cpu0 = process_cpu_ms();
   // The LR is set before backward: updates in backward (and Gemini's chunks) use it there, and
-  // 1/K for Gemini's updates in the last micro-batch's backward (set again after it).
-  const bool in_last = o_.updates_in_last_backward() && !(dp_ && !gem_);
-  set_step_scalars(r.lr, in_last ? static_cast<float>(o_.grad_accum) : -1.f);
+  // 1/K for updates in the last micro-batch's backward (measure_and_scale_gradients sets it again).
+  set_step_scalars(r.lr, o_.updates_in_last_backward() ? static_cast<float>(o_.grad_accum) : -1.f);
   phase_ms_.clear();
   opt_->zero_grad();
   std::vector<int32_t> tokens;

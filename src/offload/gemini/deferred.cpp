@@ -88,15 +88,13 @@ void Gemini::add_gradient(Chunk& c, const ChunkMember& member, const Tensor& g,
 void Gemini::complete_deferred(Chunk& c) {
   c.grads_ready = 0;
   ++c.backwards_done;
-  if (final_backward_ && reducing()) {  // Note [Gemini under data parallel]
-    start_reduction(c);
-    if (updates_as_reduced_) {  // Note [Updates as reductions complete]
-      reduced_order_.push_back(c.index());
-      update_reduced(1);
-    }
-  } else if (final_backward_) {
-    take_norm_parts(c);
-    if (updates_as_reduced_) {  // Note [Updates in the last backward]
+  if (final_backward_) {
+    if (reducing())  // Note [Gemini under data parallel]
+      start_reduction(c);
+    else
+      take_norm_parts(c);
+    // Note [Updates as reductions complete], Note [Updates in the last backward]
+    if (updates_as_reduced_) {
       reduced_order_.push_back(c.index());
       update_reduced(1);
     }
