@@ -15,6 +15,15 @@
 
 namespace mw::optim {
 
+int64_t staging_slot_bytes(int64_t slice_numel, int64_t largest_numel) {
+  return round_up(8 * std::max<int64_t>(1, std::min(slice_numel, largest_numel)), 4096);
+}
+
+int64_t staging_window_bytes(int64_t window_bytes, int64_t slice_numel, int64_t largest_numel) {
+  const int64_t slot = staging_slot_bytes(slice_numel, largest_numel);
+  return std::max<int64_t>(2, window_bytes / slot) * slot;
+}
+
 std::vector<bool> select_nvme_offloaded(const std::vector<int64_t>& numels, double fraction) {
   MW_CHECK_T(InvalidArgument, fraction >= 0.0 && fraction <= 1.0,
              "nvme_offload_fraction must lie in [0, 1]; got ", fraction);
@@ -73,7 +82,7 @@ NvmeAdamStates::NvmeAdamStates(std::vector<int64_t> numels, NvmeOffloadOptions o
   if (private_dir) ::rmdir(dir_.c_str());
 
   io::StagingOptions staging;
-  staging.slot_bytes = 8 * options_.slice_numel;  // m then v of one slice
+  staging.slot_bytes = slot_bytes();  // m then v of one slice
   staging.window_bytes = options_.window_bytes;
   staging.record_times = options_.record_timeline;
   window_ = std::make_unique<io::StagingWindow>(std::move(items), std::move(order), *swap_,
@@ -280,7 +289,7 @@ void NvmeAdamStates::update_slice(int64_t id, const Job& job) {
 }
 
 void NvmeAdamStates::donate(Tensor buffer) {
-  const int64_t slot_bytes = 8 * options_.slice_numel;
+  const int64_t slot_bytes = this->slot_bytes();
   if (!options_.borrow_gradient_slots || !buffer.defined() || buffer.nbytes() < slot_bytes ||
       buffer.dtype() != DType::F32 || !buffer.device().is_host_addressable() ||
       buffer.offset() != 0 || buffer.impl_ptr().use_count() != 1 ||
@@ -293,6 +302,12 @@ void NvmeAdamStates::donate(Tensor buffer) {
   if (!window_->lend(buffer.raw_data(), buffer.nbytes(), limit)) return;
   std::lock_guard<std::mutex> lock(mutex_);
   donors_.push_back(std::move(buffer));
+}
+
+int64_t NvmeAdamStates::slot_bytes() const {
+  int64_t largest = 0;
+  for (int64_t n : numels_) largest = std::max(largest, n);
+  return staging_slot_bytes(options_.slice_numel, largest);
 }
 
 bool NvmeAdamStates::failed() const { return window_->failed(); }

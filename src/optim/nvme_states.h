@@ -100,6 +100,14 @@ struct NvmeOffloadOptions {
   io::IoOptions io;  // backend and queue depth of the engine
 };
 
+// A staging slot holds the m and v of one slice: 8 x slice_numel bytes, or of the largest parameter
+// when every parameter is smaller (a small model's chunks), padded to 4096 for O_DIRECT.
+int64_t staging_slot_bytes(int64_t slice_numel, int64_t largest_numel);
+// The staging RAM a window of window_bytes really takes: whole slots, two of them at least
+// (io::StagingOptions), so a window below two slots costs two (8 MiB with the default slices).
+// The memory plan and the three tiers' budget count this, not the flag's value.
+int64_t staging_window_bytes(int64_t window_bytes, int64_t slice_numel, int64_t largest_numel);
+
 // ColossalAI's choice: walk the parameters in order and offload one while the offloaded total plus
 // its numel stays <= floor(total_numel * fraction). Throws InvalidArgument for a fraction outside
 // [0, 1].
@@ -179,6 +187,7 @@ class NvmeAdamStates {
   void flush();
   // True after an I/O failure: update() does nothing and finish_step() throws.
   bool failed() const;
+  int64_t slot_bytes() const;  // staging_slot_bytes of these parameters
   // The first store parameter (its index among the offloaded ones) whose update left a NaN or Inf
   // since the last call, or -1; resets (Note [Non-finite values] in train/trainer.cpp).
   int take_non_finite() { return non_finite_param_.exchange(-1); }

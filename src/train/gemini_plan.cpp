@@ -390,7 +390,8 @@ void plan_host(MemoryPlan& p, const PlanInputs& in, const ChunkBytes& chunks, co
       t.host_state_bytes, "");
   add(p, "parameter chunks (NVMe)", "disk", t.disk_chunk_bytes, "homed on disk, last chunk first");
   add(p, "chunk homes", "host", t.host_chunk_bytes, "");
-  add(p, "gradient buffers", "host", t.reserve_bytes, "3 x the largest chunk, kept free");
+  add(p, "gradient buffers", "host", t.reserve_bytes,
+      "2 x the largest chunk + the next, kept free");
   if (deferred_host_grads > 0)  // RAM-homed chunks keep theirs until step(); disk-homed spill
     add(p, "gradient buffers until step()", "host", deferred_host_grads,
         h.sharded_states ? "updates after backward: this rank's pieces"
@@ -427,7 +428,8 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, const Activations& a, int6
   // Note [Three tiers] (docs/gemini.md), by Gemini's own arithmetic.
   gemini::TierPlan t;
   if (g.host_capacity_bytes > 0)
-    t = gemini::plan_tiers(h.tiers, g.host_capacity_bytes, in.nvme_fraction, in.nvme_window_bytes);
+    t = gemini::plan_tiers(h.tiers, g.host_capacity_bytes, in.nvme_fraction, in.nvme_window_bytes,
+                           in.nvme_slice_numel);
   // Note [Deferred updates] (offload/gemini/deferred.cpp): with --grad-clip/--grad-accum (and
   // under data parallel) every chunk's gradient buffer lives until step(), where its Adam states
   // are; those of disk-homed chunks go to disk (all but the newest, inside the reserve). Under
@@ -435,12 +437,16 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, const Activations& a, int6
   // tiers under data parallel]); the three tiers' reserve holds the full buffers being reduced.
   // Without a host budget there is no reserve, and whole buffers are counted: they cover those
   // (measured: docs/distributed.md, "Gemini with --zero 2").
+  // (A budget that sends nothing to disk plans no tiers, hence no reserve: whole buffers then.
+  // Measured: 2 blocks of width 512, static 0.5/0, fp16, --zero 3 at 2 ranks on sim with
+  // --host-capacity 192MiB, the host 36 MiB against 31.4 planned from pieces.)
+  const bool reserve = t.disk_chunk_bytes > 0 || t.disk_state_bytes > 0;
   int64_t deferred_host_grads = 0;
   if (!in.update_in_backward) {
     int64_t device_grads = 0;
     for (size_t c = 0; c < n; ++c) {
-      const int64_t kept = g.host_capacity_bytes > 0 ? h.tiers[c].state_bytes / 2  // a piece
-                                                     : chunks.each[c];
+      const int64_t kept = reserve ? h.tiers[c].state_bytes / 2  // a piece
+                                   : chunks.each[c];
       if (!h.optim_on_host[c])
         device_grads += kept;
       else if (h.sharded_states || t.on_disk.empty() || !t.on_disk[c])

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "models/gpt2/spec.h"
 #include "offload/gemini/chunk_search.h"
+#include "optim/nvme_states.h"
 #include "train/activation_plan.h"
 #include "train/data_parallel.h"
 #include "train/plan_bytes.h"
@@ -397,7 +398,10 @@ MemoryPlan plan_memory(const PlanInputs& global) {
       in.zero_stage >= 1 ? str("ZeRO ", in.zero_stage, ": this rank's 1/", in.ranks) : "");
   if (in.nvme_fraction > 0) {
     add(p, "Adam m, v (NVMe)", "disk", on_disk, str("--fraction ", in.nvme_fraction));
-    add(p, "NVMe window", "host", in.nvme_window_bytes, "staging");
+    const Config& c = in.config;  // the largest parameter: wte, wpe or an MLP weight
+    const int64_t largest = std::max({c.vocab_size, c.n_positions, 4 * c.n_embd}) * c.n_embd;
+    add(p, "NVMe window", "host",
+        optim::staging_window_bytes(in.nvme_window_bytes, in.nvme_slice_numel, largest), "staging");
   }
   add(p, "token ids", dev, io_bytes, "");
   return p;

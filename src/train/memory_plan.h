@@ -43,9 +43,10 @@ struct PlanInputs {
   // --grad-accum: micro-batches per step. From the second on, every gradient accumulated so far
   // lives beside the next micro-batch's activations.
   int64_t micro_batches = 1;
-  bool states_on_host = true;  // HybridAdam's m and v for a sim device
-  double nvme_fraction = 0;    // of parameter elements whose m and v live on disk; 0 = none
-  int64_t nvme_window_bytes = 0;
+  bool states_on_host = true;     // HybridAdam's m and v for a sim device
+  double nvme_fraction = 0;       // of parameter elements whose m and v live on disk; 0 = none
+  int64_t nvme_window_bytes = 0;  // --nvme-window; the slots it makes: optim::staging_window_bytes
+  int64_t nvme_slice_numel = int64_t{1} << 19;
   std::string nvme_dir;  // "" = a private directory under $TMPDIR or /tmp
   Device device = Device::cpu();
   int64_t device_capacity_bytes = 0;  // sim:CAP; 0 = unlimited

@@ -71,6 +71,7 @@ bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Traine
   in.states_on_host = o.states_on_host;
   in.nvme_fraction = o.nvme.fraction;
   in.nvme_window_bytes = o.gemini.empty() ? o.nvme.window_bytes : o.gemini_nvme_window_bytes;
+  in.nvme_slice_numel = o.nvme.slice_numel;
   in.nvme_dir = o.gemini.empty() ? o.nvme.dir : o.gemini_options.nvme_dir;
   in.device = o.device;
   // A GPU's capacity is its memory as its allocator reports it (cudaMemGetInfo's total).
@@ -304,9 +305,7 @@ void Trainer::build_optimizer() {
                " B parameters' Adam states in '",
                nvme_dir.empty() ? "private temporary directory" : nvme_dir, "' (",
                hybrid_->nvme()->stats().direct ? "O_DIRECT" : "buffered", "), window ",
-               format_fixed(
-                   mib(o_.gemini.empty() ? o_.nvme.window_bytes : o_.gemini_nvme_window_bytes), 0),
-               " MiB\n"));
+               format_fixed(mib(hybrid_->nvme()->stats().staging_bytes), 0), " MiB\n"));
   if (!o_.load_optimizer.empty()) {
     load_optimizer_state(o_.load_optimizer);
     print_(str("Loaded optimizer state (step ",

@@ -99,7 +99,7 @@ TEST(TrainSampling, UnderGeminiSamplesMatchThePlainRunAndLeaveTheRunAsItWas) {
   ASSERT_NE(samples(plain.output).find("[4] sample ids: "), std::string::npos) << plain.output;
   const std::vector<std::vector<std::string>> placements = {
       {"--device", "sim:64MiB", "--gemini", "auto"},
-      {"--device", "sim:64MiB", "--gemini", "auto", "--host-capacity", "8MiB", "--nvme-window",
+      {"--device", "sim:64MiB", "--gemini", "auto", "--host-capacity", "11MiB", "--nvme-window",
        "1MiB", "--chunk-size", "300000", "--nvme-dir", tmp.path()}};
   for (const auto& placement : placements) {
     const std::string a = tmp.file("a"), b = tmp.file("b");

@@ -127,39 +127,72 @@ namespace {
 // Note [Three tiers]: the states go to disk first, then replicated chunks last first, and only then
 // sharded chunks' pieces, last first (Note [Pieces on disk]), each just until the rest fits.
 TEST(Placement, TiersHomeReplicatedChunksOnDiskBeforePieces) {
-  // Four chunks of 1000 bytes: 0 and 1 replicated, 2 and 3 sharded over two ranks (500-byte
-  // pieces); the states (8 per chunk here) stream through a 100-byte window.
+  // Four chunks of K bytes: 0 and 1 replicated, 2 and 3 sharded over two ranks (K/2-byte pieces);
+  // the states (8 bytes per chunk here) stream through a window of two 4096-byte slots, the least
+  // a window takes (optim::staging_window_bytes), though 100 bytes were asked for.
+  constexpr int64_t K = 100000;
   std::vector<TierChunk> chunks;
-  for (int c = 0; c < 4; ++c) chunks.push_back({1000, c < 2 ? 1000 : 500, 8, true, true, c >= 2});
-  const int64_t reserve = 3 * 1000, window = 100;
-  auto plan = [&](int64_t cap) { return plan_tiers(chunks, cap, 0.0, window); };
+  for (int c = 0; c < 4; ++c) chunks.push_back({K, c < 2 ? K : K / 2, 8, true, true, c >= 2});
+  const int64_t reserve = 3 * K, window = 2 * 4096;
+  auto plan = [&](int64_t cap) { return plan_tiers(chunks, cap, 0.0, 100, 1024); };
   auto disk = [](const TierPlan& t) {
     std::vector<int> out;
     for (size_t c = 0; c < t.on_disk.size(); ++c)
       if (t.on_disk[c]) out.push_back(static_cast<int>(c));
     return out;
   };
-  // Everything fits (homes 3000, states 32): nothing on disk, the states in RAM.
-  TierPlan t = plan(3000 + 32 + reserve);
+  // Everything fits (homes 3K, states 32): nothing on disk, the states in RAM.
+  TierPlan t = plan(3 * K + 32 + reserve);
   EXPECT_EQ(disk(t), std::vector<int>{});
   EXPECT_EQ(t.nvme_fraction, 0.0);
   // One byte short: all states to disk (the window stays), then chunk 1 (the last replicated),
   // though chunk 3's piece comes later in chunk order.
-  t = plan(3000 + 32 + reserve - 1);
+  t = plan(3 * K + 32 + reserve - 1);
   EXPECT_EQ(t.nvme_fraction, 1.0);
   EXPECT_EQ(disk(t), (std::vector<int>{1}));
-  EXPECT_EQ(t.disk_chunk_bytes, 1000);
+  EXPECT_EQ(t.disk_chunk_bytes, K);
   // Both replicated chunks, then the pieces last first: 3, then 2.
-  EXPECT_EQ(disk(plan(1000 + reserve + window)), (std::vector<int>{0, 1}));
-  EXPECT_EQ(disk(plan(500 + reserve + window)), (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(disk(plan(K + reserve + window)), (std::vector<int>{0, 1}));
+  EXPECT_EQ(disk(plan(K / 2 + reserve + window)), (std::vector<int>{0, 1, 3}));
   t = plan(reserve + window);
   EXPECT_EQ(disk(t), (std::vector<int>{0, 1, 2, 3}));
-  EXPECT_EQ(t.disk_chunk_bytes, 3000);
+  EXPECT_EQ(t.disk_chunk_bytes, 3 * K);
   EXPECT_EQ(t.host_bytes(), reserve + window);
   EXPECT_THROW(plan(reserve + window - 1), InvalidArgument);
   // A piece homed on the device stays there: the others go, and nothing is asked of it.
   chunks[3].params_off = false;
   EXPECT_EQ(disk(plan(reserve + window)), (std::vector<int>{0, 1, 2}));
+}
+
+// Note [Three tiers]: the reserve is two gradient buffers of different chunks and one RAM copy
+// that may be either's, so 2 x the largest chunk + the next; and the window is whole slots sized
+// to the largest chunk's states when those are below a slice's.
+TEST(Placement, TierReserveAndWindowFollowTheChunks) {
+  constexpr int64_t M = 1 << 20;
+  auto tiers = [](std::vector<int64_t> bytes) {
+    std::vector<TierChunk> out;
+    for (int64_t b : bytes) out.push_back({b, b, 2 * b, true, true, false});
+    return out;
+  };
+  const int64_t huge = int64_t{1} << 40;
+  // An embedding chunk of 40 MiB beside blocks of 8: 88 MiB, not 120.
+  EXPECT_EQ(plan_tiers(tiers({40 * M, 8 * M, 8 * M}), huge, 0.0, 32 * M, 1 << 19).reserve_bytes,
+            88 * M);
+  EXPECT_EQ(plan_tiers(tiers({8 * M, 8 * M, 8 * M}), huge, 0.0, 32 * M, 1 << 19).reserve_bytes,
+            24 * M);
+  // One chunk: its gradient buffer and its RAM copy.
+  EXPECT_EQ(plan_tiers(tiers({8 * M}), huge, 0.0, 32 * M, 1 << 19).reserve_bytes, 16 * M);
+  // The window as slots: 4 MiB ones (512 Ki-element slices) for chunks larger than a slice, two
+  // at least, whatever --nvme-window says.
+  const auto window = [&](std::vector<int64_t> bytes, int64_t asked) {
+    return plan_tiers(tiers(bytes), huge, 1.0, asked, 1 << 19).host_state_bytes;
+  };
+  EXPECT_EQ(window({40 * M}, 1 * M), 8 * M);
+  EXPECT_EQ(window({40 * M}, 32 * M), 32 * M);
+  EXPECT_EQ(window({40 * M}, 33 * M), 32 * M);
+  // Chunks of 64 KiB (16 Ki elements): slots of their m and v, 128 KiB.
+  EXPECT_EQ(window({64 * 1024}, 1 * M), 1 * M);
+  EXPECT_EQ(window({64 * 1024}, 100), 256 * 1024);
 }
 
 }  // namespace

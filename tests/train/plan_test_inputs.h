@@ -22,6 +22,7 @@ inline PlanInputs inputs(const gpt2::Config& c, int64_t batch, int64_t seq) {
   in.config.set_dropout(0.1);
   in.batch = batch;
   in.seq = seq;
+  in.nvme_slice_numel = 1024;  // small slices and slots: a small model streams too
   return in;
 }
 

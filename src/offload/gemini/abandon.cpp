@@ -88,6 +88,7 @@ void Gemini::abandon_step() {
   shard_inflight_.clear();
   inflight_.clear();
   write_back_stepped();
+  queued_updates_.clear();  // flush() below settles them
   try {
     adam_->flush();  // updates of RAM-homed chunks with states on disk
   } catch (const Error&) {

@@ -481,7 +481,10 @@ void Gemini::finish_chunk(Chunk& c) {
   c.grads_ready = 0;
   ++stepped_chunks_;
   const uint64_t ticket = adam_->step_param(static_cast<size_t>(adam_index_[c.index()]));
-  if (c.on_nvme()) pending_.push_back({c.index(), ticket, io::IoHandle(), false});
+  if (c.on_nvme())
+    pending_.push_back({c.index(), ticket, io::IoHandle(), false});
+  else
+    throttle_updates(ticket);
   if (trace_out_) trace_out_->slice(str("adam chunk ", c.index()), "optim", t0, now_us() - t0);
   poll_pending(false);
   // Note [Three tiers]: a disk-homed chunk waiting for its update holds its RAM copy and, in the
@@ -564,6 +567,7 @@ void Gemini::step() {
       }
   }
   adam_->step();  // waits for the updates of NVMe-offloaded Adam states
+  queued_updates_.clear();
   poll_pending(true);
   const bool warmup = recording_;
   if (recording_) {

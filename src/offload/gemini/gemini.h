@@ -38,6 +38,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -273,7 +274,8 @@ class Gemini : public optim::Optimizer {
   void plan_tiers(optim::HybridAdamOptions& adam);
   void bring_home(Chunk& c);
   void poll_pending(bool wait);
-  void write_back_stepped();  // abandon.cpp
+  void throttle_updates(uint64_t ticket);  // tiers.cpp, Note [Three tiers]
+  void write_back_stepped();               // abandon.cpp
   bool settle_pending(size_t k, bool block);
   void forget_gathered(Chunk& c);
   void prefetch_after(int64_t t);
@@ -381,6 +383,7 @@ class Gemini : public optim::Optimizer {
   int64_t write_back_bytes(const PendingWrite& w) const;
   void drop_written_back(const PendingWrite& w);  // its blob is current: free the RAM copy
   std::vector<PendingWrite> pending_;
+  std::deque<uint64_t> queued_updates_;  // RAM-homed chunks' updates on the updater thread
   // A disk read into a gathered chunk's device copy, through `bounce` when the device's memory is
   // not the host's (Note [Disk reads through the host]).
   struct DiskRead {

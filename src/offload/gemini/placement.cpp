@@ -180,17 +180,23 @@ double default_auto_margin(bool cuda) { return cuda ? 0.10 : 0.02; }
 // Under data parallel the homes and states are this rank's (pieces when sharded); sharded chunks'
 // pieces go to disk after every replicated chunk (Note [Pieces on disk], shard.cpp).
 TierPlan plan_tiers(const std::vector<TierChunk>& chunks, int64_t host_capacity_bytes,
-                    double nvme_fraction, int64_t window_bytes) {
+                    double nvme_fraction, int64_t window, int64_t slice_numel) {
   const int64_t cap = host_capacity_bytes;
   TierPlan t;
   t.on_disk.assign(chunks.size(), false);
-  int64_t states = 0, largest = 0;
+  int64_t states = 0, largest = 0, second = 0, largest_states = 0;
   for (const TierChunk& c : chunks) {
     if (c.params_off) t.host_chunk_bytes += c.home_bytes;
     if (c.optim_on_host) states += c.state_bytes;
+    largest_states = std::max(largest_states, c.state_bytes);
+    second = std::max(second, std::min(largest, c.bytes));
     largest = std::max(largest, c.bytes);
   }
-  t.reserve_bytes = 3 * largest;
+  // Two gradient buffers of different chunks and one RAM copy, which may be either's: three of the
+  // largest when the two largest are alike, less when one chunk (the embedding's) stands out.
+  t.reserve_bytes = 2 * largest + second;
+  // The states' parameters are the chunks (this rank's pieces): m and v, 8 bytes per element.
+  const int64_t window_bytes = optim::staging_window_bytes(window, slice_numel, largest_states / 8);
   t.nvme_fraction = nvme_fraction;
   if (t.host_chunk_bytes + states + t.reserve_bytes > cap && t.nvme_fraction == 0)
     t.nvme_fraction = 1.0;
@@ -210,14 +216,14 @@ TierPlan plan_tiers(const std::vector<TierChunk>& chunks, int64_t host_capacity_
       t.host_chunk_bytes -= chunks[k].home_bytes;
     }
   if (t.host_bytes() <= cap) return t;
-  const int64_t window = t.nvme_fraction > 0 ? window_bytes : 0;
+  const int64_t staged = t.nvme_fraction > 0 ? window_bytes : 0;
   throw InvalidArgument(
       str("--host-capacity ", cap, " bytes (", mib(cap),
           ") cannot hold Gemini's host data: ", mib(t.host_chunk_bytes), " of chunks on the host, ",
-          mib(t.host_state_bytes - window), " of Adam states in RAM, ", mib(window),
+          mib(t.host_state_bytes - staged), " of Adam states in RAM, ", mib(staged),
           " of staging window for the states on disk (--nvme-window) and ", mib(t.reserve_bytes),
-          " for gradient buffers in flight (three of the largest chunk), ", mib(t.host_bytes()),
-          " in all. Raise --host-capacity to at least ", t.host_bytes(),
+          " for gradient buffers in flight (two of the largest chunk and one of the next), ",
+          mib(t.host_bytes()), " in all. Raise --host-capacity to at least ", t.host_bytes(),
           " (bytes), or shrink the window (--nvme-window) or "
           "the chunks (--chunk-size)"));
 }

@@ -86,12 +86,14 @@ struct TierPlan {
   double nvme_fraction = 0;      // of Adam states on disk: as asked, or 1 when they do not fit
   int64_t host_chunk_bytes = 0;  // chunk homes in RAM
   int64_t host_state_bytes = 0;  // Adam states in RAM, plus the NVMe window when streaming
-  int64_t reserve_bytes = 0;     // three of the largest chunk, for gradient buffers in flight
+  int64_t reserve_bytes = 0;     // 2 x the largest chunk + the next: transients (tiers.cpp)
   int64_t disk_chunk_bytes = 0;
   int64_t disk_state_bytes = 0;
   int64_t host_bytes() const { return host_chunk_bytes + host_state_bytes + reserve_bytes; }
 };
+// window_bytes and slice_numel: the Adam states' NVMe options; the window counts as the slots
+// it makes for these chunks (optim::staging_window_bytes).
 TierPlan plan_tiers(const std::vector<TierChunk>& chunks, int64_t host_capacity_bytes,
-                    double nvme_fraction, int64_t window_bytes);
+                    double nvme_fraction, int64_t window_bytes, int64_t slice_numel);
 
 }  // namespace mw::gemini
