@@ -150,15 +150,22 @@ double run_fio(const std::string& file, int64_t size_bytes, const NvmeBenchConfi
 
 Rates run_fio_pair(const std::string& dir, int64_t size_bytes, const NvmeBenchConfig& c) {
   std::string file = str(dir, "/fio-bench-", ::getpid(), ".dat");
+  // fio makes a missing directory (nvme_step_bench passes the states' private directory, removed
+  // as soon as their files were made): remove what it made, or every run left one behind.
+  const bool made_by_fio = ::access(dir.c_str(), F_OK) != 0;
+  auto clean = [&] {
+    ::unlink(file.c_str());
+    if (made_by_fio) ::rmdir(dir.c_str());
+  };
   Rates r;
   try {
     r.write_GBps = run_fio(file, size_bytes, c, "write");
     r.read_GBps = run_fio(file, size_bytes, c, "read");
   } catch (...) {
-    ::unlink(file.c_str());
+    clean();
     throw;
   }
-  ::unlink(file.c_str());
+  clean();
   throw_if_stop_requested("after a fio run");  // fio's file is gone; stop now
   return r;
 }

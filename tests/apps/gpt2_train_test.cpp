@@ -4,6 +4,8 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -304,7 +306,15 @@ TEST(Gpt2Train, OptionsThatWouldDoNothingAreRefused) {
 // With fio on the PATH it prints the disk floor (the only test that runs fio here: 8 s); --no-fio
 // skips it.
 TEST(NvmeStepBench, TrainsBothModelsSideBySideWithEqualLosses) {
+  // The states' private directory and fio's file go under TMPDIR: nothing may stay there (fio
+  // remade the removed directory, and every run left it behind, before its removal was added).
+  TempDir tmp;
+  const char* saved = std::getenv("TMPDIR");
+  const std::string restore = saved ? saved : "";
+  ::setenv("TMPDIR", tmp.path().c_str(), 1);
   Result r = run_app("nvme_step_bench", "--model tiny --seq 16 --batch 2 --threads 2 --steps 3");
+  saved ? ::setenv("TMPDIR", restore.c_str(), 1) : ::unsetenv("TMPDIR");
+  EXPECT_TRUE(std::filesystem::is_empty(tmp.path())) << "left behind in TMPDIR";
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("losses bitwise equal"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("median of per-pair ratios"), std::string::npos) << r.output;
