@@ -185,7 +185,7 @@ void Gemini::update_piece(Chunk& c, bool gather) {
   ++stepped_chunks_;
   if (trace_out_) trace_out_->slice(str("adam piece ", c.index()), "optim", t0, now_us() - t0);
   if (c.sharded()) {  // stepped in place; the next op that needs it gathers it
-    if (!c.shard_on_nvme()) return;
+    if (!c.shard_on_nvme()) return throttle_updates(ticket);  // Note [Three tiers]
     pending_.push_back({c.index(), ticket, io::IoHandle(), false, /*piece=*/true});
     c.piece_kept = false;  // the write-back owns it now
     poll_pending(false);
