@@ -141,6 +141,8 @@ GeminiHomes gemini_homes(const PlanInputs& in, const ChunkBytes& chunks) {
     (h.optim_on_host[c] ? h.host_states : h.device_states) += 2 * piece;
     h.tiers.push_back({chunks.each[c], home, 2 * piece, h.params_off[c], h.optim_on_host[c],
                        static_cast<bool>(sharded[c])});
+    if (!in.update_in_backward && h.optim_on_host[c])  // as Gemini::plan_tiers
+      h.tiers.back().kept_grad_bytes = piece, h.tiers.back().kept_on_disk = h.sharded_states;
   }
   return h;
 }
@@ -391,7 +393,8 @@ void plan_host(MemoryPlan& p, const PlanInputs& in, const ChunkBytes& chunks, co
   add(p, "parameter chunks (NVMe)", "disk", t.disk_chunk_bytes, "homed on disk, last chunk first");
   add(p, "chunk homes", "host", t.host_chunk_bytes, "");
   add(p, "gradient buffers", "host", t.reserve_bytes,
-      "2 x the largest chunk + the next, kept free");
+      t.deferred ? "2 x (the largest chunk + the next), kept free"
+                 : "2 x the largest chunk + the next, kept free");
   if (deferred_host_grads > 0)  // RAM-homed chunks keep theirs until step(); disk-homed spill
     add(p, "gradient buffers until step()", "host", deferred_host_grads,
         h.sharded_states ? "updates after backward: this rank's pieces"

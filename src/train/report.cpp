@@ -79,7 +79,11 @@ std::string Trainer::finish_report(double total_s) {
   out += str("Host allocator: peak ", mib_text(host.peak_bytes), " in use, ",
              mib_text(host.current_bytes), " in use now, ", mib_text(host.cached_bytes),
              " cached | optimizer state in memory: ", mib_text(opt_->state_bytes_in_memory()), " (",
-             opt_->name(), ")\n");
+             opt_->name(), ")",
+             hybrid_ && hybrid_->nvme()  // its slots are host memory outside the allocator
+                 ? str(", of it NVMe staging ", mib_text(hybrid_->nvme()->stats().staging_bytes))
+                 : std::string(),
+             "\n");
   if (!o_.device.is_cpu()) out += device_peak_text(o_.device);
   if (gem_) {
     const gemini::GeminiStats& g = gem_->run_stats();

@@ -213,6 +213,7 @@ void Trainer::build_model() {
     g.adam = optim::HybridAdamOptions(o_.hyper, -1.f, o_.nvme);
     g.adam.nvme.window_bytes = o_.gemini_nvme_window_bytes;
     g.adam.nvme.dir = o_.gemini_options.nvme_dir;  // the states beside the chunks (--nvme-dir)
+    g.keeps_gradients_until_step |= !o_.steps_in_backward();  // set_deferred_updates below
     if (o_.data_parallel()) {  // chunks that leave RAM as filled take rank 0's values first
       std::shared_ptr<dist::Communicator> comm = o_.comm;
       g.broadcast_from_rank0 = [comm](const Tensor& t) { comm->broadcast(t, 0).wait(); };

@@ -164,9 +164,35 @@ TEST(Placement, TiersHomeReplicatedChunksOnDiskBeforePieces) {
   EXPECT_EQ(disk(plan(reserve + window)), (std::vector<int>{0, 1, 2}));
 }
 
-// Note [Three tiers]: the reserve is two gradient buffers of different chunks and one RAM copy
-// that may be either's, so 2 x the largest chunk + the next; and the window is whole slots sized
-// to the largest chunk's states when those are below a slice's.
+// Deferred updates (--grad-accum, --grad-clip, fp16): a RAM-homed chunk's gradient stays until
+// step(), so the budget counts it and homing the chunk on disk frees both (the gradient spills);
+// a sharded piece's gradient stays wherever the chunk is homed (kept_on_disk).
+TEST(Placement, TiersCountGradientsKeptUntilTheStep) {
+  constexpr int64_t K = 100000;
+  std::vector<TierChunk> chunks;
+  for (int c = 0; c < 4; ++c) {
+    chunks.push_back({K, K, 8, true, true, false});
+    chunks.back().kept_grad_bytes = K;
+  }
+  const int64_t reserve = 4 * K, window = 2 * 4096;
+  auto plan = [&](int64_t cap) { return plan_tiers(chunks, cap, 0.0, 100, 1024); };
+  TierPlan t = plan(8 * K + 32 + reserve);  // homes 4K, gradients 4K, states 32
+  EXPECT_EQ(t.disk_chunk_bytes, 0);
+  EXPECT_EQ(t.kept_grad_bytes, 4 * K);
+  t = plan(8 * K + 32 + reserve - 1);  // the states go, then chunk 3 with its gradient
+  EXPECT_EQ(t.on_disk, (std::vector<bool>{false, false, false, true}));
+  EXPECT_EQ(t.kept_grad_bytes, 3 * K);
+  EXPECT_EQ(t.host_bytes(), 6 * K + window + reserve);
+  for (TierChunk& c : chunks) c.kept_on_disk = true;
+  t = plan(7 * K + window + reserve);
+  EXPECT_EQ(t.on_disk, (std::vector<bool>{false, false, false, true}));
+  EXPECT_EQ(t.kept_grad_bytes, 4 * K);
+}
+
+// Note [Three tiers]: the reserve is two gradient buffers of different chunks and a RAM copy, 2 x
+// the largest chunk + the next (with deferred updates two copies, 2 x (the largest + the next));
+// and the window is whole slots sized to the largest chunk's states when those are below a
+// slice's.
 TEST(Placement, TierReserveAndWindowFollowTheChunks) {
   constexpr int64_t M = 1 << 20;
   auto tiers = [](std::vector<int64_t> bytes) {
@@ -180,6 +206,9 @@ TEST(Placement, TierReserveAndWindowFollowTheChunks) {
             88 * M);
   EXPECT_EQ(plan_tiers(tiers({8 * M, 8 * M, 8 * M}), huge, 0.0, 32 * M, 1 << 19).reserve_bytes,
             24 * M);
+  std::vector<TierChunk> deferred = tiers({40 * M, 8 * M, 8 * M});
+  for (TierChunk& c : deferred) c.kept_grad_bytes = c.bytes;
+  EXPECT_EQ(plan_tiers(deferred, huge, 0.0, 32 * M, 1 << 19).reserve_bytes, 96 * M);
   // One chunk: its gradient buffer and its RAM copy.
   EXPECT_EQ(plan_tiers(tiers({8 * M}), huge, 0.0, 32 * M, 1 << 19).reserve_bytes, 16 * M);
   // The window as slots: 4 MiB ones (512 Ki-element slices) for chunks larger than a slice, two

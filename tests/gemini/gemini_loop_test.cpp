@@ -186,9 +186,11 @@ TEST(GeminiLoop, GradClipIsBitwiseThePlainTrainer) {
     if (m == Mode::kThreeTiers) {
       EXPECT_TRUE(entries(tmp.file("nvme")).empty()) << "a swap file was left behind";
       // Deferring moves only disk bytes more (Note [Deferred updates]): gradients of disk-homed
-      // chunks to disk and back, their parameters read once more for the update.
+      // chunks to disk and back, their parameters read once more for the update. (Placed as if it
+      // kept its gradients too, which the budget counts when deferring: the same chunks on disk.)
       TrainOptions in_backward = base_options(4);
       set_mode(in_backward, m, tmp.file("nvme"));
+      in_backward.gemini_options.keeps_gradients_until_step = true;
       const LoopRun ib = train(in_backward);
       EXPECT_EQ(run.stats.h2d_bytes, ib.stats.h2d_bytes);
       EXPECT_EQ(run.stats.d2h_bytes, ib.stats.d2h_bytes);

@@ -78,6 +78,7 @@ std::unique_ptr<gemini::Gemini> make_gemini(const PlanInputs& in, const Device& 
   g.search.interval_numel = in.config.n_embd;
   g.adam.nvme.window_bytes = in.nvme_window_bytes;  // as gpt2_train passes --nvme-window
   g.adam.nvme.slice_numel = in.nvme_slice_numel;
+  g.keeps_gradients_until_step = !in.update_in_backward;
   std::vector<std::pair<std::string, Shape>> tensors;
   for (const auto& spec : tensor_specs(in.config)) tensors.emplace_back(spec.name, spec.shape);
   auto gem = std::make_unique<gemini::Gemini>(g, tensors);

@@ -90,6 +90,10 @@ struct GeminiOptions {
   // and copied to the device. Always so on cuda (O_DIRECT cannot land in device memory); on sim
   // (host memory) only when set, which the tests do to run that path.
   bool disk_reads_through_host = false;
+  // The three tiers' budget counts the RAM-homed chunks' gradients kept until step(): set it when
+  // set_deferred_updates(true) will follow without updates as reductions complete in every
+  // backward (the trainer: --grad-accum, --grad-clip, fp16).
+  bool keeps_gradients_until_step = false;
   bool verbose = true;  // print the search line and the auto plan
   // Note [Sharded optimizer states] (shard.cpp): with shard_ranks > 1, this rank's HybridAdam
   // holds and steps only its piece of each chunk (ZeRO stage 2 on chunks); the gradients are

@@ -188,17 +188,21 @@ TierPlan plan_tiers(const std::vector<TierChunk>& chunks, int64_t host_capacity_
   for (const TierChunk& c : chunks) {
     if (c.params_off) t.host_chunk_bytes += c.home_bytes;
     if (c.optim_on_host) states += c.state_bytes;
+    t.kept_grad_bytes += c.kept_grad_bytes;
     largest_states = std::max(largest_states, c.state_bytes);
     second = std::max(second, std::min(largest, c.bytes));
     largest = std::max(largest, c.bytes);
   }
-  // Two gradient buffers of different chunks and one RAM copy, which may be either's: three of the
-  // largest when the two largest are alike, less when one chunk (the embedding's) stands out.
-  t.reserve_bytes = 2 * largest + second;
+  // Note [Three tiers] (tiers.cpp): two gradient buffers of different chunks and one RAM copy,
+  // which may be either's; with deferred updates step() has two chunks' gradients and RAM copies.
+  t.deferred = std::any_of(chunks.begin(), chunks.end(),
+                           [](const TierChunk& c) { return c.kept_grad_bytes > 0; });
+  t.reserve_bytes = t.deferred ? 2 * (largest + second) : 2 * largest + second;
   // The states' parameters are the chunks (this rank's pieces): m and v, 8 bytes per element.
   const int64_t window_bytes = optim::staging_window_bytes(window, slice_numel, largest_states / 8);
   t.nvme_fraction = nvme_fraction;
-  if (t.host_chunk_bytes + states + t.reserve_bytes > cap && t.nvme_fraction == 0)
+  if (t.host_chunk_bytes + states + t.reserve_bytes + t.kept_grad_bytes > cap &&
+      t.nvme_fraction == 0)
     t.nvme_fraction = 1.0;
   t.host_state_bytes = states;
   if (t.nvme_fraction > 0) {
@@ -214,6 +218,7 @@ TierPlan plan_tiers(const std::vector<TierChunk>& chunks, int64_t host_capacity_
       t.on_disk[k] = true;
       t.disk_chunk_bytes += chunks[k].home_bytes;
       t.host_chunk_bytes -= chunks[k].home_bytes;
+      if (!chunks[k].kept_on_disk) t.kept_grad_bytes -= chunks[k].kept_grad_bytes;
     }
   if (t.host_bytes() <= cap) return t;
   const int64_t staged = t.nvme_fraction > 0 ? window_bytes : 0;
@@ -221,8 +226,11 @@ TierPlan plan_tiers(const std::vector<TierChunk>& chunks, int64_t host_capacity_
       str("--host-capacity ", cap, " bytes (", mib(cap),
           ") cannot hold Gemini's host data: ", mib(t.host_chunk_bytes), " of chunks on the host, ",
           mib(t.host_state_bytes - staged), " of Adam states in RAM, ", mib(staged),
-          " of staging window for the states on disk (--nvme-window) and ", mib(t.reserve_bytes),
-          " for gradient buffers in flight (two of the largest chunk and one of the next), ",
+          " of staging window for the states on disk (--nvme-window), ", mib(t.kept_grad_bytes),
+          " of gradients kept until the step (--grad-accum, --grad-clip, fp16) and ",
+          mib(t.reserve_bytes),
+          " for gradients and RAM copies in flight (two of the largest chunk and one or two of the "
+          "next), ",
           mib(t.host_bytes()), " in all. Raise --host-capacity to at least ", t.host_bytes(),
           " (bytes), or shrink the window (--nvme-window) or "
           "the chunks (--chunk-size)"));

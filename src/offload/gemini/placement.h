@@ -80,16 +80,24 @@ struct TierChunk {
   bool params_off = true;     // homed off the device
   bool optim_on_host = true;  // its Adam states off the device
   bool sharded = false;  // Note [Sharded parameters]; on_disk: its piece (Note [Pieces on disk])
+  // Deferred updates (--grad-accum, --grad-clip, fp16): its gradient kept in RAM until step()
+  // while homed there; homed on disk it spills, unless kept_on_disk (sharded states: a piece).
+  int64_t kept_grad_bytes = 0;
+  bool kept_on_disk = false;
 };
 struct TierPlan {
   std::vector<bool> on_disk;     // per chunk: homed on disk
   double nvme_fraction = 0;      // of Adam states on disk: as asked, or 1 when they do not fit
   int64_t host_chunk_bytes = 0;  // chunk homes in RAM
   int64_t host_state_bytes = 0;  // Adam states in RAM, plus the NVMe window when streaming
-  int64_t reserve_bytes = 0;     // 2 x the largest chunk + the next: transients (tiers.cpp)
+  int64_t reserve_bytes = 0;     // transients (Note [Three tiers], tiers.cpp)
   int64_t disk_chunk_bytes = 0;
   int64_t disk_state_bytes = 0;
-  int64_t host_bytes() const { return host_chunk_bytes + host_state_bytes + reserve_bytes; }
+  int64_t kept_grad_bytes = 0;  // deferred updates: gradients in RAM until step()
+  bool deferred = false;        // some chunk keeps its gradient until step()
+  int64_t host_bytes() const {
+    return host_chunk_bytes + host_state_bytes + reserve_bytes + kept_grad_bytes;
+  }
 };
 // window_bytes and slice_numel: the Adam states' NVMe options; the window counts as the slots
 // it makes for these chunks (optim::staging_window_bytes).

@@ -22,15 +22,20 @@ double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0
 // through a fixed window by NvmeAdamStates), then parameter chunks, last chunk first, are homed on
 // disk (Note [NVMe-homed chunks], chunk.h). Kept free for transients: the gradient buffers of the
 // chunk being reduced and of the first chunk, which completes last in backward, and a chunk on its
-// way home for its update, which may be either: two of the largest chunk and one of the next
-// (three of the largest before; GPT-2 small's 147 MiB embedding chunk then reserved 442 MiB, now
-// 321 MiB beside 27 MiB block chunks). The budget plans the homes; transients
-// are reported (host_chunk_peak_bytes), not enforced, but backward keeps them within the reserve:
-// a chunk whose update waits on the updater thread (its Adam states stream from disk) holds its
-// gradient buffer until the update ran, so when the disk is slower than backward those buffers
-// pile up, and backward waits for the oldest update once more than one is queued (disk-homed
-// chunks: pending_, finish_chunk; RAM-homed ones: throttle_updates). Measured (5 blocks of width
-// 512, vocabulary 5000, B2 T16, static 1/1, --chunk-size 20000, --host-capacity 96MiB,
+// way home for its update, which may be either: 2 x the largest chunk + the next. With deferred
+// updates (--grad-accum, --grad-clip, fp16) step() brings a disk-homed chunk home while the one
+// before it still waits for its update and write-back, each with its gradient: 2 x (the largest +
+// the next). Measured (6 blocks of width 256, GPT-2's vocabulary, --grad-accum 2, both chunks on
+// disk): 136 MiB + 8 of NVMe slots at step(), the embedding's and a block chunk's copy and
+// gradient, against 125.2 planned from 2 x the largest + the next. Until session 22 the reserve
+// was 3 x the largest chunk: for GPT-2 medium's 196 MiB embedding chunk beside 32 MiB block chunks,
+// 589 MiB against 425 now (its transients measured 216-248 MiB). The budget plans
+// the homes; transients are reported (host_chunk_peak_bytes), not enforced, but backward keeps them
+// within the reserve: a chunk whose update waits on the updater thread (its Adam states stream from
+// disk) holds its gradient buffer until the update ran, so when the disk is slower than backward
+// those buffers pile up, and backward waits for the oldest update once more than one is queued
+// (disk-homed chunks: pending_, finish_chunk; RAM-homed ones: throttle_updates). Measured (5 blocks
+// of width 512, vocabulary 5000, B2 T16, static 1/1, --chunk-size 20000, --host-capacity 96MiB,
 // --nvme-window 1MiB): the host peak 112 MiB against 100 planned, with five gradient buffers
 // queued, before the throttle.
 //
@@ -63,6 +68,8 @@ void Gemini::plan_tiers(optim::HybridAdamOptions& adam) {
     const int64_t piece_bytes = piece(*c).stride * 4;
     tiers.push_back({c->nbytes(), shard_params_[k] ? piece_bytes : c->nbytes(), 2 * piece_bytes,
                      params_off_[k], optim_on_host_[k], shard_params_[k]});
+    if (options_.keeps_gradients_until_step && optim_on_host_[k])
+      tiers.back().kept_grad_bytes = piece_bytes, tiers.back().kept_on_disk = sharded();
     largest = std::max(largest, c->nbytes());
   }
   const TierPlan plan = gemini::plan_tiers(tiers, cap, adam.nvme.fraction, adam.nvme.window_bytes,
