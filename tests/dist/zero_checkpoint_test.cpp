@@ -221,7 +221,7 @@ TEST_F(ZeroCheckpoint, SaveAndLoadOptimizer) {
   expect_near_weights(on + "/model", one() + "/model", "--load-optimizer under --zero 2");
   // What Gemini under ZeRO saves after training, its chunks and states on disk, loads into one
   // process without Gemini.
-  r = train(2, three + gemini + "--host-capacity 100KiB --nvme-window 16KiB --nvme-dir " + d +
+  r = train(2, three + gemini + "--host-capacity 120KiB --nvme-window 16KiB --nvme-dir " + d +
                    "/nv --save " + d + "/gm --save-optimizer " + d + "/g3.bin");
   EXPECT_NE(r.output.find("Adam states on disk"), std::string::npos) << r.output;
   ASSERT_EQ(r.exit_code, 0) << r.output;

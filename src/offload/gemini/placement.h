@@ -84,6 +84,7 @@ struct TierChunk {
   // while homed there; homed on disk it spills, unless kept_on_disk (sharded states: a piece).
   int64_t kept_grad_bytes = 0;
   bool kept_on_disk = false;
+  bool sharded_states = false;  // its Adam states are this rank's piece (--zero 2|3)
 };
 struct TierPlan {
   std::vector<bool> on_disk;     // per chunk: homed on disk
