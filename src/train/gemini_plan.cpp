@@ -445,7 +445,9 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, const Activations& a, int6
   // Measured: 2 blocks of width 512, static 0.5/0, fp16, --zero 3 at 2 ranks on sim with
   // --host-capacity 192MiB, the host 36 MiB against 31.4 planned from pieces.)
   const bool reserve = t.disk_chunk_bytes > 0 || t.disk_state_bytes > 0;
-  int64_t deferred_host_grads = 0;
+  // With tiers, the host's are the budget's own (TierPlan::kept_grad_bytes: pieces, those of
+  // disk-homed chunks spilled unless they are sharded states' pieces).
+  int64_t deferred_host_grads = reserve ? t.kept_grad_bytes : 0;
   if (!in.update_in_backward) {
     int64_t device_grads = 0;
     for (size_t c = 0; c < n; ++c) {
@@ -453,7 +455,7 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, const Activations& a, int6
                                    : chunks.each[c];
       if (!h.optim_on_host[c])
         device_grads += kept;
-      else if (h.sharded_states || t.on_disk.empty() || !t.on_disk[c])
+      else if (!reserve)
         deferred_host_grads += kept;
     }
     if (device_grads > 0)
