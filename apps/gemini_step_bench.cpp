@@ -1,7 +1,8 @@
 // gemini_step_bench: Gemini's step-time cost and its traffic, measured side by side in one process:
-// a plain GPT-2 model on an unlimited sim device against Gemini auto and Gemini static cpu, each
-// on its own capped sim device, their steps rotating; medians of per-round ratios, losses equal bit
-// for bit. The comparison and its report are bench/step_compare.h.
+// a plain GPT-2 model on an unlimited sim device against Gemini auto, Gemini static cpu and Gemini
+// auto with the copy worker (Note [Copy worker]), each on its own capped sim device, their steps
+// rotating; medians of per-round ratios, losses equal bit for bit. The comparison and its report
+// are bench/step_compare.h.
 
 #include "bench/step_compare.h"
 #include "cli.h"
@@ -26,8 +27,9 @@ int run(const cli::Parser& p) {
 
 int main(int argc, char** argv) {
   mw::cli::Parser p("gemini_step_bench",
-                    "Step time and traffic of Gemini auto and static cpu against a plain run, "
-                    "rotating steps of three identical models in one process.");
+                    "Step time and traffic of Gemini auto, static cpu and auto with the copy "
+                    "worker against a plain run, rotating steps of four identical models in one "
+                    "process.");
   mw::cli::declare_run_shape(p, {"8", "steps per model (the first two are excluded from medians)"});
   p.option("capacity", "768MiB", "capacity of each Gemini model's sim device");
   return mw::cli::run_main(p, "gemini_step_bench", argc, argv,

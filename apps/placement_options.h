@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli.h"
+#include "core/parallel.h"
 #include "offload/gemini/gemini.h"
 #include "train/trainer.h"
 
@@ -41,6 +42,10 @@ inline void declare_placement(cli::Parser& p) {
            "--gemini auto: share of the device memory the warmup's plan leaves free that chunks "
            "may take for good with their Adam states, stepped on the device (ColossalAI's "
            "gpu_margin_mem_ratio; docs/gemini.md)");
+  p.option("copy-worker", "auto",
+           "on|off|auto: --gemini auto|const on sim: a worker thread copies the chunks the next "
+           "two ops need to the device while the current op computes (a GPU's copy engine; "
+           "docs/gemini.md); auto: on when the machine has more cores than --threads");
   p.option("host-capacity", "",
            "--gemini: host RAM for chunks and optimizer states; what does not fit goes to disk "
            "under --nvme-dir (three tiers)");
@@ -93,6 +98,13 @@ inline void parse_offload(const cli::Parser& p, train::TrainOptions& o, bool nvm
     MW_CHECK_T(cli::UsageError, policy == "auto" || !p.given("auto-margin"),
                "--auto-margin is --gemini auto's share of the device kept free; with --gemini ",
                policy, " drop it");
+    const std::string worker = p.choice("copy-worker", {"auto", "on", "off"});
+    MW_CHECK_T(cli::UsageError, worker != "on" || (policy != "static" && !o.device.is_cuda()),
+               "--copy-worker on copies the chunks a plan needs next: it works under --gemini "
+               "auto|const on a sim device (CUDA's side stream is not built); drop it");
+    const int cores = available_cores();
+    g.copy_worker = worker == "on" || (worker == "auto" && policy != "static" &&
+                                       !o.device.is_cuda() && o.threads > 0 && o.threads < cores);
     if (p.given("host-capacity")) {
       g.host_capacity_bytes = p.bytes("host-capacity");
       // Three tiers: a disk-homed chunk passes through RAM whole, so RAM in flight grows with the
@@ -107,7 +119,7 @@ inline void parse_offload(const cli::Parser& p, train::TrainOptions& o, bool nvm
   } else {
     for (const char* name :
          {"chunk-size", "offload-param-frac", "offload-optim-frac", "const-budget", "auto-margin",
-          "gpu-margin-mem-ratio", "host-capacity"})
+          "gpu-margin-mem-ratio", "host-capacity", "copy-worker"})
       MW_CHECK_T(cli::UsageError, !p.given(name), "--", name, " needs --gemini");
   }
 }

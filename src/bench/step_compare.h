@@ -35,7 +35,7 @@ struct StepCompareShape {
 bool compare_nvme_steps(const StepCompareShape& shape, const optim::NvmeOffloadOptions& nvme,
                         const LineSink& log);
 
-// Gemini's models use sim devices 0 and 2 with `capacity_bytes` each; the plain one sim:1.
+// Gemini's models use sim devices 0, 2 and 3 with `capacity_bytes` each; the plain one sim:1.
 bool compare_gemini_steps(const StepCompareShape& shape, int64_t capacity_bytes,
                           const LineSink& log);
 

@@ -42,5 +42,7 @@ std::vector<R> parallel_reduce_blocks(int64_t n, int64_t block, F&& f) {
 // the cores (Note [Threads], threads.cpp). 0 means all cores.
 void set_num_threads(int threads);
 int num_threads();
+// The cores this process may run on (its affinity mask): what --threads 0 means.
+int available_cores();
 
 }  // namespace mw

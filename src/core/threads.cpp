@@ -39,4 +39,6 @@ int num_threads() {
   return g_threads;
 }
 
+int available_cores() { return tbb::info::default_concurrency(); }
+
 }  // namespace mw

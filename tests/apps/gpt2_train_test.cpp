@@ -265,10 +265,11 @@ TEST(Gpt2Train, GeminiClipAccumAndValidationLogThePlainRunsValues) {
                            "--dropout 0.1 --device sim:1GiB ";
   Result plain = run(args + "--log " + tmp.file("plain.jsonl"));
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
-  Result gem = run(args + "--gemini auto --chunk-size 4000 --log " + tmp.file("gemini.jsonl") +
-                   " --save " + tmp.file("m"));
+  Result gem = run(args + "--gemini auto --chunk-size 4000 --copy-worker on --log " +
+                   tmp.file("gemini.jsonl") + " --save " + tmp.file("m"));
   ASSERT_EQ(gem.exit_code, 0) << gem.output;
   EXPECT_NE(gem.output.find("updates deferred"), std::string::npos) << gem.output;
+  EXPECT_NE(gem.output.find("| copy worker"), std::string::npos) << gem.output;
   std::ifstream a(tmp.file("plain.jsonl")), b(tmp.file("gemini.jsonl"));
   int records = 0;
   std::string last_val;
@@ -295,7 +296,8 @@ TEST(Gpt2Train, OptionsThatWouldDoNothingAreRefused) {
         "--device sim:1GiB --gemini auto --offload-param-frac 1",
         "--device sim:1GiB --gemini const --offload-optim-frac 0.5",
         "--device sim:1GiB --gemini static --const-budget 1MiB",
-        "--device sim:1GiB --gemini const --auto-margin 0.1"}) {
+        "--device sim:1GiB --gemini const --auto-margin 0.1", "--copy-worker on",
+        "--device sim:1GiB --gemini static --copy-worker on"}) {
     SCOPED_TRACE(args);
     Result r = run(std::string(kTiny) + args);
     EXPECT_EQ(r.exit_code, 2) << r.output;

@@ -42,6 +42,7 @@ struct Variant {
   int64_t host_capacity_bytes = 0;  // three tiers
   std::string nvme_dir;
   bool disk_reads_through_host = false;
+  bool copy_worker = false;            // Note [Copy worker]
   std::vector<std::string> use_order;  // Note [First-use order]
   std::function<void(Gemini&)> before_training;
 };
@@ -79,6 +80,7 @@ TrainRun train(const Variant& v, int steps = 4) {
     o.host_capacity_bytes = v.host_capacity_bytes;
     o.nvme_dir = v.nvme_dir;
     o.disk_reads_through_host = v.disk_reads_through_host;
+    o.copy_worker = v.copy_worker;
     o.use_order = v.use_order;
     o.adam.nvme.slice_numel = 1024;      // small slices and window: a tiny model streams too
     o.adam.nvme.window_bytes = 8 << 13;  // two 32 KiB slots
@@ -162,6 +164,21 @@ void expect_bitwise(const TrainRun& plain, const TrainRun& run, const char* what
   EXPECT_EQ(run.illegal, 0) << what;
 }
 
+// `v` again with three tiers: no device cap, a host budget that homes chunks on disk (window,
+// reserve and two 80 KB chunks), in a private directory that must be left empty.
+void expect_three_tiers_bitwise(const TrainRun& plain, Variant v, const char* what) {
+  char dir[] = "/tmp/gemini-tiers-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  v.capacity_bytes = 0;
+  v.nvme_dir = dir;
+  v.host_capacity_bytes = (64 << 10) + 3 * 80000 + 2 * 80000;
+  const TrainRun run = train(v);
+  expect_bitwise(plain, run, what);
+  EXPECT_GT(run.stats.nvme_read_bytes, 0) << what;
+  EXPECT_TRUE(mw::testing::entries(dir).empty()) << "a swap file was left behind in " << dir;
+  ::rmdir(dir);
+}
+
 TEST(GeminiTrain, StaticAtSeveralFractionsIsBitwiseThePlainRun) {
   const TrainRun plain = train({});
   for (auto [pf, of] : std::vector<std::pair<double, double>>{{0, 0}, {0, 1}, {0.5, 0.5}, {1, 1}}) {
@@ -187,16 +204,21 @@ TEST(GeminiTrain, StaticCpuHoldsLessOnTheDeviceThanThePlainRun) {
   EXPECT_LT(cpu.sim_peak_bytes, plain.sim_peak_bytes);
 }
 
-// Auto under a capacity between the static-cpu peak and the plain peak: it must fit (the allocator
-// throws past the capacity, and the peak is checked), be bitwise the plain run, and move fewer
-// bytes to the device than static cpu, which re-gathers every chunk in every pass.
-TEST(GeminiTrain, AutoFitsACapacityBelowThePlainPeakAndMovesLessThanStaticCpu) {
-  const TrainRun plain = train({});
-  const TrainRun cpu = train(static_cpu());
+// Auto under a capacity halfway between static cpu's peak and the plain run's.
+Variant auto_between(const TrainRun& plain, const TrainRun& cpu) {
   Variant v;
   v.gemini = true;
   v.policy = Policy::kAuto;
   v.capacity_bytes = round_up((cpu.sim_peak_bytes + plain.sim_peak_bytes) / 2, 4096);
+  return v;
+}
+
+// Auto under a capacity between the static-cpu peak and the plain peak: it must fit (the allocator
+// throws past the capacity, and the peak is checked), be bitwise the plain run, and move fewer
+// bytes to the device than static cpu, which re-gathers every chunk in every pass.
+TEST(GeminiTrain, AutoFitsACapacityBelowThePlainPeakAndMovesLessThanStaticCpu) {
+  const TrainRun cpu = train(static_cpu());
+  const Variant v = auto_between(train({}), cpu);
   const TrainRun run = train(v, 5);
   TrainRun plain5 = train({}, 5);
   expect_bitwise(plain5, run, "auto");
@@ -218,6 +240,37 @@ TEST(GeminiTrain, AutoNeverFailsWhereStaticCpuFits) {
   const TrainRun run = train(v);
   expect_bitwise(train({}), run, "auto at the static-cpu peak");
   EXPECT_LE(run.sim_peak_bytes, v.capacity_bytes);
+}
+
+// Note [Copy worker]: the chunks the plan needs in the next two ops are copied by a worker thread
+// while the current op computes. The same bits as the plain run, the capacity kept, and chunks
+// really gathered ahead (without the worker RAM-homed chunks never are); also under const, with
+// recomputation (the recompute's ops re-gather) and with some chunks on disk.
+TEST(GeminiTrain, CopyWorkerPrefetchesAndIsBitwise) {
+  const TrainRun plain = train({});
+  const Variant v = auto_between(plain, train(static_cpu()));
+  const TrainRun inline_copies = train(v);
+  EXPECT_EQ(inline_copies.stats.prefetches, 0) << "RAM-homed chunks need the worker to go ahead";
+  Variant worker = v;
+  worker.copy_worker = true;
+  const TrainRun run = train(worker);
+  expect_bitwise(plain, run, "auto, copy worker");
+  EXPECT_GT(run.stats.prefetches, 0);
+  EXPECT_LE(run.sim_peak_bytes, v.capacity_bytes);
+  Variant c = worker;
+  c.policy = Policy::kConst;
+  c.capacity_bytes = 0;
+  c.const_budget_bytes = 4 * 20000 * 4;
+  const TrainRun constant = train(c);
+  expect_bitwise(plain, constant, "const, copy worker");
+  EXPECT_GT(constant.stats.prefetches, 0);
+  Variant checkpointed_plain;
+  checkpointed_plain.checkpoint = true;
+  Variant checkpointed = worker;
+  checkpointed.checkpoint = true;
+  checkpointed.capacity_bytes = 0;
+  expect_bitwise(train(checkpointed_plain), train(checkpointed), "auto, copy worker, recompute");
+  expect_three_tiers_bitwise(plain, worker, "three tiers, copy worker");
 }
 
 TEST(GeminiTrain, ConstBudgetIsBitwiseAndCapsGatheredChunks) {
@@ -426,17 +479,7 @@ TEST(GeminiUseOrder, AnyPackingOrderIsBitwiseThePlainRun) {
   automatic.capacity_bytes = round_up((on_host.sim_peak_bytes + plain.sim_peak_bytes) / 2, 4096);
   automatic.use_order = reversed;
   expect_bitwise(plain, train(automatic), "auto, reversed packing");
-  char dir[] = "/tmp/gemini-order-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  Variant tiers = automatic;
-  tiers.capacity_bytes = 0;
-  tiers.nvme_dir = dir;
-  tiers.host_capacity_bytes = (64 << 10) + 3 * 80000 + 2 * 80000;
-  const TrainRun run = train(tiers);
-  expect_bitwise(plain, run, "three tiers, reversed packing");
-  EXPECT_GT(run.stats.nvme_read_bytes, 0);
-  EXPECT_TRUE(entries(dir).empty()) << "a swap file was left behind in " << dir;
-  ::rmdir(dir);
+  expect_three_tiers_bitwise(plain, automatic, "three tiers, reversed packing");
 }
 
 }  // namespace

@@ -80,7 +80,7 @@ void Gemini::abandon_step() {
       pending_.push_back({s.chunk, s.ticket, io::IoHandle(), false});
   }
   stepping_.clear();
-  for (auto& [c, read] : inflight_) read.io.join();  // never free bytes a read is filling
+  for (auto& [c, read] : inflight_) read.join();  // never free bytes a read is filling
   for (auto& [c, wait] : shard_inflight_) try {      // or an all_gather (Note [Shard prefetch])
       wait();
     } catch (...) {

@@ -23,21 +23,25 @@ void Chunk::set_home(Device home) {
 }
 
 void Chunk::gather(Device device) {
+  const GatherBytes b = gather_deferred(device);
+  try {
+    copy_bytes(b.device, device, b.host, Device::cpu(), nbytes());
+  } catch (...) {
+    release_copy();
+    throw;
+  }
+}
+
+Chunk::GatherBytes Chunk::gather_deferred(Device device) {
   MW_CHECK(host_home_ && !gathered() && !on_nvme_ && !sharded(), "chunk ", index_,
            ": gather of a chunk that is ",
            host_home_ ? "gathered, on disk or sharded" : "homed on the device");
   void* copy = allocator_for(device).allocate(nbytes());  // throws OutOfMemory: nothing changed
   void* host = storage_->take_bytes();
-  try {
-    copy_bytes(copy, device, host, Device::cpu(), nbytes());
-  } catch (...) {
-    storage_->adopt_bytes(host, Device::cpu());
-    allocator_for(device).deallocate(copy, nbytes());
-    throw;
-  }
   storage_->adopt_bytes(copy, device);
   parked_ = host;
   gathered_ = true;
+  return {copy, host};
 }
 
 void Chunk::release_copy() {

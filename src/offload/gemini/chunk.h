@@ -61,6 +61,13 @@ class Chunk {
   // Offloaded chunk: copies the host bytes to a new device copy and parks the host bytes.
   // Throws OutOfMemory (the chunk is unchanged) when the device has no room.
   void gather(Device device);
+  // The same without the copy: allocates the device copy and parks the host bytes; the caller
+  // copies `host` to `device` before anything reads the parameters (Note [Copy worker]).
+  struct GatherBytes {
+    void* device = nullptr;
+    const void* host = nullptr;
+  };
+  GatherBytes gather_deferred(Device device);
   // Offloaded chunk: drops the device copy and takes the parked host bytes back.
   void release_copy();
   // Note [NVMe-homed chunks]. set_on_nvme: the bytes were written to disk; frees them in RAM.

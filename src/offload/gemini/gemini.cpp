@@ -30,6 +30,8 @@ Gemini::Gemini(GeminiOptions options, const std::vector<std::pair<std::string, S
                                       : default_auto_margin(options_.device.is_cuda());
   MW_CHECK_T(InvalidArgument, margin_ < 1.0, "auto margin ", margin_, " must be below 1");
   check_gpu_margin(options_);
+  MW_CHECK_T(InvalidArgument, !options_.copy_worker || options_.device.is_host_addressable(),
+             "Gemini's copy worker runs on sim only (CUDA's side stream is not built)");
   layout(tensors);
 }
 
@@ -49,7 +51,7 @@ Gemini::Gemini(nn::Module& model, GeminiOptions options)
 Gemini::~Gemini() {
   alive_.reset();                           // hooks see the optimizer gone and do nothing
   for (auto& w : pending_) w.write.join();  // never leave I/O into freed memory
-  for (auto& [c, read] : inflight_) read.io.join();
+  for (auto& [c, read] : inflight_) read.join();
   for (auto& s : stepping_) s.write.join();      // parked pieces on their way to disk
   for (auto& [c, wait] : shard_inflight_) try {  // Note [Shard prefetch]
       wait();
@@ -316,7 +318,7 @@ void Gemini::release(Chunk& c, bool eviction) {
     }
   }
   if (auto it = inflight_.find(c.index()); it != inflight_.end()) {
-    it->second.io.join();  // never free bytes a read is filling; its error dies with the copy
+    it->second.join();  // never free bytes a read or copy is filling; its error dies with it
     inflight_.erase(it);
   }
   c.release_copy();

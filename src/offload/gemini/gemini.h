@@ -48,6 +48,7 @@
 #include "nn/module.h"
 #include "offload/gemini/chunk.h"
 #include "offload/gemini/chunk_search.h"
+#include "offload/gemini/copy_worker.h"
 #include "offload/gemini/placement.h"
 #include "offload/gemini/tensor_state.h"
 #include "offload/gemini/trace.h"
@@ -90,6 +91,10 @@ struct GeminiOptions {
   // and copied to the device. Always so on cuda (O_DIRECT cannot land in device memory); on sim
   // (host memory) only when set, which the tests do to run that path.
   bool disk_reads_through_host = false;
+  // Note [Copy worker]: with a plan (auto, const), RAM-homed chunks the next two ops need are
+  // copied to the device by a worker thread while the current op computes. Sim only (CUDA's side
+  // stream is not built: InvalidArgument there).
+  bool copy_worker = false;
   // The three tiers' budget counts the RAM-homed chunks' gradients kept until step(): set it when
   // set_deferred_updates(true) will follow without updates as reductions complete in every
   // backward (the trainer: --grad-accum, --grad-clip, fp16).
@@ -127,7 +132,8 @@ struct GeminiStats {
   int64_t h2d_bytes = 0, d2h_bytes = 0;
   int64_t nvme_read_bytes = 0, nvme_write_bytes = 0;
   int64_t gathers = 0;
-  int64_t evictions = 0;  // forced by room (releases after a last use are not counted)
+  int64_t prefetches = 0;  // gathers started ahead of their op (Note [Prefetch])
+  int64_t evictions = 0;   // forced by room (releases after a last use are not counted)
   double prefetch_wait_ms = 0;
   double shard_gather_ms =
       0;  // ops waiting for sharded chunks' all_gathers (Note [Sharded parameters])
@@ -390,15 +396,23 @@ class Gemini : public optim::Optimizer {
   std::deque<uint64_t> queued_updates_;  // RAM-homed chunks' updates on the updater thread
   // A disk read into a gathered chunk's device copy, through `bounce` when the device's memory is
   // not the host's (Note [Disk reads through the host]).
+  // Or a RAM-homed chunk's copy on the worker (Note [Copy worker]).
   struct DiskRead {
     io::IoHandle io;
     AlignedBuffer bounce;
     void* device_bytes = nullptr;
+    CopyWorker::Handle copy;
+    void join() const {  // never throws: a read's failure stays with its handle
+      io.join();
+      copy.wait();
+    }
   };
   DiskRead start_disk_read(Chunk& c, void* device_bytes);
   void finish_disk_read(Chunk& c, DiskRead& read);
   // Note [Prefetch]: disk reads of chunks gathered ahead of their op, by chunk.
   std::unordered_map<int, DiskRead> inflight_;
+  std::unique_ptr<CopyWorker> copier_;  // Note [Copy worker]
+  void start_prefetch(Chunk& c);
   // Note [Pieces on disk] (shard.cpp): disk-homed pieces read ahead of their gather, by chunk.
   std::unordered_map<int, io::IoHandle> piece_reads_;
 

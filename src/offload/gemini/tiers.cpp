@@ -143,6 +143,7 @@ std::string Gemini::describe() const {
   }
   if (options_.policy == Policy::kConst)
     s += str(" | budget ", static_cast<long long>(mib(options_.const_budget_bytes)), " MiB");
+  if (options_.copy_worker) s += " | copy worker";  // Note [Copy worker]
   return s;
 }
 
@@ -212,16 +213,15 @@ int64_t Gemini::nvme_chunk_bytes() const {
   return n;
 }
 
-// Note [Prefetch]: with a plan, the disk-homed chunks of the next two ops are read into their
-// device copies while op t computes (io_uring does the work; no thread of ours), when the room that
-// both periods' budgets leave allows it without evicting anything. The op that needs a chunk waits
-// for its read (prefetch_wait_ms); an eviction of an in-flight chunk waits too. RAM-homed chunks
-// are not prefetched: on sim their gather is a memcpy on the compute thread, and a worker copying
-// beside two compute threads on two cores only moves the same work around (measured:
-// docs/gemini.md).
+// Note [Prefetch]: with a plan, the chunks of the next two ops are gathered while op t computes,
+// when the room that both periods' budgets leave allows it without evicting anything: disk-homed
+// chunks are read into their device copies (io_uring does the work; no thread of ours), and
+// RAM-homed ones copied by the copy worker when there is one (Note [Copy worker]; without it
+// their gather is a memcpy on the compute thread when the op starts). The op that needs a chunk
+// waits for its bytes (prefetch_wait_ms); an eviction of an in-flight chunk waits too.
 void Gemini::prefetch_after(int64_t t) {
   if (prefetch_shards_ && !recording_ && !off_plan_) prefetch_shards(t);  // Note [Shard prefetch]
-  if (!planned() || !swap_) return;
+  if (!planned() || (!swap_ && !options_.copy_worker)) return;
   const int64_t n = plan_ops();
   const AllocatorStats st = allocator_for(options_.device).stats();
   int64_t room = avail_[static_cast<size_t>(t)];
@@ -229,23 +229,39 @@ void Gemini::prefetch_after(int64_t t) {
     room = std::min(room, avail_[static_cast<size_t>(u)]);
     for (int c : trace_[static_cast<size_t>(u)].chunks) {
       Chunk& chunk = *chunks_[static_cast<size_t>(c)];
-      if (!chunk.on_nvme() || chunk.gathered()) continue;
+      if (chunk.gathered() || chunk.sharded() || !(chunk.on_nvme() || options_.copy_worker))
+        continue;
       if (gathered_bytes_ + chunk.nbytes() > room) return;
       if (st.capacity_bytes > 0 &&
           allocator_for(options_.device).stats().current_bytes + chunk.nbytes() > st.capacity_bytes)
         return;
       const double t0 = now_us();
-      void* bytes = chunk.gather_uninitialized(options_.device);
-      inflight_[c] = start_disk_read(chunk, bytes);
+      start_prefetch(chunk);
       gathered_.push_back(c);
       gathered_bytes_ += chunk.nbytes();
-      iter_.nvme_read_bytes += chunk.nbytes();
-      run_.nvme_read_bytes += chunk.nbytes();
       ++iter_.gathers;
       ++run_.gathers;
+      ++iter_.prefetches;
+      ++run_.prefetches;
       if (trace_out_) trace_out_->slice(str("prefetch chunk ", c), "move", t0, now_us() - t0, 1);
     }
   }
+}
+
+// The read or copy of one chunk gathered ahead (Note [Prefetch]), with its traffic.
+void Gemini::start_prefetch(Chunk& c) {
+  if (c.on_nvme()) {
+    void* bytes = c.gather_uninitialized(options_.device);
+    inflight_[c.index()] = start_disk_read(c, bytes);
+    iter_.nvme_read_bytes += c.nbytes();
+    run_.nvme_read_bytes += c.nbytes();
+    return;
+  }
+  if (!copier_) copier_ = std::make_unique<CopyWorker>();
+  const Chunk::GatherBytes b = c.gather_deferred(options_.device);
+  inflight_[c.index()].copy = copier_->copy(b.device, b.host, c.nbytes());
+  iter_.h2d_bytes += c.nbytes();
+  run_.h2d_bytes += c.nbytes();
 }
 
 // Note [Disk reads through the host]: the io engine reads with O_DIRECT, which lands in memory the
@@ -269,7 +285,8 @@ Gemini::DiskRead Gemini::start_disk_read(Chunk& c, void* device_bytes) {
 }
 
 void Gemini::finish_disk_read(Chunk& c, DiskRead& read) {
-  read.io.wait();  // throws the IoError naming the file, offset and errno
+  read.copy.wait();  // a RAM-homed chunk's copy on the worker (Note [Copy worker])
+  read.io.wait();    // throws the IoError naming the file, offset and errno
   if (!read.device_bytes) return;
   copy_bytes(read.device_bytes, options_.device, read.bounce.data(), Device::cpu(), c.nbytes());
   iter_.h2d_bytes += c.nbytes();
