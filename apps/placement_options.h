@@ -43,9 +43,10 @@ inline void declare_placement(cli::Parser& p) {
            "may take for good with their Adam states, stepped on the device (ColossalAI's "
            "gpu_margin_mem_ratio; docs/gemini.md)");
   p.option("copy-worker", "auto",
-           "on|off|auto: --gemini auto|const on sim: a worker thread copies the chunks the next "
-           "two ops need to the device while the current op computes (a GPU's copy engine; "
-           "docs/gemini.md); auto: on when the machine has more cores than --threads");
+           "on|off|auto: --gemini auto|const: the chunks the next two ops need are copied to the "
+           "device while the current op computes, by a thread on sim, on a copy stream on cuda "
+           "(docs/gemini.md); auto: on for sim when the machine has more cores than --threads, "
+           "off on cuda");
   p.option("host-capacity", "",
            "--gemini: host RAM for chunks and optimizer states; what does not fit goes to disk "
            "under --nvme-dir (three tiers)");
@@ -99,9 +100,9 @@ inline void parse_offload(const cli::Parser& p, train::TrainOptions& o, bool nvm
                "--auto-margin is --gemini auto's share of the device kept free; with --gemini ",
                policy, " drop it");
     const std::string worker = p.choice("copy-worker", {"auto", "on", "off"});
-    MW_CHECK_T(cli::UsageError, worker != "on" || (policy != "static" && !o.device.is_cuda()),
+    MW_CHECK_T(cli::UsageError, worker != "on" || policy != "static",
                "--copy-worker on copies the chunks a plan needs next: it works under --gemini "
-               "auto|const on a sim device (CUDA's side stream is not built); drop it");
+               "auto|const; with --gemini static drop it");
     const int cores = available_cores();
     g.copy_worker = worker == "on" || (worker == "auto" && policy != "static" &&
                                        !o.device.is_cuda() && o.threads > 0 && o.threads < cores);

@@ -17,6 +17,8 @@
 # 768 MiB (`--device cuda:768MiB`) against `--offload nvme --fraction 1.0`: peak RSS, step, losses.
 # `bash tools/gpu_bench.sh accum`: GPT-2 small B8 T1024 --grad-accum 2 under Gemini auto and static
 # (host states), chunks updated in the last micro-batch's backward against all at the step.
+# `bash tools/gpu_bench.sh copystream`: GPT-2 medium B2 T128 on a GPU capped to 768 MiB under Gemini
+# auto, --copy-worker off against on (Note [Copy worker]: chunks copied ahead on a copy stream).
 # `bash tools/gpu_bench.sh paths`: GPT-2 small B8 T1024, 6 steps each, plain against Gemini auto
 # (with --gpu-margin-mem-ratio 0, 0.5, 1), fp16 and bf16, gradient accumulation (plain and Gemini
 # static on the host), activation offload, Gemini static with host states (parameters on the GPU, then
@@ -113,6 +115,23 @@ if [[ ${1:-} == accum ]]; then  # Note [Updates in the last backward] on a GPU: 
 $(grep -o '\[5\] loss: [0-9.]*' "$runs/$m-$name-$i.txt") \
 $(grep -o '[0-9.]* of [0-9]* chunks per step updated' "$runs/$m-$name-$i.txt")")
       done
+    done
+  done
+  printf '%s\n' "${summary[@]}"
+  exit 0
+fi
+if [[ ${1:-} == copystream ]]; then  # Note [Copy worker] on a GPU: a model larger than the capped
+  # device (every step gathers its chunks), chunks copied ahead on the copy stream against gathers
+  # on the compute stream; alternated, twice each; the losses must be equal
+  medium=(--model medium --batch 2 --seq 128 --steps 5 --dropout 0 --device cuda:768MiB \
+    --gemini auto --checkpoint-activations)
+  for i in 1 2; do
+    for w in off on; do
+      run "copy-$w-$i" 300 "$train" "${medium[@]}" --copy-worker "$w"
+      summary+=("copy-$w-$i rc=$? $(grep -o 'median step: [0-9.]* ms' "$runs/copy-$w-$i.txt") \
+$(grep -o 'cuda:0 peak [0-9]* MiB' "$runs/copy-$w-$i.txt" | tail -1) \
+$(grep -o '^\[[0-9]\] loss: [0-9.]*' "$runs/copy-$w-$i.txt" | grep -o '[0-9.]*$' | tr '\n' ' ') \
+$(grep -o '^Gemini: [0-9.]* MiB host->device.*evictions' "$runs/copy-$w-$i.txt")")
     done
   done
   printf '%s\n' "${summary[@]}"

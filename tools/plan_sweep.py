@@ -2,7 +2,8 @@
 """The memory plan against the measured peaks, on random configurations, most of them Gemini's.
 
 Draws configurations (depth, width, vocabulary, batch, sequence, chunk size, placement policy
-(or none) and fractions, recomputation, activation offload, bf16/fp16, --grad-accum, --grad-clip;
+(or none) and fractions, recomputation, activation offload, bf16/fp16, --grad-accum, --grad-clip,
+Gemini's --copy-worker;
 with --ranks 2 also the ZeRO stage and --shard-param-frac), runs `gpt2_train --steps 2` on a sim
 device for each (under mpirun for --ranks > 1), and prints the plan printed before the run ("total: host H MiB |
 sim:0 S MiB") against the peaks printed after it ("Host allocator: peak" plus the NVMe staging slots
@@ -60,6 +61,8 @@ def draw(rng, ranks, tiers=False):
         a += ["--zero", rng.choice(["2", "3"]), "--threads", "1"]
         if rng.random() < 0.3 and policy != "none":
             a += ["--shard-param-frac", rng.choice(["0.3", "0.5"])]
+    if policy in ("auto", "const") and rng.random() < 0.5:  # chunks gathered ahead of their op
+        a += ["--copy-worker", "on"]
     return a
 
 

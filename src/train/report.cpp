@@ -88,9 +88,10 @@ std::string Trainer::finish_report(double total_s) {
   if (gem_) {
     const gemini::GeminiStats& g = gem_->run_stats();
     out += str("Gemini: ", format_fixed(mib(g.h2d_bytes), 1), " MiB host->device (", g.gathers,
-               " gathers), ", format_fixed(mib(g.d2h_bytes), 1), " MiB device->host, ", g.evictions,
-               " evictions, host chunk peak ", format_fixed(mib(g.host_chunk_peak_bytes), 1),
-               " MiB, ", gem_->illegal_transitions(), " illegal state transitions\n");
+               " gathers, ", g.prefetches, " ahead), ", format_fixed(mib(g.d2h_bytes), 1),
+               " MiB device->host, ", g.evictions, " evictions, host chunk peak ",
+               format_fixed(mib(g.host_chunk_peak_bytes), 1), " MiB, ", gem_->illegal_transitions(),
+               " illegal state transitions\n");
     if (o_.updates_in_last_backward() && !dp_ && step_ > 0)  // Note [Updates in the last backward]
       out += str("Gemini: ", format_fixed(static_cast<double>(g.updated_in_backward) / step_, 1),
                  " of ", gem_->chunks().size(),

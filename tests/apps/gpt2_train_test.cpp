@@ -152,6 +152,31 @@ TEST(Gpt2Train, GeminiThreeTiersOnCudaMatchSim) {
   expect_same_printed_losses(s, g, 3);
 }
 
+// Note [Copy worker] on CUDA: chunks copied ahead on the copy stream give the losses of gathers
+// on the compute stream, exactly (the JSON log's full-precision values), and do go ahead.
+TEST(Gpt2Train, GeminiCopyStreamOnCudaMatchesInlineGathers) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible (or a build without CUDA)";
+  TempDir tmp;
+  const std::string args = std::string(kTiny) +
+                           "--steps 4 --dropout 0.1 --device cuda:0 --gemini auto "
+                           "--chunk-size 4096 --log ";
+  Result off = run(args + tmp.file("off.jsonl") + " --copy-worker off");
+  Result on = run(args + tmp.file("on.jsonl") + " --copy-worker on");
+  ASSERT_EQ(off.exit_code, 0) << off.output;
+  ASSERT_EQ(on.exit_code, 0) << on.output;
+  EXPECT_NE(on.output.find("| copy stream"), std::string::npos) << on.output;
+  std::ifstream a(tmp.file("off.jsonl")), b(tmp.file("on.jsonl"));
+  int64_t ahead = 0, records = 0;
+  for (std::string la, lb; std::getline(a, la) && std::getline(b, lb); ++records) {
+    const json::Value va = json::parse(la, "off log"), vb = json::parse(lb, "on log");
+    EXPECT_EQ(va.get_double("loss"), vb.get_double("loss")) << la << " vs " << lb;
+    EXPECT_EQ(va.get_double("prefetches"), 0) << la;
+    ahead += static_cast<int64_t>(vb.get_double("prefetches"));
+  }
+  EXPECT_EQ(records, 4);
+  EXPECT_GT(ahead, 0) << on.output;
+}
+
 TEST(Gpt2Train, ReadsAnLlmcTokenShard) {
   TempDir tmp;
   std::vector<uint16_t> tokens(1000);

@@ -30,8 +30,6 @@ Gemini::Gemini(GeminiOptions options, const std::vector<std::pair<std::string, S
                                       : default_auto_margin(options_.device.is_cuda());
   MW_CHECK_T(InvalidArgument, margin_ < 1.0, "auto margin ", margin_, " must be below 1");
   check_gpu_margin(options_);
-  MW_CHECK_T(InvalidArgument, !options_.copy_worker || options_.device.is_host_addressable(),
-             "Gemini's copy worker runs on sim only (CUDA's side stream is not built)");
   layout(tensors);
 }
 

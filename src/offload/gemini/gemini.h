@@ -92,8 +92,8 @@ struct GeminiOptions {
   // (host memory) only when set, which the tests do to run that path.
   bool disk_reads_through_host = false;
   // Note [Copy worker]: with a plan (auto, const), RAM-homed chunks the next two ops need are
-  // copied to the device by a worker thread while the current op computes. Sim only (CUDA's side
-  // stream is not built: InvalidArgument there).
+  // copied to the device while the current op computes: by a thread of ours on sim, on a copy
+  // stream on CUDA.
   bool copy_worker = false;
   // The three tiers' budget counts the RAM-homed chunks' gradients kept until step(): set it when
   // set_deferred_updates(true) will follow without updates as reductions complete in every
@@ -404,7 +404,7 @@ class Gemini : public optim::Optimizer {
     CopyWorker::Handle copy;
     void join() const {  // never throws: a read's failure stays with its handle
       io.join();
-      copy.wait();
+      copy.join();
     }
   };
   DiskRead start_disk_read(Chunk& c, void* device_bytes);

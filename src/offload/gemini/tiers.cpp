@@ -143,7 +143,8 @@ std::string Gemini::describe() const {
   }
   if (options_.policy == Policy::kConst)
     s += str(" | budget ", static_cast<long long>(mib(options_.const_budget_bytes)), " MiB");
-  if (options_.copy_worker) s += " | copy worker";  // Note [Copy worker]
+  if (options_.copy_worker)  // Note [Copy worker]
+    s += options_.device.is_cuda() ? " | copy stream" : " | copy worker";
   return s;
 }
 
@@ -257,7 +258,7 @@ void Gemini::start_prefetch(Chunk& c) {
     run_.nvme_read_bytes += c.nbytes();
     return;
   }
-  if (!copier_) copier_ = std::make_unique<CopyWorker>();
+  if (!copier_) copier_ = std::make_unique<CopyWorker>(options_.device);
   const Chunk::GatherBytes b = c.gather_deferred(options_.device);
   inflight_[c.index()].copy = copier_->copy(b.device, b.host, c.nbytes());
   iter_.h2d_bytes += c.nbytes();
@@ -285,7 +286,7 @@ Gemini::DiskRead Gemini::start_disk_read(Chunk& c, void* device_bytes) {
 }
 
 void Gemini::finish_disk_read(Chunk& c, DiskRead& read) {
-  read.copy.wait();  // a RAM-homed chunk's copy on the worker (Note [Copy worker])
+  read.copy.wait();  // a RAM-homed chunk's copy (Note [Copy worker]): the device sees it
   read.io.wait();    // throws the IoError naming the file, offset and errno
   if (!read.device_bytes) return;
   copy_bytes(read.device_bytes, options_.device, read.bounce.data(), Device::cpu(), c.nbytes());
