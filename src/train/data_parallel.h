@@ -12,7 +12,8 @@
 //            parameters, on NVMe too), then all_gather of each bucket's pieces rebuilds the
 //            parameters everywhere. The full-size bucket buffers stay allocated (Psi floats).
 //   stage 2: as stage 1, but a bucket's full-size buffer is freed as soon as its reduce_scatter
-//            has completed, so gradients cost Psi/N plus the buckets in flight.
+//            has completed, so gradients cost Psi/N plus the buckets in flight: at most two (a
+//            third waits for the oldest) beside the one being filled.
 //   stage 3: as stage 2, and the parameters too are sharded by bucket: rank r keeps piece r of
 //            each bucket's parameters, which its optimizer steps in place; the full parameters
 //            exist only while an op uses them (Note [ZeRO stage 3], zero3.cpp).
@@ -63,7 +64,9 @@ std::vector<int64_t> bucket_numels(const std::vector<int64_t>& numels, int64_t b
 
 struct DataParallelStats {
   dist::CommStats comm;
-  double backward_end_wait_ms = 0;    // waiting for gradient collectives after backward (exposed)
+  // waiting for gradient collectives after backward, and in it for stage 2-3's third reduction
+  // (exposed)
+  double backward_end_wait_ms = 0;
   double gather_ms = 0;               // the parameter all_gather after the step (stages 1-2)
   int64_t gradient_buffer_bytes = 0;  // persistent bucket and shard buffers
   // Stage 3: this rank's parameter pieces; the most bytes of full (gathered) parameters at once
@@ -204,6 +207,7 @@ class DataParallel {
   void on_rows_ready(size_t param, const Tensor& partial, const std::vector<int64_t>& rows);
   void add_gathered_rows();
   void launch(Bucket& b);
+  void throttle_reductions();
   Tensor flat_param(size_t param) const;  // a 1-D view of the parameter's storage
 
   std::shared_ptr<dist::Communicator> comm_;

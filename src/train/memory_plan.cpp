@@ -73,15 +73,17 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // added into its bucket and released as soon as it is final, so the buckets live beside the
 // activations for the whole of backward. Stage 0 keeps every bucket (Psi floats); stage 1 those
 // and this rank's summed piece (Psi/N); stage 2 only the piece, a bucket's buffer being freed when
-// its reduce_scatter completes: the buckets in flight are bounded by two of --bucket-mb here
-// (coarse: the overlap of the collectives decides it). Stage 3 reduces gradients as stage 2; its
+// its reduce_scatter completes: at most two in flight (a third waits for the oldest) beside the
+// one being filled, three buckets at most. Stage 3 reduces gradients as stage 2; its
 // parameters stay counted whole, an upper bound: a rank holds its pieces (Psi/N) and the buckets
 // in use (Note [ZeRO stage 3], train/zero3.cpp), which the plan does not lay out.
 // The buckets and shards are host memory whatever the device (train/data_parallel.cpp: the
 // collectives run on host buffers); on sim they were once counted on the device, 475 MiB too much
 // there and too little on the host for GPT-2 small at 2 ranks. Sizes come from the buckets
 // themselves (bucket_numels): a parameter larger than --bucket-mb is a bucket of its own (GPT-2's
-// wte, 147 MiB), so stage 2's two buckets in flight are the two largest, not 2 x --bucket-mb.
+// wte, 147 MiB), so stage 2's buckets are the three largest, not 3 x --bucket-mb. (Planned as two
+// until session 23, when the reductions were not bounded: a 5-block 512-wide model at 2 ranks,
+// --zero 3, measured 161 MiB of host against 144.3 planned.)
 // Stages 1 and 2 then rebuild the parameters after the update by all_gathers of three buckets at
 // a time, each from a host piece into a host buffer of the whole bucket (stage 1's is the kept
 // bucket): a moment after backward, so only what it holds beyond backward's host extras (the
@@ -112,9 +114,10 @@ void plan_gradient_buckets(MemoryPlan& p, const PlanInputs& in, int64_t params,
     add(p, "gradient buckets", "host", params, "data parallel: every bucket kept");
   if (in.zero_stage >= 1)
     add(p, "gradient shard", "host", piece, str("ZeRO ", in.zero_stage, ": 1/", in.ranks));
-  const int64_t in_flight = in.zero_stage >= 2 ? largest(2, [](int64_t b) { return b; }) : 0;
+  const int64_t in_flight = in.zero_stage >= 2 ? largest(3, [](int64_t b) { return b; }) : 0;
   if (in.zero_stage >= 2)
-    add(p, "gradient buckets in flight", "host", in_flight, "the two largest, until reduced");
+    add(p, "gradient buckets in flight", "host", in_flight,
+        "the three largest: two reduced, one filled");
   if (in.zero_stage == 1 || in.zero_stage == 2) {
     const int64_t gather =
         largest(3, [&](int64_t b) { return ceil_div(b, in.ranks) + (in.zero_stage == 2 ? b : 0); });
