@@ -260,7 +260,13 @@ void Gemini::start_prefetch(Chunk& c) {
   }
   if (!copier_) copier_ = std::make_unique<CopyWorker>(options_.device);
   const Chunk::GatherBytes b = c.gather_deferred(options_.device);
-  inflight_[c.index()].copy = copier_->copy(b.device, b.host, c.nbytes());
+  try {  // a failed start (cuda: no pinned memory) leaves the chunk as it was
+    inflight_[c.index()].copy = copier_->copy(b.device, b.host, c.nbytes());
+  } catch (...) {
+    inflight_.erase(c.index());
+    c.release_copy();
+    throw;
+  }
   iter_.h2d_bytes += c.nbytes();
   run_.h2d_bytes += c.nbytes();
 }
