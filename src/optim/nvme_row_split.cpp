@@ -28,8 +28,14 @@ std::vector<NvmeAdamStates::Pages> NvmeAdamStates::step_slice(int64_t id, const 
   float* v = m + s.numel;
   auto step_range = [&](int64_t lo, int64_t hi) {  // element indices of the parameter
     std::atomic<bool> non_finite{false};
-    adam_update_parallel(isa_, job.scalars, job.param + lo, job.grad + lo * esize, job.grad_dtype,
-                         m + (lo - s.offset), v + (lo - s.offset), hi - lo, &non_finite);
+    if (serial_updates_) {  // Note [Serial updates beside busy cores]: the same bits
+      adam_update(isa_, job.scalars, job.param + lo, job.grad + lo * esize, job.grad_dtype,
+                  m + (lo - s.offset), v + (lo - s.offset), hi - lo);
+      if (!all_finite(job.param + lo, hi - lo)) non_finite = true;
+    } else {
+      adam_update_parallel(isa_, job.scalars, job.param + lo, job.grad + lo * esize, job.grad_dtype,
+                           m + (lo - s.offset), v + (lo - s.offset), hi - lo, &non_finite);
+    }
     if (non_finite) note_non_finite(s.param);
   };
   const int64_t end = s.offset + s.numel;

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "offload/io/scratch_dir.h"
 
 namespace mw::optim {
@@ -91,8 +92,17 @@ NvmeAdamStates::NvmeAdamStates(std::vector<int64_t> numels, NvmeOffloadOptions o
   submitted_.assign(numels_.size(), 0);
   splits_.resize(numels_.size());
   split_param_.assign(numels_.size(), 0);
+  serial_updates_ = available_cores() <= num_threads();
   updater_thread_ = std::thread([this] { updater(); });
 }
+
+// Note [Serial updates beside busy cores]: the updater thread steps the slices while backward
+// runs on the compute threads. Split over oneTBB's workers, each slice's Adam pulls those same
+// threads off backward's products, and on a machine whose cores all compute that costs more than
+// the work itself: GPT-2 small B4 T128 on 2 cores (nvme_step_bench --steps 11, four alternated
+// runs each, session 23), split 1.053-1.066x the in-memory step, serial on the updater's own
+// thread 1.045-1.051x, with the same bits (adam_update_parallel is bitwise adam_update). With
+// cores to spare the split stays: a serial updater could fall behind a fast backward.
 
 NvmeAdamStates::~NvmeAdamStates() {
   {

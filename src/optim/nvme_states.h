@@ -291,6 +291,9 @@ class NvmeAdamStates {
 
   NvmeOffloadOptions options_;
   Isa isa_;
+  // Note [Serial updates beside busy cores]: the updater steps a slice on its own thread alone
+  // when the compute threads already take every core (set at construction).
+  bool serial_updates_ = false;
   std::atomic<int> non_finite_param_{-1};  // take_non_finite()
   // Records `param` as non-finite unless an earlier one is.
   void note_non_finite(int param) {
