@@ -103,9 +103,9 @@ inline void parse_offload(const cli::Parser& p, train::TrainOptions& o, bool nvm
     MW_CHECK_T(cli::UsageError, worker != "on" || policy != "static",
                "--copy-worker on copies the chunks a plan needs next: it works under --gemini "
                "auto|const; with --gemini static drop it");
-    const int cores = available_cores();
-    g.copy_worker = worker == "on" || (worker == "auto" && policy != "static" &&
-                                       !o.device.is_cuda() && o.threads > 0 && o.threads < cores);
+    g.copy_worker =
+        worker == "on" || (worker == "auto" && policy != "static" && !o.device.is_cuda() &&
+                           o.threads > 0 && o.threads < available_cores());
     if (p.given("host-capacity")) {
       g.host_capacity_bytes = p.bytes("host-capacity");
       // Three tiers: a disk-homed chunk passes through RAM whole, so RAM in flight grows with the

@@ -142,8 +142,10 @@ GeminiHomes gemini_homes(const PlanInputs& in, const ChunkBytes& chunks) {
     h.tiers.push_back({chunks.each[c], home, 2 * piece, h.params_off[c], h.optim_on_host[c],
                        static_cast<bool>(sharded[c])});
     h.tiers.back().sharded_states = h.sharded_states;
-    if (!in.update_in_backward && h.optim_on_host[c])  // as Gemini::plan_tiers
-      h.tiers.back().kept_grad_bytes = piece, h.tiers.back().kept_on_disk = h.sharded_states;
+    if (!in.update_in_backward && h.optim_on_host[c]) {  // as Gemini::plan_tiers
+      h.tiers.back().kept_grad_bytes = piece;
+      h.tiers.back().kept_on_disk = h.sharded_states;
+    }
   }
   return h;
 }

@@ -81,7 +81,7 @@ void Gemini::abandon_step() {
   }
   stepping_.clear();
   for (auto& [c, read] : inflight_) read.join();  // never free bytes a read is filling
-  for (auto& [c, wait] : shard_inflight_) try {      // or an all_gather (Note [Shard prefetch])
+  for (auto& [c, wait] : shard_inflight_) try {   // or an all_gather (Note [Shard prefetch])
       wait();
     } catch (...) {
     }

@@ -69,8 +69,10 @@ void Gemini::plan_tiers(optim::HybridAdamOptions& adam) {
     tiers.push_back({c->nbytes(), shard_params_[k] ? piece_bytes : c->nbytes(), 2 * piece_bytes,
                      params_off_[k], optim_on_host_[k], shard_params_[k]});
     tiers.back().sharded_states = sharded();
-    if (options_.keeps_gradients_until_step && optim_on_host_[k])
-      tiers.back().kept_grad_bytes = piece_bytes, tiers.back().kept_on_disk = sharded();
+    if (options_.keeps_gradients_until_step && optim_on_host_[k]) {
+      tiers.back().kept_grad_bytes = piece_bytes;
+      tiers.back().kept_on_disk = sharded();
+    }
     largest = std::max(largest, c->nbytes());
   }
   const TierPlan plan = gemini::plan_tiers(tiers, cap, adam.nvme.fraction, adam.nvme.window_bytes,
