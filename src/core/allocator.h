@@ -58,6 +58,9 @@ inline int64_t round_up(int64_t n, int64_t granule) {
 struct AllocatorStats {
   int64_t current_bytes = 0;    // in use now
   int64_t peak_bytes = 0;       // max in use since reset_peak()
+  // Max in use since reset_window_peak(): a second watermark for callers that sample the peak of
+  // short windows (Gemini's warmup, Note [Non-model memory]) without losing the run's peak_bytes.
+  int64_t window_peak_bytes = 0;
   int64_t cached_bytes = 0;     // free bytes of the segments, kept for reuse
   int64_t capacity_bytes = 0;   // hard cap on in-use bytes; 0 = unlimited
   int64_t alloc_count = 0;      // allocate() calls
@@ -77,6 +80,7 @@ class Allocator {
   virtual Device device() const = 0;
   virtual AllocatorStats stats() const = 0;
   virtual void reset_peak() = 0;
+  virtual void reset_window_peak() = 0;
   virtual void empty_cache() = 0;
 };
 

@@ -66,6 +66,7 @@ void* CachingAllocator::allocate(int64_t nbytes) {
   live_.emplace(b->ptr, b);
   stats_.current_bytes += b->bytes;
   stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
+  stats_.window_peak_bytes = std::max(stats_.window_peak_bytes, stats_.current_bytes);
   return b->ptr;
 }
 
@@ -256,6 +257,11 @@ int64_t CachingAllocator::segment_count() const {
 void CachingAllocator::reset_peak() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.peak_bytes = stats_.current_bytes;
+}
+
+void CachingAllocator::reset_window_peak() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.window_peak_bytes = stats_.current_bytes;
 }
 
 void CachingAllocator::empty_cache() {

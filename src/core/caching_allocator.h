@@ -110,6 +110,7 @@ class CachingAllocator final : public Allocator {
   Device device() const override { return device_; }
   AllocatorStats stats() const override;
   void reset_peak() override;
+  void reset_window_peak() override;
   void empty_cache() override;
   // A new hard capacity (0 = unlimited); returns the wholly free segments first (and, with
   // reserve_capacity, gets the new capacity's segment). Statistics are kept.

@@ -95,6 +95,23 @@ TEST(CachingAllocator, RoundsToTheGranuleAndServesTheSmallestCachedBlockThatFits
   EXPECT_EQ(a->stats().peak_bytes, 8 * kG);
 }
 
+// The window watermark resets on its own: a caller sampling short windows (Gemini's warmup) leaves
+// the run's peak as it was.
+TEST(CachingAllocator, WindowPeakResetsWithoutTouchingThePeak) {
+  auto [src, a] = make(whole_blocks(int64_t{1} << 30, reuse_exact_size));
+  void* p = a->allocate(4 * kG);
+  a->deallocate(p, 4 * kG);
+  a->reset_window_peak();
+  EXPECT_EQ(a->stats().window_peak_bytes, 0);
+  void* q = a->allocate(kG);
+  EXPECT_EQ(a->stats().window_peak_bytes, kG);
+  EXPECT_EQ(a->stats().peak_bytes, 4 * kG) << "reset_window_peak must not lower the run's peak";
+  a->deallocate(q, kG);
+  a->reset_peak();
+  EXPECT_EQ(a->stats().peak_bytes, 0);
+  EXPECT_EQ(a->stats().window_peak_bytes, kG) << "and reset_peak leaves the window's";
+}
+
 TEST(CachingAllocator, ExactSizeReuseNeverHandsOutALargerBlock) {
   auto [src, a] = make(whole_blocks(int64_t{1} << 30, reuse_exact_size));
   void* p = a->allocate(2 * kG);

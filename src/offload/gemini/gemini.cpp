@@ -501,12 +501,13 @@ void Gemini::finish_chunk(Chunk& c) {
 // memory that was not chunks. A period is cut into intervals at every change of the chunk bytes on
 // the device (a gather, a release); within an interval the chunk bytes are constant, so the
 // allocator's peak over the interval minus them is exactly its non-model peak. The period's
-// reserve is the largest over its intervals.
+// reserve is the largest over its intervals. The allocator's window watermark measures them, so
+// its run peak (the JSON log's device_peak_bytes, the report) still covers the warmup.
 void Gemini::close_interval() {
   if (!recording_ || evaluating_ || !samples_nonmodel()) return;
   Allocator& a = allocator_for(options_.device);
-  const int64_t peak = a.stats().peak_bytes;
-  a.reset_peak();
+  const int64_t peak = a.stats().window_peak_bytes;
+  a.reset_window_peak();
   period_nonmodel_bytes_ = std::max(period_nonmodel_bytes_, peak - device_model_bytes());
 }
 
