@@ -58,9 +58,6 @@ inline int64_t round_up(int64_t n, int64_t granule) {
 struct AllocatorStats {
   int64_t current_bytes = 0;    // in use now
   int64_t peak_bytes = 0;       // max in use since reset_peak()
-  // Max in use since reset_window_peak(): a second watermark for callers that sample the peak of
-  // short windows (Gemini's warmup, Note [Non-model memory]) without losing the run's peak_bytes.
-  int64_t window_peak_bytes = 0;
   int64_t cached_bytes = 0;     // free bytes of the segments, kept for reuse
   int64_t capacity_bytes = 0;   // hard cap on in-use bytes; 0 = unlimited
   int64_t alloc_count = 0;      // allocate() calls
@@ -68,6 +65,9 @@ struct AllocatorStats {
   int64_t miss_bytes = 0;       // segment bytes got from the system (requests the cache missed)
   int64_t retries = 0;          // times the system refused a segment and the cache was emptied
   int64_t arena_fallbacks = 0;  // sim: blocks outside its segment because it was fragmented
+  // Max in use since reset_window_peak(): a second watermark for callers that sample the peak of
+  // short windows (Gemini's warmup, Note [Non-model memory]) without losing the run's peak_bytes.
+  int64_t window_peak_bytes = 0;
 };
 
 class Allocator {
