@@ -44,6 +44,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "core/device.h"
 
@@ -70,6 +71,13 @@ struct AllocatorStats {
   int64_t window_peak_bytes = 0;
 };
 
+// Note [Memory pressure]: called by allocate() (without the allocator's lock) when a request does
+// not fit, with the bytes asked for; returns true if it freed device memory, and allocate() then
+// tries again. Gemini's auto placement frees chunk copies the current op does not need, because
+// the non-model memory of a step can come out above what its warmup measured (activation
+// offload's copies finish at other moments from step to step).
+using PressureHandler = std::function<bool(int64_t nbytes)>;
+
 class Allocator {
  public:
   virtual ~Allocator() = default;
@@ -81,6 +89,8 @@ class Allocator {
   virtual AllocatorStats stats() const = 0;
   virtual void reset_peak() = 0;
   virtual void reset_window_peak() = 0;
+  // Note [Memory pressure]: one handler per allocator; an empty one removes it.
+  virtual void set_pressure_handler(PressureHandler handler) = 0;
   virtual void empty_cache() = 0;
 };
 

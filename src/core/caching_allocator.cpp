@@ -49,7 +49,29 @@ void CachingAllocator::check_capacity_locked(int64_t rounded) const {
                     rounded, free_bytes, stats_.capacity_bytes);
 }
 
+// Note [Memory pressure] (allocator.h): a refused request goes to the handler, outside the lock
+// (the handler frees blocks of this allocator), and is tried again while the handler frees memory.
 void* CachingAllocator::allocate(int64_t nbytes) {
+  for (;;) {
+    try {
+      return allocate_once(nbytes);
+    } catch (const OutOfMemory&) {
+      PressureHandler handler;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        handler = pressure_handler_;
+      }
+      if (!handler || !handler(nbytes)) throw;
+    }
+  }
+}
+
+void CachingAllocator::set_pressure_handler(PressureHandler handler) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pressure_handler_ = std::move(handler);
+}
+
+void* CachingAllocator::allocate_once(int64_t nbytes) {
   MW_CHECK_T(InvalidArgument, nbytes >= 0, "allocate: negative size ", nbytes);
   const int64_t rounded = round_up(std::max<int64_t>(nbytes, 1), policy_.granule_bytes);
   const bool small = rounded <= policy_.small_max_bytes;

@@ -111,6 +111,7 @@ class CachingAllocator final : public Allocator {
   AllocatorStats stats() const override;
   void reset_peak() override;
   void reset_window_peak() override;
+  void set_pressure_handler(PressureHandler handler) override;
   void empty_cache() override;
   // A new hard capacity (0 = unlimited); returns the wholly free segments first (and, with
   // reserve_capacity, gets the new capacity's segment). Statistics are kept.
@@ -126,6 +127,7 @@ class CachingAllocator final : public Allocator {
   int64_t segment_count() const;
 
  private:
+  void* allocate_once(int64_t nbytes);
   // What a segment is for. Every block of a segment carries its segment's kind.
   enum class Kind : uint8_t {
     Cached,     // kept when wholly free, within max_cached_bytes
@@ -173,6 +175,7 @@ class CachingAllocator final : public Allocator {
   bool hard_capacity_;
   int64_t reported_capacity_ = 0;  // the capacity given at construction (a GPU's memory)
   mutable std::mutex mutex_;
+  PressureHandler pressure_handler_;  // Note [Memory pressure]
   AllocatorStats stats_;
   FreeSet free_small_, free_large_;
   std::unordered_map<void*, Block*> live_;

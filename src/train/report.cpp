@@ -25,6 +25,18 @@ std::string device_peak_text(Device device) {
              "\n");
 }
 
+// The run's Gemini line: traffic, gathers, evictions, host chunk peak, illegal transitions.
+std::string gemini_line(const gemini::GeminiStats& g, int64_t illegal_transitions) {
+  return str("Gemini: ", format_fixed(mib(g.h2d_bytes), 1), " MiB host->device (", g.gathers,
+             " gathers, ", g.prefetches, " ahead), ", format_fixed(mib(g.d2h_bytes), 1),
+             " MiB device->host, ", g.evictions, " evictions",
+             g.pressure_evictions > 0  // Note [Memory pressure]
+                 ? str(" (", g.pressure_evictions, " for memory the plan did not expect)")
+                 : std::string(),
+             ", host chunk peak ", format_fixed(mib(g.host_chunk_peak_bytes), 1), " MiB, ",
+             illegal_transitions, " illegal state transitions\n");
+}
+
 }  // namespace
 
 std::string format_duration(double seconds) {
@@ -87,11 +99,7 @@ std::string Trainer::finish_report(double total_s) {
   if (!o_.device.is_cpu()) out += device_peak_text(o_.device);
   if (gem_) {
     const gemini::GeminiStats& g = gem_->run_stats();
-    out += str("Gemini: ", format_fixed(mib(g.h2d_bytes), 1), " MiB host->device (", g.gathers,
-               " gathers, ", g.prefetches, " ahead), ", format_fixed(mib(g.d2h_bytes), 1),
-               " MiB device->host, ", g.evictions, " evictions, host chunk peak ",
-               format_fixed(mib(g.host_chunk_peak_bytes), 1), " MiB, ", gem_->illegal_transitions(),
-               " illegal state transitions\n");
+    out += gemini_line(g, gem_->illegal_transitions());
     if (o_.updates_in_last_backward() && !dp_ && step_ > 0)  // Note [Updates in the last backward]
       out += str("Gemini: ", format_fixed(static_cast<double>(g.updated_in_backward) / step_, 1),
                  " of ", gem_->chunks().size(),

@@ -583,6 +583,7 @@ json::Value Trainer::take_gemini_step_stats() {
   rec.set("nvme_read_bytes", g.nvme_read_bytes);
   rec.set("nvme_write_bytes", g.nvme_write_bytes);
   rec.set("evictions", g.evictions);
+  rec.set("pressure_evictions", g.pressure_evictions);  // Note [Memory pressure]
   rec.set("prefetches", g.prefetches);
   rec.set("prefetch_wait_ms", g.prefetch_wait_ms);
   if (gem_->shards_parameters()) rec.set("shard_gather_ms", g.shard_gather_ms);

@@ -45,6 +45,9 @@ struct Variant {
   bool copy_worker = false;            // Note [Copy worker]
   std::vector<std::string> use_order;  // Note [First-use order]
   std::function<void(Gemini&)> before_training;
+  // Note [Memory pressure]: device bytes held from the first c_fc forward after the warmup to the
+  // end of the step, which the warmup never saw (as activation offload's late copies).
+  int64_t unexpected_bytes = 0;
 };
 
 struct TrainRun {
@@ -54,7 +57,45 @@ struct TrainRun {
   GeminiStats stats;
   int64_t illegal = 0;
   int64_t lower_bound_bytes = 0;
+  int unexpected_steps = 0;  // steps that held Variant::unexpected_bytes
 };
+
+// Variant::unexpected_bytes, allocated by a pre-hook added after Gemini's: inside the op.
+struct Unexpected {
+  Tensor held;
+  int step = 0;
+  int steps_held = 0;
+};
+
+void hold_unexpected(nn::Module& model, int64_t bytes, Device device, Unexpected& u) {
+  for (auto& [name, m] : model.named_modules())
+    if (name == "transformer.h.0.mlp.c_fc")
+      m->add_forward_pre_hook([bytes, device, &u](nn::Module&, const Tensor&) {
+        if (u.step == 0 || u.held.defined()) return;
+        u.held = Tensor::empty({bytes / 4}, DType::F32, device);
+        ++u.steps_held;
+      });
+}
+
+GeminiOptions gemini_options(const Variant& v, const optim::AdamHyper& hyper, Device sim) {
+  GeminiOptions o;
+  o.policy = v.policy;
+  o.device = sim;
+  o.offload_param_frac = v.param_frac;
+  o.offload_optim_frac = v.optim_frac;
+  o.const_budget_bytes = v.const_budget_bytes;
+  o.chunk_numel = 20000;  // several chunks per block: 80 KB each
+  o.adam = optim::HybridAdamOptions(hyper);
+  o.verbose = false;
+  o.host_capacity_bytes = v.host_capacity_bytes;
+  o.nvme_dir = v.nvme_dir;
+  o.disk_reads_through_host = v.disk_reads_through_host;
+  o.copy_worker = v.copy_worker;
+  o.use_order = v.use_order;
+  o.adam.nvme.slice_numel = 1024;      // small slices and window: a tiny model streams too
+  o.adam.nvme.window_bytes = 8 << 13;  // two 32 KiB slots
+  return o;
+}
 
 TrainRun train(const Variant& v, int steps = 4) {
   const gpt2::Config config = test_config();
@@ -68,23 +109,7 @@ TrainRun train(const Variant& v, int steps = 4) {
   std::unique_ptr<optim::Optimizer> opt;
   Gemini* gem = nullptr;
   if (v.gemini) {
-    GeminiOptions o;
-    o.policy = v.policy;
-    o.device = sim;
-    o.offload_param_frac = v.param_frac;
-    o.offload_optim_frac = v.optim_frac;
-    o.const_budget_bytes = v.const_budget_bytes;
-    o.chunk_numel = 20000;  // several chunks per block: 80 KB each
-    o.adam = optim::HybridAdamOptions(hyper);
-    o.verbose = false;
-    o.host_capacity_bytes = v.host_capacity_bytes;
-    o.nvme_dir = v.nvme_dir;
-    o.disk_reads_through_host = v.disk_reads_through_host;
-    o.copy_worker = v.copy_worker;
-    o.use_order = v.use_order;
-    o.adam.nvme.slice_numel = 1024;      // small slices and window: a tiny model streams too
-    o.adam.nvme.window_bytes = 8 << 13;  // two 32 KiB slots
-    auto g = std::make_unique<Gemini>(model, o);
+    auto g = std::make_unique<Gemini>(model, gemini_options(v, hyper, sim));
     gem = g.get();
     opt = std::move(g);
   } else {
@@ -103,10 +128,13 @@ TrainRun train(const Variant& v, int steps = 4) {
     model.run_block = [runner](nn::Block&, int64_t i, const Tensor& x) { return (*runner)(i, x); };
   }
   if (gem && v.before_training) v.before_training(*gem);
+  Unexpected unexpected;
+  if (v.unexpected_bytes > 0) hold_unexpected(model, v.unexpected_bytes, sim, unexpected);
+  TrainRun r;
   default_generator().manual_seed(5);
   model.train();
-  TrainRun r;
   for (int step = 0; step < steps; ++step) {
+    unexpected.step = step;
     std::vector<int32_t> tokens(4 * 32);
     data::random_tokens(9, step, 4, 32, config.vocab_size, tokens.data());
     Tensor ids = Tensor::from_vector(tokens, {4, 32}, sim);
@@ -117,7 +145,9 @@ TrainRun train(const Variant& v, int steps = 4) {
     backward(loss);
     opt->step();
     r.losses.push_back(static_cast<float>(loss.item()));
+    unexpected.held = Tensor();
   }
+  r.unexpected_steps = unexpected.steps_held;
   auto read_weights = [&] {
     for (auto& [name, p] : model.named_parameters())
       r.weights.push_back(p.to(Device::cpu()).to_vector<float>());
@@ -255,6 +285,27 @@ TEST(GeminiTrain, AutoReportsTheWarmupStepsPeak) {
   v.policy = Policy::kAuto;
   const TrainRun warmup_only = train(v, 1);
   EXPECT_EQ(warmup_only.sim_peak_bytes, cpu.sim_peak_bytes);
+}
+
+// Note [Memory pressure]: a step whose non-model memory comes out above the warmup's (activation
+// offload's copies finish at other moments from step to step) must not fail where static cpu
+// placement fits: auto gives back the chunk copies no running op pins, and the bits are the plain
+// run's. Without the handler this run stops with the allocator's OutOfMemory in step 1.
+TEST(GeminiTrain, AutoGivesBackChunksWhenAStepNeedsMoreThanTheWarmup) {
+  const TrainRun plain = train({});
+  const TrainRun cpu = train(static_cpu());
+  Variant v = auto_between(plain, cpu);
+  v.unexpected_bytes = (v.capacity_bytes - cpu.sim_peak_bytes) / 4096 * 4096;
+  Variant cpu_extra = static_cpu();
+  cpu_extra.capacity_bytes = v.capacity_bytes;
+  cpu_extra.unexpected_bytes = v.unexpected_bytes;
+  const TrainRun cpu_run = train(cpu_extra);
+  expect_bitwise(plain, cpu_run, "static cpu with the unexpected bytes (the premise)");
+  EXPECT_EQ(cpu_run.unexpected_steps, 3);
+  const TrainRun run = train(v);
+  expect_bitwise(plain, run, "auto with the unexpected bytes");
+  EXPECT_GT(run.stats.pressure_evictions, 0);
+  EXPECT_LE(run.sim_peak_bytes, v.capacity_bytes);
 }
 
 // Note [Copy worker]: the chunks the plan needs in the next two ops are copied by a worker thread

@@ -31,6 +31,7 @@ Gemini::Gemini(GeminiOptions options, const std::vector<std::pair<std::string, S
   MW_CHECK_T(InvalidArgument, margin_ < 1.0, "auto margin ", margin_, " must be below 1");
   check_gpu_margin(options_);
   layout(tensors);
+  install_pressure_handler();  // Note [Memory pressure]
 }
 
 namespace {
@@ -47,6 +48,7 @@ Gemini::Gemini(nn::Module& model, GeminiOptions options)
 }
 
 Gemini::~Gemini() {
+  remove_pressure_handler();
   alive_.reset();                           // hooks see the optimizer gone and do nothing
   for (auto& w : pending_) w.write.join();  // never leave I/O into freed memory
   for (auto& [c, read] : inflight_) read.join();
@@ -263,7 +265,10 @@ void Gemini::gather(Chunk& c, const std::string& why) {
   close_interval();  // Note [Non-model memory]
   const double t0 = now_us();
   Allocator& a = allocator_for(options_.device);
-  const AllocatorStats st = a.stats();
+  AllocatorStats st = a.stats();
+  if (st.capacity_bytes > 0 && st.current_bytes + c.nbytes() > st.capacity_bytes &&
+      relieve_pressure(st.current_bytes + c.nbytes() - st.capacity_bytes))
+    st = a.stats();  // Note [Memory pressure]: copies no running op pins made room
   if (st.capacity_bytes > 0 && st.current_bytes + c.nbytes() > st.capacity_bytes)
     throw OutOfMemory(
         str("Gemini: ", why, " needs chunk ", c.index(), " (", c.nbytes(), " bytes) on ",
@@ -335,6 +340,7 @@ void Gemini::pre_op(nn::Module& m, bool backward) {
   auto found = modules_.find(&m);
   if (found == modules_.end()) return;
   ModuleInfo& info = found->second;
+  const PressurePause pause(*this, true);
   refuse_if_failed();
   sample_nonmodel();
   if (!pending_.empty()) poll_pending(false);
@@ -417,6 +423,7 @@ void Gemini::end_use(nn::Module& m, TensorState after) {
   auto found = modules_.find(&m);
   if (found == modules_.end()) return;
   const ModuleInfo& info = found->second;
+  const PressurePause pause(*this, true);
   for (size_t i : info.tensors)
     if (in_use_[i] > 0 && --in_use_[i] == 0) states_.set(i, after);
   if (trace_out_) {
@@ -435,6 +442,7 @@ void Gemini::end_use(nn::Module& m, TensorState after) {
 }
 
 void Gemini::on_grad_ready(size_t i) {
+  const PressurePause pause(*this, pressure_armed_);
   // Note [Gemini hooks]: an op without a backward hook (an embedding) ends its use here.
   if (states_.get(i) == TensorState::kHold) states_.set(i, TensorState::kCompute);
   if (states_.get(i) == TensorState::kCompute) {
@@ -497,27 +505,6 @@ void Gemini::finish_chunk(Chunk& c) {
   }
 }
 
-// Note [Non-model memory]: the warmup measures, for each period between two ops, the most device
-// memory that was not chunks. A period is cut into intervals at every change of the chunk bytes on
-// the device (a gather, a release); within an interval the chunk bytes are constant, so the
-// allocator's peak over the interval minus them is exactly its non-model peak. The period's
-// reserve is the largest over its intervals. The allocator's window watermark measures them, so
-// its run peak (the JSON log's device_peak_bytes, the report) still covers the warmup.
-void Gemini::close_interval() {
-  if (!recording_ || evaluating_ || !samples_nonmodel()) return;
-  Allocator& a = allocator_for(options_.device);
-  const int64_t peak = a.stats().window_peak_bytes;
-  a.reset_window_peak();
-  period_nonmodel_bytes_ = std::max(period_nonmodel_bytes_, peak - device_model_bytes());
-}
-
-void Gemini::sample_nonmodel() {
-  if (!recording_ || evaluating_ || !samples_nonmodel()) return;
-  close_interval();
-  if (op_ > 0) nonmodel_.push_back(std::max<int64_t>(0, period_nonmodel_bytes_));
-  period_nonmodel_bytes_ = 0;
-}
-
 void Gemini::build_plan() {
   next_ = std::make_unique<NextUse>(trace_, static_cast<int>(chunks_.size()));
   const int64_t n = static_cast<int64_t>(trace_.size());
@@ -555,6 +542,7 @@ void Gemini::build_plan() {
 }
 
 void Gemini::step() {
+  arm_pressure(false);  // Note [Memory pressure]: until the next iteration's first op
   refuse_if_failed();
   MW_CHECK(!evaluating_, "Gemini::step inside an evaluation (end_eval first)");
   if (deferred_) {

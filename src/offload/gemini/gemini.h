@@ -42,6 +42,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -140,6 +141,7 @@ struct GeminiStats {
   int64_t host_chunk_peak_bytes = 0;  // host bytes of chunks: homes, parked, gradient buffers
   int64_t off_plan = 0;             // iterations (or evaluations) whose ops left the recorded plan
   int64_t updated_in_backward = 0;  // chunks (Note [Updates as reductions complete])
+  int64_t pressure_evictions = 0;   // of `evictions`: for a refused allocation (pressure.cpp)
 };
 
 // Note [Deferred updates]: a later micro-batch's gradient on another device than its chunk's
@@ -276,6 +278,21 @@ class Gemini : public optim::Optimizer {
   void gather(Chunk& c, const std::string& why);
   void release(Chunk& c, bool eviction);
   void make_room(const std::vector<int>& need, int64_t t);
+  // Note [Memory pressure] (pressure.cpp).
+  void install_pressure_handler();
+  void remove_pressure_handler();
+  void arm_pressure(bool armed);
+  bool relieve_pressure(int64_t nbytes);
+  struct PressurePause {  // Gemini's own code runs with the handler off, then `then`
+    Gemini& g;
+    bool then;
+    PressurePause(Gemini& gemini, bool armed_after) : g(gemini), then(armed_after) {
+      g.pressure_armed_ = false;
+    }
+    ~PressurePause() { g.arm_pressure(then); }
+    PressurePause(const PressurePause&) = delete;
+    PressurePause& operator=(const PressurePause&) = delete;
+  };
   bool pinned(const Chunk& c) const;
   void sample_nonmodel();
   void close_interval();
@@ -367,7 +384,9 @@ class Gemini : public optim::Optimizer {
   bool failed_ = false;         // Note [Abandoning a step]
   int64_t stepped_chunks_ = 0;  // chunks handed to HybridAdam this iteration
   bool off_plan_ = false;
-  int64_t op_ = 0;  // ops so far this iteration
+  int64_t op_ = 0;               // ops so far this iteration
+  bool pressure_armed_ = false;  // Note [Memory pressure]: forward/backward on compute_thread_
+  std::thread::id compute_thread_;
   std::vector<TraceOp> trace_;
   std::vector<std::pair<const nn::Module*, bool>> trace_keys_;
   std::vector<int64_t> nonmodel_, avail_;

@@ -1,0 +1,94 @@
+// Note [Memory pressure] (core/allocator.h) for Gemini: what a step's non-model memory takes
+// beyond what the warmup measured is taken back from chunk copies the current op does not need.
+//
+// The auto plan (Note [OPT eviction]) budgets each period with the non-model memory the warmup
+// measured in it. That is a measurement of one step, not a bound: with --offload-activations the
+// offloader's copies to the host and its prefetches back finish at other moments in each step, so
+// a later step can hold more activations on the device at the same op than the warmup did. On
+// GPT-2 (4 layers, C256, B8 T64, --offload-activations) at the capacity where static cpu placement
+// fits, auto ran out of memory in 6 of 8 runs (session 24). Static cpu placement holds no chunk
+// beyond the current op's, so the promise "auto never fails where static cpu fits" needs auto to
+// fall back to the same minimal residency when memory runs short: an allocation the device refuses
+// makes Gemini release the gathered chunks that no running op pins, farthest next use first, and
+// the allocation is tried again. Releasing a copy costs nothing but a later gather (parameters do
+// not change during forward and backward), and the bits of the run are unchanged.
+//
+// The handler acts only on the compute thread during forward and backward, from an iteration's
+// first op to step(), and never inside Gemini's own hooks (PressurePause: gathers make their own
+// room, and gradient buffers, updates and the deferred pass keep their OutOfMemory). Other threads
+// (the offloader's worker, whose prefetches are dropped when they do not fit) see the allocator's
+// OutOfMemory as before. Sharded chunks are never released for pressure: gathering one again is an
+// all_gather, a collective that every rank would have to join.
+#include <algorithm>
+#include <thread>
+
+#include "core/allocator.h"
+#include "offload/gemini/gemini.h"
+
+namespace mw::gemini {
+
+// Note [Non-model memory]: the warmup measures, for each period between two ops, the most device
+// memory that was not chunks. A period is cut into intervals at every change of the chunk bytes on
+// the device (a gather, a release); within an interval the chunk bytes are constant, so the
+// allocator's peak over the interval minus them is exactly its non-model peak. The period's
+// reserve is the largest over its intervals. The allocator's window watermark measures them, so
+// its run peak (the JSON log's device_peak_bytes, the report) still covers the warmup.
+void Gemini::close_interval() {
+  if (!recording_ || evaluating_ || !samples_nonmodel()) return;
+  Allocator& a = allocator_for(options_.device);
+  const int64_t peak = a.stats().window_peak_bytes;
+  a.reset_window_peak();
+  period_nonmodel_bytes_ = std::max(period_nonmodel_bytes_, peak - device_model_bytes());
+}
+
+void Gemini::sample_nonmodel() {
+  if (!recording_ || evaluating_ || !samples_nonmodel()) return;
+  close_interval();
+  if (op_ > 0) nonmodel_.push_back(std::max<int64_t>(0, period_nonmodel_bytes_));
+  period_nonmodel_bytes_ = 0;
+}
+
+void Gemini::install_pressure_handler() {
+  std::weak_ptr<char> alive = alive_;
+  allocator_for(options_.device).set_pressure_handler([this, alive](int64_t nbytes) {
+    if (alive.expired() || !pressure_armed_ || std::this_thread::get_id() != compute_thread_)
+      return false;
+    return relieve_pressure(nbytes);
+  });
+}
+
+void Gemini::remove_pressure_handler() { allocator_for(options_.device).set_pressure_handler({}); }
+
+void Gemini::arm_pressure(bool armed) {
+  pressure_armed_ = armed;
+  if (armed) compute_thread_ = std::this_thread::get_id();
+}
+
+bool Gemini::relieve_pressure(int64_t nbytes) {
+  std::vector<int> candidates;
+  for (int c : gathered_)  // a sharded chunk's gather is a collective every rank must join
+    if (!pinned(*chunks_[static_cast<size_t>(c)]) && !chunks_[static_cast<size_t>(c)]->sharded())
+      candidates.push_back(c);
+  if (candidates.empty()) return false;
+  if (planned()) {  // farthest next use first, as OPT would (Note [OPT eviction])
+    const int64_t t = op_ - 1;
+    std::stable_sort(candidates.begin(), candidates.end(), [&](int a, int b) {
+      return plan_next().after(a, t) > plan_next().after(b, t);
+    });
+  }
+  const bool was_armed = pressure_armed_;
+  pressure_armed_ = false;  // release() frees and may wait; it never allocates on the device
+  int64_t freed = 0;
+  for (int c : candidates) {
+    if (freed >= nbytes) break;
+    Chunk& chunk = *chunks_[static_cast<size_t>(c)];
+    freed += chunk.nbytes();
+    release(chunk, true);
+    ++iter_.pressure_evictions;
+    ++run_.pressure_evictions;
+  }
+  pressure_armed_ = was_armed;
+  return true;
+}
+
+}  // namespace mw::gemini
