@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""Gemini auto where static cpu fits, and resumed runs against straight ones, on random configurations.
+
+Two checks of promises the tests make on a few cases only, drawn over many (docs/reliability.md):
+
+  auto    #10's "auto never fails where static with everything offloaded would fit": each
+          configuration runs `--gemini static --offload-param-frac 1 --offload-optim-frac 1` on
+          sim:4GiB, then `--gemini auto` (and, drawn, with `--copy-worker on`) on a sim device whose
+          capacity is the larger of static's measured device peak (the JSON log's
+          device_peak_bytes) and its plan; auto must train with static's losses.
+  resume  a run checkpointed after step 2 and resumed from there logs the straight run's steps
+          2-4 bit for bit (loss and gradient norm, every digit of the JSON log), under every
+          placement (none, NVMe offload, Gemini static/auto/const, three tiers), with
+          bf16/fp16, accumulation, clipping, recomputation and an lr schedule drawn.
+
+    /usr/bin/python3 tools/auto_sweep.py auto --runs 50 --seed 2413
+    /usr/bin/python3 tools/auto_sweep.py auto --runs 20 --seed 2451 --ranks 2   # --zero 2|3
+    /usr/bin/python3 tools/auto_sweep.py resume --runs 40 --seed 2442
+
+A line starts FAIL when the promise breaks; configurations the static run itself refuses (a host
+budget too small for them) print STATIC-EXIT and count for nothing.
+"""
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def draw_auto(rng, ranks):
+    heads = rng.choice([2, 4, 8])
+    a = ["--model", "small", "--n-layer", str(rng.randint(1, 6)),
+         "--n-embd", str(heads * rng.choice([16, 32, 64])), "--n-head", str(heads),
+         "--vocab-size", str(rng.choice([100, 257, 1000, 5000, 50257])),
+         "--batch", str(rng.choice([2, 4, 8] if ranks > 1 else [1, 2, 4, 8])),
+         "--seq", str(rng.choice([16, 32, 64, 128])), "--steps", "3",
+         "--dropout", rng.choice(["0", "0.1"])]
+    if ranks > 1:
+        a += ["--threads", "1", "--zero", rng.choice(["2", "3"])]
+    if rng.random() < 0.5:
+        a += ["--chunk-size", str(rng.choice([20000, 50000, 100000, 300000, 1000000]))]
+    r = rng.random()
+    if r < 0.25:
+        a += ["--checkpoint-activations"]
+    elif r < 0.35:
+        a += ["--checkpoint-segments", "0"]
+    if rng.random() < 0.2:
+        a.append("--offload-activations")
+    if rng.random() < 0.25:
+        a += ["--precision", rng.choice(["bf16", "fp16"])]
+    if rng.random() < 0.15:
+        a += ["--grad-accum", "2"]
+    if rng.random() < 0.15:
+        a += ["--grad-clip", "1"]
+    if rng.random() < 0.3:
+        a += ["--host-capacity", rng.choice(["16MiB", "48MiB", "96MiB"]), "--nvme-window", "1MiB"]
+    return a
+
+
+def draw_resume(rng):
+    heads = rng.choice([2, 4])
+    a = ["--model", "small", "--n-layer", str(rng.randint(1, 4)),
+         "--n-embd", str(heads * rng.choice([16, 32])), "--n-head", str(heads),
+         "--vocab-size", str(rng.choice([100, 257, 1000])), "--batch", str(rng.choice([2, 4])),
+         "--seq", str(rng.choice([16, 32, 64])), "--steps", "5",
+         "--dropout", rng.choice(["0", "0.1"]),
+         "--lr-schedule", rng.choice(["constant", "cosine"]), "--warmup-steps", "1"]
+    placement = rng.choice(["none", "static", "auto", "const", "nvme"])
+    if placement == "nvme":
+        a += ["--offload", "nvme"]
+    elif placement != "none":
+        a += ["--device", "sim:4GiB", "--gemini", placement]
+        if placement == "static":
+            a += ["--offload-param-frac", rng.choice(["0", "0.5", "1"]),
+                  "--offload-optim-frac", rng.choice(["0", "1"])]
+        if placement == "const":
+            a += ["--const-budget", "1MiB"]
+        if rng.random() < 0.3:
+            a += ["--host-capacity", "64MiB", "--nvme-window", "1MiB"]
+    if rng.random() < 0.3:
+        a += ["--precision", rng.choice(["bf16", "fp16"])]
+    if rng.random() < 0.25:
+        a += ["--grad-accum", "2"]
+    if rng.random() < 0.25:
+        a += ["--grad-clip", "1"]
+    if rng.random() < 0.2:
+        a += ["--checkpoint-activations"]
+    return a
+
+
+def last_line(r):
+    lines = (r.stderr or r.stdout).strip().splitlines()
+    return lines[-1][:240] if lines else ""
+
+
+def run(cmd):
+    return subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=900)
+
+
+def check_auto(launch, binary, a, rng, work):
+    log = os.path.join(work, "static.jsonl")
+    st = run(launch + [binary] + a + ["--device", "sim:4GiB", "--gemini", "static",
+                                      "--offload-param-frac", "1", "--offload-optim-frac", "1",
+                                      "--log", log])
+    if st.returncode != 0:
+        print("STATIC-EXIT", st.returncode, " ".join(a), "|", last_line(st), flush=True)
+        return 0
+    peak = max(json.loads(l)["device_peak_bytes"]["sim:0"] for l in open(log) if l.strip())
+    plan = re.search(r"total: host [0-9.]+ MiB \| sim:0 ([0-9.]+) MiB", st.stdout)
+    planned = int((float(plan.group(1)) + 0.05) * (1 << 20)) if plan else 0  # printed to 0.1 MiB
+    cap = (max(peak, planned) + 4095) // 4096 * 4096
+    losses = re.findall(r"loss ([0-9.]+)", st.stdout)
+    failures = 0
+    for extra in [[]] + ([["--copy-worker", "on"]] if rng.random() < 0.4 else []):
+        au = run(launch + [binary] + a + ["--device", f"sim:{cap}", "--gemini", "auto"] + extra)
+        ok = au.returncode == 0 and re.findall(r"loss ([0-9.]+)", au.stdout) == losses
+        failures += not ok
+        print("ok  " if ok else "FAIL", f"sim:{cap}", " ".join(a + extra),
+              "" if ok else "| " + last_line(au), flush=True)
+    return failures
+
+
+def check_resume(launch, binary, a, work):
+    key = lambda r: (r["step"], r["loss"], r.get("grad_norm"))
+    straight, resumed = os.path.join(work, "a"), os.path.join(work, "b")
+    r1 = run(launch + [binary] + a + ["--checkpoint-dir", straight, "--checkpoint-every", "2",
+                                      "--log", straight + ".jsonl"])
+    if r1.returncode != 0:
+        print("RUN-EXIT", r1.returncode, " ".join(a), "|", last_line(r1), flush=True)
+        return 0
+    r2 = run(launch + [binary] + a + ["--checkpoint-dir", resumed, "--checkpoint-every", "2",
+                                      "--resume", os.path.join(straight, "step_000002"),
+                                      "--log", resumed + ".jsonl"])
+    want = [key(json.loads(l)) for l in open(straight + ".jsonl")][2:]
+    got = ([key(json.loads(l)) for l in open(resumed + ".jsonl")]
+           if os.path.exists(resumed + ".jsonl") else [])
+    ok = r2.returncode == 0 and got == want
+    print("ok  " if ok else "FAIL", " ".join(a),
+          "" if ok else f"| rc {r2.returncode} {last_line(r2)} | {want} vs {got}", flush=True)
+    return 0 if ok else 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("check", choices=["auto", "resume"])
+    ap.add_argument("--runs", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--ranks", type=int, default=1, help="auto only: mpirun -np N")
+    ap.add_argument("--binary", default=os.path.join(ROOT, "build", "apps", "gpt2_train"))
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    launch = [] if args.ranks == 1 else ["mpirun", "--oversubscribe", "-np", str(args.ranks)]
+    if args.ranks > 1 and os.geteuid() == 0:
+        launch.insert(1, "--allow-run-as-root")
+    failures = 0
+    for _ in range(args.runs):
+        work = tempfile.mkdtemp(prefix="memwall-sweep-")
+        try:
+            if args.check == "auto":
+                failures += check_auto(launch, args.binary, draw_auto(rng, args.ranks), rng, work)
+            else:
+                failures += check_resume(launch, args.binary, draw_resume(rng), work)
+        except subprocess.TimeoutExpired:
+            print("TIMEOUT", flush=True)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"{args.runs} configurations, {failures} failures")
+
+
+if __name__ == "__main__":
+    main()
