@@ -8,6 +8,10 @@ Two checks of promises the tests make on a few cases only, drawn over many (docs
           sim:4GiB, then `--gemini auto` (and, drawn, with `--copy-worker on`) on a sim device whose
           capacity is the larger of static's measured device peak (the JSON log's
           device_peak_bytes) and its plan; auto must train with static's losses.
+  bitwise #10's "losses and weights equal the plain run bitwise": a drawn Gemini run (policy,
+          fractions, budgets, chunk size, three tiers, copy worker) logs the plain run's losses
+          and gradient norms to the last digit (the JSON log), with recomputation, activation
+          offload, bf16/fp16, accumulation and clipping drawn for both.
   resume  a run checkpointed after step 2 and resumed from there logs the straight run's steps
           2-4 bit for bit (loss and gradient norm, every digit of the JSON log), under every
           placement (none, NVMe offload, Gemini static/auto/const, three tiers), with
@@ -15,6 +19,7 @@ Two checks of promises the tests make on a few cases only, drawn over many (docs
 
     /usr/bin/python3 tools/auto_sweep.py auto --runs 50 --seed 2413
     /usr/bin/python3 tools/auto_sweep.py auto --runs 20 --seed 2451 --ranks 2   # --zero 2|3
+    /usr/bin/python3 tools/auto_sweep.py bitwise --runs 40 --seed 2471
     /usr/bin/python3 tools/auto_sweep.py resume --runs 40 --seed 2442
 
 A line starts FAIL when the promise breaks; configurations the static run itself refuses (a host
@@ -62,7 +67,25 @@ def draw_auto(rng, ranks):
     return a
 
 
-def draw_resume(rng):
+def draw_gemini(rng):
+    policy = rng.choice(["static", "auto", "const"])
+    g = ["--gemini", policy]
+    if policy == "static":
+        g += ["--offload-param-frac", rng.choice(["0", "0.3", "1"]),
+              "--offload-optim-frac", rng.choice(["0", "0.5", "1"])]
+    if policy == "const":
+        g += ["--const-budget", rng.choice(["256KiB", "1MiB", "4MiB"])]
+    if policy != "static" and rng.random() < 0.4:
+        g += ["--copy-worker", "on"]
+    if rng.random() < 0.5:
+        g += ["--chunk-size", str(rng.choice([20000, 50000, 300000]))]
+    if rng.random() < 0.3:
+        g += ["--host-capacity", rng.choice(["24MiB", "64MiB"]), "--nvme-window", "1MiB"]
+    return g
+
+
+def draw_training(rng):
+    """A small model and its training options, for the bitwise and resume checks."""
     heads = rng.choice([2, 4])
     a = ["--model", "small", "--n-layer", str(rng.randint(1, 4)),
          "--n-embd", str(heads * rng.choice([16, 32])), "--n-head", str(heads),
@@ -70,6 +93,22 @@ def draw_resume(rng):
          "--seq", str(rng.choice([16, 32, 64])), "--steps", "5",
          "--dropout", rng.choice(["0", "0.1"]),
          "--lr-schedule", rng.choice(["constant", "cosine"]), "--warmup-steps", "1"]
+    if rng.random() < 0.3:
+        a += ["--precision", rng.choice(["bf16", "fp16"])]
+    if rng.random() < 0.25:
+        a += ["--grad-accum", "2"]
+    if rng.random() < 0.25:
+        a += ["--grad-clip", "1"]
+    r = rng.random()
+    if r < 0.2:
+        a += ["--checkpoint-activations"]
+    elif r < 0.3:
+        a += ["--offload-activations"]
+    return a
+
+
+def draw_resume(rng):
+    a = draw_training(rng)
     placement = rng.choice(["none", "static", "auto", "const", "nvme"])
     if placement == "nvme":
         a += ["--offload", "nvme"]
@@ -82,14 +121,6 @@ def draw_resume(rng):
             a += ["--const-budget", "1MiB"]
         if rng.random() < 0.3:
             a += ["--host-capacity", "64MiB", "--nvme-window", "1MiB"]
-    if rng.random() < 0.3:
-        a += ["--precision", rng.choice(["bf16", "fp16"])]
-    if rng.random() < 0.25:
-        a += ["--grad-accum", "2"]
-    if rng.random() < 0.25:
-        a += ["--grad-clip", "1"]
-    if rng.random() < 0.2:
-        a += ["--checkpoint-activations"]
     return a
 
 
@@ -125,6 +156,23 @@ def check_auto(launch, binary, a, rng, work):
     return failures
 
 
+def check_bitwise(launch, binary, a, g, work):
+    key = lambda r: (r["step"], r["loss"], r.get("grad_norm"))
+    logs = []
+    for extra, name in (([], "plain"), (g, "gemini")):
+        log = os.path.join(work, name + ".jsonl")
+        r = run(launch + [binary] + a + ["--device", "sim:4GiB", "--log", log] + extra)
+        if r.returncode != 0:
+            print("EXIT" if name == "plain" else "FAIL", r.returncode, " ".join(a + extra), "|",
+                  last_line(r), flush=True)
+            return 0 if name == "plain" else 1
+        logs.append([key(json.loads(l)) for l in open(log)])
+    ok = logs[0] == logs[1]
+    print("ok  " if ok else "FAIL", " ".join(a + g),
+          "" if ok else f"| {logs[0]} vs {logs[1]}", flush=True)
+    return 0 if ok else 1
+
+
 def check_resume(launch, binary, a, work):
     key = lambda r: (r["step"], r["loss"], r.get("grad_norm"))
     straight, resumed = os.path.join(work, "a"), os.path.join(work, "b")
@@ -147,7 +195,7 @@ def check_resume(launch, binary, a, work):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("check", choices=["auto", "resume"])
+    ap.add_argument("check", choices=["auto", "bitwise", "resume"])
     ap.add_argument("--runs", type=int, default=40)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--ranks", type=int, default=1, help="auto only: mpirun -np N")
@@ -163,6 +211,9 @@ def main():
         try:
             if args.check == "auto":
                 failures += check_auto(launch, args.binary, draw_auto(rng, args.ranks), rng, work)
+            elif args.check == "bitwise":
+                a = draw_training(rng)
+                failures += check_bitwise(launch, args.binary, a, draw_gemini(rng), work)
             else:
                 failures += check_resume(launch, args.binary, draw_resume(rng), work)
         except subprocess.TimeoutExpired:
