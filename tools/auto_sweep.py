@@ -12,6 +12,11 @@ Two checks of promises the tests make on a few cases only, drawn over many (docs
           fractions, budgets, chunk size, three tiers, copy worker) logs the plain run's losses
           and gradient norms to the last digit (the JSON log), with recomputation, activation
           offload, bf16/fp16, accumulation and clipping drawn for both.
+  dp      #15's "losses match a single process on the same global batch": `mpirun -np 2` at a
+          drawn ZeRO stage (plain or Gemini, --shard-param-frac drawn) against one plain process,
+          fp32 at lr 1e-2, every loss within 1e-4 (tests/dist/dist_train.h: the summation order
+          differs by ~1 ulp; a missed or doubled update moves a loss by 1e-3 or more). Refused
+          combinations print EXIT.
   resume  a run checkpointed after step 2 and resumed from there logs the straight run's steps
           2-4 bit for bit (loss and gradient norm, every digit of the JSON log), under every
           placement (none, NVMe offload, Gemini static/auto/const, three tiers), with
@@ -20,6 +25,7 @@ Two checks of promises the tests make on a few cases only, drawn over many (docs
     /usr/bin/python3 tools/auto_sweep.py auto --runs 50 --seed 2413
     /usr/bin/python3 tools/auto_sweep.py auto --runs 20 --seed 2451 --ranks 2   # --zero 2|3
     /usr/bin/python3 tools/auto_sweep.py bitwise --runs 40 --seed 2471
+    /usr/bin/python3 tools/auto_sweep.py dp --runs 16 --seed 2491
     /usr/bin/python3 tools/auto_sweep.py resume --runs 40 --seed 2442
 
 A line starts FAIL when the promise breaks; configurations the static run itself refuses (a host
@@ -173,6 +179,34 @@ def check_bitwise(launch, binary, a, g, work):
     return 0 if ok else 1
 
 
+def check_dp(binary, rng, work):
+    a = [x for x in draw_training(rng) if x not in ("--precision", "bf16", "fp16")]
+    a += ["--lr", "1e-2", "--threads", "1"]  # fp32: the summation order is the only difference
+    zero = rng.choice(["1", "2", "3"])
+    g = draw_gemini(rng) if rng.random() < 0.6 else []
+    if g and rng.random() < 0.3:
+        g += ["--shard-param-frac", rng.choice(["0.3", "0.5"])]
+    if g:
+        g = ["--device", "sim:4GiB"] + g
+    mpirun = ["mpirun", "--oversubscribe", "-np", "2"]
+    if os.geteuid() == 0:
+        mpirun.insert(1, "--allow-run-as-root")
+    one, two = os.path.join(work, "one.jsonl"), os.path.join(work, "two.jsonl")
+    r1 = run([binary] + a + ["--log", one])
+    r2 = run(mpirun + [binary] + a + g + ["--zero", zero, "--log", two])
+    what = " ".join(a + g + ["--zero", zero])
+    if r1.returncode or r2.returncode:
+        print("EXIT", r1.returncode, r2.returncode, what, "|", last_line(r2 if r2.returncode else r1),
+              flush=True)
+        return 0
+    la = [json.loads(l)["loss"] for l in open(one)]
+    lb = [json.loads(l)["loss"] for l in open(two)]
+    worst = max(abs(x - y) for x, y in zip(la, lb)) if len(la) == len(lb) else float("inf")
+    ok = worst < 1e-4
+    print("ok  " if ok else "FAIL", f"{worst:.2e}", what, flush=True)
+    return 0 if ok else 1
+
+
 def check_resume(launch, binary, a, work):
     key = lambda r: (r["step"], r["loss"], r.get("grad_norm"))
     straight, resumed = os.path.join(work, "a"), os.path.join(work, "b")
@@ -195,7 +229,7 @@ def check_resume(launch, binary, a, work):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("check", choices=["auto", "bitwise", "resume"])
+    ap.add_argument("check", choices=["auto", "bitwise", "dp", "resume"])
     ap.add_argument("--runs", type=int, default=40)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--ranks", type=int, default=1, help="auto only: mpirun -np N")
@@ -211,6 +245,8 @@ def main():
         try:
             if args.check == "auto":
                 failures += check_auto(launch, args.binary, draw_auto(rng, args.ranks), rng, work)
+            elif args.check == "dp":
+                failures += check_dp(args.binary, rng, work)
             elif args.check == "bitwise":
                 a = draw_training(rng)
                 failures += check_bitwise(launch, args.binary, a, draw_gemini(rng), work)
