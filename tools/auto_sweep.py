@@ -28,8 +28,10 @@ Two checks of promises the tests make on a few cases only, drawn over many (docs
     /usr/bin/python3 tools/auto_sweep.py dp --runs 16 --seed 2491
     /usr/bin/python3 tools/auto_sweep.py resume --runs 40 --seed 2442
 
-A line starts FAIL when the promise breaks; configurations the static run itself refuses (a host
-budget too small for them) print STATIC-EXIT and count for nothing.
+A line starts FAIL when the promise breaks or a run crashes (a signal, a sanitizer report: the
+sweeps also run on the sanitizer build, --binary build-asan/apps/gpt2_train); configurations a run
+refuses with a message (a host budget too small for them) print EXIT and count for nothing. The
+exit status is 1 when anything failed.
 """
 import argparse
 import json
@@ -139,14 +141,25 @@ def run(cmd):
     return subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=900)
 
 
+def crashed(r):
+    """A refusal exits 1 or 2 with a message; a signal or a sanitizer report is a failure."""
+    return r.returncode < 0 or "Sanitizer" in r.stderr or "runtime error:" in r.stderr
+
+
+def refused(tag, r, what):
+    """Prints a run that stopped; returns the failures it counts for (a crash: 1)."""
+    bad = crashed(r)
+    print("FAIL" if bad else tag, r.returncode, what, "|", last_line(r), flush=True)
+    return 1 if bad else 0
+
+
 def check_auto(launch, binary, a, rng, work):
     log = os.path.join(work, "static.jsonl")
     st = run(launch + [binary] + a + ["--device", "sim:4GiB", "--gemini", "static",
                                       "--offload-param-frac", "1", "--offload-optim-frac", "1",
                                       "--log", log])
     if st.returncode != 0:
-        print("STATIC-EXIT", st.returncode, " ".join(a), "|", last_line(st), flush=True)
-        return 0
+        return refused("STATIC-EXIT", st, " ".join(a))
     peak = max(json.loads(l)["device_peak_bytes"]["sim:0"] for l in open(log) if l.strip())
     plan = re.search(r"total: host [0-9.]+ MiB \| sim:0 ([0-9.]+) MiB", st.stdout)
     planned = int((float(plan.group(1)) + 0.05) * (1 << 20)) if plan else 0  # printed to 0.1 MiB
@@ -168,10 +181,11 @@ def check_bitwise(launch, binary, a, g, work):
     for extra, name in (([], "plain"), (g, "gemini")):
         log = os.path.join(work, name + ".jsonl")
         r = run(launch + [binary] + a + ["--device", "sim:4GiB", "--log", log] + extra)
+        if r.returncode != 0 and name == "plain":
+            return refused("EXIT", r, " ".join(a))
         if r.returncode != 0:
-            print("EXIT" if name == "plain" else "FAIL", r.returncode, " ".join(a + extra), "|",
-                  last_line(r), flush=True)
-            return 0 if name == "plain" else 1
+            print("FAIL", r.returncode, " ".join(a + extra), "|", last_line(r), flush=True)
+            return 1
         logs.append([key(json.loads(l)) for l in open(log)])
     ok = logs[0] == logs[1]
     print("ok  " if ok else "FAIL", " ".join(a + g),
@@ -196,9 +210,7 @@ def check_dp(binary, rng, work):
     r2 = run(mpirun + [binary] + a + g + ["--zero", zero, "--log", two])
     what = " ".join(a + g + ["--zero", zero])
     if r1.returncode or r2.returncode:
-        print("EXIT", r1.returncode, r2.returncode, what, "|", last_line(r2 if r2.returncode else r1),
-              flush=True)
-        return 0
+        return refused("EXIT", r2 if r2.returncode else r1, what)
     la = [json.loads(l)["loss"] for l in open(one)]
     lb = [json.loads(l)["loss"] for l in open(two)]
     worst = max(abs(x - y) for x, y in zip(la, lb)) if len(la) == len(lb) else float("inf")
@@ -213,8 +225,7 @@ def check_resume(launch, binary, a, work):
     r1 = run(launch + [binary] + a + ["--checkpoint-dir", straight, "--checkpoint-every", "2",
                                       "--log", straight + ".jsonl"])
     if r1.returncode != 0:
-        print("RUN-EXIT", r1.returncode, " ".join(a), "|", last_line(r1), flush=True)
-        return 0
+        return refused("RUN-EXIT", r1, " ".join(a))
     r2 = run(launch + [binary] + a + ["--checkpoint-dir", resumed, "--checkpoint-every", "2",
                                       "--resume", os.path.join(straight, "step_000002"),
                                       "--log", resumed + ".jsonl"])
@@ -257,7 +268,8 @@ def main():
         finally:
             shutil.rmtree(work, ignore_errors=True)
     print(f"{args.runs} configurations, {failures} failures")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
