@@ -36,6 +36,7 @@
 // that got none (a plain AdamW would skip that parameter).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -384,9 +385,11 @@ class Gemini : public optim::Optimizer {
   bool failed_ = false;         // Note [Abandoning a step]
   int64_t stepped_chunks_ = 0;  // chunks handed to HybridAdam this iteration
   bool off_plan_ = false;
-  int64_t op_ = 0;               // ops so far this iteration
-  bool pressure_armed_ = false;  // Note [Memory pressure]: forward/backward on compute_thread_
-  std::thread::id compute_thread_;
+  int64_t op_ = 0;  // ops so far this iteration
+  // Note [Memory pressure]: forward/backward on compute_thread_. Atomic: the handler reads them on
+  // whichever thread allocates (the activation offloader's worker, too).
+  std::atomic<bool> pressure_armed_{false};
+  std::atomic<std::thread::id> compute_thread_{};
   std::vector<TraceOp> trace_;
   std::vector<std::pair<const nn::Module*, bool>> trace_keys_;
   std::vector<int64_t> nonmodel_, avail_;

@@ -60,8 +60,8 @@ void Gemini::install_pressure_handler() {
 void Gemini::remove_pressure_handler() { allocator_for(options_.device).set_pressure_handler({}); }
 
 void Gemini::arm_pressure(bool armed) {
+  if (armed) compute_thread_ = std::this_thread::get_id();  // first: never armed for another
   pressure_armed_ = armed;
-  if (armed) compute_thread_ = std::this_thread::get_id();
 }
 
 bool Gemini::relieve_pressure(int64_t nbytes) {
