@@ -45,6 +45,26 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def mpirun(ranks):
+    """The launcher prefix for `ranks` processes ([] for one)."""
+    if ranks == 1:
+        return []
+    return (["mpirun", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+            + ["-np", str(ranks)])
+
+
+def draw_numerics(rng, p_precision, p_accum, p_clip):
+    """bf16/fp16, --grad-accum 2 and --grad-clip 1, each drawn with its probability."""
+    a = []
+    if rng.random() < p_precision:
+        a += ["--precision", rng.choice(["bf16", "fp16"])]
+    if rng.random() < p_accum:
+        a += ["--grad-accum", "2"]
+    if rng.random() < p_clip:
+        a += ["--grad-clip", "1"]
+    return a
+
+
 def draw_auto(rng, ranks):
     heads = rng.choice([2, 4, 8])
     a = ["--model", "small", "--n-layer", str(rng.randint(1, 6)),
@@ -64,12 +84,7 @@ def draw_auto(rng, ranks):
         a += ["--checkpoint-segments", "0"]
     if rng.random() < 0.2:
         a.append("--offload-activations")
-    if rng.random() < 0.25:
-        a += ["--precision", rng.choice(["bf16", "fp16"])]
-    if rng.random() < 0.15:
-        a += ["--grad-accum", "2"]
-    if rng.random() < 0.15:
-        a += ["--grad-clip", "1"]
+    a += draw_numerics(rng, 0.25, 0.15, 0.15)
     if rng.random() < 0.3:
         a += ["--host-capacity", rng.choice(["16MiB", "48MiB", "96MiB"]), "--nvme-window", "1MiB"]
     return a
@@ -101,12 +116,7 @@ def draw_training(rng):
          "--seq", str(rng.choice([16, 32, 64])), "--steps", "5",
          "--dropout", rng.choice(["0", "0.1"]),
          "--lr-schedule", rng.choice(["constant", "cosine"]), "--warmup-steps", "1"]
-    if rng.random() < 0.3:
-        a += ["--precision", rng.choice(["bf16", "fp16"])]
-    if rng.random() < 0.25:
-        a += ["--grad-accum", "2"]
-    if rng.random() < 0.25:
-        a += ["--grad-clip", "1"]
+    a += draw_numerics(rng, 0.3, 0.25, 0.25)
     r = rng.random()
     if r < 0.2:
         a += ["--checkpoint-activations"]
@@ -202,12 +212,9 @@ def check_dp(binary, rng, work):
         g += ["--shard-param-frac", rng.choice(["0.3", "0.5"])]
     if g:
         g = ["--device", "sim:4GiB"] + g
-    mpirun = ["mpirun", "--oversubscribe", "-np", "2"]
-    if os.geteuid() == 0:
-        mpirun.insert(1, "--allow-run-as-root")
     one, two = os.path.join(work, "one.jsonl"), os.path.join(work, "two.jsonl")
     r1 = run([binary] + a + ["--log", one])
-    r2 = run(mpirun + [binary] + a + g + ["--zero", zero, "--log", two])
+    r2 = run(mpirun(2) + [binary] + a + g + ["--zero", zero, "--log", two])
     what = " ".join(a + g + ["--zero", zero])
     if r1.returncode or r2.returncode:
         return refused("EXIT", r2 if r2.returncode else r1, what)
@@ -247,9 +254,7 @@ def main():
     ap.add_argument("--binary", default=os.path.join(ROOT, "build", "apps", "gpt2_train"))
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    launch = [] if args.ranks == 1 else ["mpirun", "--oversubscribe", "-np", str(args.ranks)]
-    if args.ranks > 1 and os.geteuid() == 0:
-        launch.insert(1, "--allow-run-as-root")
+    launch = mpirun(args.ranks)
     failures = 0
     for _ in range(args.runs):
         work = tempfile.mkdtemp(prefix="memwall-sweep-")

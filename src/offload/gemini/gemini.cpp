@@ -266,10 +266,12 @@ void Gemini::gather(Chunk& c, const std::string& why) {
   const double t0 = now_us();
   Allocator& a = allocator_for(options_.device);
   AllocatorStats st = a.stats();
-  if (st.capacity_bytes > 0 && st.current_bytes + c.nbytes() > st.capacity_bytes &&
-      relieve_pressure(st.current_bytes + c.nbytes() - st.capacity_bytes))
+  const auto short_by = [&] {
+    return st.capacity_bytes > 0 ? st.current_bytes + c.nbytes() - st.capacity_bytes : 0;
+  };
+  if (short_by() > 0 && relieve_pressure(short_by()))
     st = a.stats();  // Note [Memory pressure]: copies no running op pins made room
-  if (st.capacity_bytes > 0 && st.current_bytes + c.nbytes() > st.capacity_bytes)
+  if (short_by() > 0)
     throw OutOfMemory(
         str("Gemini: ", why, " needs chunk ", c.index(), " (", c.nbytes(), " bytes) on ",
             options_.device.str(), ", but only ", st.capacity_bytes - st.current_bytes,

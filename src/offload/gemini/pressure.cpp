@@ -76,8 +76,7 @@ bool Gemini::relieve_pressure(int64_t nbytes) {
       return plan_next().after(a, t) > plan_next().after(b, t);
     });
   }
-  const bool was_armed = pressure_armed_;
-  pressure_armed_ = false;  // release() frees and may wait; it never allocates on the device
+  const PressurePause pause(*this, pressure_armed_);  // release() frees, waits, never allocates
   int64_t freed = 0;
   for (int c : candidates) {
     if (freed >= nbytes) break;
@@ -87,7 +86,6 @@ bool Gemini::relieve_pressure(int64_t nbytes) {
     ++iter_.pressure_evictions;
     ++run_.pressure_evictions;
   }
-  pressure_armed_ = was_armed;
   return true;
 }
 
