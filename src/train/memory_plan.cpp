@@ -227,7 +227,7 @@ double kv_cache_bytes(const PlanInputs& in) {
 
 double sampling_forward_double(const PlanInputs& in) {
   const Config& c = in.config;
-  const double e = static_cast<double>(in.dtype_bytes);
+  const double e = 4;  // f32 at every --precision (Note [Sampling during training])
   const double t =
       static_cast<double>(std::min(std::max<int64_t>(1, in.sample_context), c.n_positions));
   const double C = static_cast<double>(c.n_embd), F = static_cast<double>(c.mlp_width());

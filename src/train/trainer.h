@@ -143,7 +143,10 @@ struct TrainOptions {
 // inside Gemini's evaluation scope, Note [Evaluation forward]) and the same sampler takes the last
 // row of the logits. That is t forwards of up to t positions instead of t decoder steps, fine for
 // the few dozen tokens of a progress sample; the logits equal the decoder's up to f32 summation
-// order. The training run is untouched either way (tests/apps/train_sampling_test.cpp).
+// order. Both run in f32 at every --precision: the parameters are f32 (Gemini's chunks too), and
+// a forward under bf16/fp16 autocast would draw other tokens than the decoder from the same
+// weights, so the sample would depend on the placement (found by tools/auto_sweep.py bitwise).
+// The training run is untouched either way (tests/apps/train_sampling_test.cpp).
 
 // The model's config from the options: preset / --init-from / --config, then the shape overrides,
 // validated. Warnings (unknown config.json fields) go to `warn`.
