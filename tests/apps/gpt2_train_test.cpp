@@ -68,6 +68,25 @@ TEST(Gpt2Train, BadFlagsPrintUsageWithTheReasonAndExit2) {
   }
 }
 
+// A host budget below the states' two staging slots (4 MiB each with 128-wide blocks' chunks):
+// the refusal says --nvme-window cannot shrink them and names --chunk-size, which does (it once
+// told the user who had passed --nvme-window 1MiB to shrink the window).
+TEST(Gpt2Train, AHostBudgetBelowTheStagingSlotsNamesWhatShrinksThem) {
+  const std::string args =
+      "--model small --n-layer 4 --n-embd 128 --n-head 4 --vocab-size 257 --batch 2 --seq 64 "
+      "--steps 1 --device sim:4GiB --gemini static --host-capacity 2MiB --nvme-window 1MiB ";
+  Result r = run(args);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("(two slots of 4.00 MiB, the least it works with; --nvme-window 1.00 "
+                          "MiB cannot shrink it)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("shrink the window"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--chunk-size"), std::string::npos) << r.output;
+  Result smaller = run(args + "--chunk-size 50000");
+  EXPECT_EQ(smaller.exit_code, 0) << smaller.output;
+}
+
 TEST(Gpt2Train, PrintsTheDocumentsLinesAndIsDeterministic) {
   TempDir tmp;
   Result a = run(std::string(kTiny) + "--steps 3 --log " + tmp.file("log.jsonl"));

@@ -229,18 +229,24 @@ TierPlan plan_tiers(const std::vector<TierChunk>& chunks, int64_t host_capacity_
     }
   if (t.host_bytes() <= cap) return t;
   const int64_t staged = t.nvme_fraction > 0 ? window_bytes : 0;
-  throw InvalidArgument(
-      str("--host-capacity ", cap, " bytes (", mib(cap),
-          ") cannot hold Gemini's host data: ", mib(t.host_chunk_bytes), " of chunks on the host, ",
-          mib(t.host_state_bytes - staged), " of Adam states in RAM, ", mib(staged),
-          " of staging window for the states on disk (--nvme-window), ", mib(t.kept_grad_bytes),
-          " of gradients kept until the step (--grad-accum, --grad-clip, fp16) and ",
-          mib(t.reserve_bytes),
-          " for gradients and RAM copies in flight (two of the largest chunk and one or two of the "
-          "next), ",
-          mib(t.host_bytes()), " in all. Raise --host-capacity to at least ", t.host_bytes(),
-          " (bytes), or shrink the window (--nvme-window) or "
-          "the chunks (--chunk-size)"));
+  // Two slots are the least the states' pipeline works with: there --nvme-window cannot help.
+  const bool least = staged > window;
+  throw InvalidArgument(str(
+      "--host-capacity ", cap, " bytes (", mib(cap), ") cannot hold Gemini's host data: ",
+      mib(t.host_chunk_bytes), " of chunks on the host, ", mib(t.host_state_bytes - staged),
+      " of Adam states in RAM, ", mib(staged), " of staging window for the states on disk ",
+      least ? str("(two slots of ", mib(staged / 2), ", the least it works with; --nvme-window ",
+                  mib(window), " cannot shrink it), ")
+            : std::string("(--nvme-window), "),
+      mib(t.kept_grad_bytes),
+      " of gradients kept until the step (--grad-accum, --grad-clip, fp16) and ",
+      mib(t.reserve_bytes),
+      " for gradients and RAM copies in flight (two of the largest chunk and one or two of the "
+      "next), ",
+      mib(t.host_bytes()), " in all. Raise --host-capacity to at least ", t.host_bytes(),
+      " (bytes), or shrink ",
+      least ? "the chunks (--chunk-size: smaller chunks, smaller slots)"
+            : "the window (--nvme-window) or the chunks (--chunk-size)"));
 }
 
 }  // namespace mw::gemini
