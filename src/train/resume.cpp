@@ -83,6 +83,9 @@ void Trainer::check_fingerprint(const json::Value& saved, const std::string& pat
     const std::string& key = now.key(i);
     const json::Value* before = saved.find(key);
     if (before && *before == now.value(i)) continue;
+    // AdamW, HybridAdam and Gemini's HybridAdam make the same update bit for bit (docs/
+    // architecture.md), so moving among them, a memory choice, keeps the uninterrupted run.
+    if (before && key == "optimizer") continue;
     bool must = false;
     for (const char* k : kMustMatch) must = must || key == k;
     const std::string option = "--" + std::string(key == "grad_accum"  ? "grad-accum"
