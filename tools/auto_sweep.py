@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Gemini auto where static cpu fits, and resumed runs against straight ones, on random configurations.
+"""Promises of Gemini, data parallel, resumption and failing disks, on random configurations.
 
-Two checks of promises the tests make on a few cases only, drawn over many (docs/reliability.md):
+Five checks of promises the tests make on a few cases only, drawn over many (docs/reliability.md):
 
   auto    #10's "auto never fails where static with everything offloaded would fit": each
           configuration runs `--gemini static --offload-param-frac 1 --offload-optim-frac 1` on
@@ -10,9 +10,14 @@ Two checks of promises the tests make on a few cases only, drawn over many (docs
           device_peak_bytes) and its plan; auto must train with static's losses.
   bitwise #10's "losses and weights equal the plain run bitwise": a drawn Gemini run (policy,
           fractions, budgets, chunk size, three tiers, copy worker) logs the plain run's losses
-          and gradient norms to the last digit (the JSON log), with recomputation, activation
-          offload, bf16/fp16, accumulation and clipping drawn for both.
-  dp      #15's "losses match a single process on the same global batch": `mpirun -np 2` at a
+          and gradient norms to the last digit (the JSON log), samples the same tokens from the
+          trained model, evaluates the same validation loss (--val-data) and saves the same
+          bytes (--save's model.safetensors); the plain run's saved model, loaded into the
+          Gemini placement (`--eval-only --init-from`), evaluates to the same loss; with
+          recomputation, activation offload, bf16/fp16, accumulation and clipping drawn for
+          both; a three-tier run leaves its --nvme-dir empty.
+  dp      #15's "losses match a single process on the same global batch": `mpirun -np 2` (or
+          --ranks N, the batch a multiple of N) at a
           drawn ZeRO stage (plain or Gemini, --shard-param-frac drawn) against one plain process,
           fp32 at lr 1e-2, every loss within 1e-4 (tests/dist/dist_train.h: the summation order
           differs by ~1 ulp; a missed or doubled update moves a loss by 1e-3 or more). Refused
@@ -20,13 +25,24 @@ Two checks of promises the tests make on a few cases only, drawn over many (docs
   resume  a run checkpointed after step 2 and resumed from there logs the straight run's steps
           2-4 bit for bit (loss and gradient norm, every digit of the JSON log), under every
           placement (none, NVMe offload, Gemini static/auto/const, three tiers), with
-          bf16/fp16, accumulation, clipping, recomputation and an lr schedule drawn.
+          bf16/fp16, accumulation, clipping, recomputation and an lr schedule drawn; half the
+          resumed runs draw another placement (the checkpoint's optimizer layout is mapped onto
+          it), and a resume must not warn that the run changed.
+  fault   "a full disk ... loses nothing": a run (in RAM, NVMe offload, or three tiers on small
+          chunks) whose Nth I/O request fails (MW_IO_FAULT, the states' and chunks' reads and
+          writes) or whose Nth file write fails (MW_WRITE_FAULT: ENOSPC, EIO, or a short write,
+          which must be retried) exits 1 with a message, or ends as the clean run (losses and
+          saved weights bit for bit) where it recovers or N lies beyond its last request; it
+          leaves no file in --nvme-dir or TMPDIR and no partial --save, and its latest
+          checkpoint resumes to the clean run's losses bit for bit. With --ranks N only rank
+          1's disk fails, and every rank must stop (the collectives' timeouts, mpirun).
 
     /usr/bin/python3 tools/auto_sweep.py auto --runs 50 --seed 2413
     /usr/bin/python3 tools/auto_sweep.py auto --runs 20 --seed 2451 --ranks 2   # --zero 2|3
     /usr/bin/python3 tools/auto_sweep.py bitwise --runs 40 --seed 2471
     /usr/bin/python3 tools/auto_sweep.py dp --runs 16 --seed 2491
     /usr/bin/python3 tools/auto_sweep.py resume --runs 40 --seed 2442
+    /usr/bin/python3 tools/auto_sweep.py fault --runs 60 --seed 2513
 
 A line starts FAIL when the promise breaks or a run crashes (a signal, a sanitizer report: the
 sweeps also run on the sanitizer build, --binary build-asan/apps/gpt2_train); configurations a run
@@ -39,6 +55,7 @@ import os
 import random
 import re
 import shutil
+import struct
 import subprocess
 import tempfile
 
@@ -125,8 +142,9 @@ def draw_training(rng):
     return a
 
 
-def draw_resume(rng):
-    a = draw_training(rng)
+def draw_placement(rng):
+    """In memory, NVMe offload, or a Gemini policy (three tiers drawn), for the resume check."""
+    a = []
     placement = rng.choice(["none", "static", "auto", "const", "nvme"])
     if placement == "nvme":
         a += ["--offload", "nvme"]
@@ -186,25 +204,60 @@ def check_auto(launch, binary, a, rng, work):
 
 
 def check_bitwise(launch, binary, a, g, work):
-    key = lambda r: (r["step"], r["loss"], r.get("grad_norm"))
-    logs = []
+    """The plain run's losses, gradient norms, validation loss, sample and saved weights, bit for
+    bit, and its saved model evaluates to the same loss when loaded into the drawn placement; a
+    three-tier run leaves its --nvme-dir empty."""
+    key = lambda r: (r["step"], r.get("loss"), r.get("grad_norm"), r.get("val_loss"))
+    val = os.path.join(work, "val.bin")  # llm.c's shard: a 256-int32 header, then uint16 ids
+    ids = random.Random(len(a)).choices(range(100), k=4096)  # every drawn vocabulary has 100
+    with open(val, "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(ids), *[0] * 253))
+        f.write(struct.pack(f"<{len(ids)}H", *ids))
+    evaluate = ["--val-data", val, "--eval-batches", "2"]
+    sample = ["--sample-every", "5", "--sample-tokens", "6", "--sample-prompt-ids", "1,2"]
+    runs = []
     for extra, name in (([], "plain"), (g, "gemini")):
-        log = os.path.join(work, name + ".jsonl")
-        r = run(launch + [binary] + a + ["--device", "sim:4GiB", "--log", log] + extra)
+        log, out = os.path.join(work, name + ".jsonl"), os.path.join(work, name)
+        nvme = os.path.join(work, name + "-nvme")
+        os.mkdir(nvme)
+        tiers = ["--nvme-dir", nvme] if "--host-capacity" in extra else []
+        r = run(launch + [binary] + a + ["--device", "sim:4GiB", "--log", log, "--save", out]
+                + evaluate + sample + extra + tiers)
         if r.returncode != 0 and name == "plain":
             return refused("EXIT", r, " ".join(a))
         if r.returncode != 0:
             print("FAIL", r.returncode, " ".join(a + extra), "|", last_line(r), flush=True)
             return 1
-        logs.append([key(json.loads(l)) for l in open(log)])
-    ok = logs[0] == logs[1]
-    print("ok  " if ok else "FAIL", " ".join(a + g),
-          "" if ok else f"| {logs[0]} vs {logs[1]}", flush=True)
-    return 0 if ok else 1
+        with open(os.path.join(out, "model.safetensors"), "rb") as f:
+            weights = f.read()
+        runs.append(([key(json.loads(l)) for l in open(log)],
+                     re.findall(r"sample ids: ([0-9,]+)", r.stdout), weights, os.listdir(nvme)))
+    # The plain run's saved model, loaded into the drawn placement (through the tiers), evaluates
+    # to the plain run's last validation loss.
+    shape = [x for k in ("--batch", "--seq", "--precision") if k in a
+             for x in (k, a[a.index(k) + 1])]
+    nvme = os.path.join(work, "gemini-nvme")
+    log = os.path.join(work, "eval.jsonl")
+    tiers = ["--nvme-dir", nvme] if "--host-capacity" in g else []
+    r = run(launch + [binary, "--eval-only", "--init-from", os.path.join(work, "plain"),
+                      "--device", "sim:4GiB", "--log", log] + evaluate + shape + g + tiers)
+    val = json.loads(open(log).readline()).get("val_loss") if r.returncode == 0 else None
+    (la, sa, wa, _), (lb, sb, wb, left) = runs
+    left += os.listdir(nvme)
+    why = ("losses" if la != lb or not any(x[3] for x in la) else
+           "sample" if sa != sb or not sa else "saved weights" if wa != wb else
+           f"files left in --nvme-dir: {left}" if left else
+           f"--eval-only of the saved model: rc {r.returncode} {last_line(r)}, val loss {val}"
+           if val != la[-1][3] else "")
+    print("FAIL" if why else "ok  ", " ".join(a + g),
+          f"| {why}: {la} vs {lb} | {sa} vs {sb}" if why else "", flush=True)
+    return 1 if why else 0
 
 
-def check_dp(binary, rng, work):
+def check_dp(binary, rng, work, ranks):
     a = [x for x in draw_training(rng) if x not in ("--precision", "bf16", "fp16")]
+    if ranks != 2:  # the global batch splits evenly across the ranks
+        a[a.index("--batch") + 1] = str(ranks * rng.choice([1, 2]))
     a += ["--lr", "1e-2", "--threads", "1"]  # fp32: the summation order is the only difference
     zero = rng.choice(["1", "2", "3"])
     g = draw_gemini(rng) if rng.random() < 0.6 else []
@@ -214,7 +267,7 @@ def check_dp(binary, rng, work):
         g = ["--device", "sim:4GiB"] + g
     one, two = os.path.join(work, "one.jsonl"), os.path.join(work, "two.jsonl")
     r1 = run([binary] + a + ["--log", one])
-    r2 = run(mpirun(2) + [binary] + a + g + ["--zero", zero, "--log", two])
+    r2 = run(mpirun(ranks) + [binary] + a + g + ["--zero", zero, "--log", two])
     what = " ".join(a + g + ["--zero", zero])
     if r1.returncode or r2.returncode:
         return refused("EXIT", r2 if r2.returncode else r1, what)
@@ -226,33 +279,109 @@ def check_dp(binary, rng, work):
     return 0 if ok else 1
 
 
-def check_resume(launch, binary, a, work):
+def check_resume(launch, binary, a, placement, work, moved=None):
+    """`moved`: the resumed run's placement, when it differs (the checkpoint's optimizer layout
+    is mapped onto the new one, Note [Optimizer layouts]); the resume must not warn either."""
     key = lambda r: (r["step"], r["loss"], r.get("grad_norm"))
     straight, resumed = os.path.join(work, "a"), os.path.join(work, "b")
-    r1 = run(launch + [binary] + a + ["--checkpoint-dir", straight, "--checkpoint-every", "2",
-                                      "--log", straight + ".jsonl"])
+    r1 = run(launch + [binary] + a + placement + [
+        "--checkpoint-dir", straight, "--checkpoint-every", "2", "--log", straight + ".jsonl"])
     if r1.returncode != 0:
-        return refused("RUN-EXIT", r1, " ".join(a))
-    r2 = run(launch + [binary] + a + ["--checkpoint-dir", resumed, "--checkpoint-every", "2",
-                                      "--resume", os.path.join(straight, "step_000002"),
-                                      "--log", resumed + ".jsonl"])
+        return refused("RUN-EXIT", r1, " ".join(a + placement))
+    then = placement if moved is None else moved
+    r2 = run(launch + [binary] + a + then + [
+        "--checkpoint-dir", resumed, "--checkpoint-every", "2",
+        "--resume", os.path.join(straight, "step_000002"), "--log", resumed + ".jsonl"])
     want = [key(json.loads(l)) for l in open(straight + ".jsonl")][2:]
     got = ([key(json.loads(l)) for l in open(resumed + ".jsonl")]
            if os.path.exists(resumed + ".jsonl") else [])
-    ok = r2.returncode == 0 and got == want
-    print("ok  " if ok else "FAIL", " ".join(a),
-          "" if ok else f"| rc {r2.returncode} {last_line(r2)} | {want} vs {got}", flush=True)
+    warned = "warning: resuming" in r2.stdout + r2.stderr
+    ok = r2.returncode == 0 and got == want and not warned
+    what = " ".join(a + placement)
+    if moved is not None:
+        what += " -> " + (" ".join(moved) or "plain")
+    print("ok  " if ok else "FAIL", what, "" if ok else
+          f"| rc {r2.returncode} {last_line(r2)} | warned {warned} | {want} vs {got}", flush=True)
     return 0 if ok else 1
+
+
+def draw_fault(rng):
+    """A training run whose disk traffic or file writes fail at a drawn request: (args, env)."""
+    a = draw_training(rng)
+    placement = rng.choice(["none", "nvme", "tiers", "tiers"])
+    if placement == "nvme":
+        a += ["--offload", "nvme", "--nvme-window", "1MiB"]
+    elif placement == "tiers":
+        a += ["--device", "sim:4GiB", "--gemini", rng.choice(["static", "auto", "const"]),
+              "--host-capacity", rng.choice(["4MiB", "8MiB", "16MiB"]), "--nvme-window", "1MiB",
+              "--chunk-size", rng.choice(["20000", "50000"])]  # small chunks, small slots
+        if "const" in a:
+            a += ["--const-budget", "1MiB"]
+    disk = placement != "none" and rng.random() < 0.7
+    var = "MW_IO_FAULT" if disk else "MW_WRITE_FAULT"
+    kind = rng.choice(["eio", "read-eio"] if disk else ["enospc", "eio", "short"])
+    return a, {var: f"{kind}@{rng.randint(1, 80 if disk else 14)}"}
+
+
+def check_fault(launch, binary, a, env, work):
+    """A run whose disk fails at a drawn request stops with exit 1 and a message, or, where it
+    recovers (a short write) or the fault lies beyond its last request, ends as the clean run;
+    either way it leaves no file in --nvme-dir or TMPDIR and no partial --save, and its latest
+    checkpoint resumes to the clean run's losses bit for bit."""
+    key = lambda r: (r["step"], r["loss"], r.get("grad_norm"))
+    (var, spec), = env.items()
+    # Under mpirun only rank 1's disk fails: the other ranks must stop too, not wait forever.
+    one_rank = ["sh", "-c", f'[ "$OMPI_COMM_WORLD_RANK" = 1 ] && export {var}={spec}; exec "$@"',
+                "sh"] if launch else []
+    runs = []
+    for name, fault in (("clean", {}), ("fault", {} if launch else env)):
+        d = {k: os.path.join(work, name, k) for k in ("ckpt", "nvme", "tmp", "save")}
+        for k in ("ckpt", "nvme", "tmp"):
+            os.makedirs(d[k])
+        disk = ["--nvme-dir", d["nvme"]] if "--offload" in a or "--host-capacity" in a else []
+        r = subprocess.run(launch + (one_rank if name == "fault" else []) + [binary] + a + disk + [
+            "--checkpoint-dir", d["ckpt"], "--checkpoint-every", "2", "--save", d["save"],
+            "--log", d["ckpt"] + ".jsonl"], capture_output=True, text=True, errors="replace",
+            timeout=900, env=dict(os.environ, TMPDIR=d["tmp"], **fault))
+        if name == "clean" and r.returncode != 0:
+            return refused("EXIT", r, " ".join(a))
+        log = d["ckpt"] + ".jsonl"
+        records = [key(json.loads(l)) for l in open(log)] if os.path.exists(log) else []
+        runs.append((r, d, records))
+    (_, dc, want), (r, d, got) = runs
+    what = " ".join(a) + " " + " ".join(f"{k}={v}" for k, v in env.items())
+    left = os.listdir(d["nvme"]) + os.listdir(d["tmp"])
+    left += [e for e in os.listdir(d["ckpt"]) if e.startswith(".")]
+    same = lambda f: open(os.path.join(dc["save"], f), "rb").read() == open(
+        os.path.join(d["save"], f), "rb").read()
+    why = ("crashed" if crashed(r) else f"left {left}" if left else
+           "" if r.returncode == 0 and got == want and same("model.safetensors") else
+           "exit 0 with other losses or weights" if r.returncode == 0 else
+           f"exit {r.returncode}" if r.returncode != 1 else
+           "no error message" if "error: " not in r.stderr + r.stdout else
+           "a partial --save" if os.path.exists(d["save"]) else "")
+    steps = sorted(e for e in os.listdir(d["ckpt"]) if e.startswith("step_"))
+    if not why and r.returncode != 0 and steps:  # the latest checkpoint resumes bit for bit
+        k, log = int(steps[-1][5:]), os.path.join(work, "resumed.jsonl")
+        disk = ["--nvme-dir", d["nvme"]] if "--offload" in a or "--host-capacity" in a else []
+        rr = run(launch + [binary] + a + disk + ["--resume", os.path.join(d["ckpt"], steps[-1]),
+                                                  "--log", log])
+        resumed = [key(json.loads(l)) for l in open(log)] if rr.returncode == 0 else []
+        why = "" if resumed == want[k:] else f"resumed from {steps[-1]}: {last_line(rr)}"
+    print("FAIL" if why else "ok  ", f"rc {r.returncode}", what,
+          f"| {why} | {last_line(r)}" if why else f"| {last_line(r)[:120]}", flush=True)
+    return 1 if why else 0
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("check", choices=["auto", "bitwise", "dp", "resume"])
+    ap.add_argument("check", choices=["auto", "bitwise", "dp", "resume", "fault"])
     ap.add_argument("--runs", type=int, default=40)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--ranks", type=int, default=1, help="auto only: mpirun -np N")
+    ap.add_argument("--ranks", type=int, default=1, help="auto, dp, fault: mpirun -np N")
     ap.add_argument("--binary", default=os.path.join(ROOT, "build", "apps", "gpt2_train"))
     args = ap.parse_args()
+    args.binary = os.path.abspath(args.binary)
     rng = random.Random(args.seed)
     launch = mpirun(args.ranks)
     failures = 0
@@ -262,12 +391,22 @@ def main():
             if args.check == "auto":
                 failures += check_auto(launch, args.binary, draw_auto(rng, args.ranks), rng, work)
             elif args.check == "dp":
-                failures += check_dp(args.binary, rng, work)
+                failures += check_dp(args.binary, rng, work, max(2, args.ranks))
             elif args.check == "bitwise":
                 a = draw_training(rng)
                 failures += check_bitwise(launch, args.binary, a, draw_gemini(rng), work)
+            elif args.check == "fault":
+                failures += check_fault(launch, args.binary, *draw_fault(rng), work)
             else:
-                failures += check_resume(launch, args.binary, draw_resume(rng), work)
+                a, placement = draw_training(rng), draw_placement(rng)
+                moved = draw_placement(rng) if rng.random() < 0.5 else None
+                # Under mpirun, data parallel with and without Gemini reduce and sum gradients in
+                # other orders (their weights differ in the last bits): a move keeps Gemini on or
+                # off there.
+                on = lambda p: "--gemini" in p
+                if launch and moved is not None and on(moved) != on(placement):
+                    moved = None
+                failures += check_resume(launch, args.binary, a, placement, work, moved)
         except subprocess.TimeoutExpired:
             print("TIMEOUT", flush=True)
         finally:
