@@ -271,23 +271,33 @@ bool Trainer::checkpoint_due() const {
 }
 
 std::string Trainer::save_checkpoint() {
-  flush();           // the offloaded states' last write-backs land before they are streamed out
-  if (!is_root()) {  // under ZeRO its optimizer states go to rank 0, which writes them
-    if (shards_parameters()) save_model("");  // the gathers of rank 0's model save
-    if (shards_optimizer()) save_sharded_optimizer_state("");
-    return o_.checkpoint_dir;
+  flush();  // the offloaded states' last write-backs land before they are streamed out
+  const std::string path = [&] {
+    if (!is_root()) {  // under ZeRO its optimizer states go to rank 0, which writes them
+      if (shards_parameters()) save_model("");  // the gathers of rank 0's model save
+      if (shards_optimizer()) save_sharded_optimizer_state("");
+      return o_.checkpoint_dir + "/" + checkpoint_name(step_);  // the folder rank 0 writes
+    }
+    TrainState s;
+    s.step = step_;
+    s.micro_batch = micro_;
+    s.dropout_rng = default_generator().state();
+    if (scaler_) s.scaler = scaler_->state();
+    s.run = run_fingerprint();
+    s.optimizer_layout = layout_json(optimizer_layout());
+    const std::string written = write_checkpoint(
+        o_.checkpoint_dir, s, [&](const std::string& dir) { save_model(dir); },
+        [&](const std::string& file) { save_optimizer_state(file); });
+    prune_checkpoints(o_.checkpoint_dir, o_.keep);
+    return written;
+  }();
+  // Under data parallel no rank returns before rank 0 has put the folder in place: a rank that
+  // then stops (Note [Stop signals]) and exits first would have mpirun kill rank 0 mid-write.
+  if (dp_ && dp_->comm().size() > 1) {
+    const dist::CommStats before = dp_->comm().stats();
+    dp_->comm().barrier().wait();
+    dp_->exclude_comm_since(before);  // not the training step's communication
   }
-  TrainState s;
-  s.step = step_;
-  s.micro_batch = micro_;
-  s.dropout_rng = default_generator().state();
-  if (scaler_) s.scaler = scaler_->state();
-  s.run = run_fingerprint();
-  s.optimizer_layout = layout_json(optimizer_layout());
-  const std::string path = write_checkpoint(
-      o_.checkpoint_dir, s, [&](const std::string& dir) { save_model(dir); },
-      [&](const std::string& file) { save_optimizer_state(file); });
-  prune_checkpoints(o_.checkpoint_dir, o_.keep);
   return path;
 }
 

@@ -235,9 +235,10 @@ class Trainer {
   // Data parallel (trainer_dist.cpp): null for one process; rank 0 alone prints and writes.
   DataParallel* data_parallel() { return dp_.get(); }
   bool is_root() const;
-  // `local` (this rank's stop signal, 0 for none), or under ZeRO with --checkpoint-dir the ranks'
-  // agreement (one 8-byte all_reduce: every rank must call it): a rank's own signal, or SIGTERM
-  // when another rank got one. So all of them write the collective checkpoint and stop together.
+  // `local` (this rank's stop signal, 0 for none), or under data parallel with --checkpoint-dir
+  // the ranks' agreement (one 8-byte all_reduce: every rank must call it): a rank's own signal,
+  // or SIGTERM when another rank got one. So all of them write the checkpoint of the same step
+  // and stop together (at ZeRO stage 0 too: mpirun's SIGTERM reaches the ranks at other steps).
   int stop_signal_of_any_rank(int local);
   int64_t local_batch() const;  // this rank's rows of the global --batch
   // "Data parallel: ..." closing lines (communication per step, overlap, per-rank memory); "" for

@@ -205,7 +205,7 @@ void Trainer::save_sharded_optimizer_state(const std::string& file) {
 }
 
 int Trainer::stop_signal_of_any_rank(int local) {
-  if (!shards_optimizer() || o_.checkpoint_dir.empty()) return local;
+  if (!dp_ || dp_->comm().size() == 1 || o_.checkpoint_dir.empty()) return local;
   const dist::CommStats before = dp_->comm().stats();
   const double any = dp_->mean_over_ranks(local != 0 ? 1.0 : 0.0);
   dp_->exclude_comm_since(before);  // not the training step's communication

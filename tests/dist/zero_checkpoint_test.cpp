@@ -151,11 +151,15 @@ TEST_P(ZeroCheckpoint, ResumesExactlyAndInOneProcess) {
   expect_near_weights(alone + "/model", one() + "/model", "2 ranks -> 1 process");
 }
 
-// (c) with this rank's half of m and v on NVMe, the same.
+// (c) with this rank's half of m and v on NVMe, the same. (d) plain data parallel (stage 0): the
+// ranks agree on a stop there too (before session 25 rank 1 exited alone after step 4 and mpirun
+// killed rank 0 before it wrote step_000004; Gemini at stage 0, whose checkpoints are in its
+// chunks' layout, is swept by tools/auto_sweep.py signal --ranks 2).
 INSTANTIATE_TEST_SUITE_P(Zero, ZeroCheckpoint,
                          ::testing::Values(Stop{"--zero 1", false}, Stop{"--zero 2", true},
                                            Stop{"--zero 2 --offload nvme --nvme-window 1MiB",
-                                                false}));
+                                                false},
+                                           Stop{"--zero 0", true}));
 
 // (b) the other way: the one-process checkpoint resumed at 2 ranks under --zero 2.
 TEST_F(ZeroCheckpoint, OneProcessCheckpointResumesUnderZero) {
