@@ -80,8 +80,8 @@ bool Trainer::sample_due() const { return o_.sample_every > 0 && step_ % o_.samp
 std::vector<int32_t> Trainer::sample_by_forwards() {
   std::optional<gemini::EvalScope> gemini_eval;
   if (gem_) gemini_eval.emplace(*gem_);
-  NoGradGuard
-      no_grad;  // in f32 at any --precision, as the decoder (Note [Sampling during training])
+  // In f32 at every --precision, as the decoder (Note [Sampling during training]).
+  NoGradGuard no_grad;
   model_->eval();
   gpt2::Sampler sampler(o_.sampling);
   std::vector<int32_t> context = sample_prompt_, generated;
