@@ -40,7 +40,8 @@ Eight checks of promises the tests make on a few cases only, drawn over many (do
           placement (none, NVMe offload, Gemini static/auto/const, three tiers), with
           bf16/fp16, accumulation, clipping, recomputation and an lr schedule drawn; half the
           resumed runs draw another placement (the checkpoint's optimizer layout is mapped onto
-          it), and a resume must not warn that the run changed.
+          it), and a resume must not warn that the run changed; half the runs read their tokens
+          from 1-3 shards (--data, --shuffle drawn), crossing shards and epochs.
   fault   "a full disk ... loses nothing": a run (in RAM, NVMe offload, or three tiers on small
           chunks) whose Nth I/O request fails (MW_IO_FAULT, the states' and chunks' reads and
           writes) or whose Nth file write fails (MW_WRITE_FAULT: ENOSPC, EIO, or a short write,
@@ -161,6 +162,27 @@ def draw_training(rng):
     return a
 
 
+def write_shard(path, ids):
+    """llm.c's token shard: a 256-int32 header (magic, version, count), then uint16 ids."""
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(ids), *[0] * 253))
+        f.write(struct.pack(f"<{len(ids)}H", *ids))
+
+
+def draw_data(rng, a, work):
+    """Half the time: training tokens from 1-3 shards of a directory (a few steps' worth each, so
+    that a run crosses shards and epochs), read in order or --shuffle'd."""
+    if rng.random() < 0.5:
+        return []
+    rows = int(a[a.index("--batch") + 1]) * int(a[a.index("--seq") + 1])
+    data = os.path.join(work, "data")
+    os.makedirs(data)
+    for k in range(rng.randint(1, 3)):
+        ids = [rng.randrange(100) for _ in range(rng.randint(rows + 1, 4 * rows))]
+        write_shard(os.path.join(data, f"train_{k:03d}.bin"), ids)
+    return ["--data", data] + (["--shuffle"] if rng.random() < 0.5 else [])
+
+
 def draw_placement(rng):
     """In memory, NVMe offload, or a Gemini policy (three tiers drawn), for the resume check."""
     a = []
@@ -249,11 +271,8 @@ def check_bitwise(launch, binary, a, g, work):
     bit, and its saved model evaluates to the same loss when loaded into the drawn placement; a
     three-tier run leaves its --nvme-dir empty."""
     key = lambda r: (r["step"], r.get("loss"), r.get("grad_norm"), r.get("val_loss"))
-    val = os.path.join(work, "val.bin")  # llm.c's shard: a 256-int32 header, then uint16 ids
-    ids = random.Random(len(a)).choices(range(100), k=4096)  # every drawn vocabulary has 100
-    with open(val, "wb") as f:
-        f.write(struct.pack("<256i", 20240520, 1, len(ids), *[0] * 253))
-        f.write(struct.pack(f"<{len(ids)}H", *ids))
+    val = os.path.join(work, "val.bin")
+    write_shard(val, random.Random(len(a)).choices(range(100), k=4096))  # every vocabulary has 100
     evaluate = ["--val-data", val, "--eval-batches", "2"]
     sample = ["--sample-every", "5", "--sample-tokens", "6", "--sample-prompt-ids", "1,2"]
     runs = []
@@ -556,11 +575,13 @@ def main():
                 failures += check_ranks(args.binary, rng, work)
             elif args.check == "signal":
                 a, placement = draw_training(rng), draw_placement(rng)
+                a += draw_data(rng, a, work)
                 failures += check_signal(launch, args.binary, a, placement, rng, work)
             elif args.check == "fault":
                 failures += check_fault(launch, args.binary, *draw_fault(rng), work)
             else:
                 a, placement = draw_training(rng), draw_placement(rng)
+                a += draw_data(rng, a, work)
                 moved = draw_placement(rng) if rng.random() < 0.5 else None
                 # Under mpirun, data parallel with and without Gemini reduce and sum gradients in
                 # other orders (their weights differ in the last bits): a move keeps Gemini on or
