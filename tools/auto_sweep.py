@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Promises of Gemini, data parallel, resumption and failing disks, on random configurations.
 
-Eight checks of promises the tests make on a few cases only, drawn over many (docs/reliability.md):
+Nine checks of promises the tests make on a few cases only, drawn over many (docs/reliability.md):
 
   auto    #10's "auto never fails where static with everything offloaded would fit": each
           configuration runs `--gemini static --offload-param-frac 1 --offload-optim-frac 1` on
@@ -32,6 +32,10 @@ Eight checks of promises the tests make on a few cases only, drawn over many (do
           fp32 at lr 1e-2, every loss within 1e-4 (tests/dist/dist_train.h: the summation order
           differs by ~1 ulp; a missed or doubled update moves a loss by 1e-3 or more). Refused
           combinations print EXIT.
+  finetune a user's fine-tune: a model trained and saved, then `--init-from` it on 1-3 shards
+          of tokens (--data, --shuffle drawn), plain and in a drawn Gemini placement (three
+          tiers drawn: the loader streams each tensor into its chunk): the same losses, norms
+          and saved bytes, bit for bit (one process).
   ranks   #15's "checkpoints written at N ranks load at M ranks": a 2-rank run (a drawn ZeRO
           stage, plain or Gemini) checkpointed after step 2 and resumed at 1 or 4 ranks logs the
           2-rank run's steps 2-4 within the dp check's 1e-4.
@@ -48,8 +52,8 @@ Eight checks of promises the tests make on a few cases only, drawn over many (do
           which must be retried) exits 1 with a message, or ends as the clean run (losses and
           saved weights bit for bit) where it recovers or N lies beyond its last request; it
           leaves no file in --nvme-dir or TMPDIR and no partial --save, and its latest
-          checkpoint resumes to the clean run's losses bit for bit. With --ranks N only rank
-          1's disk fails, and every rank must stop (the collectives' timeouts, mpirun).
+          checkpoint resumes to the clean run's losses bit for bit. With --ranks N one rank's
+          disk fails (rank 0's file writes, rank 1's I/O requests), and every rank must stop.
 
     /usr/bin/python3 tools/auto_sweep.py auto --runs 50 --seed 2413
     /usr/bin/python3 tools/auto_sweep.py auto --runs 20 --seed 2451 --ranks 2   # --zero 2|3
@@ -60,6 +64,7 @@ Eight checks of promises the tests make on a few cases only, drawn over many (do
     /usr/bin/python3 tools/auto_sweep.py const --runs 30 --seed 2551
     /usr/bin/python3 tools/auto_sweep.py signal --runs 40 --seed 2571
     /usr/bin/python3 tools/auto_sweep.py ranks --runs 50 --seed 2582
+    /usr/bin/python3 tools/auto_sweep.py finetune --runs 60 --seed 2622
 
 A line starts FAIL when the promise breaks or a run crashes (a signal, a sanitizer report: the
 sweeps also run on the sanitizer build, --binary build-asan/apps/gpt2_train); configurations a run
@@ -169,18 +174,23 @@ def write_shard(path, ids):
         f.write(struct.pack(f"<{len(ids)}H", *ids))
 
 
-def draw_data(rng, a, work):
-    """Half the time: training tokens from 1-3 shards of a directory (a few steps' worth each, so
-    that a run crosses shards and epochs), read in order or --shuffle'd."""
-    if rng.random() < 0.5:
-        return []
+def write_data(rng, a, work):
+    """1-3 shards of a few steps' tokens each in work/data; returns the directory."""
     rows = int(a[a.index("--batch") + 1]) * int(a[a.index("--seq") + 1])
     data = os.path.join(work, "data")
     os.makedirs(data)
     for k in range(rng.randint(1, 3)):
         ids = [rng.randrange(100) for _ in range(rng.randint(rows + 1, 4 * rows))]
         write_shard(os.path.join(data, f"train_{k:03d}.bin"), ids)
-    return ["--data", data] + (["--shuffle"] if rng.random() < 0.5 else [])
+    return data
+
+
+def draw_data(rng, a, work):
+    """Half the time: training tokens from 1-3 shards of a directory (a few steps' worth each, so
+    that a run crosses shards and epochs), read in order or --shuffle'd."""
+    if rng.random() < 0.5:
+        return []
+    return ["--data", write_data(rng, a, work)] + (["--shuffle"] if rng.random() < 0.5 else [])
 
 
 def draw_placement(rng):
@@ -317,6 +327,40 @@ def check_bitwise(launch, binary, a, g, work):
            if val != la[-1][3] else "")
     print("FAIL" if why else "ok  ", " ".join(a + g),
           f"| {why}: {la} vs {lb} | {sa} vs {sb}" if why else "", flush=True)
+    return 1 if why else 0
+
+
+def check_finetune(launch, binary, a, g, rng, work):
+    """A user's fine-tune: a model trained and saved, then `--init-from` it on shards of text
+    (`--data`), plain and in a drawn Gemini placement (through the tiers: the loader streams each
+    tensor into its chunk): the same losses, norms and saved bytes, bit for bit."""
+    base = os.path.join(work, "base")
+    r = run(launch + [binary] + a + ["--save", base])
+    if r.returncode != 0:
+        return refused("EXIT", r, " ".join(a))
+    tune = [x for k in ("--batch", "--seq", "--precision", "--grad-accum", "--grad-clip") if k in a
+            for x in (k, a[a.index(k) + 1])] + ["--steps", "4", "--lr", "3e-3"]
+    tune += draw_data(rng, a, work) or ["--data", write_data(rng, a, work)]
+    runs = []
+    for extra, name in (([], "plain"), (g, "gemini")):
+        log, out = os.path.join(work, name + ".jsonl"), os.path.join(work, name)
+        nvme = os.path.join(work, name + "-nvme")
+        os.mkdir(nvme)
+        tiers = ["--nvme-dir", nvme] if "--host-capacity" in extra else []
+        r = run(launch + [binary, "--init-from", base, "--device", "sim:4GiB", "--log", log,
+                          "--save", out] + tune + extra + tiers)
+        if r.returncode != 0:
+            print("FAIL" if name == "gemini" or crashed(r) else "EXIT", " ".join(tune + extra),
+                  "|", last_line(r), flush=True)
+            return 1 if name == "gemini" or crashed(r) else 0
+        with open(os.path.join(out, "model.safetensors"), "rb") as f:
+            runs.append(([(x["step"], x["loss"], x.get("grad_norm")) for x in
+                          map(json.loads, open(log))], f.read(), os.listdir(nvme)))
+    (la, wa, _), (lb, wb, left) = runs
+    why = ("losses" if la != lb else "saved weights" if wa != wb else
+           f"files left in --nvme-dir: {left}" if left else "")
+    print("FAIL" if why else "ok  ", " ".join(a + ["->"] + tune + g),
+          f"| {why}: {la} vs {lb}" if why else "", flush=True)
     return 1 if why else 0
 
 
@@ -502,9 +546,11 @@ def check_fault(launch, binary, a, env, work):
     checkpoint resumes to the clean run's losses bit for bit."""
     key = lambda r: (r["step"], r["loss"], r.get("grad_norm"))
     (var, spec), = env.items()
-    # Under mpirun only rank 1's disk fails: the other ranks must stop too, not wait forever.
-    one_rank = ["sh", "-c", f'[ "$OMPI_COMM_WORLD_RANK" = 1 ] && export {var}={spec}; exec "$@"',
-                "sh"] if launch else []
+    # Under mpirun one rank's disk fails (rank 0's for file writes: it writes the checkpoints and
+    # the model; rank 1's for I/O requests): the other ranks must stop too, not wait forever.
+    rank = 0 if var == "MW_WRITE_FAULT" else 1
+    one_rank = ["sh", "-c", f'[ "$OMPI_COMM_WORLD_RANK" = {rank} ] && export {var}={spec}; '
+                'exec "$@"', "sh"] if launch else []
     runs = []
     for name, fault in (("clean", {}), ("fault", {} if launch else env)):
         d = {k: os.path.join(work, name, k) for k in ("ckpt", "nvme", "tmp", "save")}
@@ -549,13 +595,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("check",
                     choices=["auto", "bitwise", "dp", "resume", "fault", "const", "signal",
-                             "ranks"])
+                             "ranks", "finetune"])
     ap.add_argument("--runs", type=int, default=40)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--ranks", type=int, default=1, help="auto, dp, fault: mpirun -np N")
     ap.add_argument("--binary", default=os.path.join(ROOT, "build", "apps", "gpt2_train"))
     args = ap.parse_args()
     args.binary = os.path.abspath(args.binary)
+    if args.check in ("bitwise", "finetune") and args.ranks > 1:
+        ap.error(f"{args.check} compares with the plain run bit for bit: one process only (under "
+                 "data parallel Gemini sums the tied embedding's gradient in another order)")
     rng = random.Random(args.seed)
     launch = mpirun(args.ranks)
     failures = 0
@@ -571,6 +620,9 @@ def main():
                 failures += check_bitwise(launch, args.binary, a, draw_gemini(rng), work)
             elif args.check == "const":
                 failures += check_const(launch, args.binary, draw_auto(rng, args.ranks), rng, work)
+            elif args.check == "finetune":
+                a = draw_training(rng)
+                failures += check_finetune(launch, args.binary, a, draw_gemini(rng), rng, work)
             elif args.check == "ranks":
                 failures += check_ranks(args.binary, rng, work)
             elif args.check == "signal":
