@@ -45,7 +45,9 @@ Nine checks of promises the tests make on a few cases only, drawn over many (doc
           bf16/fp16, accumulation, clipping, recomputation and an lr schedule drawn; half the
           resumed runs draw another placement (the checkpoint's optimizer layout is mapped onto
           it), and a resume must not warn that the run changed; half the runs read their tokens
-          from 1-3 shards (--data, --shuffle drawn), crossing shards and epochs.
+          from 1-3 shards (--data, --shuffle drawn), crossing shards and epochs, and half
+          evaluate every 2 steps or sample every 3 (the evaluations and samples after the
+          checkpoint must be the straight run's too).
   fault   "a full disk ... loses nothing": a run (in RAM, NVMe offload, or three tiers on small
           chunks) whose Nth I/O request fails (MW_IO_FAULT, the states' and chunks' reads and
           writes) or whose Nth file write fails (MW_WRITE_FAULT: ENOSPC, EIO, or a short write,
@@ -191,6 +193,19 @@ def draw_data(rng, a, work):
     if rng.random() < 0.5:
         return []
     return ["--data", write_data(rng, a, work)] + (["--shuffle"] if rng.random() < 0.5 else [])
+
+
+def draw_between(rng, work):
+    """Half the time each: evaluation every 2 steps (--val-data) and a sample every 3 steps, the
+    work a run does between steps, which must leave a resumed run as the straight one."""
+    a = []
+    if rng.random() < 0.5:
+        val = os.path.join(work, "val.bin")
+        write_shard(val, [rng.randrange(100) for _ in range(2048)])
+        a += ["--val-data", val, "--eval-every", "2", "--eval-batches", "2"]
+    if rng.random() < 0.5:
+        a += ["--sample-every", "3", "--sample-tokens", "4", "--sample-prompt-ids", "1"]
+    return a
 
 
 def draw_placement(rng):
@@ -425,7 +440,11 @@ def check_ranks(binary, rng, work):
 def check_resume(launch, binary, a, placement, work, moved=None):
     """`moved`: the resumed run's placement, when it differs (the checkpoint's optimizer layout
     is mapped onto the new one, Note [Optimizer layouts]); the resume must not warn either."""
-    key = lambda r: (r["step"], r["loss"], r.get("grad_norm"))
+    key = lambda r: (r["step"], r.get("loss"), r.get("grad_norm"), r.get("val_loss"))
+    # After the checkpoint of step 2: the steps from 2 on and the evaluations after 3 updates on.
+    after = lambda k: k[0] >= 2 + (k[1] is None)
+    samples = lambda r: [x for x in re.findall(r"^\[(\d+)\] sample ids: (\S+)", r.stdout, re.M)
+                         if int(x[0]) > 2]
     straight, resumed = os.path.join(work, "a"), os.path.join(work, "b")
     r1 = run(launch + [binary] + a + placement + [
         "--checkpoint-dir", straight, "--checkpoint-every", "2", "--log", straight + ".jsonl"])
@@ -435,11 +454,11 @@ def check_resume(launch, binary, a, placement, work, moved=None):
     r2 = run(launch + [binary] + a + then + [
         "--checkpoint-dir", resumed, "--checkpoint-every", "2",
         "--resume", os.path.join(straight, "step_000002"), "--log", resumed + ".jsonl"])
-    want = [key(json.loads(l)) for l in open(straight + ".jsonl")][2:]
-    got = ([key(json.loads(l)) for l in open(resumed + ".jsonl")]
+    want = [k for k in map(key, map(json.loads, open(straight + ".jsonl"))) if after(k)]
+    got = ([k for k in map(key, map(json.loads, open(resumed + ".jsonl"))) if after(k)]
            if os.path.exists(resumed + ".jsonl") else [])
     warned = "warning: resuming" in r2.stdout + r2.stderr
-    ok = r2.returncode == 0 and got == want and not warned
+    ok = r2.returncode == 0 and got == want and not warned and samples(r1) == samples(r2)
     what = " ".join(a + placement)
     if moved is not None:
         what += " -> " + (" ".join(moved) or "plain")
@@ -633,7 +652,7 @@ def main():
                 failures += check_fault(launch, args.binary, *draw_fault(rng), work)
             else:
                 a, placement = draw_training(rng), draw_placement(rng)
-                a += draw_data(rng, a, work)
+                a += draw_data(rng, a, work) + draw_between(rng, work)
                 moved = draw_placement(rng) if rng.random() < 0.5 else None
                 # Under mpirun, data parallel with and without Gemini reduce and sum gradients in
                 # other orders (their weights differ in the last bits): a move keeps Gemini on or
