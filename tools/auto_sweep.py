@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Promises of Gemini, data parallel, resumption and failing disks, on random configurations.
 
-Nine checks of promises the tests make on a few cases only, drawn over many (docs/reliability.md):
+Ten checks of promises the tests make on a few cases only, drawn over many (docs/reliability.md):
 
   auto    #10's "auto never fails where static with everything offloaded would fit": each
           configuration runs `--gemini static --offload-param-frac 1 --offload-optim-frac 1` on
@@ -23,15 +23,18 @@ Nine checks of promises the tests make on a few cases only, drawn over many (doc
           trained model, evaluates the same validation loss (--val-data) and saves the same
           bytes (--save's model.safetensors); the plain run's saved model, loaded into the
           Gemini placement (`--eval-only --init-from`), evaluates to the same loss, and
-          gpt2_generate on it draws the run's last sample; with
-          recomputation, activation offload, bf16/fp16, accumulation and clipping drawn for
-          both; a three-tier run leaves its --nvme-dir empty.
+          gpt2_generate on it draws the run's last sample; with recomputation, activation
+          offload, bf16/fp16, accumulation and clipping drawn for both; a three-tier run leaves
+          its --nvme-dir empty.
   dp      #15's "losses match a single process on the same global batch": `mpirun -np 2` (or
-          --ranks N, the batch a multiple of N) at a
-          drawn ZeRO stage (plain or Gemini, --shard-param-frac drawn) against one plain process,
-          fp32 at lr 1e-2, every loss within 1e-4 (tests/dist/dist_train.h: the summation order
-          differs by ~1 ulp; a missed or doubled update moves a loss by 1e-3 or more). Refused
-          combinations print EXIT.
+          --ranks N, the batch a multiple of N) at a drawn ZeRO stage (plain or Gemini,
+          --shard-param-frac drawn) against one plain process, fp32 at lr 1e-2, every loss
+          within 1e-4 (tests/dist/dist_train.h: the summation order differs by ~1 ulp; a
+          missed or doubled update moves a loss by 1e-3 or more). Refused combinations print
+          EXIT.
+  dpbitwise Gemini under data parallel: at 2 ranks, a drawn ZeRO stage (0, 2, 3, sharded
+          parameters drawn) and one chunk size, a drawn policy (fractions, budgets, copy worker,
+          three tiers) trains bit for bit as static cpu placement (losses, norms, saved bytes).
   finetune a user's fine-tune: a model trained and saved, then `--init-from` it on 1-3 shards
           of tokens (--data, --shuffle drawn), plain and in a drawn Gemini placement (three
           tiers drawn: the loader streams each tensor into its chunk): the same losses, norms
@@ -67,6 +70,7 @@ Nine checks of promises the tests make on a few cases only, drawn over many (doc
     /usr/bin/python3 tools/auto_sweep.py signal --runs 40 --seed 2571
     /usr/bin/python3 tools/auto_sweep.py ranks --runs 50 --seed 2582
     /usr/bin/python3 tools/auto_sweep.py finetune --runs 60 --seed 2622
+    /usr/bin/python3 tools/auto_sweep.py dpbitwise --runs 40 --seed 2652
 
 A line starts FAIL when the promise breaks or a run crashes (a signal, a sanitizer report: the
 sweeps also run on the sanitizer build, --binary build-asan/apps/gpt2_train); configurations a run
@@ -404,6 +408,36 @@ def check_dp(binary, rng, work, ranks):
     return 0 if ok else 1
 
 
+def check_dpbitwise(binary, rng, work):
+    """Gemini's placements under data parallel: at 2 ranks, one ZeRO stage and one chunk size,
+    every policy (fractions, budgets, copy worker, three tiers) trains bit for bit as static cpu
+    placement (losses, norms, saved bytes): the chunks, their reductions and the norm's order are
+    the same; only where the chunks live differs."""
+    a = draw_training(rng) + ["--threads", "1", "--zero", rng.choice(["0", "2", "3"])]
+    if a[-1] != "0" and rng.random() < 0.4:
+        a += ["--shard-param-frac", rng.choice(["0.3", "0.5"])]
+    cs = ["--chunk-size", str(rng.choice([20000, 50000, 300000]))]
+    g = draw_gemini(rng)
+    if "--chunk-size" in g:
+        del g[g.index("--chunk-size"):g.index("--chunk-size") + 2]
+    runs = []
+    for name, placement in (("static", ["--gemini", "static", "--offload-param-frac", "1",
+                                        "--offload-optim-frac", "1"]), ("drawn", g)):
+        log, out = os.path.join(work, name + ".jsonl"), os.path.join(work, name)
+        r = run(mpirun(2) + [binary] + a + cs + placement + ["--device", "sim:4GiB", "--log", log,
+                                                             "--save", out])
+        if r.returncode != 0:
+            return refused("EXIT", r, " ".join(a + cs + placement))
+        with open(os.path.join(out, "model.safetensors"), "rb") as f:
+            runs.append(([(x["step"], x["loss"], x.get("grad_norm")) for x in
+                          map(json.loads, open(log))], f.read()))
+    ok = runs[0] == runs[1]
+    print("ok  " if ok else "FAIL", " ".join(a + cs + g),
+          "" if ok else f"| {'losses' if runs[0][0] != runs[1][0] else 'saved weights'}: "
+          f"{runs[0][0]} vs {runs[1][0]}", flush=True)
+    return 0 if ok else 1
+
+
 def check_ranks(binary, rng, work):
     """#15's "checkpoints written at N ranks load at M ranks": a 2-rank run (drawn ZeRO stage,
     plain or Gemini) checkpointed after step 2, resumed at 1 or 4 ranks, logs the 2-rank run's
@@ -614,7 +648,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("check",
                     choices=["auto", "bitwise", "dp", "resume", "fault", "const", "signal",
-                             "ranks", "finetune"])
+                             "ranks", "finetune", "dpbitwise"])
     ap.add_argument("--runs", type=int, default=40)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--ranks", type=int, default=1, help="auto, dp, fault: mpirun -np N")
@@ -639,6 +673,8 @@ def main():
                 failures += check_bitwise(launch, args.binary, a, draw_gemini(rng), work)
             elif args.check == "const":
                 failures += check_const(launch, args.binary, draw_auto(rng, args.ranks), rng, work)
+            elif args.check == "dpbitwise":
+                failures += check_dpbitwise(args.binary, rng, work)
             elif args.check == "finetune":
                 a = draw_training(rng)
                 failures += check_finetune(launch, args.binary, a, draw_gemini(rng), rng, work)
