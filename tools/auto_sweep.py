@@ -9,11 +9,12 @@ Ten checks of promises the tests make on a few cases only, drawn over many (docs
           capacity is the larger of static's measured device peak (the JSON log's
           device_peak_bytes) and its plan; auto must train with static's losses.
   signal  "never lose a saved model": SIGTERM or SIGKILL after a drawn step of a run that
-          checkpoints every 3 steps, under every placement. SIGTERM: exit 143 naming the
-          checkpoint of the step under way, nothing left in --nvme-dir or TMPDIR. Either way
-          the newest checkpoint resumes to the straight run's losses bit for bit, and the
-          resume's own saves remove what a killed run left half-written. With --ranks N, rank 1
-          alone gets SIGTERM: every rank must write that step's checkpoint and stop.
+          checkpoints every 3 steps (--keep 1 or 2 drawn), under every placement. SIGTERM: exit
+          143 naming the checkpoint of the step under way, nothing left in --nvme-dir or
+          TMPDIR. Either way the newest checkpoint resumes to the straight run's losses bit for
+          bit, and the resume's own saves remove what a killed run left half-written. With
+          --ranks N, rank 1 alone gets SIGTERM: every rank must write that step's checkpoint and
+          stop.
   const   #10's "--const-budget caps gathered-chunk memory": on auto's drawn configurations, the
           const policy's device peak (the JSON log's) is at most static cpu placement's plus the
           budget (256 KiB to 16 MiB, the copy worker drawn), with static's losses.
@@ -540,8 +541,9 @@ def check_signal(launch, binary, a, placement, rng, work):
     ckpt, nvme, tmp = (os.path.join(work, n) for n in ("ckpt", "nvme", "tmp"))
     for d in (nvme, tmp):
         os.makedirs(d)
+    keep = ["--keep", rng.choice(["1", "2"])] if rng.random() < 0.4 else []  # pruned as it goes
     cmd = launch + [binary] + a + placement + disk(nvme) + [
-        "--checkpoint-dir", ckpt, "--checkpoint-every", "3"]
+        "--checkpoint-dir", ckpt, "--checkpoint-every", "3"] + keep
     env = dict(os.environ, TMPDIR=tmp)
     if launch:  # rank 1 alone raises SIGTERM after step `at` (gpt2_train's test hook)
         env.update(MW_TEST_EXIT_RANK="1", MW_TEST_EXIT_STEP=str(at), MW_TEST_EXIT_HOW="sigterm")
@@ -559,7 +561,7 @@ def check_signal(launch, binary, a, placement, rng, work):
                 break
         out += p.stdout.readlines()
         rc = p.wait()
-    what = f"{sig.name} after [{at}]: " + " ".join(a + placement)
+    what = f"{sig.name} after [{at}]: " + " ".join(a + placement + keep)
     text = "".join(out)
     steps = sorted(e for e in os.listdir(ckpt) if e.startswith("step_")) if os.path.isdir(
         ckpt) else []
@@ -582,7 +584,8 @@ def check_signal(launch, binary, a, placement, rng, work):
     if not why and steps:  # the newest checkpoint resumes bit for bit
         log = os.path.join(work, "resumed.jsonl")
         rr = run(launch + [binary] + a + placement + disk(nvme) + [
-            "--checkpoint-dir", ckpt, "--checkpoint-every", "3", "--resume", ckpt, "--log", log])
+            "--checkpoint-dir", ckpt, "--checkpoint-every", "3", "--resume", ckpt, "--log", log]
+            + keep)
         k = int(steps[-1][5:])
         got = [key(json.loads(l)) for l in open(log)] if rr.returncode == 0 else []
         hidden = [e for e in os.listdir(ckpt) if e.startswith(".")]
