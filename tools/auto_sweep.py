@@ -522,13 +522,13 @@ def draw_fault(rng):
 
 def check_signal(launch, binary, a, placement, rng, work):
     """SIGTERM after a drawn step's loss line: exit 143 with a checkpoint of the step under way,
-    which the message names, nothing left behind, and the resume gives the straight run's losses bit for bit. SIGKILL
-    instead: the newest checkpoint is whole and resumes bit for bit, and that resume's saves
-    remove what the killed run left half-written."""
+    which the message names, nothing left behind, and the resume gives the straight run's
+    losses bit for bit. SIGKILL instead: the newest checkpoint is whole and resumes bit for
+    bit, and that resume's saves remove what the killed run left half-written."""
     key = lambda r: (r["step"], r["loss"], r.get("grad_norm"))
     a = a[:a.index("--steps")] + ["--steps", "8"] + a[a.index("--steps") + 2:]
-    disk = lambda d: ["--nvme-dir", d] if "--offload" in placement or "--host-capacity" in \
-        placement else []
+    on_disk = "--offload" in placement or "--host-capacity" in placement
+    disk = lambda d: ["--nvme-dir", d] if on_disk else []
     straight = os.path.join(work, "straight.jsonl")
     r = run(launch + [binary] + a + placement + ["--log", straight])
     if r.returncode != 0:
