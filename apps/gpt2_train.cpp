@@ -459,7 +459,8 @@ int run(const Options& o) {
     const bool go_on = stop_signal() == 0 || t.shards_parameters();
     if (t.eval_due() && go_on) report_eval(t, log, tty);
     if (t.sample_due() && go_on) print(str(tty ? "\n" : "", t.sample()));
-    // Under ZeRO the ranks agree whether any of them was asked to stop (Note [ZeRO checkpoints]).
+    // Under data parallel the ranks agree whether any of them was asked to stop (Note [Stop
+    // signals]; docs/distributed.md), so that all of them checkpoint the same step.
     if (const int sig = t.stop_signal_of_any_rank(stop_signal()); t.checkpoint_due() || sig != 0) {
       // Rank 0 writes it; under ZeRO the other ranks send it their optimizer states.
       const std::string path = t.save_checkpoint();

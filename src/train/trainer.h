@@ -212,8 +212,9 @@ class Trainer {
   // "[12] sample: <prompt><continuation>" (or "[12] sample ids: 5,17,..." without a tokenizer).
   std::string sample();
   const data::TokenizerFiles& tokenizer_files() const { return tokenizer_files_; }
-  // Rank 0 writes the checkpoint; under ZeRO every rank must call it (each sends its optimizer
-  // states, Note [ZeRO checkpoints]), elsewhere the other ranks may. Returns the folder.
+  // Rank 0 writes the checkpoint; under data parallel every rank must call it (under ZeRO each
+  // sends its optimizer states, Note [ZeRO checkpoints]; every rank then waits until rank 0 has
+  // put the folder in place). Returns the folder (rank 0's, on every rank).
   std::string save_checkpoint();
   // --save-optimizer, once (later calls return the same line): rank 0 writes the file; under ZeRO
   // every rank must call it. "Saved optimizer state to ...\n", or "" without the option.
