@@ -1,0 +1,167 @@
+"""What tools/auto_sweep.py's checks share: the draws of configurations, token shards, the
+launcher, and how a run's outcome is judged (a refusal with a message, or a crash)."""
+import os
+import struct
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def mpirun(ranks):
+    """The launcher prefix for `ranks` processes ([] for one). LeakSanitizer is off for the ranks
+    (Open MPI leaves ~120 KB from MPI_Init that no suppression can match: tests/dist/mpi_launch.h);
+    ASan's other checks stay on."""
+    if ranks == 1:
+        return []
+    return (["mpirun", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+            + ["-x", "ASAN_OPTIONS=detect_leaks=0", "-np", str(ranks)])
+
+
+def draw_numerics(rng, p_precision, p_accum, p_clip):
+    """bf16/fp16, --grad-accum 2 and --grad-clip 1, each drawn with its probability."""
+    a = []
+    if rng.random() < p_precision:
+        a += ["--precision", rng.choice(["bf16", "fp16"])]
+    if rng.random() < p_accum:
+        a += ["--grad-accum", "2"]
+    if rng.random() < p_clip:
+        a += ["--grad-clip", "1"]
+    return a
+
+
+def draw_auto(rng, ranks):
+    heads = rng.choice([2, 4, 8])
+    a = ["--model", "small", "--n-layer", str(rng.randint(1, 6)),
+         "--n-embd", str(heads * rng.choice([16, 32, 64])), "--n-head", str(heads),
+         "--vocab-size", str(rng.choice([100, 257, 1000, 5000, 50257])),
+         "--batch", str(rng.choice([2, 4, 8] if ranks > 1 else [1, 2, 4, 8])),
+         "--seq", str(rng.choice([16, 32, 64, 128])), "--steps", "3",
+         "--dropout", rng.choice(["0", "0.1"])]
+    if ranks > 1:
+        a += ["--threads", "1", "--zero", rng.choice(["2", "3"])]
+    if rng.random() < 0.5:
+        a += ["--chunk-size", str(rng.choice([20000, 50000, 100000, 300000, 1000000]))]
+    r = rng.random()
+    if r < 0.25:
+        a += ["--checkpoint-activations"]
+    elif r < 0.35:
+        a += ["--checkpoint-segments", "0"]
+    if rng.random() < 0.2:
+        a.append("--offload-activations")
+    a += draw_numerics(rng, 0.25, 0.15, 0.15)
+    if rng.random() < 0.3:
+        a += ["--host-capacity", rng.choice(["16MiB", "48MiB", "96MiB"]), "--nvme-window", "1MiB"]
+    return a
+
+
+def draw_gemini(rng):
+    policy = rng.choice(["static", "auto", "const"])
+    g = ["--gemini", policy]
+    if policy == "static":
+        g += ["--offload-param-frac", rng.choice(["0", "0.3", "1"]),
+              "--offload-optim-frac", rng.choice(["0", "0.5", "1"])]
+    if policy == "const":
+        g += ["--const-budget", rng.choice(["256KiB", "1MiB", "4MiB"])]
+    if policy != "static" and rng.random() < 0.4:
+        g += ["--copy-worker", "on"]
+    if rng.random() < 0.5:
+        g += ["--chunk-size", str(rng.choice([20000, 50000, 300000]))]
+    if rng.random() < 0.3:
+        g += ["--host-capacity", rng.choice(["24MiB", "64MiB"]), "--nvme-window", "1MiB"]
+    return g
+
+
+def draw_training(rng):
+    """A small model and its training options, for the bitwise and resume checks."""
+    heads = rng.choice([2, 4])
+    a = ["--model", "small", "--n-layer", str(rng.randint(1, 4)),
+         "--n-embd", str(heads * rng.choice([16, 32])), "--n-head", str(heads),
+         "--vocab-size", str(rng.choice([100, 257, 1000])), "--batch", str(rng.choice([2, 4])),
+         "--seq", str(rng.choice([16, 32, 64])), "--steps", "5",
+         "--dropout", rng.choice(["0", "0.1"]),
+         "--lr-schedule", rng.choice(["constant", "cosine"]), "--warmup-steps", "1"]
+    a += draw_numerics(rng, 0.3, 0.25, 0.25)
+    r = rng.random()
+    if r < 0.2:
+        a += ["--checkpoint-activations"]
+    elif r < 0.3:
+        a += ["--offload-activations"]
+    return a
+
+
+def write_shard(path, ids):
+    """llm.c's token shard: a 256-int32 header (magic, version, count), then uint16 ids."""
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(ids), *[0] * 253))
+        f.write(struct.pack(f"<{len(ids)}H", *ids))
+
+
+def write_data(rng, a, work):
+    """1-3 shards of a few steps' tokens each in work/data; returns the directory."""
+    rows = int(a[a.index("--batch") + 1]) * int(a[a.index("--seq") + 1])
+    data = os.path.join(work, "data")
+    os.makedirs(data)
+    for k in range(rng.randint(1, 3)):
+        ids = [rng.randrange(100) for _ in range(rng.randint(rows + 1, 4 * rows))]
+        write_shard(os.path.join(data, f"train_{k:03d}.bin"), ids)
+    return data
+
+
+def draw_data(rng, a, work):
+    """Half the time: training tokens from 1-3 shards of a directory (a few steps' worth each, so
+    that a run crosses shards and epochs), read in order or --shuffle'd."""
+    if rng.random() < 0.5:
+        return []
+    return ["--data", write_data(rng, a, work)] + (["--shuffle"] if rng.random() < 0.5 else [])
+
+
+def draw_between(rng, work):
+    """Half the time each: evaluation every 2 steps (--val-data) and a sample every 3 steps, the
+    work a run does between steps, which must leave a resumed run as the straight one."""
+    a = []
+    if rng.random() < 0.5:
+        val = os.path.join(work, "val.bin")
+        write_shard(val, [rng.randrange(100) for _ in range(2048)])
+        a += ["--val-data", val, "--eval-every", "2", "--eval-batches", "2"]
+    if rng.random() < 0.5:
+        a += ["--sample-every", "3", "--sample-tokens", "4", "--sample-prompt-ids", "1"]
+    return a
+
+
+def draw_placement(rng):
+    """In memory, NVMe offload, or a Gemini policy (three tiers drawn), for the resume check."""
+    a = []
+    placement = rng.choice(["none", "static", "auto", "const", "nvme"])
+    if placement == "nvme":
+        a += ["--offload", "nvme"]
+    elif placement != "none":
+        a += ["--device", "sim:4GiB", "--gemini", placement]
+        if placement == "static":
+            a += ["--offload-param-frac", rng.choice(["0", "0.5", "1"]),
+                  "--offload-optim-frac", rng.choice(["0", "1"])]
+        if placement == "const":
+            a += ["--const-budget", "1MiB"]
+        if rng.random() < 0.3:
+            a += ["--host-capacity", "64MiB", "--nvme-window", "1MiB"]
+    return a
+
+
+def last_line(r):
+    lines = (r.stderr or r.stdout).strip().splitlines()
+    return lines[-1][:240] if lines else ""
+
+
+def run(cmd):
+    return subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=900)
+
+
+def crashed(r):
+    """A refusal exits 1 or 2 with a message; a signal or a sanitizer report is a failure."""
+    return r.returncode < 0 or "Sanitizer" in r.stderr or "runtime error:" in r.stderr
+
+
+def refused(tag, r, what):
+    """Prints a run that stopped; returns the failures it counts for (a crash: 1)."""
+    bad = crashed(r)
+    print("FAIL" if bad else tag, r.returncode, what, "|", last_line(r), flush=True)
+    return 1 if bad else 0
