@@ -87,9 +87,9 @@ import shutil
 import subprocess
 import tempfile
 
-from sweep_lib import (ROOT, crashed, draw_auto, draw_between, draw_data, draw_gemini,
-                       draw_placement, draw_training, last_line, mpirun, refused, run, write_data,
-                       write_shard)
+from sweep_lib import (ROOT, draw_auto, draw_between, draw_data, draw_gemini, draw_placement,
+                       draw_training, last_line, mpirun, nvme_dir, plain_and_gemini, refused, run,
+                       write_data, write_shard)
 from sweep_stops import check_fault, check_resume, check_signal, draw_fault
 
 
@@ -146,39 +146,27 @@ def check_bitwise(launch, binary, a, g, work):
     write_shard(val, random.Random(len(a)).choices(range(100), k=4096))  # every vocabulary has 100
     evaluate = ["--val-data", val, "--eval-batches", "2"]
     sample = ["--sample-every", "5", "--sample-tokens", "6", "--sample-prompt-ids", "1,2"]
-    runs = []
-    for extra, name in (([], "plain"), (g, "gemini")):
-        log, out = os.path.join(work, name + ".jsonl"), os.path.join(work, name)
-        nvme = os.path.join(work, name + "-nvme")
-        os.mkdir(nvme)
-        tiers = ["--nvme-dir", nvme] if "--host-capacity" in extra else []
-        r = run(launch + [binary] + a + ["--device", "sim:4GiB", "--log", log, "--save", out]
-                + evaluate + sample + extra + tiers)
-        if r.returncode != 0 and name == "plain":
-            return refused("EXIT", r, " ".join(a))
-        if r.returncode != 0:
-            print("FAIL", r.returncode, " ".join(a + extra), "|", last_line(r), flush=True)
-            return 1
-        with open(os.path.join(out, "model.safetensors"), "rb") as f:
-            weights = f.read()
-        runs.append(([key(json.loads(l)) for l in open(log)],
-                     re.findall(r"sample ids: ([0-9,]+)", r.stdout), weights, os.listdir(nvme)))
+    runs = plain_and_gemini(launch + [binary] + a + evaluate + sample, g, work)
+    if isinstance(runs, int):
+        return runs
     # The plain run's saved model, loaded into the drawn placement (through the tiers), evaluates
     # to the plain run's last validation loss.
     shape = [x for k in ("--batch", "--seq", "--precision") if k in a
              for x in (k, a[a.index(k) + 1])]
     nvme = os.path.join(work, "gemini-nvme")
     log = os.path.join(work, "eval.jsonl")
-    tiers = ["--nvme-dir", nvme] if "--host-capacity" in g else []
     r = run(launch + [binary, "--eval-only", "--init-from", os.path.join(work, "plain"),
-                      "--device", "sim:4GiB", "--log", log] + evaluate + shape + g + tiers)
+                      "--device", "sim:4GiB", "--log", log] + evaluate + shape + g
+            + nvme_dir(g, nvme))
     val = json.loads(open(log).readline()).get("val_loss") if r.returncode == 0 else None
     # gpt2_generate on the saved folder draws the sample the run printed after its last step.
     gen = run([os.path.join(os.path.dirname(binary), "gpt2_generate"), "--model",
                os.path.join(work, "plain"), "--prompt-ids", "1,2", "--print-ids",
                "--max-new-tokens", "6"])
     generated = re.findall(r"^ids: ([0-9,]+)", gen.stdout, re.M)
-    (la, sa, wa, _), (lb, sb, wb, left) = runs
+    (la, sa, wa, _), (lb, sb, wb, left) = ((list(map(key, records)),
+                                            re.findall(r"sample ids: ([0-9,]+)", out), w, left)
+                                           for records, out, w, left in runs)
     left += os.listdir(nvme)
     why = ("losses" if la != lb or not any(x[3] for x in la) else
            "sample" if sa != sb or not sa else "saved weights" if wa != wb else
@@ -202,22 +190,12 @@ def check_finetune(launch, binary, a, g, rng, work):
     tune = [x for k in ("--batch", "--seq", "--precision", "--grad-accum", "--grad-clip") if k in a
             for x in (k, a[a.index(k) + 1])] + ["--steps", "4", "--lr", "3e-3"]
     tune += draw_data(rng, a, work) or ["--data", write_data(rng, a, work)]
-    runs = []
-    for extra, name in (([], "plain"), (g, "gemini")):
-        log, out = os.path.join(work, name + ".jsonl"), os.path.join(work, name)
-        nvme = os.path.join(work, name + "-nvme")
-        os.mkdir(nvme)
-        tiers = ["--nvme-dir", nvme] if "--host-capacity" in extra else []
-        r = run(launch + [binary, "--init-from", base, "--device", "sim:4GiB", "--log", log,
-                          "--save", out] + tune + extra + tiers)
-        if r.returncode != 0:
-            print("FAIL" if name == "gemini" or crashed(r) else "EXIT", " ".join(tune + extra),
-                  "|", last_line(r), flush=True)
-            return 1 if name == "gemini" or crashed(r) else 0
-        with open(os.path.join(out, "model.safetensors"), "rb") as f:
-            runs.append(([(x["step"], x["loss"], x.get("grad_norm")) for x in
-                          map(json.loads, open(log))], f.read(), os.listdir(nvme)))
-    (la, wa, _), (lb, wb, left) = runs
+    runs = plain_and_gemini(launch + [binary, "--init-from", base] + tune, g, work)
+    if isinstance(runs, int):
+        return runs
+    (la, _, wa, _), (lb, _, wb, left) = (
+        ([(x["step"], x["loss"], x.get("grad_norm")) for x in records], out, w, left)
+        for records, out, w, left in runs)
     why = ("losses" if la != lb else "saved weights" if wa != wb else
            f"files left in --nvme-dir: {left}" if left else "")
     print("FAIL" if why else "ok  ", " ".join(a + ["->"] + tune + g),

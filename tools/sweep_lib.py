@@ -1,5 +1,6 @@
 """What tools/auto_sweep.py's checks share: the draws of configurations, token shards, the
 launcher, and how a run's outcome is judged (a refusal with a message, or a crash)."""
+import json
 import os
 import struct
 import subprocess
@@ -151,8 +152,14 @@ def last_line(r):
     return lines[-1][:240] if lines else ""
 
 
-def run(cmd):
-    return subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=900)
+def run(cmd, env=None):
+    return subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=900,
+                          env=env)
+
+
+def nvme_dir(args, d):
+    """--nvme-dir d for a run whose arguments put anything on disk (NVMe offload, three tiers)."""
+    return ["--nvme-dir", d] if "--offload" in args or "--host-capacity" in args else []
 
 
 def crashed(r):
@@ -165,3 +172,25 @@ def refused(tag, r, what):
     bad = crashed(r)
     print("FAIL" if bad else tag, r.returncode, what, "|", last_line(r), flush=True)
     return 1 if bad else 0
+
+
+def plain_and_gemini(cmd, g, work):
+    """Runs `cmd` (launcher, binary and arguments) on sim:4GiB plain, then under the Gemini
+    placement `g`, each with its own --log, --save and --nvme-dir. Returns, for each, its JSON
+    log's records, its output, its saved model.safetensors and what it left in --nvme-dir; or,
+    when a run stopped, the failures it counts for (the plain run's refusal counts for none)."""
+    runs = []
+    for extra, name in (([], "plain"), (g, "gemini")):
+        log, out = os.path.join(work, name + ".jsonl"), os.path.join(work, name)
+        nvme = os.path.join(work, name + "-nvme")
+        os.mkdir(nvme)
+        r = run(cmd + ["--device", "sim:4GiB", "--log", log, "--save", out] + extra
+                + nvme_dir(extra, nvme))
+        if r.returncode != 0 and name == "plain":
+            return refused("EXIT", r, " ".join(cmd[1:]))
+        if r.returncode != 0:
+            print("FAIL", r.returncode, " ".join(cmd[1:] + extra), "|", last_line(r), flush=True)
+            return 1
+        with open(os.path.join(out, "model.safetensors"), "rb") as f:
+            runs.append(([json.loads(l) for l in open(log)], r.stdout, f.read(), os.listdir(nvme)))
+    return runs

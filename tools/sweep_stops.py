@@ -7,7 +7,7 @@ import re
 import signal
 import subprocess
 
-from sweep_lib import crashed, draw_training, last_line, refused, run
+from sweep_lib import crashed, draw_training, last_line, nvme_dir, refused, run
 
 
 def check_resume(launch, binary, a, placement, work, moved=None):
@@ -65,8 +65,6 @@ def check_signal(launch, binary, a, placement, rng, work):
     bit, and that resume's saves remove what the killed run left half-written."""
     key = lambda r: (r["step"], r["loss"], r.get("grad_norm"))
     a = a[:a.index("--steps")] + ["--steps", "8"] + a[a.index("--steps") + 2:]
-    on_disk = "--offload" in placement or "--host-capacity" in placement
-    disk = lambda d: ["--nvme-dir", d] if on_disk else []
     straight = os.path.join(work, "straight.jsonl")
     r = run(launch + [binary] + a + placement + ["--log", straight])
     if r.returncode != 0:
@@ -80,13 +78,12 @@ def check_signal(launch, binary, a, placement, rng, work):
     for d in (nvme, tmp):
         os.makedirs(d)
     keep = ["--keep", rng.choice(["1", "2"])] if rng.random() < 0.4 else []  # pruned as it goes
-    cmd = launch + [binary] + a + placement + disk(nvme) + [
+    cmd = launch + [binary] + a + placement + nvme_dir(placement, nvme) + [
         "--checkpoint-dir", ckpt, "--checkpoint-every", "3"] + keep
     env = dict(os.environ, TMPDIR=tmp)
     if launch:  # rank 1 alone raises SIGTERM after step `at` (gpt2_train's test hook)
         env.update(MW_TEST_EXIT_RANK="1", MW_TEST_EXIT_STEP=str(at), MW_TEST_EXIT_HOW="sigterm")
-        r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=900,
-                           env=env)
+        r = run(cmd, env)
         rc, out = r.returncode, [r.stdout, r.stderr]
     else:
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -121,7 +118,7 @@ def check_signal(launch, binary, a, placement, rng, work):
            else "")
     if not why and steps:  # the newest checkpoint resumes bit for bit
         log = os.path.join(work, "resumed.jsonl")
-        rr = run(launch + [binary] + a + placement + disk(nvme) + [
+        rr = run(launch + [binary] + a + placement + nvme_dir(placement, nvme) + [
             "--checkpoint-dir", ckpt, "--checkpoint-every", "3", "--resume", ckpt, "--log", log]
             + keep)
         k = int(steps[-1][5:])
@@ -150,11 +147,10 @@ def check_fault(launch, binary, a, env, work):
         d = {k: os.path.join(work, name, k) for k in ("ckpt", "nvme", "tmp", "save")}
         for k in ("ckpt", "nvme", "tmp"):
             os.makedirs(d[k])
-        disk = ["--nvme-dir", d["nvme"]] if "--offload" in a or "--host-capacity" in a else []
-        r = subprocess.run(launch + (one_rank if name == "fault" else []) + [binary] + a + disk + [
-            "--checkpoint-dir", d["ckpt"], "--checkpoint-every", "2", "--save", d["save"],
-            "--log", d["ckpt"] + ".jsonl"], capture_output=True, text=True, errors="replace",
-            timeout=900, env=dict(os.environ, TMPDIR=d["tmp"], **fault))
+        outputs = ["--checkpoint-dir", d["ckpt"], "--checkpoint-every", "2", "--save", d["save"],
+                   "--log", d["ckpt"] + ".jsonl"]
+        r = run(launch + (one_rank if name == "fault" else []) + [binary] + a
+                + nvme_dir(a, d["nvme"]) + outputs, dict(os.environ, TMPDIR=d["tmp"], **fault))
         if name == "clean" and r.returncode != 0:
             return refused("EXIT", r, " ".join(a))
         log = d["ckpt"] + ".jsonl"
