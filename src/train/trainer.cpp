@@ -281,8 +281,10 @@ void Trainer::build_optimizer() {
   } else {
     optim::HybridAdamOptions h(o_.hyper, -1.f, o_.nvme);
     h.update_in_backward = o_.steps_in_backward() || o_.updates_in_last_backward();
-    if (o_.updates_after_backward() && !o_.updates_in_last_backward())
-      h.nvme.overlap_backward = false;
+    // The NVMe updater steps parameters in backward too: off with the in-memory updates, where
+    // something needs every gradient first or --update-in-backward is off (the step then logs
+    // the norm of gradients it still holds; before, the updater had released them: norm 0).
+    h.nvme.overlap_backward = h.update_in_backward;
     if (dp_) h.update_in_backward = h.nvme.overlap_backward = false;  // gradients averaged first
     h.states_on_host = o_.states_on_host;
     auto owned = std::make_unique<optim::HybridAdam>(

@@ -132,6 +132,38 @@ TEST(Trainer, AccumulationUpdatesInTheLastBackwardAsAtTheStep) {
   }
 }
 
+// --update-in-backward off, without accumulation: every parameter is stepped at step(), with its
+// states in memory or on NVMe (all of them, or some), so every gradient is still held after the
+// step and the logged norm is the in-memory run's. The NVMe updater used to step its parameters
+// in backward anyway and release their gradients: the norm came out 0 (fraction 1) or partial.
+TEST(Trainer, UpdateInBackwardOffKeepsEveryGradientWithStatesOnNvme) {
+  TempDir tmp;
+  TrainOptions o = tiny(write_shard(tmp, "train.bin", 1), 2);
+  o.update_in_backward = false;
+  std::vector<double> ref_norms;
+  std::vector<std::vector<float>> ref_weights;
+  for (double fraction : {0.0, 1.0, 0.4}) {
+    TrainOptions opts = o;
+    opts.nvme.fraction = fraction;
+    opts.nvme.dir = tmp.file("nvme");
+    Trainer t(opts, nullptr);
+    std::vector<double> norms;
+    for (int i = 0; i < 2; ++i) {
+      norms.push_back(t.train_step().grad_norm);
+      for (const Tensor& p : t.model().parameters())
+        EXPECT_TRUE(grad(p).defined()) << "fraction " << fraction << ", step " << i;
+    }
+    t.flush();
+    if (fraction == 0.0) {
+      ref_norms = norms, ref_weights = weights(t);
+      EXPECT_GT(norms[0], 0);
+      continue;
+    }
+    EXPECT_EQ(norms, ref_norms) << "fraction " << fraction;
+    EXPECT_EQ(weights(t), ref_weights) << "fraction " << fraction;
+  }
+}
+
 // The plain loop of torch: backward, clip_grad_norm_, AdamW.step().
 std::vector<std::vector<float>> reference_clipped(const std::string& shard, int64_t steps,
                                                   double max_norm, std::vector<double>* norms) {
