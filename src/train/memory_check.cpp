@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "core/error.h"
@@ -51,6 +52,19 @@ int64_t cgroup_free_bytes() {
   return std::max<int64_t>(0, max - std::max<int64_t>(0, read_int_file(dir + "/memory.current")));
 }
 
+// Free bytes of the file system that holds `path`, or would hold it once created: statvfs at its
+// nearest existing ancestor (an --nvme-dir the run creates was unchecked, its free space -1).
+int64_t free_disk_bytes(const std::string& path) {
+  std::filesystem::path p = std::filesystem::absolute(path).lexically_normal();
+  for (;;) {
+    struct statvfs s {};
+    if (statvfs(p.c_str(), &s) == 0)
+      return static_cast<int64_t>(s.f_bavail) * static_cast<int64_t>(s.f_frsize);
+    if (!p.has_relative_path()) return -1;  // the root itself failed
+    p = p.parent_path();
+  }
+}
+
 }  // namespace
 
 AvailableMemory available_memory(const std::string& nvme_dir) {
@@ -67,9 +81,7 @@ AvailableMemory available_memory(const std::string& nvme_dir) {
     const char* tmp = std::getenv("TMPDIR");
     a.disk_path = tmp && *tmp ? tmp : "/tmp";
   }
-  struct statvfs s {};
-  if (statvfs(a.disk_path.c_str(), &s) == 0)
-    a.disk_bytes = static_cast<int64_t>(s.f_bavail) * static_cast<int64_t>(s.f_frsize);
+  a.disk_bytes = free_disk_bytes(a.disk_path);
   return a;
 }
 

@@ -98,7 +98,8 @@ MemoryPlan plan_memory(const PlanInputs& in);
 int64_t sampling_forward_bytes(const PlanInputs& in);
 
 // What the machine has: the smaller of MemAvailable (/proc/meminfo) and the cgroup's memory.max
-// minus memory.current; free disk at dir (statvfs; "" = $TMPDIR or /tmp). -1 = unknown.
+// minus memory.current; free disk at dir, or at its nearest existing parent when the run is
+// yet to create it (statvfs; "" = $TMPDIR or /tmp). -1 = unknown.
 struct AvailableMemory {
   int64_t host_bytes = -1;
   std::string host_source;

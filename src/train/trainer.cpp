@@ -98,9 +98,11 @@ bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Traine
   }
   const MemoryPlan plan = plan_memory(in);
   const AvailableMemory avail = available_memory(in.nvme_dir);
-  print(plan.table() + str("  available: host ", format_fixed(mib(avail.host_bytes), 1), " MiB (",
-                           avail.host_source, ") | disk ", format_fixed(mib(avail.disk_bytes), 1),
-                           " MiB at '", avail.disk_path, "'\n"));
+  print(plan.table() +
+        str("  available: host ", format_fixed(mib(avail.host_bytes), 1), " MiB (",
+            avail.host_source, ") | disk ",
+            avail.disk_bytes < 0 ? "unknown" : format_fixed(mib(avail.disk_bytes), 1) + " MiB",
+            " at '", avail.disk_path, "'\n"));
   if (o.plan_only) {
     try {
       check_plan_fits(plan, in, avail);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <string>
 
 #include "core/error.h"
@@ -38,6 +39,28 @@ TEST(MemoryPlan, RefusesWhatDoesNotFitNamingTheNumbersAndTheOptions) {
   }
   in.batch = 4;  // GPT-2 small at B4 T128 fits in 16 GiB
   EXPECT_NO_THROW(check_plan_fits(plan_memory(in), in, avail));
+}
+
+// An --nvme-dir the run will create has the free space of the file system it will be created on
+// (its nearest existing parent): it was -1, "unknown", and a plan too large for that disk passed.
+TEST(MemoryPlan, AMissingNvmeDirIsCheckedWhereItWillBeCreated) {
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string parent = tmp && *tmp ? tmp : "/tmp";
+  const AvailableMemory there = available_memory(parent);
+  const AvailableMemory missing = available_memory(parent + "/memwall-no-such-dir/a/b");
+  ASSERT_GE(there.disk_bytes, 0) << parent;
+  EXPECT_EQ(missing.disk_path, parent + "/memwall-no-such-dir/a/b");
+  ASSERT_GE(missing.disk_bytes, 0) << "not measured at the parent";
+  // The same file system, read twice: other tests may write meanwhile (CI runs two at a time).
+  EXPECT_NEAR(static_cast<double>(missing.disk_bytes), static_cast<double>(there.disk_bytes),
+              double(int64_t{1} << 30));
+  PlanInputs in = inputs(Config::preset("small"), 4, 128);
+  in.nvme_fraction = 1.0;
+  const MemoryPlan plan = plan_memory(in);
+  ASSERT_GT(plan.disk_bytes, 0) << plan.table();
+  AvailableMemory small = missing;
+  small.disk_bytes = plan.disk_bytes - 1;
+  EXPECT_THROW(check_plan_fits(plan, in, small), OutOfMemory);
 }
 
 // The sim device's memory is host RAM: a plan that fits the device's capacity but not the host
