@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Promises of Gemini, data parallel, resumption and failing disks, on random configurations.
 
-Ten checks of promises the tests make on a few cases only, drawn over many (docs/reliability.md):
+Eleven checks of promises the tests make on a few cases only, drawn over many
+(docs/reliability.md):
 
   auto    #10's "auto never fails where static with everything offloaded would fit": each
           configuration runs `--gemini static --offload-param-frac 1 --offload-optim-frac 1` on
@@ -40,6 +41,13 @@ Ten checks of promises the tests make on a few cases only, drawn over many (docs
           of tokens (--data, --shuffle drawn), plain and in a drawn Gemini placement (three
           tiers drawn: the loader streams each tensor into its chunk): the same losses, norms
           and saved bytes, bit for bit (one process).
+  optim   the optimizer's knobs (--weight-decay, --beta1/2, --eps, --lr, --min-lr,
+          --update-in-backward off) drawn for a run in memory (half the time with the scalar
+          reference, --optimizer adamw) and for the same run with its states or parameters
+          placed elsewhere (NVMe offload at a drawn fraction, window and --nvme-borrow; the
+          states on the sim device; a Gemini policy, auto with --gpu-margin-mem-ratio): the same
+          losses, gradient norms (where both runs log one) and saved bytes, bit for bit, and
+          nothing left in --nvme-dir.
   ranks   #15's "checkpoints written at N ranks load at M ranks": a 2-rank run (a drawn ZeRO
           stage, plain or Gemini) checkpointed after step 2 and resumed at 1 or 4 ranks logs the
           2-rank run's steps 2-4 within the dp check's 1e-4.
@@ -72,6 +80,7 @@ Ten checks of promises the tests make on a few cases only, drawn over many (docs
     /usr/bin/python3 tools/auto_sweep.py ranks --runs 50 --seed 2582
     /usr/bin/python3 tools/auto_sweep.py finetune --runs 60 --seed 2622
     /usr/bin/python3 tools/auto_sweep.py dpbitwise --runs 40 --seed 2652
+    /usr/bin/python3 tools/auto_sweep.py optim --runs 100 --seed 2806
 
 A line starts FAIL when the promise breaks or a run crashes (a signal, a sanitizer report: the
 sweeps also run on the sanitizer build, --binary build-asan/apps/gpt2_train); configurations a run
@@ -87,9 +96,9 @@ import shutil
 import subprocess
 import tempfile
 
-from sweep_lib import (ROOT, draw_auto, draw_between, draw_data, draw_gemini, draw_placement,
-                       draw_training, last_line, mpirun, nvme_dir, plain_and_gemini, refused, run,
-                       write_data, write_shard)
+from sweep_lib import (ROOT, draw_auto, draw_between, draw_data, draw_gemini, draw_optim,
+                       draw_placement, draw_training, last_line, mpirun, nvme_dir, plain_and_gemini,
+                       refused, run, write_data, write_shard)
 from sweep_stops import check_fault, check_resume, check_signal, draw_fault
 
 
@@ -176,6 +185,25 @@ def check_bitwise(launch, binary, a, g, work):
            if val != la[-1][3] else "")
     print("FAIL" if why else "ok  ", " ".join(a + g),
           f"| {why}: {la} vs {lb} | {sa} vs {sb}" if why else "", flush=True)
+    return 1 if why else 0
+
+
+def check_optim(launch, binary, a, p, rng, work):
+    """The optimizer's knobs drawn (draw_optim) give the same losses, norms (where both runs log
+    one) and saved bytes in memory (half the time with the scalar reference, --optimizer adamw)
+    and under the drawn placement, which leaves --nvme-dir empty."""
+    reference = ["--optimizer", "adamw"] if rng.random() < 0.5 else []
+    runs = plain_and_gemini(launch + [binary] + a, p, work, reference)
+    if isinstance(runs, int):
+        return runs
+    (la, na, wa, _), (lb, nb, wb, left) = (
+        ([(x["step"], x["loss"]) for x in records], [x.get("grad_norm") for x in records], w, left)
+        for records, _, w, left in runs)
+    norms = [(x, y) for x, y in zip(na, nb) if x is not None and y is not None and x != y]
+    why = ("losses" if la != lb else f"norms {norms}" if norms else
+           "saved weights" if wa != wb else f"files left in --nvme-dir: {left}" if left else "")
+    print("FAIL" if why else "ok  ", " ".join(a + reference + ["vs"] + p),
+          f"| {why}: {la} vs {lb}" if why else "", flush=True)
     return 1 if why else 0
 
 
@@ -295,14 +323,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("check",
                     choices=["auto", "bitwise", "dp", "resume", "fault", "const", "signal",
-                             "ranks", "finetune", "dpbitwise"])
+                             "ranks", "finetune", "dpbitwise", "optim"])
     ap.add_argument("--runs", type=int, default=40)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--ranks", type=int, default=1, help="auto, dp, fault: mpirun -np N")
     ap.add_argument("--binary", default=os.path.join(ROOT, "build", "apps", "gpt2_train"))
     args = ap.parse_args()
     args.binary = os.path.abspath(args.binary)
-    if args.check in ("bitwise", "finetune") and args.ranks > 1:
+    if args.check in ("bitwise", "finetune", "optim") and args.ranks > 1:
         ap.error(f"{args.check} compares with the plain run bit for bit: one process only (under "
                  "data parallel Gemini sums the tied embedding's gradient in another order)")
     rng = random.Random(args.seed)
@@ -325,6 +353,10 @@ def main():
             elif args.check == "finetune":
                 a = draw_training(rng)
                 failures += check_finetune(launch, args.binary, a, draw_gemini(rng), rng, work)
+            elif args.check == "optim":
+                a = draw_training(rng)
+                knobs, p = draw_optim(rng, a)
+                failures += check_optim(launch, args.binary, a + knobs, p, rng, work)
             elif args.check == "ranks":
                 failures += check_ranks(args.binary, rng, work)
             elif args.check == "signal":
@@ -355,6 +387,3 @@ def main():
 if __name__ == "__main__":
     raise SystemExit(main())
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -90,6 +90,32 @@ def draw_training(rng):
     return a
 
 
+def draw_optim(rng, a):
+    """The optimizer's knobs (decay, betas, eps, the floor of a schedule `a` draws, updates at the
+    step), the same for both runs of the optim check; and a placement of the states and the
+    parameters: NVMe offload (fraction, window, borrowed slots), the states on the sim device,
+    or Gemini (auto with --gpu-margin-mem-ratio drawn)."""
+    k = ["--weight-decay", rng.choice(["0", "0.01", "0.1"]), "--beta1", rng.choice(["0.9", "0"]),
+         "--beta2", rng.choice(["0.999", "0.95"]), "--eps", rng.choice(["1e-8", "1e-6", "1e-3"]),
+         "--lr", rng.choice(["1e-3", "3e-3"])]
+    if a[a.index("--lr-schedule") + 1] != "constant":
+        k += ["--min-lr", rng.choice(["0", "1e-4"])]
+    if rng.random() < 0.3:
+        k += ["--update-in-backward", "off"]
+    where = rng.choice(["nvme", "states", "gemini"])
+    p = ["--optimizer-states", "device"] if where == "states" else []
+    if where != "gemini" and (where == "nvme" or rng.random() < 0.5):
+        p += ["--offload", "nvme", "--fraction", rng.choice(["1", "0.5", "0.2"]),
+              "--nvme-window", rng.choice(["1MiB", "32MiB"])]
+        p += ["--nvme-borrow", "on"] if rng.random() < 0.5 else []
+    if where == "gemini":
+        p += draw_gemini(rng)
+        if (p[p.index("--gemini") + 1] == "auto" and "--host-capacity" not in p
+                and rng.random() < 0.6):  # the ratio refuses three tiers (a usage error)
+            p += ["--gpu-margin-mem-ratio", rng.choice(["0.5", "1"])]
+    return k, p
+
+
 def write_shard(path, ids):
     """llm.c's token shard: a 256-int32 header (magic, version, count), then uint16 ids."""
     with open(path, "wb") as f:
@@ -174,13 +200,14 @@ def refused(tag, r, what):
     return 1 if bad else 0
 
 
-def plain_and_gemini(cmd, g, work):
-    """Runs `cmd` (launcher, binary and arguments) on sim:4GiB plain, then under the Gemini
-    placement `g`, each with its own --log, --save and --nvme-dir. Returns, for each, its JSON
-    log's records, its output, its saved model.safetensors and what it left in --nvme-dir; or,
-    when a run stopped, the failures it counts for (the plain run's refusal counts for none)."""
+def plain_and_gemini(cmd, g, work, plain=()):
+    """Runs `cmd` (launcher, binary and arguments) on sim:4GiB plain (with `plain` added), then
+    under the Gemini placement `g`, each with its own --log, --save and --nvme-dir. Returns, for
+    each, its JSON log's records, its output, its saved model.safetensors and what it left in
+    --nvme-dir; or, when a run stopped, the failures it counts for (the plain run's refusal counts
+    for none)."""
     runs = []
-    for extra, name in (([], "plain"), (g, "gemini")):
+    for extra, name in ((list(plain), "plain"), (g, "gemini")):
         log, out = os.path.join(work, name + ".jsonl"), os.path.join(work, name)
         nvme = os.path.join(work, name + "-nvme")
         os.mkdir(nvme)
