@@ -72,7 +72,7 @@ json::Value step_record(Trainer& t, const StepResult& r) {
   const Device dev = t.options().device;
   if (!dev.is_cpu()) peaks.set(dev.str(), allocator_for(dev).stats().peak_bytes);
   rec.set("device_peak_bytes", std::move(peaks));
-  const json::Value g = t.take_gemini_step_stats();
+  const json::Value g = t.take_offload_step_stats();
   for (int64_t i = 0; i < g.size(); ++i) rec.set(g.key(i), g.value(i));
   return rec;
 }

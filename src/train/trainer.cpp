@@ -577,8 +577,16 @@ void Trainer::flush() {
   if (hybrid_) hybrid_->flush();  // the last write-backs, and any failure among them
 }
 
-json::Value Trainer::take_gemini_step_stats() {
+json::Value Trainer::take_offload_step_stats() {
   json::Value rec = json::Value::object();
+  if (hybrid_ && hybrid_->nvme()) {
+    // Counted as the engine completes requests: a step's last write-backs, still in flight when
+    // it returns, fall in the next step's count (the sum over the run is exact).
+    const optim::NvmeStats st = hybrid_->nvme()->stats();
+    rec.set("adam_nvme_read_bytes", st.bytes_read - nvme_read_logged_);
+    rec.set("adam_nvme_write_bytes", st.bytes_written - nvme_written_logged_);
+    nvme_read_logged_ = st.bytes_read, nvme_written_logged_ = st.bytes_written;
+  }
   if (!gem_) return rec;
   const gemini::GeminiStats g = gem_->take_step_stats();
   rec.set("host_chunk_peak_bytes", g.host_chunk_peak_bytes);

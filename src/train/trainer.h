@@ -225,8 +225,10 @@ class Trainer {
   void save_model(const std::string& dir);
   // ZeRO 3: evaluating, sampling and saving are collective (Note [ZeRO stage 3]).
   bool shards_parameters() const;
-  // The step's Gemini counters for the log (empty object without Gemini).
-  json::Value take_gemini_step_stats();
+  // The step's offload counters for the log: Gemini's (chunks) and, where HybridAdam keeps
+  // states on disk, the bytes its engine read and wrote since the last call
+  // (adam_nvme_read_bytes, adam_nvme_write_bytes). Empty without either.
+  json::Value take_offload_step_stats();
   // The closing lines (time, memory per tier, NVMe, Gemini, activation offload), writing the
   // --trace, --nvme-timeline and --save-optimizer outputs on the way.
   std::string finish_report(double total_s);
@@ -294,6 +296,7 @@ class Trainer {
   std::unique_ptr<optim::Optimizer> opt_;
   gemini::Gemini* gem_ = nullptr;
   optim::HybridAdam* hybrid_ = nullptr;
+  int64_t nvme_read_logged_ = 0, nvme_written_logged_ = 0;  // take_offload_step_stats's totals
   std::unique_ptr<gemini::Trace> trace_;
   std::unique_ptr<offload::ActivationOffloader> offloader_;
   std::unique_ptr<optim::DynamicLossScaler> scaler_;  // fp16 only

@@ -164,6 +164,32 @@ TEST(Trainer, UpdateInBackwardOffKeepsEveryGradientWithStatesOnNvme) {
   }
 }
 
+// The log's adam_nvme_read_bytes / adam_nvme_write_bytes: the states' disk traffic per step.
+// Step 0 reads nothing (never-written slices are zero-filled); every later step reads each
+// slice's m and v once; a step's last write-backs may land in the next step's count, but the
+// counts sum to what the engine moved, and each step writes what it read.
+TEST(Trainer, TheLogCountsTheNvmeStatesTrafficOfEachStep) {
+  TempDir tmp;
+  TrainOptions o = tiny(write_shard(tmp, "train.bin", 1), 3);
+  o.nvme.fraction = 1.0;
+  o.nvme.dir = tmp.file("nvme");
+  Trainer t(o, nullptr);
+  std::vector<int64_t> read, written;
+  for (int i = 0; i < 3; ++i) {
+    t.train_step();
+    const json::Value rec = t.take_offload_step_stats();
+    read.push_back(rec.get_int("adam_nvme_read_bytes"));
+    written.push_back(rec.get_int("adam_nvme_write_bytes"));
+  }
+  t.flush();
+  written.push_back(t.take_offload_step_stats().get_int("adam_nvme_write_bytes"));
+  EXPECT_EQ(read[0], 0);
+  EXPECT_GT(read[1], 0);
+  EXPECT_EQ(read[2], read[1]);
+  EXPECT_EQ(written[0] + written[1] + written[2] + written[3], 3 * read[1]);
+  EXPECT_EQ(read[1] + read[2], t.hybrid()->nvme()->stats().bytes_read);
+}
+
 // The plain loop of torch: backward, clip_grad_norm_, AdamW.step().
 std::vector<std::vector<float>> reference_clipped(const std::string& shard, int64_t steps,
                                                   double max_norm, std::vector<double>* norms) {
