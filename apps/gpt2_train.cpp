@@ -380,9 +380,10 @@ dist::CommOptions parse_dist(const cli::Parser& p, Options& o) {
   return c;
 }
 
-// Test-only (tests/dist): MW_TEST_EXIT_RANK=R MW_TEST_EXIT_STEP=S make rank R vanish after step
-// S as a crashed rank does, without a message and without finalising MPI; with
-// MW_TEST_EXIT_HOW=stall it hangs instead (the others must time out).
+// Test-only (tests/dist, tests/apps): MW_TEST_EXIT_RANK=R MW_TEST_EXIT_STEP=S make rank R (0 in
+// one process) vanish after step S as a crashed rank does, without a message and without
+// finalising MPI; with MW_TEST_EXIT_HOW=stall it hangs instead (the others must time out), with
+// MW_TEST_EXIT_HOW=sigterm it raises SIGTERM (a signal between two steps).
 void exit_if_test_asks(int rank, int64_t step) {
   const char* r = std::getenv("MW_TEST_EXIT_RANK");
   const char* s = std::getenv("MW_TEST_EXIT_STEP");
@@ -444,7 +445,7 @@ int run(const Options& o) {
   if (!o.checkpoint_dir.empty()) deferral.emplace();
   while (!t.done()) {
     const train::StepResult r = t.train_step();
-    if (o.comm) exit_if_test_asks(o.comm->rank(), r.step);
+    exit_if_test_asks(o.comm ? o.comm->rank() : 0, r.step);
     const std::string line =
         train::progress_text(r, t.total_steps(), cli::median(t.step_ms()), t.memory_text());
     if (tty)  // redrawn in place; "\033[K" clears what a longer line left
@@ -462,6 +463,13 @@ int run(const Options& o) {
     // Under data parallel the ranks agree whether any of them was asked to stop (Note [Stop
     // signals]; docs/distributed.md), so that all of them checkpoint the same step.
     if (const int sig = t.stop_signal_of_any_rank(stop_signal()); t.checkpoint_due() || sig != 0) {
+      // Without --checkpoint-dir there is nothing to write: stop after the step. (The checkpoint
+      // went to the current directory, where the signal interrupted its own first write.)
+      if (o.checkpoint_dir.empty())
+        throw Interrupted(str("interrupted by ", signal_name(sig), " after step ", r.step,
+                              " (no --checkpoint-dir: nothing saved); temporary files removed, "
+                              "earlier saves left as they were"),
+                          sig);
       // Rank 0 writes it; under ZeRO the other ranks send it their optimizer states.
       const std::string path = t.save_checkpoint();
       print(str(tty ? "\n" : "", "Checkpoint: ", path, "\n"));

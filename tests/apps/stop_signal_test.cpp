@@ -75,6 +75,25 @@ TEST(StopSignals, TheFirstSigtermFinishesTheStepCheckpointsAndResumesBitForBit) 
             read_bytes(tmp.file("full/model.safetensors")));
 }
 
+// Without --checkpoint-dir a signal between two steps stops the run there. It used to write a
+// checkpoint into the current directory, whose first write the signal itself interrupted: exit
+// 143 naming ".step_000003.tmp-PID/.model.tmp-PID/model.safetensors" (and, under data parallel,
+// rank 0 leaving the others waiting at the checkpoint's barrier).
+TEST(StopSignals, ASignalBetweenStepsWithoutCheckpointsStopsThereSavingNothing) {
+  TempDir tmp;
+  const Outcome o =
+      run_app(tmp, "gpt2_train", testing::tiny({"--steps", "4", "--save", tmp.file("m")}),
+              {"MW_TEST_EXIT_RANK=0", "MW_TEST_EXIT_STEP=2", "MW_TEST_EXIT_HOW=sigterm"});
+  EXPECT_EQ(o.exit_code, 143) << o.output;
+  EXPECT_TRUE(has(o.output,
+                  "interrupted by SIGTERM after step 2 (no --checkpoint-dir: nothing "
+                  "saved)"))
+      << o.output;
+  EXPECT_FALSE(has(o.output, ".step_")) << o.output;
+  EXPECT_FALSE(has(o.output, "[3] loss")) << o.output;
+  EXPECT_FALSE(fs::exists(tmp.file("m")));
+}
+
 TEST(StopSignals, ASecondSignalExitsAtOnceAndRemovesTheTemporarySaveFolder) {
   TempDir tmp;
   // Stalled half-way through the second checkpoint (write 50 of ~35 per tiny checkpoint).
