@@ -114,10 +114,12 @@ void TokenStream::check_vocab(int64_t vocab_size) const {
 }
 
 void TokenStream::check_length(int64_t seq, const std::string& option) const {
+  // --seq is 2 at least: below that, adding data is the only remedy.
   MW_CHECK_T(InvalidArgument, total_tokens_ >= seq, option, " holds ", total_tokens_, " tokens in ",
              num_shards(), " shard(s), fewer than one sequence of --seq ", seq,
-             ": every row would repeat that text; add data or lower --seq to at most ",
-             total_tokens_);
+             ": every row would repeat that text; ",
+             total_tokens_ >= 2 ? str("add data or lower --seq to at most ", total_tokens_)
+                                : str("add data (", seq, " tokens at least)"));
 }
 
 }  // namespace mw::train

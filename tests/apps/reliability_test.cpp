@@ -116,6 +116,7 @@ TEST(Reliability, SpecialFilesAsInputsAreRefusedAtOnce) {
 TEST(Reliability, BadInputFilesAreRefusedBeforeTheModelIsBuilt) {
   TempDir tmp;
   data::write_token_shard(tmp.file("short.bin"), std::vector<uint16_t>(10, 7));
+  data::write_token_shard(tmp.file("one.bin"), std::vector<uint16_t>(1, 7));  // no --seq fits
   write_bytes(tmp.file("not_adam.bin"), "this is not an optimizer checkpoint");
   ASSERT_EQ(run_app(tmp, "gpt2_train", tiny({"--steps", "1", "--checkpoint-dir", tmp.file("ck")}))
                 .exit_code,
@@ -124,6 +125,7 @@ TEST(Reliability, BadInputFilesAreRefusedBeforeTheModelIsBuilt) {
            {{"--data", tmp.file("missing.bin")}, "missing.bin"},
            {{"--val-data", tmp.file("missing.bin")}, "missing.bin"},
            {{"--data", tmp.file("short.bin")}, "fewer than one sequence"},
+           {{"--data", tmp.file("one.bin")}, "text; add data ("},  // not "--seq to at most 1"
            {{"--load-optimizer", tmp.file("missing.bin")}, "missing.bin"},
            {{"--load-optimizer", tmp.file("not_adam.bin")}, "bad magic"},
            {{"--resume", tmp.file("ck"), "--steps", "2", "--seed", "5"},
