@@ -1,5 +1,6 @@
 // The Trainer's checkpoints: writing one, and resuming from one exactly (Note [Exact resume],
 // checkpoint.h).
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 
@@ -19,7 +20,19 @@ namespace {
 constexpr const char* kMustMatch[] = {"batch",   "seq",       "grad_accum", "data",
                                       "shuffle", "data_seed", "seed"};
 
-std::string describe(const json::Value* v) { return v ? v->dump() : "(absent)"; }
+// A fingerprint value as the user typed it: the float hyperparameters are stored widened to double
+// (0.001f is 0.0010000000474974513), so a number a float holds exactly prints as that float's
+// shortest form ("0.001"), any other number as the double's.
+std::string describe(const json::Value* v) {
+  if (!v) return "(absent)";
+  if (!v->is_number()) return v->dump();
+  const double d = v->as_double();
+  char buf[64];
+  const auto f = static_cast<float>(d);
+  const auto end = static_cast<double>(f) == d ? std::to_chars(buf, buf + sizeof buf, f).ptr
+                                               : std::to_chars(buf, buf + sizeof buf, d).ptr;
+  return std::string(buf, end);
+}
 
 template <typename T>
 json::Value int_array(const std::vector<T>& xs) {
@@ -93,12 +106,12 @@ void Trainer::check_fingerprint(const json::Value& saved, const std::string& pat
                                                                        : key);
     if (must)
       throw InvalidArgument(str("--resume '", path, "': the checkpoint was written with ", key,
-                                " = ", describe(before), " and this run has ", now.value(i).dump(),
-                                "; pass the same ", option,
+                                " = ", describe(before), " and this run has ",
+                                describe(&now.value(i)), "; pass the same ", option,
                                 " to resume (it decides the data of "
                                 "every step)"));
-    print_(str("gpt2_train: warning: resuming '", path, "' with ", key, " = ", now.value(i).dump(),
-               " (the checkpoint's run had ", describe(before),
+    print_(str("gpt2_train: warning: resuming '", path, "' with ", key, " = ",
+               describe(&now.value(i)), " (the checkpoint's run had ", describe(before),
                "): the run goes on, but it is no longer the uninterrupted run's\n"));
   }
 }

@@ -529,5 +529,28 @@ TEST(Trainer, ResumeRefusesADifferentBatchNamingTheOption) {
   }
 }
 
+// A changed hyperparameter is a warning that names the values as typed: the fingerprint keeps the
+// floats widened to double, and the warning printed "lr = 0.0020000000949949026 (the checkpoint's
+// run had 0.0010000000474974513)".
+TEST(Trainer, ResumeWithAnotherLearningRateWarnsWithTheValuesAsTyped) {
+  TempDir tmp;
+  TrainOptions o = tiny(write_shard(tmp, "train.bin", 6), 2);
+  o.checkpoint_dir = tmp.file("ckpt");
+  {
+    Trainer t(o, nullptr);
+    t.train_step();
+    t.save_checkpoint();
+  }
+  o.resume = o.checkpoint_dir;
+  o.hyper.lr = 2e-3f;
+  o.hyper.beta2 = 0.95f;
+  std::string printed;
+  Trainer t(o, [&](const std::string& line) { printed += line; });
+  EXPECT_NE(printed.find("with lr = 0.002 (the checkpoint's run had 0.001)"), std::string::npos)
+      << printed;
+  EXPECT_NE(printed.find("with beta2 = 0.95 (the checkpoint's run had 0.999)"), std::string::npos)
+      << printed;
+}
+
 }  // namespace
 }  // namespace mw::train
