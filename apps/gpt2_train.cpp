@@ -108,6 +108,15 @@ void parse_data(const cli::Parser& p, Options& o) {
              "--eval-only evaluates a trained model: pass --init-from DIR (or --resume DIR)");
   if (p.given("eval-every")) o.eval_every = p.integer("eval-every", 1, int64_t{1} << 40);
   o.eval_batches = p.integer("eval-batches", 1, 1 << 20);
+  // --eval-only with a training command's options (--resume asks for the first run's): the
+  // outputs of training are not written, and saying so beats an output silently missing.
+  std::string unwritten;
+  for (const char* name :
+       {"save", "save-optimizer", "checkpoint-dir", "trace", "nvme-timeline", "sample-every"})
+    if (o.eval_only && p.given(name)) unwritten += str(unwritten.empty() ? "" : ", ", "--", name);
+  if (!unwritten.empty())
+    std::fprintf(stderr, "gpt2_train: warning: --eval-only evaluates and exits: %s not acted on\n",
+                 unwritten.c_str());
 }
 
 // The tokenizer and --sample-every (Note [Sampling during training]).
