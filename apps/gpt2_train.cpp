@@ -150,12 +150,6 @@ void check_mode_options(const cli::Parser& p, const Options& o, bool nvme, bool 
   for (const char* name : {"nvme-dir", "nvme-window"})
     MW_CHECK_T(cli::UsageError, !p.given(name) || nvme || gemini, "--", name,
                " has no effect without --offload nvme or --gemini");
-  // Under Gemini it only chooses whether --grad-accum updates chunks in the last micro-batch's
-  // backward (Note [Updates in the last backward]) or at the step.
-  if (p.given("update-in-backward") && (o.optimizer == "adamw" || (gemini && o.grad_accum == 1)))
-    std::fprintf(stderr, "gpt2_train: warning: --update-in-backward has no effect with %s\n",
-                 gemini ? "--gemini in one process without --grad-accum (it steps chunks)"
-                        : "--optimizer adamw");
   if (p.given("optimizer-states") && !o.device.is_sim())
     std::fprintf(stderr,
                  "gpt2_train: warning: --optimizer-states has no effect without --device sim\n");
@@ -422,6 +416,20 @@ void report_eval(train::Trainer& t, train::JsonLog& log, bool tty) {
   log.write(train::eval_record(t.step(), e), t.step());
 }
 
+// Under Gemini in one process --update-in-backward only chooses whether --grad-accum updates
+// chunks in the last micro-batch's backward (Note [Updates in the last backward]) or at the step;
+// under data parallel it also chooses whether chunks are updated as their reductions complete
+// (Note [Updates as reductions complete]), so the warning waits for the communicator (it said "no
+// effect" under mpirun, where there was one, and from every rank).
+void warn_if_update_in_backward_is_inert(const cli::Parser& p, const Options& o) {
+  const bool gemini = !o.gemini.empty();
+  if (!p.given("update-in-backward") || (o.comm && o.comm->rank() != 0)) return;
+  if (o.optimizer == "adamw" || (gemini && o.grad_accum == 1 && !o.data_parallel()))
+    std::fprintf(stderr, "gpt2_train: warning: --update-in-backward has no effect with %s\n",
+                 gemini ? "--gemini in one process without --grad-accum (it steps chunks)"
+                        : "--optimizer adamw");
+}
+
 int run(const Options& o) {
   // Outputs first: a typo in any output path fails now, not after training (docs/reliability.md).
   // --save replaces its folder as a whole: only one that holds a saved model's files alone
@@ -530,6 +538,7 @@ int main(int argc, char** argv) {
     parsed = true;
     comm = mw::dist::make_communicator(comm_options);
     options.comm = comm;
+    mw::warn_if_update_in_backward_is_inert(parser, options);
     return mw::run(options);
   } catch (const mw::Interrupted& e) {
     std::cerr << "gpt2_train: " << failing() << e.what() << "\n";

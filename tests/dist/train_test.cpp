@@ -556,5 +556,21 @@ TEST(DataParallelOptions, RefusedWithAReason) {
       << r.output;
 }
 
+// Under data parallel Gemini --update-in-backward off keeps the chunk updates for the step (Note
+// [Updates as reductions complete]); gpt2_train warned from every rank that it had no effect.
+TEST(DataParallelOptions, UpdateInBackwardOffUnderGeminiActsWithoutAWarning) {
+  SKIP_WITHOUT_MPI();
+  const std::string gemini = kTiny + "--steps 1 --device sim:64MiB --gemini auto --zero 2 ";
+  AppResult r = train(2, gemini + "--update-in-backward off");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("updates after backward"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("has no effect"), std::string::npos) << r.output;
+  r = train(2, gemini + "--update-in-backward on");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("each chunk updated in backward once its reduction completes"),
+            std::string::npos)
+      << r.output;
+}
+
 }  // namespace
 }  // namespace mw
