@@ -35,6 +35,14 @@ namespace {
 using train::TrainOptions;
 using Options = train::TrainOptions;
 
+// A warning about the command line, printed once: under mpirun by the process the launcher
+// numbers 0 alone (options are parsed before the communicator exists; every rank printed them).
+void warn(const std::string& text) {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
+    if (const char* rank = std::getenv(name); rank && std::atoi(rank) != 0) return;
+  std::fprintf(stderr, "gpt2_train: warning: %s\n", text.c_str());
+}
+
 // --n-layer ... --n-positions: a GPT-2 of any shape from random weights (with --model or --config
 // as the base).
 const std::pair<const char*, const char*> kShapeOptions[] = {
@@ -115,8 +123,7 @@ void parse_data(const cli::Parser& p, Options& o) {
        {"save", "save-optimizer", "checkpoint-dir", "trace", "nvme-timeline", "sample-every"})
     if (o.eval_only && p.given(name)) unwritten += str(unwritten.empty() ? "" : ", ", "--", name);
   if (!unwritten.empty())
-    std::fprintf(stderr, "gpt2_train: warning: --eval-only evaluates and exits: %s not acted on\n",
-                 unwritten.c_str());
+    warn(str("--eval-only evaluates and exits: ", unwritten, " not acted on"));
 }
 
 // The tokenizer and --sample-every (Note [Sampling during training]).
@@ -151,8 +158,7 @@ void check_mode_options(const cli::Parser& p, const Options& o, bool nvme, bool 
     MW_CHECK_T(cli::UsageError, !p.given(name) || nvme || gemini, "--", name,
                " has no effect without --offload nvme or --gemini");
   if (p.given("optimizer-states") && !o.device.is_sim())
-    std::fprintf(stderr,
-                 "gpt2_train: warning: --optimizer-states has no effect without --device sim\n");
+    warn("--optimizer-states has no effect without --device sim");
 }
 
 // The model, the run's shape, the schedule and the optimizer.
@@ -315,8 +321,8 @@ Options parse_options(const cli::Parser& p) {
   MW_CHECK_T(cli::UsageError, o.init_from.empty() || o.config_path.empty(),
              "--init-from and --config both choose the model: pass one of them");
   if (p.given("model") && (!o.init_from.empty() || !o.config_path.empty()))
-    std::fprintf(stderr, "gpt2_train: warning: --model is ignored: the model comes from %s\n",
-                 o.init_from.empty() ? "--config" : "--init-from");
+    warn(str("--model is ignored: the model comes from ",
+             o.init_from.empty() ? "--config" : "--init-from"));
   parse_shape(p, o);
   o.batch = p.integer("batch", 1, 1 << 20);
   o.seq = p.given("seq") ? p.integer("seq", 2, 1 << 20) : 0;  // 0: the Trainer's default
@@ -423,11 +429,11 @@ void report_eval(train::Trainer& t, train::JsonLog& log, bool tty) {
 // effect" under mpirun, where there was one, and from every rank).
 void warn_if_update_in_backward_is_inert(const cli::Parser& p, const Options& o) {
   const bool gemini = !o.gemini.empty();
-  if (!p.given("update-in-backward") || (o.comm && o.comm->rank() != 0)) return;
+  if (!p.given("update-in-backward")) return;
   if (o.optimizer == "adamw" || (gemini && o.grad_accum == 1 && !o.data_parallel()))
-    std::fprintf(stderr, "gpt2_train: warning: --update-in-backward has no effect with %s\n",
-                 gemini ? "--gemini in one process without --grad-accum (it steps chunks)"
-                        : "--optimizer adamw");
+    warn(str("--update-in-backward has no effect with ",
+             gemini ? "--gemini in one process without --grad-accum (it steps chunks)"
+                    : "--optimizer adamw"));
 }
 
 int run(const Options& o) {

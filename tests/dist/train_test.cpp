@@ -558,6 +558,7 @@ TEST(DataParallelOptions, RefusedWithAReason) {
 
 // Under data parallel Gemini --update-in-backward off keeps the chunk updates for the step (Note
 // [Updates as reductions complete]); gpt2_train warned from every rank that it had no effect.
+// (Warnings about the command line now come from rank 0 alone.)
 TEST(DataParallelOptions, UpdateInBackwardOffUnderGeminiActsWithoutAWarning) {
   SKIP_WITHOUT_MPI();
   const std::string gemini = kTiny + "--steps 1 --device sim:64MiB --gemini auto --zero 2 ";
@@ -570,6 +571,13 @@ TEST(DataParallelOptions, UpdateInBackwardOffUnderGeminiActsWithoutAWarning) {
   EXPECT_NE(r.output.find("each chunk updated in backward once its reduction completes"),
             std::string::npos)
       << r.output;
+  // A warning that holds is printed once, not by every rank.
+  r = train(2, kTiny + "--steps 1 --optimizer adamw --update-in-backward off");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string w = "has no effect with --optimizer adamw";
+  const size_t at = r.output.find(w);
+  EXPECT_NE(at, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(w, at + 1), std::string::npos) << r.output;
 }
 
 }  // namespace
