@@ -436,6 +436,30 @@ void warn_if_update_in_backward_is_inert(const cli::Parser& p, const Options& o)
                     : "--optimizer adamw"));
 }
 
+// After a step: the checkpoint due, or the stop a signal asked for (with --checkpoint-dir, after
+// writing that step's checkpoint). Under data parallel the ranks agree whether any of them was
+// asked to stop (Note [Stop signals]; docs/distributed.md), so that all of them stop after, and
+// checkpoint, the same step.
+void checkpoint_or_stop(train::Trainer& t, const Options& o, int64_t step, bool tty) {
+  const int sig = t.stop_signal_of_any_rank(stop_signal());
+  if (!t.checkpoint_due() && sig == 0) return;
+  // Without --checkpoint-dir there is nothing to write: stop after the step. (The checkpoint
+  // went to the current directory, where the signal interrupted its own first write.)
+  if (o.checkpoint_dir.empty())
+    throw Interrupted(str("interrupted by ", signal_name(sig), " after step ", step,
+                          " (no --checkpoint-dir: nothing saved); temporary files removed, "
+                          "earlier saves left as they were"),
+                      sig);
+  // Rank 0 writes it; under ZeRO the other ranks send it their optimizer states.
+  const std::string path = t.save_checkpoint();
+  print(str(tty ? "\n" : "", "Checkpoint: ", path, "\n"));
+  if (const int now = sig != 0 ? sig : t.stop_signal_of_any_rank(stop_signal()))
+    throw Interrupted(str("interrupted by ", signal_name(now), " during step ", step,
+                          ": finished it and wrote the checkpoint ", path,
+                          "; continue with the same options and --resume ", o.checkpoint_dir),
+                      now);
+}
+
 int run(const Options& o) {
   // Outputs first: a typo in any output path fails now, not after training (docs/reliability.md).
   // --save replaces its folder as a whole: only one that holds a saved model's files alone
@@ -483,25 +507,7 @@ int run(const Options& o) {
     const bool go_on = stop_signal() == 0 || t.shards_parameters();
     if (t.eval_due() && go_on) report_eval(t, log, tty);
     if (t.sample_due() && go_on) print(str(tty ? "\n" : "", t.sample()));
-    // Under data parallel the ranks agree whether any of them was asked to stop (Note [Stop
-    // signals]; docs/distributed.md), so that all of them checkpoint the same step.
-    if (const int sig = t.stop_signal_of_any_rank(stop_signal()); t.checkpoint_due() || sig != 0) {
-      // Without --checkpoint-dir there is nothing to write: stop after the step. (The checkpoint
-      // went to the current directory, where the signal interrupted its own first write.)
-      if (o.checkpoint_dir.empty())
-        throw Interrupted(str("interrupted by ", signal_name(sig), " after step ", r.step,
-                              " (no --checkpoint-dir: nothing saved); temporary files removed, "
-                              "earlier saves left as they were"),
-                          sig);
-      // Rank 0 writes it; under ZeRO the other ranks send it their optimizer states.
-      const std::string path = t.save_checkpoint();
-      print(str(tty ? "\n" : "", "Checkpoint: ", path, "\n"));
-      if (const int now = sig != 0 ? sig : t.stop_signal_of_any_rank(stop_signal()))
-        throw Interrupted(str("interrupted by ", signal_name(now), " during step ", r.step,
-                              ": finished it and wrote the checkpoint ", path,
-                              "; continue with the same options and --resume ", o.checkpoint_dir),
-                          now);
-    }
+    checkpoint_or_stop(t, o, r.step, tty);
   }
   deferral.reset();
   if (tty) print("\n");

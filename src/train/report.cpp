@@ -156,4 +156,30 @@ std::string Trainer::finish_report(double total_s) {
   return out;
 }
 
+json::Value Trainer::take_offload_step_stats() {
+  json::Value rec = json::Value::object();
+  if (hybrid_ && hybrid_->nvme()) {
+    // Counted as the engine completes requests: a step's last write-backs, still in flight when
+    // it returns, fall in the next step's count (the sum over the run is exact).
+    const optim::NvmeStats st = hybrid_->nvme()->stats();
+    rec.set("adam_nvme_read_bytes", st.bytes_read - nvme_read_logged_);
+    rec.set("adam_nvme_write_bytes", st.bytes_written - nvme_written_logged_);
+    nvme_read_logged_ = st.bytes_read, nvme_written_logged_ = st.bytes_written;
+  }
+  if (!gem_) return rec;
+  const gemini::GeminiStats g = gem_->take_step_stats();
+  rec.set("host_chunk_peak_bytes", g.host_chunk_peak_bytes);
+  rec.set("h2d_bytes", g.h2d_bytes);
+  rec.set("d2h_bytes", g.d2h_bytes);
+  rec.set("nvme_read_bytes", g.nvme_read_bytes);
+  rec.set("nvme_write_bytes", g.nvme_write_bytes);
+  rec.set("evictions", g.evictions);
+  rec.set("pressure_evictions", g.pressure_evictions);  // Note [Memory pressure]
+  rec.set("prefetches", g.prefetches);
+  rec.set("prefetch_wait_ms", g.prefetch_wait_ms);
+  if (gem_->shards_parameters()) rec.set("shard_gather_ms", g.shard_gather_ms);
+  rec.set("illegal_transitions", gem_->illegal_transitions());
+  return rec;
+}
+
 }  // namespace mw::train
