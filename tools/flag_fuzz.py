@@ -29,7 +29,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def pool(w):
     """(option, values or None for a switch); `w` is the run's private workspace."""
-    ro, missing = os.path.join(w, "ro"), "/nonexistent/memwall-fuzz"
+    # A directory that does not exist, inside the workspace: gpt2_train creates an output's
+    # missing directories, and "/nonexistent/..." left them on the machine, outside any cleanup.
+    ro, missing = os.path.join(w, "ro"), os.path.join(w, "absent", "memwall-fuzz")
     text, trunc = os.path.join(w, "text.txt"), os.path.join(w, "trunc.bin")
     return [
         ("--device", ["cpu", "sim:1GiB", "sim:64MiB", "sim:1MiB", "sim:abc", "cuda"]),
