@@ -215,7 +215,7 @@ struct RunShapeDefaults {
 inline void declare_run_shape(Parser& p, const RunShapeDefaults& d) {
   p.option("model", "small", "tiny|small|medium|large|xl");
   p.option("batch", "4", "B");
-  p.option("seq", "128", "T");
+  p.option("seq", "", "T (default 128, or the model's n_positions when smaller)");
   p.option("steps", d.steps, d.steps_help);
   p.option("threads", d.threads, d.threads_help);
 }
@@ -239,7 +239,10 @@ inline RunShape run_shape(const Parser& p, const RunShapeLimits& limits) {
   s.model = p.choice("model", {"tiny", "small", "medium", "large", "xl"});
   s.config = gpt2::Config::preset(s.model);
   s.batch = p.integer("batch", 1, limits.max_batch);
-  s.seq = p.integer("seq", limits.min_seq, limits.max_seq ? limits.max_seq : s.config.n_positions);
+  // Not given: 128, or tiny's 32 positions (a default out of range was refused, quoting it).
+  s.seq = p.given("seq") ? p.integer("seq", limits.min_seq,
+                                     limits.max_seq ? limits.max_seq : s.config.n_positions)
+                         : std::min<int64_t>(128, s.config.n_positions);
   s.steps = p.integer("steps", limits.min_steps, limits.max_steps);
   s.threads = static_cast<int>(p.integer("threads", 0, 4096));
   return s;
