@@ -384,8 +384,10 @@ TEST(NvmeStepBench, TrainsBothModelsSideBySideWithEqualLosses) {
   EXPECT_NE(r.output.find("median of per-pair ratios"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("disk floor per step:") != std::string::npos, bench::have_fio())
       << r.output;
-  r = run_app("nvme_step_bench", "--model tiny --seq 16 --batch 2 --threads 2 --steps 2 --no-fio");
+  // Without --seq: tiny's 32 positions, not a default of 128 refused as out of range.
+  r = run_app("nvme_step_bench", "--model tiny --batch 2 --threads 2 --steps 2 --no-fio");
   EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("GPT-2 tiny, B2 T32"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("disk floor"), std::string::npos) << r.output;
   Result bad = run_app("nvme_step_bench", "--fraction 2");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
