@@ -157,6 +157,9 @@ void check_mode_options(const cli::Parser& p, const Options& o, bool nvme, bool 
   for (const char* name : {"nvme-dir", "nvme-window"})
     MW_CHECK_T(cli::UsageError, !p.given(name) || nvme || gemini, "--", name,
                " has no effect without --offload nvme or --gemini");
+  MW_CHECK_T(cli::UsageError, !p.given("optimizer-states") || !gemini,
+             "--optimizer-states has no effect with --gemini, whose policy places each chunk's "
+             "Adam states (--offload-optim-frac, --gpu-margin-mem-ratio)");
   if (p.given("optimizer-states") && !o.device.is_sim())
     warn("--optimizer-states has no effect without --device sim");
 }

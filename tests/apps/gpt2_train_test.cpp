@@ -359,7 +359,8 @@ TEST(Gpt2Train, OptionsThatWouldDoNothingAreRefused) {
         "--device sim:1GiB --gemini const --offload-optim-frac 0.5",
         "--device sim:1GiB --gemini static --const-budget 1MiB",
         "--device sim:1GiB --gemini const --auto-margin 0.1", "--copy-worker on",
-        "--device sim:1GiB --gemini static --copy-worker on"}) {
+        "--device sim:1GiB --gemini static --copy-worker on",
+        "--device sim:1GiB --gemini auto --optimizer-states device"}) {
     SCOPED_TRACE(args);
     Result r = run(std::string(kTiny) + args);
     EXPECT_EQ(r.exit_code, 2) << r.output;
