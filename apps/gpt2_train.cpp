@@ -352,6 +352,10 @@ Options parse_options(const cli::Parser& p) {
   if (p.given("checkpoint-segments"))
     o.checkpoint_segments = p.integer("checkpoint-segments", 0, 1 << 20);
   o.offload_activations = p.has("offload-activations");
+  if (o.offload_activations && o.device.is_cpu())  // every activation stays, as without it
+    warn(
+        "--offload-activations has no effect on --device cpu: activations are in host memory "
+        "already (--checkpoint-activations saves memory there)");
   parse_data(p, o);
   o.log = p.str("log");
   o.save = p.str("save");

@@ -367,6 +367,19 @@ TEST(Gpt2Train, OptionsThatWouldDoNothingAreRefused) {
   }
 }
 
+// Options that a common command carries where they do nothing run with a warning naming them
+// (--offload-activations on the CPU kept every activation, silently).
+TEST(Gpt2Train, OptionsThatDoNothingHereAreNamedInAWarning) {
+  Result r = run(std::string(kTiny) + "--offload-activations");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: --offload-activations has no effect on --device cpu"),
+            std::string::npos)
+      << r.output;
+  r = run(std::string(kTiny) + "--offload-activations --device sim:1GiB");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("warning"), std::string::npos) << r.output;
+}
+
 // The side-by-side offload bench: both models must see the same losses, bit for bit, or it fails.
 // With fio on the PATH it prints the disk floor (the only test that runs fio here: 8 s); --no-fio
 // skips it.
