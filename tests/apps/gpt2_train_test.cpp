@@ -340,15 +340,6 @@ TEST(Gpt2Train, GeminiClipAccumAndValidationLogThePlainRunsValues) {
                  "--offload-param-frac 1 --chunk-size 4000");
   ASSERT_EQ(e.exit_code, 0) << e.output;
   EXPECT_NE(e.output.find("val loss: " + last_val), std::string::npos) << e.output << last_val;
-  // A training command's outputs given with --eval-only are named as not acted on (they were
-  // silently dropped).
-  Result w = run(std::string(kTiny) + "--eval-only --init-from " + tmp.file("m") + " --val-data " +
-                 tmp.path() + " --eval-batches 1 --save " + tmp.file("never") + " --steps 9");
-  ASSERT_EQ(w.exit_code, 0) << w.output;
-  EXPECT_NE(w.output.find("warning: --eval-only evaluates and exits: --save not acted on"),
-            std::string::npos)
-      << w.output;
-  EXPECT_FALSE(std::filesystem::exists(tmp.file("never")));
 }
 
 TEST(Gpt2Train, OptionsThatWouldDoNothingAreRefused) {

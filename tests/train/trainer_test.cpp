@@ -510,16 +510,20 @@ TEST(Trainer, SaveOptimizerUnderGeminiWritesTheFileOfAPlainRun) {
   }
 }
 
-TEST(Trainer, ResumeRefusesADifferentBatchNamingTheOption) {
-  TempDir tmp;
+// The options of a 2-step run checkpointed after its first step, set to resume from there.
+TrainOptions checkpointed_after_one_step(const TempDir& tmp) {
   TrainOptions o = tiny(write_shard(tmp, "train.bin", 6), 2);
   o.checkpoint_dir = tmp.file("ckpt");
-  {
-    Trainer t(o, nullptr);
-    t.train_step();
-    t.save_checkpoint();
-  }
+  Trainer t(o, nullptr);
+  t.train_step();
+  t.save_checkpoint();
   o.resume = o.checkpoint_dir;
+  return o;
+}
+
+TEST(Trainer, ResumeRefusesADifferentBatchNamingTheOption) {
+  TempDir tmp;
+  TrainOptions o = checkpointed_after_one_step(tmp);
   o.batch = 3;
   try {
     Trainer t(o, nullptr);
@@ -534,14 +538,7 @@ TEST(Trainer, ResumeRefusesADifferentBatchNamingTheOption) {
 // run had 0.0010000000474974513)".
 TEST(Trainer, ResumeWithAnotherLearningRateWarnsWithTheValuesAsTyped) {
   TempDir tmp;
-  TrainOptions o = tiny(write_shard(tmp, "train.bin", 6), 2);
-  o.checkpoint_dir = tmp.file("ckpt");
-  {
-    Trainer t(o, nullptr);
-    t.train_step();
-    t.save_checkpoint();
-  }
-  o.resume = o.checkpoint_dir;
+  TrainOptions o = checkpointed_after_one_step(tmp);
   o.hyper.lr = 2e-3f;
   o.hyper.beta2 = 0.95f;
   std::string printed;
