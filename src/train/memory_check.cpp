@@ -55,7 +55,9 @@ int64_t cgroup_free_bytes() {
 // Free bytes of the file system that holds `path`, or would hold it once created: statvfs at its
 // nearest existing ancestor (an --nvme-dir the run creates was unchecked, its free space -1).
 int64_t free_disk_bytes(const std::string& path) {
-  std::filesystem::path p = std::filesystem::absolute(path).lexically_normal();
+  std::error_code ec;  // absolute() fails only without a current directory: then unknown
+  std::filesystem::path p = std::filesystem::absolute(path, ec).lexically_normal();
+  if (ec) return -1;
   for (;;) {
     struct statvfs s {};
     if (statvfs(p.c_str(), &s) == 0)
