@@ -118,6 +118,15 @@ bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Traine
   return false;
 }
 
+// Why updates wait for the step, for the line that says so (it blamed --grad-clip/fp16 when
+// --update-in-backward off, with --grad-accum, was the reason).
+std::string why_updates_wait(const TrainOptions& o, bool data_parallel) {
+  if (o.grad_clip > 0 || o.precision == DType::F16)
+    return "--grad-clip/fp16 need every gradient first";
+  if (data_parallel) return "data parallel averages the gradients first";
+  return "--update-in-backward off";
+}
+
 }  // namespace
 
 gpt2::Config resolve_config(const TrainOptions& o, const std::function<void(std::string)>& warn) {
@@ -270,9 +279,9 @@ void Trainer::build_optimizer() {
             "Gemini: chunk gradients accumulate over the micro-batches, each chunk updated in the "
             "last micro-batch's backward once complete (Note [Updates in the last backward])\n");
       else if (o_.updates_after_backward())
-        print_(
-            "Gemini: updates deferred to after backward for --grad-clip/fp16: "
-            "chunk gradients accumulate over the micro-batches (Note [Deferred updates])\n");
+        print_(str("Gemini: updates deferred to after backward (", why_updates_wait(o_, false),
+                   "): chunk gradients accumulate over the micro-batches (Note [Deferred "
+                   "updates])\n"));
       // Note [Updates as reductions complete], Note [Updates in the last backward]
       gem_->set_updates_as_reduced(o_.steps_in_backward() || o_.updates_in_last_backward());
     }
@@ -299,9 +308,9 @@ void Trainer::build_optimizer() {
     print_(o_.updates_in_last_backward() && !dp_
                ? "--grad-accum: parameters updated in the last micro-batch's backward (Note "
                  "[Updates in the last backward])\n"
-               : "Updates after backward: --grad-clip/fp16 need every gradient first, so update in "
-                 "backward and the NVMe overlap with backward are off (Note [Updates after "
-                 "backward])\n");
+               : str("Updates after backward: ", why_updates_wait(o_, dp_ != nullptr),
+                     ", so update in backward and the NVMe overlap with backward are off (Note "
+                     "[Updates after backward])\n"));
   const std::string& nvme_dir = o_.gemini.empty() ? o_.nvme.dir : o_.gemini_options.nvme_dir;
   if (hybrid_ && hybrid_->nvme())
     print_(str("NVMe offload: ",

@@ -371,6 +371,21 @@ TEST(Gpt2Train, OptionsThatDoNothingHereAreNamedInAWarning) {
   EXPECT_EQ(r.output.find("warning"), std::string::npos) << r.output;
 }
 
+// The line that says updates wait for the step names what asked for it: with --grad-accum and
+// --update-in-backward off it blamed --grad-clip/fp16, neither of them given.
+TEST(Gpt2Train, UpdatesAfterBackwardNameTheirReason) {
+  for (const char* placement : {"", "--device sim:1GiB --gemini auto "}) {
+    Result r = run(std::string(kTiny) + placement + "--grad-accum 2 --update-in-backward off");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("--update-in-backward off"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("--grad-clip/fp16"), std::string::npos) << r.output;
+    r = run(std::string(kTiny) + placement + "--grad-clip 1");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("--grad-clip/fp16 need every gradient first"), std::string::npos)
+        << r.output;
+  }
+}
+
 // The side-by-side offload bench: both models must see the same losses, bit for bit, or it fails.
 // With fio on the PATH it prints the disk floor (the only test that runs fio here: 8 s); --no-fio
 // skips it.

@@ -164,30 +164,36 @@ TEST(Trainer, UpdateInBackwardOffKeepsEveryGradientWithStatesOnNvme) {
   }
 }
 
-// The log's adam_nvme_read_bytes / adam_nvme_write_bytes: the states' disk traffic per step.
-// Step 0 reads nothing (never-written slices are zero-filled); every later step reads each
-// slice's m and v once; a step's last write-backs may land in the next step's count, but the
-// counts sum to what the engine moved, and each step writes what it read.
+// The log's adam_nvme_read_bytes / adam_nvme_write_bytes: the states' disk traffic per step, as
+// the engine completes it. A step's last write-backs and the next step's read-ahead fall in
+// whichever record comes after they complete (the read-ahead may even fetch a step that never
+// comes: the window does not know the last step), so only the sums are exact: every step writes
+// each slice once (the file's bytes), steps 1 and 2 read them back, and the records add up to
+// the engine's counts (reads: up to a read-ahead still in flight). (A per-step equality held in
+// Release and failed under ASan's timing.)
 TEST(Trainer, TheLogCountsTheNvmeStatesTrafficOfEachStep) {
   TempDir tmp;
   TrainOptions o = tiny(write_shard(tmp, "train.bin", 1), 3);
   o.nvme.fraction = 1.0;
   o.nvme.dir = tmp.file("nvme");
   Trainer t(o, nullptr);
-  std::vector<int64_t> read, written;
+  int64_t read = 0, written = 0;
   for (int i = 0; i < 3; ++i) {
     t.train_step();
     const json::Value rec = t.take_offload_step_stats();
-    read.push_back(rec.get_int("adam_nvme_read_bytes"));
-    written.push_back(rec.get_int("adam_nvme_write_bytes"));
+    read += rec.get_int("adam_nvme_read_bytes");
+    written += rec.get_int("adam_nvme_write_bytes");
   }
   t.flush();
-  written.push_back(t.take_offload_step_stats().get_int("adam_nvme_write_bytes"));
-  EXPECT_EQ(read[0], 0);
-  EXPECT_GT(read[1], 0);
-  EXPECT_EQ(read[2], read[1]);
-  EXPECT_EQ(written[0] + written[1] + written[2] + written[3], 3 * read[1]);
-  EXPECT_EQ(read[1] + read[2], t.hybrid()->nvme()->stats().bytes_read);
+  const json::Value rest = t.take_offload_step_stats();
+  read += rest.get_int("adam_nvme_read_bytes");
+  written += rest.get_int("adam_nvme_write_bytes");
+  const optim::NvmeStats st = t.hybrid()->nvme()->stats();
+  ASSERT_GT(st.file_bytes, 0);
+  EXPECT_EQ(written, 3 * st.file_bytes);
+  EXPECT_GE(read, 2 * st.file_bytes);
+  EXPECT_LE(read, st.bytes_read);  // a read-ahead may still complete after flush()
+  EXPECT_EQ(written, st.bytes_written);
 }
 
 // The plain loop of torch: backward, clip_grad_norm_, AdamW.step().
