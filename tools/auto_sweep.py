@@ -45,7 +45,8 @@ Eleven checks of promises the tests make on a few cases only, drawn over many
           --update-in-backward off) drawn for a run in memory (half the time with the scalar
           reference, --optimizer adamw) and for the same run with its states or parameters
           placed elsewhere (NVMe offload at a drawn fraction, window and --nvme-borrow; the
-          states on the sim device; a Gemini policy, auto with --gpu-margin-mem-ratio): the same
+          states on the sim device; a Gemini policy, auto with --gpu-margin-mem-ratio, its
+          states on NVMe with --offload nvme drawn): the same
           losses, gradient norms (where both runs log one) and saved bytes, bit for bit, and
           nothing left in --nvme-dir.
   ranks   #15's "checkpoints written at N ranks load at M ranks": a 2-rank run (a drawn ZeRO

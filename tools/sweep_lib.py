@@ -94,7 +94,7 @@ def draw_optim(rng, a):
     """The optimizer's knobs (decay, betas, eps, the floor of a schedule `a` draws, updates at the
     step), the same for both runs of the optim check; and a placement of the states and the
     parameters: NVMe offload (fraction, window, borrowed slots), the states on the sim device,
-    or Gemini (auto with --gpu-margin-mem-ratio drawn)."""
+    or Gemini (auto with --gpu-margin-mem-ratio drawn, the states on NVMe drawn)."""
     k = ["--weight-decay", rng.choice(["0", "0.01", "0.1"]), "--beta1", rng.choice(["0.9", "0"]),
          "--beta2", rng.choice(["0.999", "0.95"]), "--eps", rng.choice(["1e-8", "1e-6", "1e-3"]),
          "--lr", rng.choice(["1e-3", "3e-3"])]
@@ -113,6 +113,8 @@ def draw_optim(rng, a):
         if (p[p.index("--gemini") + 1] == "auto" and "--host-capacity" not in p
                 and rng.random() < 0.6):  # the ratio refuses three tiers (a usage error)
             p += ["--gpu-margin-mem-ratio", rng.choice(["0.5", "1"])]
+        if rng.random() < 0.4:  # the chunks' states on disk without a host budget, or part of them
+            p += ["--offload", "nvme", "--fraction", rng.choice(["1", "0.5", "0.2"])]
     return k, p
 
 
