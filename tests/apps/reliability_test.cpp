@@ -130,13 +130,23 @@ TEST(Reliability, BadInputFilesAreRefusedBeforeTheModelIsBuilt) {
            {{"--load-optimizer", tmp.file("not_adam.bin")}, "bad magic"},
            {{"--resume", tmp.file("ck"), "--steps", "2", "--seed", "5"},
             "pass the same --data-seed"},
-           {{"--checkpoint-segments", "3"}, "exceeds the 2 blocks"}}) {
+           {{"--checkpoint-segments", "3"}, "exceeds the 2 blocks"},
+           // A checkpoint where a model folder is wanted: where its model is, and --resume.
+           {{"--init-from", tmp.file("ck/step_000001")},
+            "is a gpt2_train checkpoint, not a model folder: pass --init-from " +
+                tmp.file("ck/step_000001/model") + " (its weights), or --resume"},
+           {{"--init-from", tmp.file("ck")},
+            "holds gpt2_train checkpoints, not a model folder: pass --init-from " +
+                tmp.file("ck/step_000001/model")}}) {
     SCOPED_TRACE(args[0] + " " + args[1]);
     Outcome o = run_app(tmp, "gpt2_train", tiny(args), {}, 30);
     EXPECT_EQ(o.exit_code, 1) << o.output;
     EXPECT_TRUE(has(o.output, expected)) << o.output;
     EXPECT_FALSE(has(o.output, "Model numel")) << o.output;
   }
+  const Outcome g = run_app(tmp, "gpt2_generate", {"--model", tmp.file("ck")}, {}, 30);
+  EXPECT_EQ(g.exit_code, 1) << g.output;
+  EXPECT_TRUE(has(g.output, "pass --model " + tmp.file("ck/step_000001/model"))) << g.output;
 }
 
 // Each app names its own option: gpt2_generate said "--init-from 'X' is not a directory" of its

@@ -1,6 +1,7 @@
 // HF folder I/O for GPT-2 (hf_io.h), driven by the tensor table.
 #include "models/gpt2/hf_io.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -129,10 +130,37 @@ bool is_mask_buffer(const std::string& name, const std::string& prefix, int64_t 
 
 }  // namespace
 
+// Where a folder without config.json holds a model after all: gpt2_train's checkpoint folder
+// (step_NNNNNN, its model in model/) or its --checkpoint-dir (the newest step_* folder's model/).
+// Empty when neither.
+static std::string model_inside_checkpoint(const fs::path& dir) {
+  if (fs::exists(dir / "model" / "config.json")) return (dir / "model").string();
+  std::string newest;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step_", 0) == 0 && fs::exists(e.path() / "model" / "config.json"))
+      newest = std::max(newest, name);  // step_NNNNNN: the names sort by step
+  }
+  return newest.empty() ? "" : (dir / newest / "model").string();
+}
+
 Config load_hf_config(const std::string& dir, const std::string& option) {
   MW_CHECK_T(IoError, fs::is_directory(dir), option, " '", dir,
              "' is not a directory; expected a HuggingFace GPT-2 folder with config.json and "
              "model.safetensors");
+  // A checkpoint given where a model folder is wanted: say where its model is (it was "cannot
+  // open config.json").
+  if (!fs::exists(fs::path(dir) / "config.json")) {
+    const std::string inside = model_inside_checkpoint(dir);
+    MW_CHECK_T(IoError, inside.empty(), option, " '", dir,
+               fs::exists(fs::path(dir) / "model") ? "' is a gpt2_train checkpoint"
+                                                   : "' holds gpt2_train checkpoints",
+               ", not a model folder: pass ", option, " ", inside,
+               option == "--init-from"
+                   ? str(" (its weights), or --resume ", dir, " to continue that run")
+                   : std::string());
+  }
   return Config::from_json_file((fs::path(dir) / "config.json").string());
 }
 
