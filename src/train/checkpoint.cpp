@@ -186,9 +186,14 @@ std::string find_checkpoint(const std::string& dir) {
   MW_CHECK_T(IoError, fs::is_directory(dir, ec), "--resume '", dir,
              "' is not a directory; pass the --checkpoint-dir of the run to resume");
   const std::vector<std::string> all = list_checkpoints(dir);
-  MW_CHECK_T(IoError, !all.empty(), "--resume '", dir,
-             "' holds no checkpoint (no step_NNNNNN folder); pass the --checkpoint-dir of a run "
-             "that wrote one (--checkpoint-every N)");
+  // A saved model (--save's folder) resumes nothing, but it can start a run.
+  const bool model = fs::exists(fs::path(dir) / "config.json", ec);
+  MW_CHECK_T(
+      IoError, !all.empty(), "--resume '", dir,
+      "' holds no checkpoint (no step_NNNNNN folder); pass the --checkpoint-dir of a run "
+      "that wrote one (--checkpoint-every N)",
+      model ? str("; it is a model folder: --init-from ", dir, " starts a new run from its weights")
+            : std::string());
   return all.back();
 }
 

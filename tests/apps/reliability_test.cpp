@@ -135,6 +135,8 @@ TEST(Reliability, BadInputFilesAreRefusedBeforeTheModelIsBuilt) {
            {{"--init-from", tmp.file("ck/step_000001")},
             "is a gpt2_train checkpoint, not a model folder: pass --init-from " +
                 tmp.file("ck/step_000001/model") + " (its weights), or --resume"},
+           {{"--resume", tmp.file("ck/step_000001/model")},
+            "it is a model folder: --init-from " + tmp.file("ck/step_000001/model")},
            {{"--init-from", tmp.file("ck")},
             "holds gpt2_train checkpoints, not a model folder: pass --init-from " +
                 tmp.file("ck/step_000001/model")}}) {
