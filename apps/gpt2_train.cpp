@@ -497,6 +497,9 @@ int run(const Options& o) {
   // Note [Stop signals]: with checkpoints, a stop signal lets the step under way finish.
   std::optional<StopDeferral> deferral;
   if (!o.checkpoint_dir.empty()) deferral.emplace();
+  // --steps 0 (or a resume with none left): the evaluation "after the last step" is of the model
+  // as it starts (it was skipped with the loop, silently).
+  if (t.done() && t.eval_due()) report_eval(t, log, tty);
   while (!t.done()) {
     const train::StepResult r = t.train_step();
     exit_if_test_asks(o.comm ? o.comm->rank() : 0, r.step);

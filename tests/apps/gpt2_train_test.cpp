@@ -275,6 +275,11 @@ TEST(Gpt2Train, ValidationScheduleClippingAndEvalOnly) {
                  tmp.path() + " --eval-batches 3");
   ASSERT_EQ(e.exit_code, 0) << e.output;
   EXPECT_NE(e.output.find("val loss: " + last_val), std::string::npos) << e.output << last_val;
+  // --steps 0 evaluates the model as it starts: "after the last step" (it evaluated nothing).
+  Result z = run(std::string(kTiny) + "--steps 0 --init-from " + tmp.file("m") + " --val-data " +
+                 tmp.path() + " --eval-batches 3");
+  ASSERT_EQ(z.exit_code, 0) << z.output;
+  EXPECT_NE(z.output.find("[0] val loss: " + last_val), std::string::npos) << z.output << last_val;
   // A training command's outputs given with --eval-only are named as not acted on (they were
   // silently dropped).
   Result w = run(std::string(kTiny) + "--eval-only --init-from " + tmp.file("m") + " --val-data " +
