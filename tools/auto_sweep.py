@@ -46,9 +46,8 @@ Eleven checks of promises the tests make on a few cases only, drawn over many
           reference, --optimizer adamw) and for the same run with its states or parameters
           placed elsewhere (NVMe offload at a drawn fraction, window and --nvme-borrow; the
           states on the sim device; a Gemini policy, auto with --gpu-margin-mem-ratio, its
-          states on NVMe with --offload nvme drawn): the same
-          losses, gradient norms (where both runs log one) and saved bytes, bit for bit, and
-          nothing left in --nvme-dir.
+          states on NVMe with --offload nvme drawn): the same losses, gradient norms (where
+          both runs log one) and saved bytes, bit for bit, and nothing left in --nvme-dir.
   ranks   #15's "checkpoints written at N ranks load at M ranks": a 2-rank run (a drawn ZeRO
           stage, plain or Gemini) checkpointed after step 2 and resumed at 1 or 4 ranks logs the
           2-rank run's steps 2-4 within the dp check's 1e-4.

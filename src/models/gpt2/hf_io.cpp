@@ -128,12 +128,10 @@ bool is_mask_buffer(const std::string& name, const std::string& prefix, int64_t 
   return false;
 }
 
-}  // namespace
-
 // Where a folder without config.json holds a model after all: gpt2_train's checkpoint folder
 // (step_NNNNNN, its model in model/) or its --checkpoint-dir (the newest step_* folder's model/).
 // Empty when neither.
-static std::string model_inside_checkpoint(const fs::path& dir) {
+std::string model_inside_checkpoint(const fs::path& dir) {
   if (fs::exists(dir / "model" / "config.json")) return (dir / "model").string();
   std::string newest;
   std::error_code ec;
@@ -144,6 +142,8 @@ static std::string model_inside_checkpoint(const fs::path& dir) {
   }
   return newest.empty() ? "" : (dir / newest / "model").string();
 }
+
+}  // namespace
 
 Config load_hf_config(const std::string& dir, const std::string& option) {
   MW_CHECK_T(IoError, fs::is_directory(dir), option, " '", dir,
