@@ -34,6 +34,28 @@ std::string describe(const json::Value* v) {
   return std::string(buf, end);
 }
 
+// The options that shape the learning-rate schedule and nothing else.
+bool is_schedule_key(const std::string& key) {
+  return key == "steps" || key == "lr_schedule" || key == "lr" || key == "warmup_steps" ||
+         key == "min_lr";
+}
+
+// Whether the updates before `step` had the same learning rates (as the optimizer receives them,
+// floats) under the checkpoint's schedule as under this run's `now`: changed schedule options
+// then changed nothing the run has done so far.
+bool same_rates_so_far(const json::Value& saved, const LrSchedule& now, int64_t step) {
+  try {
+    const LrSchedule before{parse_lr_schedule(saved.at("lr_schedule").as_string()),
+                            saved.at("lr").as_double(), saved.at("min_lr").as_double(),
+                            saved.at("warmup_steps").as_int(), saved.at("steps").as_int()};
+    for (int64_t s = 0; s < step; ++s)
+      if (static_cast<float>(before.lr_at(s)) != static_cast<float>(now.lr_at(s))) return false;
+    return true;
+  } catch (const Error&) {  // a fingerprint without them: each change is warned about
+    return false;
+  }
+}
+
 template <typename T>
 json::Value int_array(const std::vector<T>& xs) {
   json::Value a = json::Value::array();
@@ -90,8 +112,11 @@ json::Value Trainer::run_fingerprint() const {
   return r;
 }
 
-void Trainer::check_fingerprint(const json::Value& saved, const std::string& path) const {
+void Trainer::check_fingerprint(const json::Value& saved, const std::string& path,
+                                int64_t step) const {
   const json::Value now = run_fingerprint();
+  const bool same_rates = same_rates_so_far(
+      saved, {o_.lr_schedule, o_.hyper.lr, o_.min_lr, o_.warmup_steps, o_.steps}, step);
   for (int64_t i = 0; i < now.size(); ++i) {
     const std::string& key = now.key(i);
     const json::Value* before = saved.find(key);
@@ -99,6 +124,9 @@ void Trainer::check_fingerprint(const json::Value& saved, const std::string& pat
     // AdamW, HybridAdam and Gemini's HybridAdam make the same update bit for bit (docs/
     // architecture.md), so moving among them, a memory choice, keeps the uninterrupted run.
     if (before && key == "optimizer") continue;
+    // Training on with more --steps (under a constant schedule, or in a decay's warmup) is the
+    // uninterrupted run of the new total when every update so far had the rate it has now.
+    if (same_rates && is_schedule_key(key)) continue;
     bool must = false;
     for (const char* k : kMustMatch) must = must || key == k;
     const std::string option = "--" + std::string(key == "grad_accum"  ? "grad-accum"
@@ -233,7 +261,7 @@ void Trainer::check_resumable(const std::string& path) {
              " (with --resume, the run's total); pass --steps above ", state.step,
              " to train on from it");
   total_steps_ = o_.steps;
-  check_fingerprint(state.run, path);
+  check_fingerprint(state.run, path, state.step);
 }
 
 void Trainer::resume_from(const std::string& path) {

@@ -270,7 +270,9 @@ class Trainer {
   ShardLayout gemini_shard_layout() const;                     // Note [Sharded optimizer states]
   void save_sharded_optimizer_state(const std::string& file);  // collective; rank 0 writes
   json::Value run_fingerprint() const;
-  void check_fingerprint(const json::Value& saved, const std::string& path) const;
+  // Refuses a resume whose data would differ; warns about any other change that makes the run no
+  // longer the uninterrupted one. `step`: the checkpoint's.
+  void check_fingerprint(const json::Value& saved, const std::string& path, int64_t step) const;
   void set_step_scalars(double lr, float div_scale);
   void mark_phase(const char* phase);
   double micro_step(int64_t k, std::vector<int32_t>& tokens, StepResult& r);

@@ -555,5 +555,52 @@ TEST(Trainer, ResumeWithAnotherLearningRateWarnsWithTheValuesAsTyped) {
       << printed;
 }
 
+// Training on with more --steps is the uninterrupted run of the new total when every update before
+// the checkpoint had the learning rate it has under the new total: under a constant schedule, or
+// within a decaying schedule's warmup. Such a resume is silent and its losses are the longer
+// straight run's bit for bit; it warned "no longer the uninterrupted run's" for the most common
+// resume there is. Past a decay's warmup the earlier rates depended on the old total: it warns.
+TEST(Trainer, MoreStepsResumeSilentlyAsTheLongerRunWhenNoEarlierRateChanges) {
+  struct Case {
+    LrScheduleKind kind;
+    int64_t warmup;
+    bool same;
+  };
+  for (const Case c :
+       {Case{LrScheduleKind::kConstant, 0, true}, Case{LrScheduleKind::kCosine, 2, true},
+        Case{LrScheduleKind::kCosine, 0, false}, Case{LrScheduleKind::kLinear, 0, false}}) {
+    TempDir tmp;
+    TrainOptions o = tiny(write_shard(tmp, "train.bin", 6), 3);
+    o.lr_schedule = c.kind;
+    o.warmup_steps = c.warmup;
+    o.checkpoint_dir = tmp.file("ckpt");
+    {
+      Trainer t(o, nullptr);
+      t.train_step(), t.train_step();
+      t.save_checkpoint();  // at step 2 of 3
+    }
+    o.steps = 5;
+    std::vector<double> resumed, straight;
+    std::string printed;
+    {
+      TrainOptions r = o;
+      r.resume = o.checkpoint_dir;
+      Trainer t(r, [&](const std::string& line) { printed += line; });
+      while (!t.done()) resumed.push_back(t.train_step().loss);
+    }
+    o.checkpoint_dir.clear();
+    Trainer t(o, nullptr);
+    while (!t.done()) straight.push_back(t.train_step().loss);
+    ASSERT_EQ(resumed.size(), 3u);
+    const std::string name = lr_schedule_name(c.kind);
+    EXPECT_EQ(printed.find("warning") == std::string::npos, c.same) << name << ": " << printed;
+    if (!c.same) {
+      EXPECT_NE(printed.find("with steps = 5 (the checkpoint's run had 3)"), std::string::npos)
+          << printed;
+    }
+    EXPECT_EQ(resumed == std::vector<double>(straight.begin() + 2, straight.end()), c.same) << name;
+  }
+}
+
 }  // namespace
 }  // namespace mw::train
