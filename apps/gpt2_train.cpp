@@ -27,6 +27,7 @@
 #include "placement_options.h"
 #include "train/json_log.h"
 #include "train/progress.h"
+#include "train/run_paths.h"
 #include "train/trainer.h"
 
 namespace mw {
@@ -468,18 +469,9 @@ void checkpoint_or_stop(train::Trainer& t, const Options& o, int64_t step, bool 
 }
 
 int run(const Options& o) {
-  // Outputs first: a typo in any output path fails now, not after training (docs/reliability.md).
-  // --save replaces its folder as a whole: only one that holds a saved model's files alone
-  // (Note [Replacing only what a save wrote]); --checkpoint-dir holds step_NNNNNN folders.
-  if (!o.save.empty())
-    data::check_output_path(o.save, "--save", /*as_directory=*/true, gpt2::is_saved_model_entry);
-  if (!o.checkpoint_dir.empty())
-    data::check_output_path(o.checkpoint_dir, "--checkpoint-dir", /*as_directory=*/true);
-  for (const auto& [option, path] : {std::pair<const char*, std::string>{"--log", o.log},
-                                     {"--save-optimizer", o.save_optimizer},
-                                     {"--nvme-timeline", o.nvme_timeline},
-                                     {"--trace", o.trace}})
-    if (!path.empty()) data::check_output_path(path, option, /*as_directory=*/false);
+  // Outputs first: a typo in any output path, or two outputs on one path, or an output on an
+  // input, fails now, not after training (Note [Outputs apart]; docs/reliability.md).
+  train::check_run_paths(o);
 
   g_print = !o.comm || o.comm->rank() == 0;
   train::Trainer t(o, print);

@@ -8,6 +8,7 @@
 
 #include "../data/temp_dir.h"
 #include "child.h"
+#include "data/token_shard.h"
 
 namespace mw {
 namespace {
@@ -62,6 +63,57 @@ TEST(Reliability, OutputsInMissingDirectoriesAreCreated) {
   for (const char* f : {"log.json", "trace.json", "t.csv", "opt.bin", "model/model.safetensors",
                         "ck/step_000002/manifest.json"})
     EXPECT_TRUE(std::filesystem::is_regular_file(d + "/" + f)) << f << "\n" << o.output;
+}
+
+// Note [Outputs apart]: an output on an input, on another output or inside --save is refused
+// before the first step, naming both, with every file as it was. Before, `--log` on the training
+// shard truncated it (the run then failed on its own data), `--save-optimizer` on a validation
+// shard replaced it, and `--save run --log run/log.jsonl` (or --checkpoint-dir, --nvme-dir inside
+// it) trained to the end and then could not save.
+TEST(Reliability, OutputsOnInputsOrOnEachOtherAreRefusedBeforeTheFirstStep) {
+  TempDir tmp;
+  const std::string data = tmp.file("data"), run = tmp.file("run");
+  std::filesystem::create_directories(data);
+  data::write_token_shard(data + "/train_000000.bin", std::vector<uint16_t>(4096, 7));
+  data::write_token_shard(data + "/val_000000.bin", std::vector<uint16_t>(4096, 9));
+  const std::string train_bytes = read_bytes(data + "/train_000000.bin");
+  const std::string val_bytes = read_bytes(data + "/val_000000.bin");
+  struct Case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{"--log", data + "/train_000000.bin"}, "--log '" + data + "/train_000000.bin' is an input"},
+      {{"--save-optimizer", data + "/../data/val_000000.bin"}, "(--val-data '"},
+      {{"--save", run, "--log", run + "/log.jsonl"}, "--log '" + run + "/log.jsonl' lies inside"},
+      {{"--save", run + "/", "--checkpoint-dir", run + "/ckpt"}, "--checkpoint-dir '"},
+      {{"--save", run, "--offload", "nvme", "--nvme-dir", run + "/nvme"}, "--nvme-dir '"},
+      {{"--save", run, "--checkpoint-dir", run}, "--save and --checkpoint-dir both name"},
+      {{"--log", run + ".json", "--save-optimizer", run + ".json"}, "both name"}};
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"--steps", "2", "--data", data, "--val-data", data};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    const Outcome o = run_app(tmp, "gpt2_train", tiny(args));
+    EXPECT_EQ(o.exit_code, 1) << o.output;
+    EXPECT_TRUE(has(o.output, c.says)) << c.says << "\n" << o.output;
+    EXPECT_FALSE(has(o.output, "[1] loss")) << o.output;
+    EXPECT_EQ(read_bytes(data + "/train_000000.bin"), train_bytes);
+    EXPECT_EQ(read_bytes(data + "/val_000000.bin"), val_bytes);
+    EXPECT_FALSE(std::filesystem::exists(run)) << c.says;
+    EXPECT_FALSE(std::filesystem::exists(run + ".json")) << c.says;
+  }
+  // What may share: --save-optimizer replaces --load-optimizer's file after training, a log may
+  // sit beside the checkpoints, and a fine-tune may replace the model it started from.
+  const std::string opt = tmp.file("opt.bin"), model = tmp.file("model");
+  Outcome o =
+      run_app(tmp, "gpt2_train", tiny({"--steps", "1", "--save-optimizer", opt, "--save", model}));
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  o = run_app(tmp, "gpt2_train",
+              {"--init-from", model, "--save", model, "--seq", "16", "--batch", "2", "--steps", "2",
+               "--load-optimizer", opt, "--save-optimizer", opt, "--checkpoint-dir", run, "--log",
+               run + "/log.jsonl"});
+  EXPECT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_TRUE(std::filesystem::is_regular_file(run + "/log.jsonl"));
 }
 
 }  // namespace
