@@ -62,9 +62,11 @@ int run(cli::Parser& p) {
   if (!print_ids && p.given("prompt"))
     std::fwrite(p.str("prompt").data(), 1, p.str("prompt").size(), stdout);
   const auto t0 = std::chrono::steady_clock::now();
+  int64_t textless = 0;  // ids of a padded vocabulary past the tokenizer's: no text, as in training
   const auto generated = gpt2::generate(model, prompt, max_new, options, [&](int32_t id) {
     if (print_ids) return true;
     if (id == tok->eot_id()) return false;
+    if (id >= tok->vocab_size()) return ++textless, true;
     const std::string& bytes = tok->token_bytes(id);
     std::fwrite(bytes.data(), 1, bytes.size(), stdout);
     std::fflush(stdout);
@@ -78,12 +80,16 @@ int run(cli::Parser& p) {
   }
   std::printf("\n");
   std::fflush(stdout);
-  std::fprintf(stderr, "[generate] %zu prompt + %zu new tokens in %.2f s (%.1f tokens/s)%s\n",
+  std::fprintf(stderr, "[generate] %zu prompt + %zu new tokens in %.2f s (%.1f tokens/s)%s%s\n",
                prompt.size(), generated.size(), seconds,
                static_cast<double>(prompt.size() + generated.size()) / std::max(seconds, 1e-9),
                static_cast<int64_t>(prompt.size() + generated.size()) >= model.config().n_positions
                    ? "; stopped: the context (n_positions) is full"
-                   : "");
+                   : "",
+               textless > 0 ? str("; ", textless, " of them past the tokenizer's ",
+                                  tok->vocab_size(), " ids (a padded vocabulary): no text")
+                                  .c_str()
+                            : "");
   return 0;
 }
 

@@ -206,5 +206,31 @@ TEST(TrainSampling, SaveWritesTheTokenizerAndTheUsersConfig) {
   EXPECT_FALSE(fs::exists(tmp.file("t/vocab.json")));
 }
 
+// A padded vocabulary (llm.c pads GPT-2's 50257 to 50304): the model has ids the tokenizer lacks.
+// gpt2_train's samples give them no text; gpt2_generate stopped at the first one with "token id N
+// is not in the vocabulary", mid-stream. It now streams on, gives them no text either, and counts
+// them.
+TEST(TrainSampling, IdsOfAPaddedVocabularyPastTheTokenizerHaveNoText) {
+  TempDir tmp;
+  ASSERT_EQ(run_app(tmp, "gpt2_train",
+                    tiny({"--steps", "1", "--vocab-size", "2000", "--vocab", kBpe + "vocab.json",
+                          "--merges", kBpe + "merges.txt", "--save", tmp.file("m")}))
+                .exit_code,
+            0);
+  // An untrained model draws each of 2000 ids about evenly: 70% of them past the tokenizer's 588.
+  const std::vector<std::string> args = {"--model", tmp.file("m"), "--max-new-tokens", "20"};
+  const Outcome ids = run_app(tmp, "gpt2_generate", with(args, {"--print-ids"}));
+  ASSERT_EQ(ids.exit_code, 0) << ids.output;
+  int64_t past = 0;
+  std::istringstream list(ids.output.substr(ids.output.find("ids: ") + 5));
+  for (std::string id; std::getline(list, id, ',');)
+    past += std::stoi(id) >= 588 ? 1 : 0;
+  ASSERT_GT(past, 0) << ids.output;
+  const Outcome text = run_app(tmp, "gpt2_generate", args);
+  EXPECT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_TRUE(has(text.output, "past the tokenizer's 588 ids (a padded vocabulary): no text"))
+      << text.output;
+}
+
 }  // namespace
 }  // namespace mw
