@@ -59,7 +59,9 @@ Eleven checks of promises the tests make on a few cases only, drawn over many
           it), and a resume must not warn that the run changed; half the runs read their tokens
           from 1-3 shards (--data, --shuffle drawn), crossing shards and epochs, and half
           evaluate every 2 steps or sample every 3 (the evaluations and samples after the
-          checkpoint must be the straight run's too).
+          checkpoint must be the straight run's too); 3 in 10 resumes train on to --steps 7
+          and must log a straight 7-step run's steps, silently (no earlier update's learning
+          rate changes with the total).
   fault   "a full disk ... loses nothing": a run (in RAM, NVMe offload, or three tiers on small
           chunks) whose Nth I/O request fails (MW_IO_FAULT, the states' and chunks' reads and
           writes) or whose Nth file write fails (MW_WRITE_FAULT: ENOSPC, EIO, or a short write,
@@ -375,7 +377,8 @@ def main():
                 on = lambda p: "--gemini" in p
                 if launch and moved is not None and on(moved) != on(placement):
                     moved = None
-                failures += check_resume(launch, args.binary, a, placement, work, moved)
+                longer = rng.random() < 0.3
+                failures += check_resume(launch, args.binary, a, placement, work, moved, longer)
         except subprocess.TimeoutExpired:
             print("TIMEOUT", flush=True)
         finally:

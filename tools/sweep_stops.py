@@ -10,9 +10,12 @@ import subprocess
 from sweep_lib import crashed, draw_training, last_line, nvme_dir, refused, run
 
 
-def check_resume(launch, binary, a, placement, work, moved=None):
+def check_resume(launch, binary, a, placement, work, moved=None, longer=False):
     """`moved`: the resumed run's placement, when it differs (the checkpoint's optimizer layout
-    is mapped onto the new one, Note [Optimizer layouts]); the resume must not warn either."""
+    is mapped onto the new one, Note [Optimizer layouts]); the resume must not warn either.
+    `longer`: the resume trains on to 7 steps, and must log a straight 7-step run's records
+    (every update before step 2 had the rate it has under 7 steps: a constant schedule, or a
+    decay's first update after a 1-step warmup), silently."""
     key = lambda r: (r["step"], r.get("loss"), r.get("grad_norm"), r.get("val_loss"))
     # After the checkpoint of step 2: the steps from 2 on and the evaluations after 3 updates on.
     after = lambda k: k[0] >= 2 + (k[1] is None)
@@ -24,6 +27,12 @@ def check_resume(launch, binary, a, placement, work, moved=None):
     if r1.returncode != 0:
         return refused("RUN-EXIT", r1, " ".join(a + placement))
     then = placement if moved is None else moved
+    if longer:  # the straight run of the new total is the reference
+        a = list(a)
+        a[a.index("--steps") + 1] = "7"
+        r1 = run(launch + [binary] + a + placement + ["--log", straight + ".jsonl"])
+        if r1.returncode != 0:
+            return refused("RUN-EXIT", r1, " ".join(a + placement))
     r2 = run(launch + [binary] + a + then + [
         "--checkpoint-dir", resumed, "--checkpoint-every", "2",
         "--resume", os.path.join(straight, "step_000002"), "--log", resumed + ".jsonl"])
@@ -35,6 +44,8 @@ def check_resume(launch, binary, a, placement, work, moved=None):
     what = " ".join(a + placement)
     if moved is not None:
         what += " -> " + (" ".join(moved) or "plain")
+    if longer:
+        what += " (resumed to --steps 7)"
     print("ok  " if ok else "FAIL", what, "" if ok else
           f"| rc {r2.returncode} {last_line(r2)} | warned {warned} | {want} vs {got}", flush=True)
     return 0 if ok else 1
