@@ -93,6 +93,7 @@ json::Value Trainer::run_fingerprint() const {
   r.set("seq", o_.seq);
   r.set("grad_accum", o_.grad_accum);
   r.set("data", o_.data.empty() ? "random tokens" : o_.data);
+  if (train_data_) r.set("data_tokens", train_data_->num_tokens());  // checked in open_inputs
   r.set("shuffle", o_.shuffle);
   r.set("data_seed", std::to_string(o_.data_seed));
   r.set("seed", std::to_string(o_.seed));
@@ -124,6 +125,7 @@ void Trainer::check_fingerprint(const json::Value& saved, const std::string& pat
     // AdamW, HybridAdam and Gemini's HybridAdam make the same update bit for bit (docs/
     // architecture.md), so moving among them, a memory choice, keeps the uninterrupted run.
     if (before && key == "optimizer") continue;
+    if (key == "data_tokens") continue;  // the files are opened later (open_inputs)
     // Training on with more --steps (under a constant schedule, or in a decay's warmup) is the
     // uninterrupted run of the new total when every update so far had the rate it has now.
     if (same_rates && is_schedule_key(key)) continue;

@@ -18,6 +18,16 @@ void Trainer::open_inputs() {
                                                 o_.shuffle, o_.data_seed);
     train_data_->check_vocab(config_.vocab_size);
     train_data_->check_length(o_.seq, "--data");
+    // The files behind the checkpoint's --data path changed (tokens added, or re-tokenized):
+    // batch i is read from another stream (Note [Data position]). Told by the token count, as
+    // reading gigabytes to checksum them would delay every resume.
+    const json::Value* before =
+        resumed_path_.empty() ? nullptr : resumed_state_.run.find("data_tokens");
+    if (before && before->is_number() && before->as_double() != train_data_->num_tokens())
+      print_(str("gpt2_train: warning: resuming '", resumed_path_, "' with --data holding ",
+                 train_data_->num_tokens(), " tokens (the checkpoint's run read ", before->dump(),
+                 "): the run goes on from the same batch index, but reads other ",
+                 "tokens than the uninterrupted run's\n"));
   }
   if (!o_.val_data.empty()) {
     val_ = std::make_unique<TokenStream>(resolve_shards(o_.val_data, "val", "--val-data"), false, 0,

@@ -555,6 +555,20 @@ TEST(Trainer, ResumeWithAnotherLearningRateWarnsWithTheValuesAsTyped) {
       << printed;
 }
 
+// The shard behind the checkpoint's --data path grew (a user added text and re-tokenized): the run
+// reads other tokens from the same batch index, and said nothing.
+TEST(Trainer, ResumeOnDataThatChangedSinceTheCheckpointWarns) {
+  TempDir tmp;
+  TrainOptions o = checkpointed_after_one_step(tmp);
+  std::vector<uint16_t> more(5000, 1);
+  data::write_token_shard(o.data, more);
+  std::string printed;
+  Trainer t(o, [&](const std::string& line) { printed += line; });
+  EXPECT_NE(printed.find("with --data holding 5000 tokens (the checkpoint's run read 4096)"),
+            std::string::npos)
+      << printed;
+}
+
 // Training on with more --steps is the uninterrupted run of the new total when every update before
 // the checkpoint had the learning rate it has under the new total: under a constant schedule, or
 // within a decaying schedule's warmup. Such a resume is silent and its losses are the longer
