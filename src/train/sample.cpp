@@ -1,11 +1,13 @@
 // The Trainer's inputs besides the model (its data, the optimizer file to load, its tokenizer) and
 // its samples during training (Note [Sampling during training], trainer.h).
+#include <algorithm>
 #include <optional>
 
 #include "autograd/autograd.h"
 #include "core/error.h"
 #include "optim/adam_state_file.h"
 #include "train/data_parallel.h"
+#include "train/run_paths.h"
 #include "train/trainer.h"
 
 namespace mw::train {
@@ -13,9 +15,10 @@ namespace mw::train {
 void Trainer::open_inputs() {
   // Before the model is built (xl: half a minute, gigabytes): a missing, short or foreign input
   // file is refused at once (docs/reliability.md).
+  std::vector<std::string> train_shards;
   if (!o_.data.empty()) {
-    train_data_ = std::make_unique<TokenStream>(resolve_shards(o_.data, "train", "--data"),
-                                                o_.shuffle, o_.data_seed);
+    train_shards = resolve_shards(o_.data, "train", "--data");
+    train_data_ = std::make_unique<TokenStream>(train_shards, o_.shuffle, o_.data_seed);
     train_data_->check_vocab(config_.vocab_size);
     train_data_->check_length(o_.seq, "--data");
     // The files behind the checkpoint's --data path changed (tokens added, or re-tokenized):
@@ -30,10 +33,20 @@ void Trainer::open_inputs() {
                  "tokens than the uninterrupted run's\n"));
   }
   if (!o_.val_data.empty()) {
-    val_ = std::make_unique<TokenStream>(resolve_shards(o_.val_data, "val", "--val-data"), false, 0,
-                                         "--val-data");
+    const std::vector<std::string> val_shards = resolve_shards(o_.val_data, "val", "--val-data");
+    val_ = std::make_unique<TokenStream>(val_shards, false, 0, "--val-data");
     val_->check_vocab(config_.vocab_size);
     val_->check_length(o_.seq, "--val-data");
+    // A glob such as 'data/*.bin' takes the val_ shards too: the validation loss would be measured
+    // on tokens the model trains on, and fall with memorisation.
+    for (const std::string& v : val_shards)
+      if (std::any_of(train_shards.begin(), train_shards.end(),
+                      [&](const std::string& t) { return same_path(t, v); })) {
+        print_(str("gpt2_train: warning: the --val-data shard '", v, "' is also a --data shard: ",
+                   "the validation loss is measured on training tokens; pass --data only the ",
+                   "train shards (e.g. a directory, which reads its train_*.bin)\n"));
+        break;
+      }
   }
   // Its magic only: its tensors are checked against the optimizer's layout once that exists.
   if (!o_.load_optimizer.empty()) {

@@ -555,6 +555,23 @@ TEST(Trainer, ResumeWithAnotherLearningRateWarnsWithTheValuesAsTyped) {
       << printed;
 }
 
+// A --data glob that takes the val_ shards too trains on the validation tokens: the run says so.
+TEST(Trainer, ValidationShardsAmongTheTrainingShardsDrawAWarning) {
+  TempDir tmp;
+  write_shard(tmp, "train_000000.bin", 1);
+  TrainOptions o = tiny(tmp.file("*.bin"), 1);
+  o.val_data = write_shard(tmp, "val_000000.bin", 2);
+  for (const bool overlap : {true, false}) {
+    if (!overlap) o.data = tmp.path();  // a directory reads its train_*.bin only
+    std::string printed;
+    Trainer t(o, [&](const std::string& line) { printed += line; });
+    EXPECT_EQ(printed.find("is also a --data shard: the validation loss is measured on training "
+                           "tokens") != std::string::npos,
+              overlap)
+        << printed;
+  }
+}
+
 // The shard behind the checkpoint's --data path grew (a user added text and re-tokenized): the run
 // reads other tokens from the same batch index, and said nothing.
 TEST(Trainer, ResumeOnDataThatChangedSinceTheCheckpointWarns) {
