@@ -394,6 +394,16 @@ dist::CommOptions parse_dist(const cli::Parser& p, Options& o) {
              "--shard-param-frac shards Gemini's chunk parameters across ranks (default 1 at "
              "--zero 3, 0 at --zero 2): pass --gemini POLICY and --zero 2 or 3 with it");
   o.bucket_bytes = static_cast<int64_t>(p.real("bucket-mb", 0.001, 65536) * (1 << 20));
+  // --dist local under mpirun -np N: N runs alone, each writing the same outputs at once.
+  const int launched = dist::launcher_world_size();
+  MW_CHECK_T(cli::UsageError,
+             c.backend != "local" || launched < 2 ||
+                 (o.save + o.checkpoint_dir + o.log + o.save_optimizer + o.trace + o.nvme_timeline)
+                     .empty(),
+             "--dist local under a launcher of ", launched,
+             " processes: each would train alone "
+             "and write the same outputs; leave --dist out (or pass --dist mpi) to train data "
+             "parallel, or launch one process");
   return c;
 }
 

@@ -113,6 +113,8 @@ struct CommOptions {
 
 // True when an MPI launcher started this process (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK).
 bool launched_by_mpi();
+// The number of processes the launcher started (its environment), 0 when it does not say.
+int launcher_world_size();
 std::shared_ptr<Communicator> make_communicator(const CommOptions& options);
 
 // The element type of a collective; InvalidArgument naming `what` for any other dtype, a

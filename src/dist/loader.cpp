@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <vector>
@@ -113,6 +114,12 @@ mw_dist_backend_v2 load_backend(const ModuleSpec& spec, const std::string& why) 
 }  // namespace
 
 bool launched_by_mpi() { return !launcher_variable().empty(); }
+
+int launcher_world_size() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"})
+    if (const char* v = std::getenv(name)) return std::max(0, std::atoi(v));
+  return 0;
+}
 
 std::shared_ptr<Communicator> make_communicator(const CommOptions& options) {
   const std::string& b = options.backend;

@@ -116,5 +116,21 @@ TEST(Reliability, OutputsOnInputsOrOnEachOtherAreRefusedBeforeTheFirstStep) {
   EXPECT_TRUE(std::filesystem::is_regular_file(run + "/log.jsonl"));
 }
 
+// `mpirun -np 2 gpt2_train --dist local --save m`: two runs alone, writing one --save, one --log
+// and one --checkpoint-dir at once (the log came out with both runs' lines). Refused when the
+// launcher says it started several processes and the run writes anything; one process goes on.
+TEST(Reliability, DistLocalUnderALauncherOfSeveralProcessesWritesNothingTwice) {
+  TempDir tmp;
+  const std::vector<std::string> args =
+      tiny({"--steps", "1", "--dist", "local", "--save", tmp.file("m")});
+  Outcome o = run_app(tmp, "gpt2_train", args, {"OMPI_COMM_WORLD_SIZE=2"});
+  EXPECT_EQ(o.exit_code, 2) << o.output;
+  EXPECT_NE(o.output.find("--dist local under a launcher of 2 processes"), std::string::npos)
+      << o.output;
+  EXPECT_FALSE(std::filesystem::exists(tmp.file("m")));
+  o = run_app(tmp, "gpt2_train", args, {"OMPI_COMM_WORLD_SIZE=1"});
+  EXPECT_EQ(o.exit_code, 0) << o.output;
+}
+
 }  // namespace
 }  // namespace mw
