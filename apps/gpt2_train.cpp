@@ -22,6 +22,7 @@
 #include "data/atomic_save.h"
 #include "data/json.h"
 #include "dist/communicator.h"
+#include "dist_options.h"
 #include "models/gpt2/hf_io.h"
 #include "models/gpt2/spec.h"
 #include "placement_options.h"
@@ -238,7 +239,7 @@ void declare_memory_data_and_outputs(cli::Parser& p) {
 }
 
 // The tokenizer, sampling during training, data parallel, and the memory plan.
-void declare_tokenizer_sampling_and_dist(cli::Parser& p) {
+void declare_tokenizer_sampling_and_checks(cli::Parser& p) {
   p.option("vocab", "", "the tokenizer's vocab.json, with --merges (default: --init-from's)");
   p.option("merges", "", "the tokenizer's merges.txt, with --vocab");
   p.option("tokenizer", "", "the tokenizer's tokenizer.json (instead of --vocab/--merges)");
@@ -250,16 +251,6 @@ void declare_tokenizer_sampling_and_dist(cli::Parser& p) {
   p.option("sample-prompt-ids", "", "with --sample-every: token ids to continue, e.g. 464,3290");
   p.option("sample-temperature", "1.0", "with --sample-every: softmax temperature; 0 is greedy");
   p.option("sample-seed", "0", "with --sample-every: the sampler's seed (apart from --seed)");
-  p.option("dist", "auto",
-           "auto|local|mpi: the communicator; auto = MPI when launched by mpirun, else this "
-           "process alone (docs/distributed.md)");
-  p.option("dist-timeout", "300",
-           "seconds a collective may wait for the other ranks before the run stops with an error");
-  p.option("zero", "0",
-           "0|1|2|3: with several ranks, shard the optimizer states (1), the gradients too (2) "
-           "and the parameters too (3, gathered around each use) across them (ZeRO; Gemini: 2, 3)");
-  p.option("bucket-mb", "25", "gradient bucket size for the collectives, MiB");
-  p.option("shard-param-frac", "", "--gemini --zero 2|3: share of chunks with sharded parameters");
   p.flag("plan", "print the memory plan (host, device, disk) and exit without allocating");
   p.flag("skip-memory-check",
          "expert: run even when the memory plan exceeds what the machine has (the plan is an "
@@ -274,7 +265,8 @@ cli::Parser make_parser() {
   declare_model_and_loop(p);
   declare_memory_data_and_outputs(p);
   declare_placement(p);
-  declare_tokenizer_sampling_and_dist(p);
+  declare_tokenizer_sampling_and_checks(p);
+  declare_dist(p);
   return p;
 }
 
@@ -382,31 +374,6 @@ Options parse_options(const cli::Parser& p) {
   return o;
 }
 
-// --dist, --dist-timeout, --zero, --bucket-mb (docs/distributed.md). The communicator itself is
-// made by main(), which must be able to abandon it on an error (Note [Collective timeouts]).
-dist::CommOptions parse_dist(const cli::Parser& p, Options& o) {
-  dist::CommOptions c;
-  c.backend = p.choice("dist", {"auto", "local", "mpi"});
-  c.timeout_ms = 1000.0 * p.real("dist-timeout", 0.001, 1e7);
-  o.zero_stage = static_cast<int>(p.integer("zero", 0, 3));
-  if (p.given("shard-param-frac")) o.shard_param_frac = p.real("shard-param-frac", 0, 1);
-  MW_CHECK_T(cli::UsageError, o.shard_param_frac < 0 || (!o.gemini.empty() && o.zero_stage >= 2),
-             "--shard-param-frac shards Gemini's chunk parameters across ranks (default 1 at "
-             "--zero 3, 0 at --zero 2): pass --gemini POLICY and --zero 2 or 3 with it");
-  o.bucket_bytes = static_cast<int64_t>(p.real("bucket-mb", 0.001, 65536) * (1 << 20));
-  // --dist local under mpirun -np N: N runs alone, each writing the same outputs at once.
-  const int launched = dist::launcher_world_size();
-  MW_CHECK_T(cli::UsageError,
-             c.backend != "local" || launched < 2 ||
-                 (o.save + o.checkpoint_dir + o.log + o.save_optimizer + o.trace + o.nvme_timeline)
-                     .empty(),
-             "--dist local under a launcher of ", launched,
-             " processes: each would train alone "
-             "and write the same outputs; leave --dist out (or pass --dist mpi) to train data "
-             "parallel, or launch one process");
-  return c;
-}
-
 // Test-only (tests/dist, tests/apps): MW_TEST_EXIT_RANK=R MW_TEST_EXIT_STEP=S make rank R (0 in
 // one process) vanish after step S as a crashed rank does, without a message and without
 // finalising MPI; with MW_TEST_EXIT_HOW=stall it hangs instead (the others must time out), with
@@ -462,7 +429,9 @@ void checkpoint_or_stop(train::Trainer& t, const Options& o, int64_t step, bool 
   const int sig = t.stop_signal_of_any_rank(stop_signal());
   if (!t.checkpoint_due() && sig == 0) return;
   // Without --checkpoint-dir there is nothing to write: stop after the step. (The checkpoint
-  // went to the current directory, where the signal interrupted its own first write.)
+  // went to the current directory, where the signal interrupted its own first write.) After the
+  // last step the run's saves follow, and a stop signal lets them finish (run()).
+  if (o.checkpoint_dir.empty() && t.done()) return;
   if (o.checkpoint_dir.empty())
     throw Interrupted(str("interrupted by ", signal_name(sig), " after step ", step,
                           " (no --checkpoint-dir: nothing saved); temporary files removed, "
@@ -471,6 +440,7 @@ void checkpoint_or_stop(train::Trainer& t, const Options& o, int64_t step, bool 
   // Rank 0 writes it; under ZeRO the other ranks send it their optimizer states.
   const std::string path = t.save_checkpoint();
   print(str(tty ? "\n" : "", "Checkpoint: ", path, "\n"));
+  if (t.done()) return;  // the saves follow
   if (const int now = sig != 0 ? sig : t.stop_signal_of_any_rank(stop_signal()))
     throw Interrupted(str("interrupted by ", signal_name(now), " during step ", step,
                           ": finished it and wrote the checkpoint ", path,
@@ -521,7 +491,12 @@ int run(const Options& o) {
     if (t.sample_due() && go_on) print(str(tty ? "\n" : "", t.sample()));
     checkpoint_or_stop(t, o, r.step, tty);
   }
-  deferral.reset();
+  // Note [Stop signals]: the trained model is the run's product. A first stop signal after the
+  // last step (or in it, with --checkpoint-dir) or during the saves lets --save and
+  // --save-optimizer finish (a second exits at once, as ever); the run then exits 128 + the
+  // signal without its report. It discarded them: a cluster's SIGTERM at the time limit, after
+  // hours of training, left nothing without --checkpoint-dir.
+  if (!deferral) deferral.emplace();
   if (tty) print("\n");
   t.flush();
   const double total_s = std::chrono::duration<double>(clock::now() - t_start).count();
@@ -530,6 +505,12 @@ int run(const Options& o) {
     print(str("Saved to ", o.save, "\n"));
   }
   t.save_optimizer_output();  // under ZeRO every rank sends its optimizer states to rank 0
+  deferral.reset();
+  if (const int sig = stop_signal())
+    throw Interrupted(str("interrupted by ", signal_name(sig), " after the last step: finished ",
+                          o.save.empty() && o.save_optimizer.empty() ? "the run" : "its saves",
+                          " first; the report is left out"),
+                      sig);
   if (!root) return 0;
   print(t.finish_report(total_s));
   print(t.data_parallel_report());

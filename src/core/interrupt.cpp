@@ -34,6 +34,13 @@ Temporaries& temporaries() {
 extern "C" void on_stop_signal(int sig) {
   if (g_stop_signal == 0) {
     g_stop_signal = sig;
+    if (g_deferred) {  // said at once: nothing else shows that the signal arrived (write(2) is
+                       // async-signal-safe)
+      static const char kDeferred[] =
+          "\nstop signal received: finishing what is under way (the step, its checkpoint, the "
+          "saves); send it again to stop at once\n";
+      [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, kDeferred, sizeof kDeferred - 1);
+    }
     return;
   }
   ::signal(sig, SIG_DFL);  // a third signal kills even if the cleanup hangs

@@ -94,6 +94,31 @@ TEST(StopSignals, ASignalBetweenStepsWithoutCheckpointsStopsThereSavingNothing) 
   EXPECT_FALSE(fs::exists(tmp.file("m")));
 }
 
+// A signal after the last step (a cluster's SIGTERM at the time limit) lets the run's saves finish:
+// --save and --save-optimizer are written, equal to an uninterrupted run's, and the run exits 143
+// saying so. It threw the trained model away ("interrupted by SIGTERM after step 2 ... nothing
+// saved"), or, arriving during the save, stopped it.
+TEST(StopSignals, ASignalAfterTheLastStepLetsTheSavesFinish) {
+  TempDir tmp;
+  const auto args = [&](const std::string& name) {
+    return testing::tiny(
+        {"--steps", "3", "--save", tmp.file(name), "--save-optimizer", tmp.file(name + ".opt")});
+  };
+  ASSERT_EQ(run_app(tmp, "gpt2_train", args("straight")).exit_code, 0);
+  const Outcome o =
+      run_app(tmp, "gpt2_train", args("m"),
+              {"MW_TEST_EXIT_RANK=0", "MW_TEST_EXIT_STEP=2", "MW_TEST_EXIT_HOW=sigterm"});
+  EXPECT_EQ(o.exit_code, 143) << o.output;
+  EXPECT_TRUE(has(o.output,
+                  "interrupted by SIGTERM after the last step: finished its saves first; the "
+                  "report is left out"))
+      << o.output;
+  EXPECT_TRUE(read_bytes(tmp.file("m/model.safetensors")) ==
+              read_bytes(tmp.file("straight/model.safetensors")));
+  EXPECT_TRUE(read_bytes(tmp.file("m.opt")) == read_bytes(tmp.file("straight.opt")));
+  EXPECT_TRUE(hidden_entries(tmp.path()).empty());
+}
+
 TEST(StopSignals, ASecondSignalExitsAtOnceAndRemovesTheTemporarySaveFolder) {
   TempDir tmp;
   // Stalled half-way through the second checkpoint (write 50 of ~35 per tiny checkpoint).
