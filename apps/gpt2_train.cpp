@@ -505,6 +505,7 @@ int run(const Options& o) {
     print(str("Saved to ", o.save, "\n"));
   }
   t.save_optimizer_output();  // under ZeRO every rank sends its optimizer states to rank 0
+  t.await_root_saves();
   deferral.reset();
   if (const int sig = stop_signal())
     throw Interrupted(str("interrupted by ", signal_name(sig), " after the last step: finished ",

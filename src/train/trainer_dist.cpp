@@ -212,6 +212,13 @@ int Trainer::stop_signal_of_any_rank(int local) {
   return local != 0 ? local : any > 0 ? SIGTERM : 0;
 }
 
+void Trainer::await_root_saves() {
+  if (!dp_ || dp_->comm().size() == 1) return;
+  const dist::CommStats before = dp_->comm().stats();
+  dp_->comm().barrier().wait();
+  dp_->exclude_comm_since(before);  // not the training step's communication
+}
+
 std::string Trainer::save_optimizer_output() {
   if (o_.save_optimizer.empty() || !optimizer_saved_.empty()) return optimizer_saved_;
   if (!is_root() && !shards_optimizer()) return "";  // rank 0 alone has anything to do

@@ -240,5 +240,30 @@ TEST_F(ZeroCheckpoint, SaveAndLoadOptimizer) {
                       "Gemini ZeRO 3's --save-optimizer in one process");
 }
 
+// SIGTERM to rank 1 alone after the last step (Note [Stop signals]): every rank finishes the saves
+// (--save-optimizer gathers the ZeRO 2 pieces), rank 1 waits for rank 0's writes before it exits
+// 143, and the saved model and optimizer file are the uninterrupted run's. Rank 1 used to throw the
+// saves away; leaving at once, it would have had mpirun kill rank 0 mid-write.
+TEST(ZeroSaves, ASignalToOneRankAfterTheLastStepLetsRankZeroFinishTheSaves) {
+  SKIP_WITHOUT_MPI();
+  TempDir tmp;
+  const std::string options = kSixSteps + "--zero 2 ";
+  const std::string full = tmp.path() + "/full", cut = tmp.path() + "/cut";
+  AppResult a = train(2, options + outputs(full) + "--save-optimizer " + full + "/opt.bin");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  AppResult k = train(2, options + outputs(cut) + "--save-optimizer " + cut + "/opt.bin", 60,
+                      "MW_TEST_EXIT_RANK=1 MW_TEST_EXIT_STEP=5 MW_TEST_EXIT_HOW=sigterm");
+  EXPECT_NE(k.exit_code, 0) << k.output;
+  EXPECT_NE(k.output.find("rank 1: interrupted by SIGTERM after the last step: finished its saves "
+                          "first"),
+            std::string::npos)
+      << k.output;
+  EXPECT_TRUE(file_bytes(cut + "/model/model.safetensors") ==
+              file_bytes(full + "/model/model.safetensors"))
+      << "the saved weights differ";
+  EXPECT_TRUE(file_bytes(cut + "/opt.bin") == file_bytes(full + "/opt.bin"))
+      << "the saved optimizer states differ";
+}
+
 }  // namespace
 }  // namespace mw
