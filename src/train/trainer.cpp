@@ -22,6 +22,7 @@
 #include "optim/grad_norm.h"
 #include "train/data_parallel.h"
 #include "train/memory_plan.h"
+#include "train/save_room.h"
 
 namespace mw::train {
 
@@ -98,14 +99,19 @@ bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Traine
   }
   const MemoryPlan plan = plan_memory(in);
   const AvailableMemory avail = available_memory(in.nvme_dir);
-  print(plan.table() +
+  const std::vector<SaveNeed> saves = save_needs(o, config);  // Note [Room for the saves]
+  const auto check = [&] {
+    check_plan_fits(plan, in, avail);
+    check_save_room(saves, avail.disk_path, plan.disk_bytes * plan.ranks_on_host);
+  };
+  print(plan.table() + save_needs_text(saves) +
         str("  available: host ", format_fixed(mib(avail.host_bytes), 1), " MiB (",
             avail.host_source, ") | disk ",
             avail.disk_bytes < 0 ? "unknown" : format_fixed(mib(avail.disk_bytes), 1) + " MiB",
             " at '", avail.disk_path, "'\n"));
   if (o.plan_only) {
     try {
-      check_plan_fits(plan, in, avail);
+      check();
     } catch (const OutOfMemory& e) {
       print(str("  does not fit: ", e.what(), "\n"));
     }
@@ -114,7 +120,7 @@ bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Traine
   if (o.skip_memory_check)
     print("  --skip-memory-check: not checked against what the machine has\n");
   else
-    check_plan_fits(plan, in, avail);
+    check();
   return false;
 }
 

@@ -132,5 +132,25 @@ TEST(Reliability, DistLocalUnderALauncherOfSeveralProcessesWritesNothingTwice) {
   EXPECT_EQ(o.exit_code, 0) << o.output;
 }
 
+// Note [Room for the saves]: a run whose checkpoints cannot fit on their disk (GPT-2 medium, 4 GiB
+// each, at every one of 100,000 steps) is refused before the model is built, naming the disk, the
+// need and what fits it; nothing is created. It used to train until a checkpoint hit the full disk.
+TEST(Reliability, SavesThatCannotFitOnTheirDiskAreRefusedBeforeTheFirstStep) {
+  TempDir tmp;
+  const Outcome o = run_app(tmp, "gpt2_train",
+                            {"--model", "medium", "--steps", "100000", "--checkpoint-every", "1",
+                             "--checkpoint-dir", tmp.file("ck")});
+  EXPECT_EQ(o.exit_code, 1) << o.output;
+  EXPECT_TRUE(has(o.output,
+                  "the run's saves do not fit, stopped before the first step: the disk "
+                  "at '" +
+                      tmp.path() + "' needs"))
+      << o.output;
+  EXPECT_TRUE(has(o.output, "(100000 checkpoints of 4060.9 MiB)")) << o.output;  // 354,823,168 x 12
+  EXPECT_TRUE(has(o.output, "--keep K")) << o.output;
+  EXPECT_FALSE(has(o.output, "Model numel")) << o.output;
+  EXPECT_FALSE(std::filesystem::exists(tmp.file("ck")));
+}
+
 }  // namespace
 }  // namespace mw
