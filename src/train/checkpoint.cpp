@@ -229,4 +229,26 @@ TrainState verify_checkpoint(const std::string& path) {
                                state_path);
 }
 
+// Note [One run per checkpoint folder]: --resume DIR takes the newest checkpoint by step, so a run
+// that writes into a folder holding later checkpoints than its own start (another run's, or the
+// steps a rolled-back run went back from) mixes two runs, and a resume after a kill would take the
+// other run's newest: a fresh run that forgot --resume, or a resume from step_000002 with
+// step_000006 beside it. Refused before the first step, naming both ways out.
+void check_checkpoint_dir_is_this_runs(const std::string& dir, int64_t from, bool resumed) {
+  std::vector<std::string> later;
+  for (const std::string& c : list_checkpoints(dir)) {
+    const std::string name = fs::path(c).filename().string();
+    if (std::stoll(name.substr(std::strlen(kPrefix))) > from) later.push_back(name);
+  }
+  if (later.empty()) return;
+  throw InvalidArgument(str(
+      "--checkpoint-dir '", dir, "' holds ", later.size(), " checkpoint",
+      later.size() > 1 ? "s" : "", " past step ", from, " (", later.front(),
+      later.size() > 1 ? str(" .. ", later.back()) : "", ") of another run: this run (from step ",
+      from, ") would mix its checkpoints with them, and a later --resume would take their newest. ",
+      resumed ? "Going back to an earlier checkpoint: pass another --checkpoint-dir (or move the "
+                "later ones away)"
+              : str("Pass --resume ", dir, " to continue that run, or another --checkpoint-dir")));
+}
+
 }  // namespace mw::train

@@ -64,6 +64,9 @@ int prune_checkpoints(const std::string& dir, int64_t keep);
 // The newest checkpoint in `dir`, or `dir` itself when it is a checkpoint folder (it holds
 // manifest.json). IoError when there is none, saying what was looked for.
 std::string find_checkpoint(const std::string& dir);
+// InvalidArgument when `dir` holds checkpoints past step `from`, where this run (resumed there, or
+// starting) would write its own (Note [One run per checkpoint folder]).
+void check_checkpoint_dir_is_this_runs(const std::string& dir, int64_t from, bool resumed);
 // Checks every file of the checkpoint against its manifest (FormatError naming the checkpoint and
 // the file) and reads trainer.json.
 TrainState verify_checkpoint(const std::string& path);

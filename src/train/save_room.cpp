@@ -20,7 +20,17 @@ namespace fs = std::filesystem;
 
 constexpr int64_t kMiB = int64_t{1} << 20;
 
-int64_t tensor_count(const gpt2::Config& c) { return 12 * c.n_layer + 4; }
+double tensor_count(const gpt2::Config& c) { return 12.0 * static_cast<double>(c.n_layer) + 4; }
+
+// In double, from one block's count: num_parameters lists every tensor, and a config of 2^24
+// layers (refused by the plan at once) took a minute and gigabytes.
+double parameter_count(const gpt2::Config& c) {
+  gpt2::Config one = c, two = c;
+  one.n_layer = 1, two.n_layer = 2;
+  const auto first = static_cast<double>(gpt2::num_parameters(one));
+  const double block = static_cast<double>(gpt2::num_parameters(two)) - first;
+  return first + static_cast<double>(c.n_layer - 1) * block;
+}
 
 // The nearest existing ancestor of `path` (itself when it exists): where its file system is told.
 std::string existing_part(const std::string& path) {
@@ -60,11 +70,12 @@ int64_t tokenizer_bytes(const TrainOptions& o) {
 }  // namespace
 
 int64_t saved_model_bytes(const gpt2::Config& config) {
-  return 4 * gpt2::num_parameters(config) + 256 * tensor_count(config) + 64 * 1024;
+  return plan_bytes::clamp_bytes(4 * parameter_count(config) + 256 * tensor_count(config) +
+                                 16 * 1024);
 }
 
 int64_t saved_optimizer_bytes(const gpt2::Config& config) {
-  return 8 * gpt2::num_parameters(config) + 256 * tensor_count(config);
+  return plan_bytes::clamp_bytes(8 * parameter_count(config) + 256 * tensor_count(config));
 }
 
 int64_t checkpoints_to_write(int64_t first, int64_t total, int64_t every) {
@@ -76,8 +87,10 @@ int64_t checkpoints_to_write(int64_t first, int64_t total, int64_t every) {
 std::vector<SaveNeed> save_needs(const TrainOptions& o, const gpt2::Config& config) {
   std::vector<SaveNeed> needs;
   if (o.eval_only || (o.comm && o.comm->rank() != 0)) return needs;
-  const int64_t model = saved_model_bytes(config) + tokenizer_bytes(o);
+  const int64_t model = plan_bytes::clamp_bytes(static_cast<double>(saved_model_bytes(config)) +
+                                                static_cast<double>(tokenizer_bytes(o)));
   const int64_t optimizer = saved_optimizer_bytes(config);
+  const double checkpoint = static_cast<double>(model) + static_cast<double>(optimizer) + 16 * 1024;
   if (!o.save.empty()) needs.push_back({str("--save '", o.save, "' (the model)"), o.save, model});
   if (!o.save_optimizer.empty())
     needs.push_back(
@@ -95,8 +108,8 @@ std::vector<SaveNeed> save_needs(const TrainOptions& o, const gpt2::Config& conf
     if (n > 0)
       needs.push_back(
           {str("--checkpoint-dir '", o.checkpoint_dir, "' (", n, " checkpoint", n > 1 ? "s" : "",
-               " of ", plan_bytes::mib_text(model + optimizer + 64 * 1024), kept, ")"),
-           o.checkpoint_dir, n * (model + optimizer + 64 * 1024)});
+               " of ", plan_bytes::mib_text(plan_bytes::clamp_bytes(checkpoint)), kept, ")"),
+           o.checkpoint_dir, plan_bytes::clamp_bytes(static_cast<double>(n) * checkpoint)});
   }
   return needs;
 }

@@ -2,9 +2,9 @@
 //
 // Note [Room for the saves]: a full disk is refused up front, not at hour ten's checkpoint. The
 // bytes each save adds, from the model's shape alone:
-//   model folder (--save, a checkpoint's model/)     4 P + 256 per tensor + 64 KiB + tokenizer
+//   model folder (--save, a checkpoint's model/)     4 P + 256 per tensor + 16 KiB + tokenizer
 //   optimizer file (--save-optimizer, optimizer.bin) 8 P + 256 per tensor
-//   checkpoint                                       the two above + 64 KiB (trainer.json, ...)
+//   checkpoint                                       the two above + 16 KiB (trainer.json, ...)
 // (P parameters in f32; the tokenizer's files, which a save copies, by their sizes, or 4 MiB
 // where they cannot be told before the run: GPT-2's are 2.8 MiB.)
 // --checkpoint-dir gets the checkpoints the run will write (every --checkpoint-every steps from

@@ -132,6 +132,27 @@ TEST(Reliability, DistLocalUnderALauncherOfSeveralProcessesWritesNothingTwice) {
   EXPECT_EQ(o.exit_code, 0) << o.output;
 }
 
+// Note [One run per checkpoint folder]: a run started again without --resume into the folder of an
+// earlier run's checkpoints wrote its own among them, and a resume after a kill took the earlier
+// run's newest. Refused before the first step, naming --resume; the folder is left as it was.
+TEST(Reliability, AFreshRunIntoAnotherRunsCheckpointsIsRefusedNamingResume) {
+  TempDir tmp;
+  const std::vector<std::string> args =
+      tiny({"--steps", "2", "--checkpoint-every", "1", "--checkpoint-dir", tmp.file("ck")});
+  ASSERT_EQ(run_app(tmp, "gpt2_train", args).exit_code, 0);
+  const std::string before = read_bytes(tmp.file("ck/step_000002/trainer.json"));
+  const Outcome o = run_app(tmp, "gpt2_train", args);
+  EXPECT_EQ(o.exit_code, 1) << o.output;
+  EXPECT_TRUE(has(o.output,
+                  "holds 2 checkpoints past step 0 (step_000001 .. step_000002) of "
+                  "another run"))
+      << o.output;
+  EXPECT_TRUE(has(o.output, "Pass --resume " + tmp.file("ck") + " to continue that run"))
+      << o.output;
+  EXPECT_FALSE(has(o.output, "[0] loss")) << o.output;
+  EXPECT_EQ(read_bytes(tmp.file("ck/step_000002/trainer.json")), before);
+}
+
 // Note [Room for the saves]: a run whose checkpoints cannot fit on their disk (GPT-2 medium, 4 GiB
 // each, at every one of 100,000 steps) is refused before the model is built, naming the disk, the
 // need and what fits it; nothing is created. It used to train until a checkpoint hit the full disk.
@@ -146,7 +167,7 @@ TEST(Reliability, SavesThatCannotFitOnTheirDiskAreRefusedBeforeTheFirstStep) {
                   "at '" +
                       tmp.path() + "' needs"))
       << o.output;
-  EXPECT_TRUE(has(o.output, "(100000 checkpoints of 4060.9 MiB)")) << o.output;  // 354,823,168 x 12
+  EXPECT_TRUE(has(o.output, "(100000 checkpoints of 4060.8 MiB)")) << o.output;  // 354,823,168 x 12
   EXPECT_TRUE(has(o.output, "--keep K")) << o.output;
   EXPECT_FALSE(has(o.output, "Model numel")) << o.output;
   EXPECT_FALSE(std::filesystem::exists(tmp.file("ck")));

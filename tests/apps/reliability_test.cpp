@@ -259,7 +259,13 @@ TEST(Reliability, ARealFullTmpfsKeepsTheEarlierFolder) {
   Outcome first = run_app(tmp, "gpt2_train", tiny({"--steps", "1", "--save", m}));
   ASSERT_EQ(first.exit_code, 0) << first.output;
   const std::string weights = read_bytes(m + "/model.safetensors");
-  Outcome full = run_app(tmp, "gpt2_train", tiny({"--steps", "2", "--save", m}));
+  // The plan's check (Note [Room for the saves]) refuses it before the first step; past it the
+  // save meets the full disk itself.
+  Outcome early = run_app(tmp, "gpt2_train", tiny({"--steps", "2", "--save", m}));
+  EXPECT_EQ(early.exit_code, 1) << early.output;
+  EXPECT_TRUE(has(early.output, "the run's saves do not fit")) << early.output;
+  Outcome full =
+      run_app(tmp, "gpt2_train", tiny({"--steps", "2", "--save", m, "--skip-memory-check"}));
   EXPECT_EQ(full.exit_code, 1) << full.output;
   EXPECT_TRUE(has(full.output, "ENOSPC")) << full.output;
   EXPECT_TRUE(has(full.output, "is kept as it was")) << full.output;
@@ -577,6 +583,14 @@ TEST(Reliability, DamagedOrPassedCheckpointsAreRefusedSayingWhatToDo) {
   const Outcome over = resume_from("step_000001", "0");
   EXPECT_EQ(over.exit_code, 1) << over.output;
   EXPECT_TRUE(has(over.output, "the checkpoint is at step 1, past --steps 0")) << over.output;
+  // Going back to step 1 with steps 2 and 3 in --checkpoint-dir would mix two runs there (Note
+  // [One run per checkpoint folder]): refused, naming them; into another folder it goes on.
+  const Outcome back = resume_from("step_000001", "2");
+  EXPECT_EQ(back.exit_code, 1) << back.output;
+  EXPECT_TRUE(has(back.output, "holds 2 checkpoints past step 1 (step_000002 .. step_000003)"))
+      << back.output;
+  args[std::find(args.begin(), args.end(), "--checkpoint-dir") - args.begin() + 1] =
+      tmp.file("ck2");
   EXPECT_EQ(resume_from("step_000001", "2").exit_code, 0);  // one more step from it
 }
 
