@@ -91,6 +91,17 @@ TEST(Generate, SamplingIsSeededAndStopsAtTheContext) {
   // 100 asked, 32 positions: the 31 tokens after a 1-token prompt, plus the last prediction.
   EXPECT_EQ(gpt2::generate(*model, {1}, 100, a).size(), 32u);
   EXPECT_THROW(gpt2::generate(*model, {}, 5, a), InvalidArgument);
+  // A prompt longer than the context is refused for its length (it said "use fewer new tokens").
+  try {
+    gpt2::generate(*model, std::vector<int32_t>(40, 1), 5, a);
+    ADD_FAILURE() << "a 40-token prompt in a 32-position context";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("the prompt is 40 tokens and the model's context holds 32"),
+        std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(gpt2::generate(*model, std::vector<int32_t>(32, 1), 5, a).size(), 1u);  // it fits
   gpt2::SamplingOptions bad;
   bad.top_p = 0;
   EXPECT_THROW(gpt2::Sampler{bad}, InvalidArgument);

@@ -201,12 +201,15 @@ std::vector<int32_t> generate(const GPT2& model, const std::vector<int32_t>& pro
                               const std::function<bool(int32_t)>& on_token) {
   MW_CHECK_T(InvalidArgument, !prompt.empty(), "generation needs a prompt of at least one token ",
              "(GPT-2 starts unconditional samples from <|endoftext|>)");
+  const int64_t n_positions = model.config().n_positions;
+  MW_CHECK_T(InvalidArgument, static_cast<int64_t>(prompt.size()) <= n_positions, "the prompt is ",
+             prompt.size(), " tokens and the model's context holds ", n_positions,
+             " (n_positions): shorten the prompt to at most ", n_positions, " tokens");
   KvCacheDecoder decoder(model);
   Sampler sampler(options);
   const std::vector<float>* logits = nullptr;
   for (int32_t id : prompt) logits = &decoder.feed(id);
   std::vector<int32_t> generated;
-  const int64_t n_positions = model.config().n_positions;
   for (int64_t i = 0; i < max_new_tokens; ++i) {
     const int32_t id = sampler.next(*logits);
     generated.push_back(id);
