@@ -63,6 +63,15 @@ void check_file_output(const Named& out, const TrainOptions& o) {
       "': writing it would destroy it; pass ", option, " another path");
 }
 
+// The checkpoint folder (a step_* folder holding manifest.json) that `path` lies in, or "".
+std::string enclosing_checkpoint(const std::string& path) {
+  std::error_code ec;
+  for (fs::path a = resolved(path); a.has_relative_path(); a = a.parent_path())
+    if (a.filename().string().rfind("step_", 0) == 0 && fs::exists(a / "manifest.json", ec))
+      return a.string();
+  return "";
+}
+
 }  // namespace
 
 bool same_path(const std::string& a, const std::string& b) { return resolved(a) == resolved(b); }
@@ -100,6 +109,16 @@ void check_run_paths(const TrainOptions& o) {
       MW_CHECK_T(InvalidArgument, !same_path(outputs[i].second, outputs[j].second),
                  outputs[i].first, " and ", outputs[j].first, " both name '", outputs[j].second,
                  "'; give each output its own path");
+  // A checkpoint is written whole and checked against its manifest: --save into its model/
+  // (a fine-tune "in place" of a checkpoint's model) made the checkpoint fail to resume.
+  for (const auto& [option, path] : outputs) {
+    const std::string checkpoint = enclosing_checkpoint(path);
+    MW_CHECK_T(InvalidArgument, checkpoint.empty(), option, " '", path,
+               "' lies inside the checkpoint '", checkpoint,
+               "', which is written whole and checked against its manifest: writing there would "
+               "break it for --resume; pass ",
+               option, " another path");
+  }
   if (o.save.empty()) return;
   for (const auto& [option, path] : outputs)
     MW_CHECK_T(InvalidArgument, !lies_inside(path, o.save), option, " '", path,

@@ -10,7 +10,10 @@
 //    --tokenizer, --load-optimizer, a file of the --init-from model): `--log` on the training
 //    shard truncated the user's data before the first step, `--save-optimizer` on a validation
 //    shard replaced it. --save-optimizer may name --load-optimizer's file (it is replaced whole,
-//    after training).
+//    after training);
+//  - none lies inside a checkpoint folder (step_* with a manifest.json): `--init-from
+//    ck/step_000001/model --save ck/step_000001/model` replaced the checkpoint's model, which then
+//    failed its manifest's checksum on --resume.
 // Paths are compared as absolute paths with their existing part's symbolic links, "." and ".."
 // resolved; hard links are not followed.
 #pragma once

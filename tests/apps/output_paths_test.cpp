@@ -153,6 +153,28 @@ TEST(Reliability, AFreshRunIntoAnotherRunsCheckpointsIsRefusedNamingResume) {
   EXPECT_EQ(read_bytes(tmp.file("ck/step_000002/trainer.json")), before);
 }
 
+// Note [Outputs apart]: `--init-from ck/step_000001/model --save ck/step_000001/model` replaced the
+// checkpoint's model, which then failed its manifest's checksum on --resume. Refused; the
+// checkpoint is left as it was and still resumes.
+TEST(Reliability, AnOutputInsideACheckpointIsRefused) {
+  TempDir tmp;
+  ASSERT_EQ(run_app(tmp, "gpt2_train", tiny({"--steps", "1", "--checkpoint-dir", tmp.file("ck")}))
+                .exit_code,
+            0);
+  const std::string model = tmp.file("ck/step_000001/model");
+  const std::string before = read_bytes(model + "/model.safetensors");
+  const Outcome o = run_app(tmp, "gpt2_train",
+                            {"--init-from", model, "--save", model, "--seq", "16", "--steps", "1"});
+  EXPECT_EQ(o.exit_code, 1) << o.output;
+  EXPECT_TRUE(has(o.output, "--save '" + model + "' lies inside the checkpoint")) << o.output;
+  EXPECT_TRUE(read_bytes(model + "/model.safetensors") == before);
+  EXPECT_EQ(run_app(tmp, "gpt2_train",
+                    tiny({"--steps", "2", "--checkpoint-dir", tmp.file("ck"), "--resume",
+                          tmp.file("ck")}))
+                .exit_code,
+            0);
+}
+
 // Note [Room for the saves]: a run whose checkpoints cannot fit on their disk (GPT-2 medium, 4 GiB
 // each, at every one of 100,000 steps) is refused before the model is built, naming the disk, the
 // need and what fits it; nothing is created. It used to train until a checkpoint hit the full disk.
