@@ -1,10 +1,14 @@
 // Streaming a corpus in chunks cut at piece boundaries: see corpus.h and Note [Chunk boundaries].
 #include "data/corpus.h"
 
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <string_view>
 
 #include "core/error.h"
 #include "data/json.h"
+#include "data/token_shard.h"
 
 namespace mw::data {
 
@@ -24,6 +28,41 @@ size_t last_safe_cut(std::string_view text) {
   return 0;
 }
 
+// Note [Not text]: gpt2_tokenize takes any bytes (invalid UTF-8 is tokenized byte by byte), so a
+// compressed corpus, a token shard or a UTF-16 file became tokens without a word: 79,025 tokens of
+// noise from a shard, at "1.00 bytes per token". Their first bytes tell them apart from text: the
+// magic numbers of gzip, bzip2, xz, zstd and zip, llm.c's shard header, a UTF-16 byte-order mark,
+// and, for any other binary file, a NUL byte in the first 64 KiB (text has none).
+void check_is_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string head(64 * 1024, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(in.gcount()));
+  auto starts = [&](std::string_view magic) { return head.rfind(magic, 0) == 0; };
+  const std::string_view xz("\xfd\x37\x7a\x58\x5a\x00", 6), bzip2_block("1AY&SY");
+  const char* compressed =
+      starts("\x1f\x8b")                                                           ? "gzip"
+      : starts("BZh") && head.size() >= 10 && head.compare(4, 6, bzip2_block) == 0 ? "bzip2"
+      : starts(xz)                                                                 ? "xz"
+      : starts("\x28\xb5\x2f\xfd")                                                 ? "zstd"
+      : starts("PK\x03\x04")                                                       ? "zip"
+                                                                                   : nullptr;
+  MW_CHECK_T(FormatError, !compressed, "input '", path, "' is ", compressed ? compressed : "",
+             "-compressed, not text: decompress it first and pass the text");
+  int32_t magic = 0;
+  if (head.size() >= 4) std::memcpy(&magic, head.data(), 4);
+  MW_CHECK_T(FormatError, magic != kTokenShardMagic, "input '", path,
+             "' is a token shard (llm.c's header), already tokenized: pass it to gpt2_train "
+             "--data, or tokenize the text it came from");
+  MW_CHECK_T(FormatError, !starts("\xff\xfe") && !starts("\xfe\xff"), "input '", path,
+             "' is UTF-16 text (a byte-order mark): convert it to UTF-8 first (iconv -f UTF-16 -t "
+             "UTF-8)");
+  const size_t nul = head.find('\0');
+  MW_CHECK_T(FormatError, nul == std::string::npos, "input '", path,
+             "' holds a NUL byte at offset ", nul,
+             ": a binary file, not text; pass text files (one document each) or .jsonl files");
+}
+
 }  // namespace
 
 CorpusReader::CorpusReader(std::vector<std::string> paths, std::string jsonl_field)
@@ -35,7 +74,18 @@ CorpusReader::CorpusReader(std::vector<std::string> paths, std::string jsonl_fie
     std::ifstream probe(path, std::ios::binary);
     MW_CHECK_T(IoError, probe.good(), "cannot open input '", path, "' for reading");
     total_bytes_ += static_cast<int64_t>(std::filesystem::file_size(path));
+    check_is_text(path);
   }
+  // The same file twice (a glob and a name, a link): its documents would be tokenized twice, and
+  // with --val-fraction could land in train and in val.
+  for (size_t i = 0; i < paths_.size(); ++i)
+    for (size_t j = i + 1; j < paths_.size(); ++j) {
+      std::error_code ec;
+      MW_CHECK_T(InvalidArgument, !std::filesystem::equivalent(paths_[i], paths_[j], ec), "input '",
+                 paths_[j], "' is '", paths_[i],
+                 "' again: its documents would be tokenized twice (and could land in both train "
+                 "and val); pass each file once");
+    }
 }
 
 bool CorpusReader::open_next_file() {

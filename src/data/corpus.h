@@ -1,8 +1,9 @@
 // Reading a text corpus as documents, streamed in bounded chunks, for tokenizing and BPE training.
 //
 // Inputs: a file whose name ends in ".jsonl" holds one document per non-empty line, a JSON object
-// whose string field `field` is the text; any other file is one document of raw bytes (any bytes:
-// invalid UTF-8 is tokenized byte by byte).
+// whose string field `field` is the text; any other file is one document of raw bytes (invalid
+// UTF-8 is tokenized byte by byte). Compressed files, token shards, UTF-16 and other binary files
+// are refused, and so is a file given twice (Note [Not text], corpus.cpp).
 //
 // Note [Chunk boundaries]: a large document is handed out in chunks of about kChunkBytes, and the
 // tokenizer pre-tokenises each chunk on its own. That gives exactly the pieces of the whole

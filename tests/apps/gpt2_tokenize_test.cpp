@@ -158,6 +158,8 @@ TEST(Gpt2Tokenize, BadInputsGiveClearErrors) {
   const std::string out = " --out " + tmp.file("out") + " ";
   const std::string good = write(tmp, "good.txt", "hello");
   write(tmp, "val_000000.bin", "an earlier run's shard");
+  const std::string shard = tmp.file("s.bin");
+  data::write_token_shard(shard, std::vector<uint16_t>(100, 7));
   struct Case {
     std::string args;
     int exit_code;
@@ -178,6 +180,16 @@ TEST(Gpt2Tokenize, BadInputsGiveClearErrors) {
       {kFixtureTokenizer + "--out /proc/version " + good, 1, "pass --out a writable directory"},
       {kFixtureTokenizer + "--out " + tmp.path() + " " + good, 1,
        "already holds token shards (val_000000.bin); remove them"},
+      // Note [Not text]: each became tokens of noise without a word.
+      {kFixtureTokenizer + out + write(tmp, "c.txt.gz", std::string("\x1f\x8b\x08\0\0\0", 6)), 1,
+       "c.txt.gz' is gzip-compressed, not text"},
+      {kFixtureTokenizer + out + shard, 1, "s.bin' is a token shard (llm.c's header)"},
+      {kFixtureTokenizer + out + write(tmp, "u16.txt", std::string("\xff\xfeh\0i\0", 6)), 1,
+       "u16.txt' is UTF-16 text"},
+      {kFixtureTokenizer + out + write(tmp, "nul.txt", std::string("ab\0cd", 5)), 1,
+       "nul.txt' holds a NUL byte at offset 2"},
+      {kFixtureTokenizer + out + good + " " + tmp.path() + "/./good.txt", 2,
+       "is '" + good + "' again: its documents would be tokenized twice"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);
