@@ -3,6 +3,9 @@
 // header of that one app, kept apart by concern.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "cli.h"
 #include "dist/communicator.h"
 #include "train/trainer.h"
@@ -45,6 +48,23 @@ inline dist::CommOptions parse_dist(const cli::Parser& p, train::TrainOptions& o
              "and write the same outputs; leave --dist out (or pass --dist mpi) to train data "
              "parallel, or launch one process");
   return c;
+}
+
+// Warnings for the data-parallel options of a run of one process (without mpirun): --zero then
+// shards across that one rank, and --bucket-mb and --dist-timeout have nothing to act on.
+inline std::vector<std::string> one_process_dist_warnings(const cli::Parser& p,
+                                                          const train::TrainOptions& o) {
+  std::vector<std::string> w;
+  if (o.comm && o.comm->size() > 1) return w;
+  if (o.zero_stage > 0)
+    w.push_back(str("--zero ", o.zero_stage, " in one process shards across that one rank, which ",
+                    "saves no memory; launch under mpirun -np N to shard across N ranks"));
+  else
+    for (const char* name : {"bucket-mb", "dist-timeout"})
+      if (p.given(name))
+        w.push_back(str("--", name, " has no effect in one process (no collectives); launch under ",
+                        "mpirun -np N for data parallel"));
+  return w;
 }
 
 }  // namespace mw

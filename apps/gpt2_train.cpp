@@ -545,6 +545,7 @@ int main(int argc, char** argv) {
     comm = mw::dist::make_communicator(comm_options);
     options.comm = comm;
     mw::warn_if_update_in_backward_is_inert(parser, options);
+    for (const std::string& w : mw::one_process_dist_warnings(parser, options)) mw::warn(w);
     return mw::run(options);
   } catch (const mw::Interrupted& e) {
     std::cerr << "gpt2_train: " << failing() << e.what() << "\n";

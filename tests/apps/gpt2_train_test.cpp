@@ -374,6 +374,18 @@ TEST(Gpt2Train, OptionsThatDoNothingHereAreNamedInAWarning) {
   r = run(std::string(kTiny) + "--offload-activations --device sim:1GiB");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("warning"), std::string::npos) << r.output;
+  // Data parallel's options without mpirun: a forgotten launcher trained unsharded in silence.
+  r = run(std::string(kTiny) + "--zero 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: --zero 2 in one process shards across that one rank"),
+            std::string::npos)
+      << r.output;
+  r = run(std::string(kTiny) + "--bucket-mb 5 --dist-timeout 9");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* name : {"--bucket-mb", "--dist-timeout"})
+    EXPECT_NE(r.output.find(std::string("warning: ") + name + " has no effect in one process"),
+              std::string::npos)
+        << r.output;
 }
 
 // The line that says updates wait for the step names what asked for it: with --grad-accum and
