@@ -37,6 +37,19 @@ void Trainer::open_inputs() {
     val_ = std::make_unique<TokenStream>(val_shards, false, 0, "--val-data");
     val_->check_vocab(config_.vocab_size);
     val_->check_length(o_.seq, "--val-data");
+    // An evaluation reads --val-data at most once: past its end batches wrap around to tokens
+    // already evaluated, which cost their forwards and weight those tokens twice in the mean.
+    const int64_t once = std::max<int64_t>(1, val_->num_tokens() / (o_.batch * o_.seq));
+    if (o_.eval_batches > once) {
+      print_(str("Evaluation: ", once, " batch", once > 1 ? "es" : "", " of ", o_.batch, " x ",
+                 o_.seq, " tokens, all of --val-data's ", val_->num_tokens(), " (--eval-batches ",
+                 o_.eval_batches, " would read them ",
+                 format_fixed(static_cast<double>(o_.eval_batches * o_.batch * o_.seq) /
+                                  static_cast<double>(val_->num_tokens()),
+                              1),
+                 " times over)\n"));
+      o_.eval_batches = once;
+    }
     // A glob such as 'data/*.bin' takes the val_ shards too: the validation loss would be measured
     // on tokens the model trains on, and fall with memorisation.
     for (const std::string& v : val_shards)

@@ -317,5 +317,27 @@ TEST(Trainer, ANonFiniteUpdateInBackwardStopsTheStep) {
   }
 }
 
+// An evaluation reads --val-data at most once: 4096 tokens in batches of 2 x 16 are 128 batches, so
+// --eval-batches 200 evaluates those 128 (the same loss as asking for 128) and says so. It wrapped
+// around to tokens already evaluated, weighting them twice in the mean.
+TEST(Trainer, AnEvaluationReadsTheValidationTokensAtMostOnce) {
+  TempDir tmp;
+  TrainOptions o = tiny(write_shard(tmp, "train.bin", 1), 1);
+  o.val_data = write_shard(tmp, "val.bin", 2);
+  o.eval_batches = 200;
+  std::string printed;
+  Trainer capped(o, [&](const std::string& line) { printed += line; });
+  EXPECT_NE(printed.find("Evaluation: 128 batches of 2 x 16 tokens, all of --val-data's 4096 "
+                         "(--eval-batches 200 would read them 1.6 times over)"),
+            std::string::npos)
+      << printed;
+  const EvalResult a = capped.evaluate();
+  o.eval_batches = 128;
+  Trainer exact(o, nullptr);
+  const EvalResult b = exact.evaluate();
+  EXPECT_EQ(a.batches, 128);
+  EXPECT_EQ(a.loss, b.loss);
+}
+
 }  // namespace
 }  // namespace mw::train
