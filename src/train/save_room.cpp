@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
+#include <algorithm>
+#include <exception>
 #include <filesystem>
 #include <map>
 
