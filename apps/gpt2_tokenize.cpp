@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "cli.h"
+#include "core/interrupt.h"
 #include "core/parallel.h"
 #include "data/bpe.h"
 #include "data/bpe_train.h"
@@ -36,6 +37,7 @@ class Progress {
  public:
   explicit Progress(std::string what) : what_(std::move(what)), tty_(isatty(2)) {}
   void update(const data::CorpusReader& reader, int64_t tokens, bool last = false) {
+    throw_if_stop_requested("while tokenizing");  // Note [Stop signals]: between batches
     const double now = seconds_since(t0_);
     if (!last && now - shown_ < (tty_ ? 0.25 : 10.0)) return;
     shown_ = now;
@@ -144,8 +146,10 @@ int run(cli::Parser& p) {
   // its files there.
   std::vector<std::unique_ptr<data::BpeTokenizer>> workers;
   if (!p.given("train-bpe")) workers.push_back(load_tokenizer(p, inputs, out_dir));
-  // A failure from here on (a bad line in the inputs, a full disk) leaves nothing: the writers
-  // remove their unfinished shards, and a directory this run created goes with what it wrote.
+  // A failure from here on (a bad line in the inputs, a full disk, SIGINT or SIGTERM) leaves
+  // nothing: the writers remove their unfinished shards, and a directory this run created goes
+  // with what it wrote; in one that existed, the shards are this run's (prepare_shard_dir found
+  // none) and go. A half-tokenized corpus was left as shards that train without a word.
   std::error_code ec;
   const bool created = !std::filesystem::exists(out_dir, ec);
   data::prepare_shard_dir(out_dir);
@@ -153,6 +157,12 @@ int run(cli::Parser& p) {
     return tokenize(p, reader, workers, inputs, out_dir, val_fraction, shard_tokens);
   } catch (...) {
     if (created) std::filesystem::remove_all(out_dir, ec);
+    for (const auto& e : std::filesystem::directory_iterator(out_dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if ((name.rfind("train_", 0) == 0 || name.rfind("val_", 0) == 0) &&
+          e.path().extension() == ".bin")
+        std::filesystem::remove(e.path(), ec);
+    }
     throw;
   }
 }
@@ -160,6 +170,7 @@ int run(cli::Parser& p) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  install_stop_signal_handlers();  // Note [Stop signals]: an interrupted run removes its shards
   cli::Parser p("gpt2_tokenize",
                 "Tokenizes text with GPT-2's byte-level BPE into llm.c token shards "
                 "DIR/{train,val}_NNNNNN.bin, each document preceded by <|endoftext|>.");

@@ -119,6 +119,39 @@ TEST(StopSignals, ASignalAfterTheLastStepLetsTheSavesFinish) {
   EXPECT_TRUE(hidden_entries(tmp.path()).empty());
 }
 
+// gpt2_tokenize stopped by SIGINT (the second shard's write stalled: the signal lands mid-run)
+// leaves no shard: the --out it created is gone, and in one that existed only the user's files
+// stay. It had no handler: the process died with the finished shards of a half-tokenized corpus in
+// --out, which gpt2_train --data would have read without a word.
+TEST(StopSignals, AnInterruptedTokenizeLeavesNoShards) {
+  TempDir tmp;
+  std::string text;
+  for (int i = 0; i < 4000; ++i) text += "the cat sat on the mat and the dog ran far away. ";
+  data::testing::write_bytes(tmp.file("corpus.txt"), text);
+  const std::string fixture = std::string(MW_SOURCE_DIR) + "/tests/fixtures/bpe/";
+  fs::create_directories(tmp.file("kept"));
+  data::testing::write_bytes(tmp.file("kept/notes.txt"), "mine");
+  for (const char* out : {"new", "kept"}) {
+    SCOPED_TRACE(out);
+    Child c("gpt2_tokenize",
+            {"--vocab", fixture + "vocab.json", "--merges", fixture + "merges.txt", "--out",
+             tmp.file(out), "--shard-tokens", "2000", "--threads", "1", tmp.file("corpus.txt")},
+            tmp.file("c.log"), {"MW_WRITE_FAULT=stall@4"});
+    ASSERT_TRUE(c.wait_for([&] {
+      return fs::exists(tmp.file(std::string(out) + "/train_000000.bin"));
+    })) << c.output();
+    c.signal(SIGINT);
+    const Outcome o = c.finish(30);
+    EXPECT_EQ(o.exit_code, 130) << o.output;
+    EXPECT_TRUE(has(o.output, "interrupted by SIGINT")) << o.output;
+  }
+  EXPECT_FALSE(fs::exists(tmp.file("new")));
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(tmp.file("kept")))
+    left.push_back(e.path().filename());
+  EXPECT_EQ(left, std::vector<std::string>{"notes.txt"});
+}
+
 TEST(StopSignals, ASecondSignalExitsAtOnceAndRemovesTheTemporarySaveFolder) {
   TempDir tmp;
   // Stalled half-way through the second checkpoint (write 50 of ~35 per tiny checkpoint).
