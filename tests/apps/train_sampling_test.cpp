@@ -223,8 +223,7 @@ TEST(TrainSampling, IdsOfAPaddedVocabularyPastTheTokenizerHaveNoText) {
   ASSERT_EQ(ids.exit_code, 0) << ids.output;
   int64_t past = 0;
   std::istringstream list(ids.output.substr(ids.output.find("ids: ") + 5));
-  for (std::string id; std::getline(list, id, ',');)
-    past += std::stoi(id) >= 588 ? 1 : 0;
+  for (std::string id; std::getline(list, id, ',');) past += std::stoi(id) >= 588 ? 1 : 0;
   ASSERT_GT(past, 0) << ids.output;
   const Outcome text = run_app(tmp, "gpt2_generate", args);
   EXPECT_EQ(text.exit_code, 0) << text.output;
