@@ -15,7 +15,9 @@ Eleven checks of promises the tests make on a few cases only, drawn over many
           TMPDIR. Either way the newest checkpoint resumes to the straight run's losses bit for
           bit, and the resume's own saves remove what a killed run left half-written. With
           --ranks N, rank 1 alone gets SIGTERM: every rank must write that step's checkpoint and
-          stop.
+          stop. One run in four instead gets SIGTERM after its last step, without checkpoints:
+          it must finish --save and --save-optimizer (equal to the straight run's), exit 143
+          saying so, and leave nothing behind.
   const   #10's "--const-budget caps gathered-chunk memory": on auto's drawn configurations, the
           const policy's device peak (the JSON log's) is at most static cpu placement's plus the
           budget (256 KiB to 16 MiB, the copy worker drawn), with static's losses.

@@ -69,6 +69,36 @@ def draw_fault(rng):
     return a, {var: f"{kind}@{rng.randint(1, 80 if disk else 14)}"}
 
 
+def check_last_step(launch, binary, a, placement, work):
+    """SIGTERM after the last step (rank 1's alone under mpirun), without --checkpoint-dir: the
+    run finishes --save and --save-optimizer, exits 143 saying so, and both files equal the
+    straight run's; nothing is left in --nvme-dir or TMPDIR (Note [Stop signals])."""
+    d = {k: os.path.join(work, k) for k in ("nvme", "tmp", "a", "b")}
+    for k in ("nvme", "tmp"):
+        os.makedirs(d[k])
+    env = dict(os.environ, TMPDIR=d["tmp"])
+    runs = []
+    for name, hook in (("a", {}), ("b", dict(MW_TEST_EXIT_RANK="1" if launch else "0",
+                                             MW_TEST_EXIT_STEP="7", MW_TEST_EXIT_HOW="sigterm"))):
+        runs.append(run(launch + [binary] + a + placement + nvme_dir(placement, d["nvme"]) + [
+            "--save", d[name], "--save-optimizer", d[name] + ".opt"], dict(env, **hook)))
+    (r1, r2), what = runs, "SIGTERM after the last step: " + " ".join(a + placement)
+    if r1.returncode != 0:
+        return refused("EXIT", r1, what)
+    same = lambda f: all(os.path.exists(d[n] + f) for n in "ab") and open(
+        d["a"] + f, "rb").read() == open(d["b"] + f, "rb").read()
+    left = os.listdir(d["nvme"]) + os.listdir(d["tmp"])
+    why = ("crashed" if crashed(r2) else f"left {left}" if left else
+           f"exit {r2.returncode}" if r2.returncode != 143 and not (launch and r2.returncode) else
+           "no message" if "after the last step: finished its saves first" not in
+           r2.stdout + r2.stderr else
+           "another model" if not same("/model.safetensors") else
+           "another optimizer file" if not same(".opt") else "")
+    print("FAIL" if why else "ok  ", f"rc {r2.returncode}", what, f"| {why}" if why else "",
+          flush=True)
+    return 1 if why else 0
+
+
 def check_signal(launch, binary, a, placement, rng, work):
     """SIGTERM after a drawn step's loss line: exit 143 with a checkpoint of the step under way,
     which the message names, nothing left behind, and the resume gives the straight run's
@@ -76,6 +106,8 @@ def check_signal(launch, binary, a, placement, rng, work):
     bit, and that resume's saves remove what the killed run left half-written."""
     key = lambda r: (r["step"], r["loss"], r.get("grad_norm"))
     a = a[:a.index("--steps")] + ["--steps", "8"] + a[a.index("--steps") + 2:]
+    if rng.random() < 0.25:
+        return check_last_step(launch, binary, a, placement, work)
     straight = os.path.join(work, "straight.jsonl")
     r = run(launch + [binary] + a + placement + ["--log", straight])
     if r.returncode != 0:
