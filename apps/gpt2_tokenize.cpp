@@ -152,6 +152,13 @@ int run(cli::Parser& p) {
   // none) and go. A half-tokenized corpus was left as shards that train without a word.
   std::error_code ec;
   const bool created = !std::filesystem::exists(out_dir, ec);
+  // --train-bpe writes its tokenizer into --out: one already there (a downloaded GPT-2
+  // vocab.json) was replaced without a word.
+  for (const char* name : {"vocab.json", "merges.txt"})
+    MW_CHECK_T(IoError, !p.given("train-bpe") || !std::filesystem::exists(out_dir + "/" + name, ec),
+               "--out '", out_dir, "' already holds ", name,
+               ", which --train-bpe would replace with the tokenizer it learns; pass --out "
+               "another directory, or move it away");
   data::prepare_shard_dir(out_dir);
   try {
     return tokenize(p, reader, workers, inputs, out_dir, val_fraction, shard_tokens);
@@ -159,8 +166,9 @@ int run(cli::Parser& p) {
     if (created) std::filesystem::remove_all(out_dir, ec);
     for (const auto& e : std::filesystem::directory_iterator(out_dir, ec)) {
       const std::string name = e.path().filename().string();
-      if ((name.rfind("train_", 0) == 0 || name.rfind("val_", 0) == 0) &&
-          e.path().extension() == ".bin")
+      const bool learned = p.given("train-bpe") && (name == "vocab.json" || name == "merges.txt");
+      if (learned || ((name.rfind("train_", 0) == 0 || name.rfind("val_", 0) == 0) &&
+                      e.path().extension() == ".bin"))
         std::filesystem::remove(e.path(), ec);
     }
     throw;

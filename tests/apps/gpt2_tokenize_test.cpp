@@ -158,6 +158,8 @@ TEST(Gpt2Tokenize, BadInputsGiveClearErrors) {
   const std::string out = " --out " + tmp.file("out") + " ";
   const std::string good = write(tmp, "good.txt", "hello");
   write(tmp, "val_000000.bin", "an earlier run's shard");
+  std::filesystem::create_directories(tmp.file("mine"));
+  write(tmp, "mine/vocab.json", "{\"mine\": 0}");
   const std::string shard = tmp.file("s.bin");
   data::write_token_shard(shard, std::vector<uint16_t>(100, 7));
   struct Case {
@@ -190,6 +192,9 @@ TEST(Gpt2Tokenize, BadInputsGiveClearErrors) {
        "nul.txt' holds a NUL byte at offset 2"},
       {kFixtureTokenizer + out + good + " " + tmp.path() + "/./good.txt", 2,
        "is '" + good + "' again: its documents would be tokenized twice"},
+      // A tokenizer the user keeps in --out was replaced.
+      {"--train-bpe 300 --out " + tmp.file("mine") + " " + good, 1,
+       "already holds vocab.json, which --train-bpe would replace"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);
@@ -199,6 +204,7 @@ TEST(Gpt2Tokenize, BadInputsGiveClearErrors) {
     // A failed run leaves nothing: the --out directory it created is gone with its contents.
     EXPECT_FALSE(std::filesystem::exists(tmp.file("out"))) << r.output;
   }
+  EXPECT_EQ(data::testing::read_bytes(tmp.file("mine/vocab.json")), "{\"mine\": 0}");
 }
 
 }  // namespace
