@@ -167,9 +167,7 @@ int run(cli::Parser& p) {
     for (const auto& e : std::filesystem::directory_iterator(out_dir, ec)) {
       const std::string name = e.path().filename().string();
       const bool learned = p.given("train-bpe") && (name == "vocab.json" || name == "merges.txt");
-      if (learned || ((name.rfind("train_", 0) == 0 || name.rfind("val_", 0) == 0) &&
-                      e.path().extension() == ".bin"))
-        std::filesystem::remove(e.path(), ec);
+      if (learned || data::is_shard_file_name(name)) std::filesystem::remove(e.path(), ec);
     }
     throw;
   }

@@ -18,6 +18,11 @@ void ShardSplits::add(bool starts_document, const std::vector<int32_t>& ids) {
   current->add(ids.data(), static_cast<int64_t>(ids.size()));
 }
 
+bool is_shard_file_name(const std::string& name) {
+  return (name.rfind("train_", 0) == 0 || name.rfind("val_", 0) == 0) &&
+         std::filesystem::path(name).extension() == ".bin";
+}
+
 void prepare_shard_dir(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -29,10 +34,8 @@ void prepare_shard_dir(const std::string& dir) {
   // Shards of an earlier run would mix with this run's (train_000001.bin of a larger corpus).
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    const bool shard = (name.rfind("train_", 0) == 0 || name.rfind("val_", 0) == 0) &&
-                       entry.path().extension() == ".bin";
-    MW_CHECK_T(IoError, !shard, "--out '", dir, "' already holds token shards (", name,
-               "); remove them or pass --out another directory");
+    MW_CHECK_T(IoError, !is_shard_file_name(name), "--out '", dir, "' already holds token shards (",
+               name, "); remove them or pass --out another directory");
   }
 }
 

@@ -43,6 +43,8 @@ struct ShardSplits {
 // Makes `dir` (a writable directory) ready for shards; IoError if it cannot be, or if it already
 // holds shards of an earlier run (they would mix with this run's).
 void prepare_shard_dir(const std::string& dir);
+// A name a shard split writes: train_*.bin or val_*.bin.
+bool is_shard_file_name(const std::string& name);
 
 // Reads chunks until about one chunk per worker is pending, encodes them in parallel (worker s
 // encodes a contiguous slice with its own tokenizer, whose cache is not shared), then adds them to

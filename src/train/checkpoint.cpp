@@ -161,7 +161,7 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     if (e.is_directory() && is_checkpoint_name(name))
-      found.emplace_back(std::stoll(name.substr(std::strlen(kPrefix))), e.path().string());
+      found.emplace_back(checkpoint_step(name), e.path().string());
   }
   std::sort(found.begin(), found.end());
   std::vector<std::string> out;
@@ -178,6 +178,16 @@ int prune_checkpoints(const std::string& dir, int64_t keep) {
     ++removed;
   }
   return removed;
+}
+
+int64_t checkpoint_step(const std::string& path) {
+  const std::string name = fs::path(path).filename().string();
+  return is_checkpoint_name(name) ? std::stoll(name.substr(std::strlen(kPrefix))) : -1;
+}
+
+bool is_checkpoint_folder(const std::string& path) {
+  std::error_code ec;
+  return checkpoint_step(path) >= 0 && fs::exists(fs::path(path) / kManifest, ec);
 }
 
 std::string find_checkpoint(const std::string& dir) {
@@ -236,10 +246,8 @@ TrainState verify_checkpoint(const std::string& path) {
 // step_000006 beside it. Refused before the first step, naming both ways out.
 void check_checkpoint_dir_is_this_runs(const std::string& dir, int64_t from, bool resumed) {
   std::vector<std::string> later;
-  for (const std::string& c : list_checkpoints(dir)) {
-    const std::string name = fs::path(c).filename().string();
-    if (std::stoll(name.substr(std::strlen(kPrefix))) > from) later.push_back(name);
-  }
+  for (const std::string& c : list_checkpoints(dir))
+    if (checkpoint_step(c) > from) later.push_back(fs::path(c).filename().string());
   if (later.empty()) return;
   throw InvalidArgument(str(
       "--checkpoint-dir '", dir, "' holds ", later.size(), " checkpoint",

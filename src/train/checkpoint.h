@@ -64,6 +64,10 @@ int prune_checkpoints(const std::string& dir, int64_t keep);
 // The newest checkpoint in `dir`, or `dir` itself when it is a checkpoint folder (it holds
 // manifest.json). IoError when there is none, saying what was looked for.
 std::string find_checkpoint(const std::string& dir);
+// The step of a checkpoint folder's path (".../step_000120": 120), -1 for any other name; and
+// whether `path` is such a folder holding its manifest.
+int64_t checkpoint_step(const std::string& path);
+bool is_checkpoint_folder(const std::string& path);
 // InvalidArgument when `dir` holds checkpoints past step `from`, where this run (resumed there, or
 // starting) would write its own (Note [One run per checkpoint folder]).
 void check_checkpoint_dir_is_this_runs(const std::string& dir, int64_t from, bool resumed);

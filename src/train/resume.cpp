@@ -93,7 +93,8 @@ json::Value Trainer::run_fingerprint() const {
   r.set("seq", o_.seq);
   r.set("grad_accum", o_.grad_accum);
   r.set("data", o_.data.empty() ? "random tokens" : o_.data);
-  if (train_data_) r.set("data_tokens", train_data_->num_tokens());  // checked in open_inputs
+  // Set once the data is open: absent when check_fingerprint runs, checked in open_inputs.
+  if (train_data_) r.set("data_tokens", train_data_->num_tokens());
   r.set("shuffle", o_.shuffle);
   r.set("data_seed", std::to_string(o_.data_seed));
   r.set("seed", std::to_string(o_.seed));
@@ -125,7 +126,6 @@ void Trainer::check_fingerprint(const json::Value& saved, const std::string& pat
     // AdamW, HybridAdam and Gemini's HybridAdam make the same update bit for bit (docs/
     // architecture.md), so moving among them, a memory choice, keeps the uninterrupted run.
     if (before && key == "optimizer") continue;
-    if (key == "data_tokens") continue;  // the files are opened later (open_inputs)
     // Training on with more --steps (under a constant schedule, or in a decay's warmup) is the
     // uninterrupted run of the new total when every update so far had the rate it has now.
     if (same_rates && is_schedule_key(key)) continue;
@@ -336,11 +336,7 @@ std::string Trainer::save_checkpoint() {
   }();
   // Under data parallel no rank returns before rank 0 has put the folder in place: a rank that
   // then stops (Note [Stop signals]) and exits first would have mpirun kill rank 0 mid-write.
-  if (dp_ && dp_->comm().size() > 1) {
-    const dist::CommStats before = dp_->comm().stats();
-    dp_->comm().barrier().wait();
-    dp_->exclude_comm_since(before);  // not the training step's communication
-  }
+  await_root_saves();
   return path;
 }
 

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "data/atomic_save.h"
 #include "models/gpt2/hf_io.h"
+#include "train/checkpoint.h"
 #include "train/token_stream.h"
 
 namespace mw::train {
@@ -48,9 +49,9 @@ std::vector<Named> input_files(const TrainOptions& o) {
   return in;
 }
 
-void check_file_output(const Named& out, const TrainOptions& o) {
+void check_file_output(const Named& out, const std::vector<Named>& inputs, const TrainOptions& o) {
   const auto& [option, path] = out;
-  for (const auto& [in_option, in_path] : input_files(o)) {
+  for (const auto& [in_option, in_path] : inputs) {
     if (option == "--save-optimizer" && in_option == "--load-optimizer") continue;
     MW_CHECK_T(InvalidArgument, !same_path(path, in_path), option, " '", path,
                "' is an input of this run (", in_option, " '", in_path,
@@ -66,10 +67,8 @@ void check_file_output(const Named& out, const TrainOptions& o) {
 
 // The checkpoint folder (a step_* folder holding manifest.json) that `path` lies in, or "".
 std::string enclosing_checkpoint(const std::string& path) {
-  std::error_code ec;
   for (fs::path a = resolved(path); a.has_relative_path(); a = a.parent_path())
-    if (a.filename().string().rfind("step_", 0) == 0 && fs::exists(a / "manifest.json", ec))
-      return a.string();
+    if (is_checkpoint_folder(a.string())) return a.string();
   return "";
 }
 
@@ -100,8 +99,9 @@ void check_run_paths(const TrainOptions& o) {
 
   // Where they lie (Note [Outputs apart]).
   std::vector<Named> outputs;
+  const std::vector<Named> inputs = input_files(o);
   for (const Named& f : files)
-    if (!f.second.empty()) outputs.push_back(f), check_file_output(f, o);
+    if (!f.second.empty()) outputs.push_back(f), check_file_output(f, inputs, o);
   for (const Named& d : {Named{"--save", o.save}, Named{"--checkpoint-dir", o.checkpoint_dir},
                          Named{"--nvme-dir", o.nvme.dir}})
     if (!d.second.empty()) outputs.push_back(d);

@@ -42,23 +42,23 @@ std::string existing_part(const std::string& path) {
   return p.string();
 }
 
-// The step a --resume starts from (its folder's name), 0 when it cannot be told here (the trainer
-// reports a missing or damaged checkpoint).
-int64_t resumed_step(const std::string& resume) {
+// The checkpoint a --resume starts from, "" when it cannot be told here (the trainer reports a
+// missing or damaged one).
+std::string resumed_checkpoint(const TrainOptions& o) {
+  if (o.resume.empty()) return "";
   try {
-    const std::string name = fs::path(find_checkpoint(resume)).filename().string();
-    return name.rfind("step_", 0) == 0 ? std::stoll(name.substr(5)) : 0;
-  } catch (const std::exception&) {
-    return 0;
+    return find_checkpoint(o.resume);
+  } catch (const Error&) {
+    return "";
   }
 }
 
-// The tokenizer files a save copies beside the model (the options', or the starting folder's); 4
-// MiB, more than GPT-2's, when they cannot be told here.
-int64_t tokenizer_bytes(const TrainOptions& o) {
+// The tokenizer files a save copies beside the model (the options', or those of the folder the run
+// starts from); 4 MiB, more than GPT-2's, when they cannot be told here.
+int64_t tokenizer_bytes(const TrainOptions& o, const std::string& resumed) {
   try {
     const std::string from =
-        !o.resume.empty() ? (fs::path(find_checkpoint(o.resume)) / "model").string() : o.init_from;
+        !resumed.empty() ? (fs::path(resumed) / "model").string() : o.init_from;
     const data::TokenizerFiles f = data::find_tokenizer_files(o.vocab, o.merges, o.tokenizer, from);
     int64_t bytes = 0;
     for (const std::string& file : {f.vocab_json, f.merges_txt, f.tokenizer_json})
@@ -89,8 +89,9 @@ int64_t checkpoints_to_write(int64_t first, int64_t total, int64_t every) {
 std::vector<SaveNeed> save_needs(const TrainOptions& o, const gpt2::Config& config) {
   std::vector<SaveNeed> needs;
   if (o.eval_only || (o.comm && o.comm->rank() != 0)) return needs;
+  const std::string resumed = resumed_checkpoint(o);
   const int64_t model = plan_bytes::clamp_bytes(static_cast<double>(saved_model_bytes(config)) +
-                                                static_cast<double>(tokenizer_bytes(o)));
+                                                static_cast<double>(tokenizer_bytes(o, resumed)));
   const int64_t optimizer = saved_optimizer_bytes(config);
   const double checkpoint = static_cast<double>(model) + static_cast<double>(optimizer) + 16 * 1024;
   if (!o.save.empty()) needs.push_back({str("--save '", o.save, "' (the model)"), o.save, model});
@@ -98,7 +99,7 @@ std::vector<SaveNeed> save_needs(const TrainOptions& o, const gpt2::Config& conf
     needs.push_back(
         {str("--save-optimizer '", o.save_optimizer, "'"), o.save_optimizer, optimizer});
   if (!o.checkpoint_dir.empty()) {
-    const int64_t first = o.resume.empty() ? 0 : resumed_step(o.resume);
+    const int64_t first = std::max<int64_t>(0, checkpoint_step(resumed));
     // With --resume --steps is the run's total; after --load-optimizer the count is from 0.
     int64_t n = checkpoints_to_write(first, o.steps, o.checkpoint_every);
     std::string kept;

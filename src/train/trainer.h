@@ -243,9 +243,9 @@ class Trainer {
   // or SIGTERM when another rank got one. So all of them write the checkpoint of the same step
   // and stop together (at ZeRO stage 0 too: mpirun's SIGTERM reaches the ranks at other steps).
   int stop_signal_of_any_rank(int local);
-  // Collective under data parallel: returns once rank 0 has written --save and --save-optimizer,
-  // so that a rank stopping with 130/143 after them (Note [Stop signals]) cannot have mpirun kill
-  // rank 0 mid-write.
+  // Collective under data parallel: returns once rank 0 has written what it saves (a checkpoint,
+  // --save, --save-optimizer), so that a rank stopping with 130/143 after it (Note [Stop
+  // signals]) cannot have mpirun kill rank 0 mid-write.
   void await_root_saves();
   int64_t local_batch() const;  // this rank's rows of the global --batch
   // "Data parallel: ..." closing lines (communication per step, overlap, per-rank memory); "" for
