@@ -308,6 +308,15 @@ void Trainer::save_model(const std::string& dir) {
     gpt2::save_hf(*model_, dir, saved_config_, {}, tokenizer_bytes_);
 }
 
+// Note [One writer per output]: rank 0 alone writes the checkpoints and the log.
+// (Before setup_data_parallel: the job's communicator says which rank this is.)
+void Trainer::lock_outputs() {
+  if (o_.comm && o_.comm->rank() != 0) return;
+  if (!o_.checkpoint_dir.empty() && !o_.eval_only)
+    output_locks_.emplace_back(o_.checkpoint_dir, true, "--checkpoint-dir");
+  if (!o_.log.empty()) output_locks_.emplace_back(o_.log, false, "--log");
+}
+
 bool Trainer::checkpoint_due() const {
   if (o_.checkpoint_dir.empty()) return false;
   return (o_.checkpoint_every > 0 && step_ % o_.checkpoint_every == 0) || step_ == total_steps_;

@@ -187,6 +187,7 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
   } else {
     weights_from_ = o_.init_from;
   }
+  lock_outputs();  // before the folder's checkpoints are looked at: another run may be writing
   if (!o_.checkpoint_dir.empty() && !o_.eval_only)
     check_checkpoint_dir_is_this_runs(o_.checkpoint_dir, resumed_state_.step, !o_.resume.empty());
   load_tokenizer();

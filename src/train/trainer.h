@@ -39,6 +39,7 @@
 #include "optim/hybrid_adam.h"
 #include "optim/loss_scaler.h"
 #include "train/checkpoint.h"
+#include "train/output_lock.h"
 #include "train/schedule.h"
 #include "train/token_stream.h"
 
@@ -282,6 +283,7 @@ class Trainer {
   double micro_step(int64_t k, std::vector<int32_t>& tokens, StepResult& r);
   bool measure_and_scale_gradients(StepResult& r);
   void micro_batch(int64_t index, std::vector<int32_t>& tokens) const;
+  void lock_outputs();                        // Note [One writer per output]
   void load_tokenizer();                      // and checks the sampling prompt against it
   void open_inputs();                         // --data, --val-data, --load-optimizer's file
   std::vector<int32_t> sample_by_forwards();  // Note [Sampling during training]
@@ -291,6 +293,7 @@ class Trainer {
   TrainOptions o_;
   Print print_;
   bool planned_only_ = false;
+  std::vector<OutputLock> output_locks_;  // --checkpoint-dir, --log (Note [One writer per output])
   gpt2::Config config_, saved_config_;
   LrSchedule schedule_;
   std::string weights_from_;  // --init-from, or the resumed checkpoint's model folder
