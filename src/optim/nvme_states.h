@@ -87,7 +87,7 @@ namespace mw::optim {
 
 struct NvmeOffloadOptions {
   double fraction = 0.0;  // of all parameter elements, greedy in parameter order
-  std::string dir;        // "" = a private temporary directory under $TMPDIR or /tmp
+  std::string dir;        // "" = a private temporary directory (io::make_private_dir)
   int64_t slice_numel = int64_t{1} << 19;    // 512 Ki elements: 2 MiB of m + 2 MiB of v per slot
   int64_t window_bytes = int64_t{32} << 20;  // staging RAM: window_bytes / (8 * slice_numel) slots
   bool overlap_backward = true;  // HybridAdam: update offloaded parameters in grad-ready hooks

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "offload/io/scratch_dir.h"
 #include "train/memory_plan.h"
 #include "train/plan_bytes.h"
 
@@ -78,13 +79,23 @@ AvailableMemory available_memory(const std::string& nvme_dir) {
     a.host_bytes = cg;
     a.host_source = "cgroup memory.max - memory.current";
   }
-  a.disk_path = nvme_dir;
-  if (a.disk_path.empty()) {
-    const char* tmp = std::getenv("TMPDIR");
-    a.disk_path = tmp && *tmp ? tmp : "/tmp";
-  }
+  a.disk_path = nvme_dir.empty() ? io::default_offload_base() : nvme_dir;
   a.disk_bytes = free_disk_bytes(a.disk_path);
+  a.disk_in_memory = io::memory_file_system(a.disk_path);
   return a;
+}
+
+std::string available_text(const AvailableMemory& avail, int64_t disk_bytes) {
+  const auto mib = [](int64_t b) { return format_fixed(static_cast<double>(b) / (1 << 20), 1); };
+  std::string text = str(
+      "  available: host ", mib(avail.host_bytes), " MiB (", avail.host_source, ") | disk ",
+      avail.disk_bytes < 0 ? "unknown" : mib(avail.disk_bytes) + " MiB", " at '", avail.disk_path,
+      "'", avail.disk_in_memory.empty() ? "" : str(" (", avail.disk_in_memory, ": in RAM)"), "\n");
+  if (!avail.disk_in_memory.empty() && disk_bytes > 0)  // Note [Offload in RAM]
+    text += str("gpt2_train: warning: the offloaded bytes go to '", avail.disk_path, "', on ",
+                avail.disk_in_memory, ", a file system in RAM: they do not leave memory (the ",
+                "check counts them as host RAM); pass --nvme-dir a folder on a disk\n");
+  return text;
 }
 
 void check_plan_fits(const MemoryPlan& plan, const PlanInputs& in, const AvailableMemory& avail) {
@@ -96,9 +107,11 @@ void check_plan_fits(const MemoryPlan& plan, const PlanInputs& in, const Availab
   // on sim:100GiB that planned 23 GiB on the "device" passed the check and was killed by the OOM
   // killer).
   const int64_t sim_bytes = in.device.is_sim() ? plan.device_bytes : 0;
-  const int64_t host_need =
-      clamp_bytes(static_cast<double>(plan.host_bytes + sim_bytes) * ranks_on_host);
   const int64_t disk_need = clamp_bytes(static_cast<double>(plan.disk_bytes) * ranks_on_host);
+  // Note [Offload in RAM]: files on tmpfs take the machine's memory, not a disk's.
+  const int64_t ram_disk = avail.disk_in_memory.empty() ? 0 : disk_need;
+  const int64_t host_need =
+      clamp_bytes(static_cast<double>(plan.host_bytes + sim_bytes) * ranks_on_host) + ram_disk;
   const std::string ranks =
       plan.ranks_on_host > 1 ? str(" (", plan.ranks_on_host, " ranks on this host)") : "";
   if (avail.host_bytes >= 0 && host_need > avail.host_bytes) {
@@ -107,6 +120,10 @@ void check_plan_fits(const MemoryPlan& plan, const PlanInputs& in, const Availab
         sim_bytes > 0 ? str(" (", mib_text(sim_bytes), " of it on ", plan.device_name,
                             ", the simulated device, whose memory is the host's)")
                       : "",
+        ram_disk > 0 ? str(" (", mib_text(ram_disk), " of it the offloaded bytes at '",
+                           avail.disk_path, "', on ", avail.disk_in_memory,
+                           ", which is RAM: pass --nvme-dir a folder on a disk)")
+                     : "",
         ", ", mib_text(avail.host_bytes), " available (", avail.host_source,
         "); to fit: ", act_advice, in.device.is_cpu() ? "" : ", --offload-activations",
         ", --offload nvme --fraction 1 (Adam states on disk)",

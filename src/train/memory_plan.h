@@ -47,7 +47,7 @@ struct PlanInputs {
   double nvme_fraction = 0;       // of parameter elements whose m and v live on disk; 0 = none
   int64_t nvme_window_bytes = 0;  // --nvme-window; the slots it makes: optim::staging_window_bytes
   int64_t nvme_slice_numel = int64_t{1} << 19;
-  std::string nvme_dir;  // "" = a private directory under $TMPDIR or /tmp
+  std::string nvme_dir;  // "" = a private directory under io::default_offload_base()
   Device device = Device::cpu();
   int64_t device_capacity_bytes = 0;  // sim:CAP; 0 = unlimited
   bool checkpoint_every_block = false;
@@ -99,18 +99,22 @@ int64_t sampling_forward_bytes(const PlanInputs& in);
 
 // What the machine has: the smaller of MemAvailable (/proc/meminfo) and the cgroup's memory.max
 // minus memory.current; free disk at dir, or at its nearest existing parent when the run is
-// yet to create it (statvfs; "" = $TMPDIR or /tmp). -1 = unknown.
+// yet to create it (statvfs; "" = io::default_offload_base()). -1 = unknown.
 struct AvailableMemory {
   int64_t host_bytes = -1;
   std::string host_source;
   int64_t disk_bytes = -1;
   std::string disk_path;
+  std::string disk_in_memory;  // "tmpfs"/"ramfs": the "disk" is RAM (Note [Offload in RAM])
 };
 AvailableMemory available_memory(const std::string& nvme_dir);
+// "  available: host ... | disk ... at 'DIR'\n" for the plan, and the warning of Note [Offload in
+// RAM] when a plan with `disk_bytes` on disk offloads into RAM.
+std::string available_text(const AvailableMemory& avail, int64_t disk_bytes);
 
 // Throws OutOfMemory naming, per tier that does not fit, the bytes needed and available and the
 // options that would make it fit. A device capacity of 0 (unlimited) always fits. The host and
-// disk need is the plan's times the ranks on this host.
+// disk need is the plan's times the ranks on this host; a disk in RAM adds its need to the host's.
 void check_plan_fits(const MemoryPlan& plan, const PlanInputs& in, const AvailableMemory& avail);
 
 }  // namespace mw::train

@@ -104,11 +104,7 @@ bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Traine
     check_plan_fits(plan, in, avail);
     check_save_room(saves, avail.disk_path, plan.disk_bytes * plan.ranks_on_host);
   };
-  print(plan.table() + save_needs_text(saves) +
-        str("  available: host ", format_fixed(mib(avail.host_bytes), 1), " MiB (",
-            avail.host_source, ") | disk ",
-            avail.disk_bytes < 0 ? "unknown" : format_fixed(mib(avail.disk_bytes), 1) + " MiB",
-            " at '", avail.disk_path, "'\n"));
+  print(plan.table() + save_needs_text(saves) + available_text(avail, plan.disk_bytes));
   if (o.plan_only) {
     try {
       check();

@@ -1,6 +1,7 @@
 // Where gpt2_train's outputs go: a --save folder that holds other files is never replaced, and
 // every output may name directories that do not exist yet (docs/reliability.md, section 3).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <string>
@@ -9,6 +10,7 @@
 #include "../data/temp_dir.h"
 #include "child.h"
 #include "data/token_shard.h"
+#include "offload/io/scratch_dir.h"
 
 namespace mw {
 namespace {
@@ -193,6 +195,26 @@ TEST(Reliability, SavesThatCannotFitOnTheirDiskAreRefusedBeforeTheFirstStep) {
   EXPECT_TRUE(has(o.output, "--keep K")) << o.output;
   EXPECT_FALSE(has(o.output, "Model numel")) << o.output;
   EXPECT_FALSE(std::filesystem::exists(tmp.file("ck")));
+}
+
+// Note [Offload in RAM]: an --nvme-dir on tmpfs keeps the "offloaded" bytes in memory. The run
+// goes on as asked, saying so and counting them as host RAM; nothing said it before.
+TEST(Reliability, AnNvmeDirInRamIsNamedAsRam) {
+  if (io::memory_file_system("/dev/shm") != "tmpfs") GTEST_SKIP() << "no tmpfs at /dev/shm";
+  TempDir tmp;
+  const std::string dir = "/dev/shm/memwall-test-" + std::to_string(::getpid());
+  Outcome o =
+      run_app(tmp, "gpt2_train", tiny({"--steps", "1", "--offload", "nvme", "--nvme-dir", dir}));
+  EXPECT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_TRUE(has(o.output, "at '" + dir + "' (tmpfs: in RAM)")) << o.output;
+  EXPECT_TRUE(has(o.output, "warning: the offloaded bytes go to '" + dir + "', on tmpfs"))
+      << o.output;
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (!io::memory_file_system(io::default_offload_base()).empty()) return;  // $TMPDIR in RAM
+  o = run_app(tmp, "gpt2_train", tiny({"--steps", "1", "--offload", "nvme"}));
+  EXPECT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_FALSE(has(o.output, "in RAM")) << o.output;
 }
 
 }  // namespace

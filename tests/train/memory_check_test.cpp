@@ -90,6 +90,35 @@ TEST(MemoryPlan, SimDeviceBytesCountAgainstHostRam) {
   EXPECT_NO_THROW(check_plan_fits(on_gpu, in, avail));
 }
 
+// Note [Offload in RAM]: offloaded bytes on tmpfs stay in the machine's memory, so they count
+// against host RAM (an --offload nvme run into /dev/shm passed a check that had them on a disk).
+TEST(MemoryPlan, OffloadIntoAFileSystemInRamCountsAgainstHostRam) {
+  PlanInputs in = inputs(Config::preset("small"), 4, 128);
+  in.nvme_fraction = 1.0;
+  const MemoryPlan plan = plan_memory(in);
+  ASSERT_GT(plan.disk_bytes, 0) << plan.table();
+  AvailableMemory avail;
+  avail.host_source = "MemAvailable";
+  avail.host_bytes = plan.host_bytes + plan.disk_bytes - 1;  // one byte short with the offload
+  avail.disk_bytes = int64_t{1} << 40;
+  avail.disk_path = "/dev/shm/states";
+  EXPECT_NO_THROW(check_plan_fits(plan, in, avail));  // on a disk
+  avail.disk_in_memory = "tmpfs";
+  try {
+    check_plan_fits(plan, in, avail);
+    FAIL() << "the offloaded bytes in RAM were not counted against host RAM\n" << plan.table();
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("at '/dev/shm/states', on tmpfs, which is RAM"),
+              std::string::npos)
+        << e.what();
+  }
+  avail.host_bytes += 1;
+  EXPECT_NO_THROW(check_plan_fits(plan, in, avail));
+  EXPECT_NE(available_text(avail, plan.disk_bytes).find("warning: the offloaded bytes go to"),
+            std::string::npos);
+  EXPECT_EQ(available_text(avail, 0).find("warning"), std::string::npos);  // nothing offloaded
+}
+
 // Data parallel (docs/distributed.md): the plan is one rank's, over its rows of the global batch;
 // ZeRO 1 and 2 shard the Adam states (and stage 2 the kept gradients); ranks on one machine share
 // its RAM, so the check multiplies. Measured against each rank's peak in tests/dist/plan_test.cpp.
