@@ -103,7 +103,8 @@ int tokenize(cli::Parser& p, data::CorpusReader& reader,
     workers.push_back(std::make_unique<data::BpeTokenizer>(*workers.front()));
   const data::BpeTokenizer& tok = *workers.front();
 
-  data::ShardSplits splits(out_dir, shard_tokens, val_fraction, tok.eot_id());
+  data::ShardSplits splits(out_dir, shard_tokens, val_fraction, tok.eot_id(),
+                           data::ShardTokenizer{tok.vocab_size(), tok.fingerprint()});
   Progress progress("tokenize");
   const auto t0 = Clock::now();
   data::tokenize_corpus(reader, workers, splits,

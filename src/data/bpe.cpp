@@ -316,4 +316,16 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
+uint64_t BpeTokenizer::fingerprint() const {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  const auto mix = [&](uint8_t byte) { h = (h ^ byte) * 0x100000001b3ULL; };
+  for (size_t id = 0; id < id_to_bytes_.size(); ++id) {
+    const std::string& bytes = id_present_[id] ? id_to_bytes_[id] : std::string();
+    mix(id_present_[id] ? 1 : 0);
+    for (int shift = 0; shift < 64; shift += 8) mix(static_cast<uint8_t>(bytes.size() >> shift));
+    for (char c : bytes) mix(static_cast<uint8_t>(c));
+  }
+  return h;
+}
+
 }  // namespace mw::data

@@ -77,6 +77,9 @@ class BpeTokenizer {
   // One more than the largest id.
   int64_t vocab_size() const { return static_cast<int64_t>(id_to_bytes_.size()); }
   int64_t num_merges() const { return static_cast<int64_t>(merge_of_pair_.size()); }
+  // What the ids mean: FNV-1a (64 bits) over each id's presence, length and bytes, in id order.
+  // Equal for one vocabulary from vocab.json or tokenizer.json (Note [Shard tokenizer stamp]).
+  uint64_t fingerprint() const;
 
  private:
   struct StringHash {

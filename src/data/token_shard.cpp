@@ -53,6 +53,10 @@ TokenShard::TokenShard(const std::string& path, const std::string& open_hint)
                    " bytes too many): the header or the file is corrupt"));
   }
   num_tokens_ = count;
+  if (header[3] == kShardTokenizerTag && header[4] > 0)
+    tokenizer_ = ShardTokenizer{header[4],
+                                static_cast<uint64_t>(static_cast<uint32_t>(header[5])) |
+                                    static_cast<uint64_t>(static_cast<uint32_t>(header[6])) << 32};
 }
 
 void TokenShard::batch(int64_t step, int64_t B, int64_t T, int32_t* out) const {
@@ -117,7 +121,8 @@ void TokenShard::check_vocab(int64_t vocab_size) const {
   }
 }
 
-void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens,
+                       const std::optional<ShardTokenizer>& tokenizer) {
   MW_CHECK_T(InvalidArgument, !tokens.empty(), "write_token_shard: '", path,
              "' would hold no tokens; a shard needs at least one");
   MW_CHECK_T(InvalidArgument, tokens.size() <= static_cast<size_t>(INT32_MAX),
@@ -127,14 +132,24 @@ void write_token_shard(const std::string& path, const std::vector<uint16_t>& tok
   header[0] = kTokenShardMagic;
   header[1] = kTokenShardVersion;
   header[2] = static_cast<int32_t>(tokens.size());
+  if (tokenizer) {  // Note [Shard tokenizer stamp]
+    header[3] = kShardTokenizerTag;
+    header[4] = static_cast<int32_t>(tokenizer->vocab_size);
+    header[5] = static_cast<int32_t>(static_cast<uint32_t>(tokenizer->fingerprint));
+    header[6] = static_cast<int32_t>(static_cast<uint32_t>(tokenizer->fingerprint >> 32));
+  }
   write_file_atomically(
       path,
       {{header, kTokenShardHeaderBytes}, {tokens.data(), static_cast<int64_t>(2 * tokens.size())}},
       "pass a writable path for the token shard");
 }
 
-TokenShardWriter::TokenShardWriter(std::string dir, std::string split, int64_t max_tokens_per_shard)
-    : dir_(std::move(dir)), split_(std::move(split)), max_tokens_per_shard_(max_tokens_per_shard) {
+TokenShardWriter::TokenShardWriter(std::string dir, std::string split, int64_t max_tokens_per_shard,
+                                   std::optional<ShardTokenizer> tokenizer)
+    : dir_(std::move(dir)),
+      split_(std::move(split)),
+      max_tokens_per_shard_(max_tokens_per_shard),
+      tokenizer_(tokenizer) {
   MW_CHECK_T(InvalidArgument, max_tokens_per_shard >= 1 && max_tokens_per_shard <= INT32_MAX,
              "TokenShardWriter: max_tokens_per_shard ", max_tokens_per_shard,
              " must be in [1, 2^31 - 1] (the llm.c header's int32 count)");
@@ -156,7 +171,7 @@ void TokenShardWriter::flush() {
   char name[32];
   std::snprintf(name, sizeof name, "_%06zu.bin", paths_.size());
   paths_.push_back(dir_ + "/" + split_ + name);
-  write_token_shard(paths_.back(), pending_);
+  write_token_shard(paths_.back(), pending_, tokenizer_);
   pending_.clear();
 }
 

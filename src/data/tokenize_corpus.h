@@ -29,9 +29,10 @@ struct ShardSplits {
   int32_t eot;
   TokenShardWriter* current = &train;
 
-  ShardSplits(const std::string& dir, int64_t shard_tokens, double val_fraction, int32_t eot)
-      : train(dir, "train", shard_tokens),
-        val(dir, "val", shard_tokens),
+  ShardSplits(const std::string& dir, int64_t shard_tokens, double val_fraction, int32_t eot,
+              std::optional<ShardTokenizer> stamp = std::nullopt)
+      : train(dir, "train", shard_tokens, stamp),
+        val(dir, "val", shard_tokens, stamp),
         val_fraction(val_fraction),
         eot(eot) {}
   ShardSplits(const ShardSplits&) = delete;

@@ -1,6 +1,7 @@
 // The Trainer's inputs besides the model (its data, the optimizer file to load, its tokenizer) and
 // its samples during training (Note [Sampling during training], trainer.h).
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 
 #include "autograd/autograd.h"
@@ -61,6 +62,7 @@ void Trainer::open_inputs() {
         break;
       }
   }
+  check_shard_tokenizers();
   // Its magic only: its tensors are checked against the optimizer's layout once that exists.
   if (!o_.load_optimizer.empty()) {
     optim::AdamStateReader file(o_.load_optimizer);
@@ -68,11 +70,78 @@ void Trainer::open_inputs() {
   }
 }
 
+namespace {
+std::string hex64(uint64_t v) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(v));
+  return text;
+}
+}  // namespace
+
+// Note [Shard tokenizer stamp]: the stamped shards of --data and --val-data name one tokenizer,
+// and it is this run's (the one --save writes beside the model, and samples decode with).
+void Trainer::check_shard_tokenizers() const {
+  const data::TokenShard* first = nullptr;
+  std::string first_option;
+  for (const auto& [stream, option] :
+       {std::pair{train_data_.get(), "--data"}, std::pair{val_.get(), "--val-data"}}) {
+    if (!stream) continue;
+    for (const data::TokenShard& shard : stream->shards()) {
+      if (!shard.tokenizer()) continue;
+      if (!first) {
+        first = &shard, first_option = option;
+        continue;
+      }
+      const data::ShardTokenizer &a = *first->tokenizer(), &b = *shard.tokenizer();
+      MW_CHECK_T(InvalidArgument, a == b, "the ", first_option, " shard '", first->path(),
+                 "' and the ", option, " shard '", shard.path(), "' were tokenized with different ",
+                 "tokenizers (vocabularies of ", a.vocab_size, " and ", b.vocab_size,
+                 " tokens, fingerprints ", hex64(a.fingerprint), " and ", hex64(b.fingerprint),
+                 "): an id means other text in each; tokenize every shard with one tokenizer");
+    }
+  }
+  if (!first || !tokenizer_) return;
+  const data::ShardTokenizer& stamp = *first->tokenizer();
+  const std::string source = tokenizer_files_.tokenizer_json.empty()
+                                 ? tokenizer_files_.vocab_json
+                                 : tokenizer_files_.tokenizer_json;
+  const bool models = o_.vocab.empty() && o_.tokenizer.empty();  // found beside the weights
+  MW_CHECK_T(
+      InvalidArgument, stamp.fingerprint == tokenizer_->fingerprint(), "the ", first_option,
+      " shard '", first->path(), "' was tokenized with another tokenizer (", stamp.vocab_size,
+      " tokens, fingerprint ", hex64(stamp.fingerprint), ") than this run's '", source, "' (",
+      tokenizer_->vocab_size(), " tokens, fingerprint ", hex64(tokenizer_->fingerprint()),
+      models ? ", the model's" : "",
+      "): the model would learn ids that mean other text. Tokenize the corpus with it (",
+      "gpt2_tokenize ",
+      tokenizer_files_.tokenizer_json.empty()
+          ? str("--vocab ", tokenizer_files_.vocab_json, " --merges ", tokenizer_files_.merges_txt)
+          : str("--tokenizer ", tokenizer_files_.tokenizer_json),
+      ")", models ? "" : ", or pass the tokenizer the shards were made with");
+}
+
+// A tokenizer given by option over the one saved with the --init-from (or resumed) weights: their
+// embeddings learned that one's ids (Note [Shard tokenizer stamp]).
+void Trainer::warn_if_not_the_models_tokenizer() const {
+  if (!tokenizer_ || weights_from_.empty() || (o_.vocab.empty() && o_.tokenizer.empty())) return;
+  const data::TokenizerFiles own = data::find_tokenizer_files("", "", "", weights_from_);
+  if (!own.known()) return;
+  const std::unique_ptr<data::BpeTokenizer> theirs = data::load_tokenizer(own);
+  if (theirs->fingerprint() == tokenizer_->fingerprint()) return;
+  print_(str("gpt2_train: warning: the tokenizer given (", tokenizer_->vocab_size(),
+             " tokens) is not the one saved with the model in '", weights_from_, "' (",
+             theirs->vocab_size(), " tokens): its weights learned that ",
+             "tokenizer's ids, so each id now means other text (a new vocabulary on trained ",
+             "weights must re-learn its embeddings); leave out --vocab/--merges/--tokenizer to ",
+             "use the model's\n"));
+}
+
 void Trainer::load_tokenizer() {
   // --init-from's folder, or the resumed checkpoint's model folder (a save copies the files there).
   tokenizer_files_ = data::find_tokenizer_files(o_.vocab, o_.merges, o_.tokenizer, weights_from_);
   tokenizer_ = data::load_tokenizer(tokenizer_files_);
   tokenizer_bytes_ = data::read_tokenizer_files(tokenizer_files_);
+  warn_if_not_the_models_tokenizer();
   if (tokenizer_) {
     const std::string source = tokenizer_files_.tokenizer_json.empty()
                                    ? tokenizer_files_.vocab_json

@@ -34,6 +34,7 @@ class TokenStream {
 
   int64_t num_tokens() const { return total_tokens_; }
   int64_t num_shards() const { return static_cast<int64_t>(shards_.size()); }
+  const std::vector<data::TokenShard>& shards() const { return shards_; }
   bool shuffled() const { return shuffle_; }
   // Batch i as [B, T] row-major int32 (Note [Data position]).
   void batch(int64_t index, int64_t B, int64_t T, int32_t* out);

@@ -76,6 +76,10 @@ TEST(Gpt2Tokenize, TextAndJsonlDocumentsBecomeShardsThatDecodeBack) {
       documents(read_shard(tmp.file("out/train_000000.bin")), tok);
   EXPECT_EQ(docs, (std::vector<std::string>{texts[0], texts[1], "third", "fourth\nline"}));
   EXPECT_FALSE(std::filesystem::exists(tmp.file("out/val_000000.bin")));  // --val-fraction 0
+  // Note [Shard tokenizer stamp]: the shard names the tokenizer its ids come from.
+  const data::TokenShard shard(tmp.file("out/train_000000.bin"));
+  ASSERT_TRUE(shard.tokenizer().has_value());
+  EXPECT_EQ(*shard.tokenizer(), (data::ShardTokenizer{tok.vocab_size(), tok.fingerprint()}));
 }
 
 TEST(Gpt2Tokenize, ValFractionSendsWholeDocumentsToValAndShardsAreCapped) {
@@ -122,6 +126,9 @@ TEST(Gpt2Tokenize, TrainBpeLearnsATokenizerThatRoundTripsAndCompresses) {
   const std::string text = data::testing::read_bytes(corpus);
   const std::vector<int32_t> ids = read_shard(tmp.file("out/train_000000.bin"));
   EXPECT_EQ(documents(ids, tok), std::vector<std::string>{text});
+  const data::TokenShard shard(tmp.file("out/train_000000.bin"));  // the learned tokenizer's stamp
+  ASSERT_TRUE(shard.tokenizer().has_value());
+  EXPECT_EQ(shard.tokenizer()->fingerprint, tok.fingerprint());
   // 2920 bytes. HF tokenizers' BpeTrainer with the same settings (vocab 399 + eot, pairs seen at
   // least twice) encodes this text in 2004 tokens; ours did too when this was written. Bound: 2%
   // slack for a different but equally good tie order, and well under 1 token per byte.

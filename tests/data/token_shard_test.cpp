@@ -66,6 +66,29 @@ TEST(TokenShard, ByteLayoutMatchesLlmC) {
   EXPECT_EQ(tokens[2], 65535);
 }
 
+// Note [Shard tokenizer stamp]: words 3-6 of the header name the tokenizer; llm.c's words 0-2 and
+// the file's size are as without it, and a shard without the stamp reads as none.
+TEST(TokenShard, TheTokenizerStampRoundTripsBesideLlmCsHeader) {
+  TempDir dir;
+  const ShardTokenizer stamp{50257, 0xF00DCAFE12345678ULL};
+  write_token_shard(dir.file("a.bin"), {50256, 1, 65535}, stamp);
+  const std::string bytes = read_bytes(dir.file("a.bin"));
+  ASSERT_EQ(bytes.size(), 1024u + 6u);
+  int32_t header[256];
+  std::memcpy(header, bytes.data(), 1024);
+  EXPECT_EQ(header[0], 20240520);
+  EXPECT_EQ(header[1], 1);
+  EXPECT_EQ(header[2], 3);
+  EXPECT_EQ(header[3], kShardTokenizerTag);
+  for (int i = 7; i < 256; ++i) ASSERT_EQ(header[i], 0) << "header[" << i << "]";
+  const TokenShard stamped(dir.file("a.bin"));
+  ASSERT_TRUE(stamped.tokenizer().has_value());
+  EXPECT_EQ(*stamped.tokenizer(), stamp);
+  EXPECT_EQ(stamped.num_tokens(), 3);
+  write_token_shard(dir.file("b.bin"), {1, 2});
+  EXPECT_FALSE(TokenShard(dir.file("b.bin")).tokenizer().has_value());
+}
+
 TEST(TokenShard, BatchesMatchTheWrappingReference) {
   TempDir dir;
   for (int64_t n : {1, 7, 64, 1000, 1 << 20}) {  // 1 << 20 exceeds the 1 MiB read chunk

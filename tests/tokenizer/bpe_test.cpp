@@ -110,6 +110,21 @@ TEST(Bpe, TokenizerJsonGivesTheSameIds) {
   expect_reference_ids(tok);
 }
 
+// Note [Shard tokenizer stamp]: the fingerprint is what the ids mean, whichever file holds the
+// vocabulary; another id for one token changes it, and the merges (how text is cut) do not.
+TEST(Bpe, TheFingerprintIsTheVocabularysWhicheverFileHoldsIt) {
+  const BpeTokenizer from_pair = fixture_tokenizer();
+  const BpeTokenizer from_json(load_tokenizer_json(kFixture + "tokenizer.json"), "tokenizer.json");
+  EXPECT_EQ(from_pair.fingerprint(), from_json.fingerprint());
+  BpeModel model = load_vocab_and_merges(kFixture + "vocab.json", kFixture + "merges.txt");
+  model.merges.resize(model.merges.size() / 2);  // fewer merges: the ids mean the same
+  BpeModel fewer_merges = model;
+  EXPECT_EQ(BpeTokenizer(fewer_merges, "fewer").fingerprint(), from_pair.fingerprint());
+  ASSERT_GE(model.vocab.size(), 2u);
+  std::swap(model.vocab[0].second, model.vocab[1].second);  // two tokens trade ids
+  EXPECT_NE(BpeTokenizer(model, "swapped").fingerprint(), from_pair.fingerprint());
+}
+
 TEST(Bpe, AnyBytesRoundTrip) {
   BpeTokenizer tok = fixture_tokenizer();
   std::mt19937_64 rng(7);
