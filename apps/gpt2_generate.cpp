@@ -21,9 +21,14 @@ using namespace mw;
 namespace {
 
 // The tokenizer named by the flags or found in the model folder; nullptr when there is none.
+// A tokenizer by option other than the folder's own is warned about (Note [Shard tokenizer stamp]).
 std::unique_ptr<data::BpeTokenizer> find_tokenizer(const cli::Parser& p, const std::string& dir) {
-  return data::load_tokenizer(
+  std::unique_ptr<data::BpeTokenizer> tok = data::load_tokenizer(
       data::find_tokenizer_files(p.str("vocab"), p.str("merges"), p.str("tokenizer"), dir));
+  if (tok && (!p.str("vocab").empty() || !p.str("tokenizer").empty()))
+    if (const std::string w = data::other_than_models_tokenizer(*tok, dir); !w.empty())
+      std::fprintf(stderr, "gpt2_generate: %s\n", w.c_str());
+  return tok;
 }
 
 gpt2::SamplingOptions sampling_options(const cli::Parser& p) {

@@ -57,4 +57,16 @@ std::unique_ptr<BpeTokenizer> load_tokenizer(const TokenizerFiles& files) {
   return nullptr;
 }
 
+std::string other_than_models_tokenizer(const BpeTokenizer& given, const std::string& model_dir) {
+  if (model_dir.empty()) return "";
+  const TokenizerFiles own = find_tokenizer_files("", "", "", model_dir);
+  if (!own.known()) return "";
+  const std::unique_ptr<BpeTokenizer> theirs = load_tokenizer(own);
+  if (theirs->fingerprint() == given.fingerprint()) return "";
+  return str("warning: the tokenizer given (", given.vocab_size(),
+             " tokens) is not the one saved with the model in '", model_dir, "' (",
+             theirs->vocab_size(), " tokens): its weights learned that tokenizer's ids, so each ",
+             "id now means other text; leave out --vocab/--merges/--tokenizer to use the model's");
+}
+
 }  // namespace mw::data

@@ -36,4 +36,9 @@ TokenizerFiles find_tokenizer_files(const std::string& vocab_json, const std::st
 // Loads the tokenizer (the files' own errors, naming them); nullptr when `files` is unknown.
 std::unique_ptr<BpeTokenizer> load_tokenizer(const TokenizerFiles& files);
 
+// When `given` (a tokenizer named by option) is not the one saved in `model_dir` (another
+// fingerprint: its ids mean other text), a warning saying so, without the program's name and
+// newline; "" when they agree, or the folder holds none (Note [Shard tokenizer stamp]).
+std::string other_than_models_tokenizer(const BpeTokenizer& given, const std::string& model_dir);
+
 }  // namespace mw::data

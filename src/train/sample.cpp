@@ -120,28 +120,17 @@ void Trainer::check_shard_tokenizers() const {
       ")", models ? "" : ", or pass the tokenizer the shards were made with");
 }
 
-// A tokenizer given by option over the one saved with the --init-from (or resumed) weights: their
-// embeddings learned that one's ids (Note [Shard tokenizer stamp]).
-void Trainer::warn_if_not_the_models_tokenizer() const {
-  if (!tokenizer_ || weights_from_.empty() || (o_.vocab.empty() && o_.tokenizer.empty())) return;
-  const data::TokenizerFiles own = data::find_tokenizer_files("", "", "", weights_from_);
-  if (!own.known()) return;
-  const std::unique_ptr<data::BpeTokenizer> theirs = data::load_tokenizer(own);
-  if (theirs->fingerprint() == tokenizer_->fingerprint()) return;
-  print_(str("gpt2_train: warning: the tokenizer given (", tokenizer_->vocab_size(),
-             " tokens) is not the one saved with the model in '", weights_from_, "' (",
-             theirs->vocab_size(), " tokens): its weights learned that ",
-             "tokenizer's ids, so each id now means other text (a new vocabulary on trained ",
-             "weights must re-learn its embeddings); leave out --vocab/--merges/--tokenizer to ",
-             "use the model's\n"));
-}
-
 void Trainer::load_tokenizer() {
   // --init-from's folder, or the resumed checkpoint's model folder (a save copies the files there).
   tokenizer_files_ = data::find_tokenizer_files(o_.vocab, o_.merges, o_.tokenizer, weights_from_);
   tokenizer_ = data::load_tokenizer(tokenizer_files_);
   tokenizer_bytes_ = data::read_tokenizer_files(tokenizer_files_);
-  warn_if_not_the_models_tokenizer();
+  // A tokenizer by option over the one saved with the --init-from (or resumed) weights: their
+  // embeddings learned that one's ids (a new vocabulary on trained weights must re-learn them).
+  if (tokenizer_ && (!o_.vocab.empty() || !o_.tokenizer.empty()))
+    if (const std::string w = data::other_than_models_tokenizer(*tokenizer_, weights_from_);
+        !w.empty())
+      print_("gpt2_train: " + w + "\n");
   if (tokenizer_) {
     const std::string source = tokenizer_files_.tokenizer_json.empty()
                                    ? tokenizer_files_.vocab_json

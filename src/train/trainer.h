@@ -283,10 +283,9 @@ class Trainer {
   double micro_step(int64_t k, std::vector<int32_t>& tokens, StepResult& r);
   bool measure_and_scale_gradients(StepResult& r);
   void micro_batch(int64_t index, std::vector<int32_t>& tokens) const;
-  void lock_outputs();                  // Note [One writer per output]
-  void load_tokenizer();                // and checks the sampling prompt against it
-  void check_shard_tokenizers() const;  // Note [Shard tokenizer stamp]
-  void warn_if_not_the_models_tokenizer() const;
+  void lock_outputs();                        // Note [One writer per output]
+  void load_tokenizer();                      // and checks the sampling prompt against it
+  void check_shard_tokenizers() const;        // Note [Shard tokenizer stamp]
   void open_inputs();                         // --data, --val-data, --load-optimizer's file
   std::vector<int32_t> sample_by_forwards();  // Note [Sampling during training]
   void setup_data_parallel();  // checks the options, splits the work, broadcasts the weights
