@@ -88,15 +88,22 @@ void install_stop_signal_handlers() {
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;  // blocking calls resume; the flag is polled between them
-    ::sigaction(SIGINT, &sa, nullptr);
-    ::sigaction(SIGTERM, &sa, nullptr);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+      // Ignored when we start: left so (Note [Stop signals]: nohup, a script's background job).
+      struct sigaction before;
+      if (::sigaction(sig, nullptr, &before) == 0 && before.sa_handler == SIG_IGN) continue;
+      ::sigaction(sig, &sa, nullptr);
+    }
   });
 }
 
 int stop_signal() { return g_stop_signal; }
 
 std::string signal_name(int signal) {
-  return signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : str("signal ", signal);
+  return signal == SIGINT    ? "SIGINT"
+         : signal == SIGTERM ? "SIGTERM"
+         : signal == SIGHUP  ? "SIGHUP"
+                             : str("signal ", signal);
 }
 
 void throw_if_stop_requested(const char* while_doing) {

@@ -1,12 +1,16 @@
-// Stopping cleanly on SIGINT / SIGTERM.
+// Stopping cleanly on SIGINT / SIGTERM / SIGHUP.
 //
 // Note [Stop signals]: a long run must not die inside a save, leaving temporary files behind, nor
-// lose an earlier save. install_stop_signal_handlers() makes the first SIGINT or SIGTERM only set
-// a flag (the handler does nothing else, so it is async-signal-safe).
+// lose an earlier save. install_stop_signal_handlers() makes the first SIGINT, SIGTERM or SIGHUP
+// only set a flag (the handler does nothing else, so it is async-signal-safe). SIGHUP is a
+// terminal closing (an ssh session dropped): it used to kill the run at once, losing the step
+// under way and its checkpoint. A signal ignored when the process starts stays ignored, as the
+// shell's conventions expect: `nohup` ignores SIGHUP (the run goes on after the terminal closes),
+// and a script's background job (`cmd &`) ignores SIGINT (Ctrl-C stops the script, not it).
 //  - Normally the run polls the flag between steps and between file writes
 //    (throw_if_stop_requested) and throws Interrupted, whose unwinding removes temporary files
 //    (their owners' destructors) before main() exits with 128 + the signal (130 for SIGINT, 143
-//    for SIGTERM), the shell's convention.
+//    for SIGTERM, 129 for SIGHUP), the shell's convention.
 //  - A run that can checkpoint (gpt2_train --checkpoint-dir) defers the flag instead
 //    (StopDeferral): the polls do not throw, so the step under way (an xl step takes a minute)
 //    finishes, and so does a save under way; the loop then writes a checkpoint and exits 130/143,
@@ -36,11 +40,12 @@ class Interrupted : public Error {
   int exit_code() const { return 128 + signal; }
 };
 
-// Installs the handlers for SIGINT and SIGTERM and starts the watcher thread (idempotent).
+// Installs the handlers for SIGINT, SIGTERM and SIGHUP (those not ignored at start) and starts the
+// watcher thread (idempotent).
 void install_stop_signal_handlers();
 // The signal received since installation, or 0.
 int stop_signal();
-// "SIGINT", "SIGTERM" (or "signal N").
+// "SIGINT", "SIGTERM", "SIGHUP" (or "signal N").
 std::string signal_name(int signal);
 // Throws Interrupted ("interrupted by SIGINT <while>") when a stop signal has arrived, unless a
 // StopDeferral is alive (then the caller's loop polls stop_signal() at its own safe points).

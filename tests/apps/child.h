@@ -30,11 +30,16 @@ struct Outcome {
 class Child {
  public:
   // `cwd`: the child's working directory (default: the test's).
+  // The stop signals start at their default action (this test binary may have been started with
+  // them ignored, as a script's background job is), but those in `ignored` start ignored (nohup).
   Child(const std::string& app, const std::vector<std::string>& args, const std::string& log_path,
-        const std::vector<std::string>& env = {}, const std::string& cwd = "")
+        const std::vector<std::string>& env = {}, const std::string& cwd = "",
+        const std::vector<int>& ignored = {})
       : log_path_(log_path) {
     pid_ = ::fork();
     if (pid_ == 0) {
+      for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, SIG_DFL);
+      for (int sig : ignored) ::signal(sig, SIG_IGN);
       if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) ::_exit(126);
       int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(fd, 1);

@@ -75,6 +75,33 @@ TEST(StopSignals, TheFirstSigtermFinishesTheStepCheckpointsAndResumesBitForBit) 
             read_bytes(tmp.file("full/model.safetensors")));
 }
 
+// SIGHUP (the terminal closed: an ssh session dropped) stops a run as SIGTERM does, finishing the
+// step and its checkpoint; it killed the run at once, losing both. Under nohup (SIGHUP ignored when
+// the run starts) it stays ignored and the run goes on to its end; so does a SIGINT ignored at
+// start.
+TEST(StopSignals, SighupCheckpointsAndStopsUnlessIgnoredAtStartAsUnderNohup) {
+  TempDir tmp;
+  fs::create_directories(tmp.file("nvme"));
+  Child c("gpt2_train", slow_tiny(tmp, {"--checkpoint-dir", tmp.file("ck")}), tmp.file("c.log"));
+  ASSERT_TRUE(c.wait_for([&] { return has(c.output(), "[1] loss"); })) << c.output();
+  c.signal(SIGHUP);
+  Outcome o = c.finish(120);
+  EXPECT_EQ(o.exit_code, 129) << o.output;
+  EXPECT_TRUE(has(o.output,
+                  "interrupted by SIGHUP during step 2: finished it and wrote the "
+                  "checkpoint " +
+                      tmp.file("ck/step_000003")))
+      << o.output;
+  Child nohup("gpt2_train", slow_tiny(tmp, {"--checkpoint-dir", tmp.file("ck2")}),
+              tmp.file("n.log"), {}, "", {SIGHUP, SIGINT});
+  ASSERT_TRUE(nohup.wait_for([&] { return has(nohup.output(), "[1] loss"); })) << nohup.output();
+  nohup.signal(SIGHUP);
+  nohup.signal(SIGINT);  // a script's background job ignores it too (`cmd &`)
+  o = nohup.finish(120);
+  EXPECT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_TRUE(has(o.output, "[4] loss")) << o.output;
+}
+
 // Without --checkpoint-dir a signal between two steps stops the run there. It used to write a
 // checkpoint into the current directory, whose first write the signal itself interrupted: exit
 // 143 naming ".step_000003.tmp-PID/.model.tmp-PID/model.safetensors" (and, under data parallel,
