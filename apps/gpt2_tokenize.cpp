@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -105,6 +106,12 @@ int tokenize(cli::Parser& p, data::CorpusReader& reader,
 
   data::ShardSplits splits(out_dir, shard_tokens, val_fraction, tok.eot_id(),
                            data::ShardTokenizer{tok.vocab_size(), tok.fingerprint()});
+  const bool one_document =
+      inputs.size() == 1 &&
+      !std::filesystem::path(inputs[0]).extension().string().ends_with(".jsonl");
+  if (one_document && val_fraction > 0)  // Note [One document]
+    splits.val_from_byte =
+        static_cast<int64_t>(std::llround((1 - val_fraction) * double(reader.total_bytes())));
   Progress progress("tokenize");
   const auto t0 = Clock::now();
   data::tokenize_corpus(reader, workers, splits,
@@ -122,11 +129,21 @@ int tokenize(cli::Parser& p, data::CorpusReader& reader,
       static_cast<long long>(tok.vocab_size()));
   std::fputs(data::split_summary("train", splits.train).c_str(), stdout);
   std::fputs(data::split_summary("val", splits.val).c_str(), stdout);
+  if (splits.val_cut_byte >= 0)
+    std::printf(
+        "one document: its bytes from %lld of %lld on (the last %.1f%%, cut at a piece "
+        "boundary) are the val split\n",
+        static_cast<long long>(splits.val_cut_byte), static_cast<long long>(reader.total_bytes()),
+        100.0 * double(reader.total_bytes() - splits.val_cut_byte) /
+            std::max(1.0, double(reader.total_bytes())));
   if (val_fraction > 0 && splits.val.num_tokens() == 0)
     std::fprintf(stderr,
-                 "warning: --val-fraction %g but no document went to val: a document is never "
-                 "split, and the first one is train; pass several files or a .jsonl\n",
-                 val_fraction);
+                 "warning: --val-fraction %g but nothing went to val: %s; pass several files or "
+                 "a .jsonl\n",
+                 val_fraction,
+                 one_document ? "the one document has no piece boundary (an ASCII space after a "
+                                "printable character) past the cut"
+                              : "documents go whole to one split, and the first one is train");
   return 0;
 }
 

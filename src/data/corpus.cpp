@@ -28,6 +28,16 @@ size_t last_safe_cut(std::string_view text) {
   return 0;
 }
 
+}  // namespace
+
+size_t first_safe_cut(std::string_view text, size_t from) {
+  for (size_t q = std::max<size_t>(from, 1); q < text.size(); ++q)
+    if (is_ascii_space(text[q]) && text[q - 1] > ' ' && text[q - 1] < 0x7F) return q;
+  return std::string_view::npos;
+}
+
+namespace {
+
 // Note [Not text]: gpt2_tokenize takes any bytes (invalid UTF-8 is tokenized byte by byte), so a
 // compressed corpus, a token shard or a UTF-16 file became tokens without a word: 79,025 tokens of
 // noise from a shard, at "1.00 bytes per token". Their first bytes tell them apart from text: the

@@ -26,6 +26,10 @@ namespace mw::data {
 inline constexpr int64_t kChunkBytes = 1 << 20;
 inline constexpr int64_t kMaxChunkBytes = 64LL << 20;
 
+// The first cut of Note [Chunk boundaries] in text at or after `from` (npos when there is none):
+// the text before it and after it pre-tokenise as the whole does.
+size_t first_safe_cut(std::string_view text, size_t from);
+
 struct CorpusChunk {
   std::string_view text;  // valid until the next call to next()
   bool starts_document;   // the first chunk of a document (a document may be empty)

@@ -10,10 +10,15 @@
 
 namespace mw::data {
 
-void ShardSplits::add(bool starts_document, const std::vector<int32_t>& ids) {
-  if (starts_document) {
+void ShardSplits::add(bool starts_document, const std::vector<int32_t>& ids, bool starts_val) {
+  if (starts_val) {
+    current = &val;
+    current->add(&eot, 1);
+  } else if (starts_document && val_from_byte < 0) {
     current = val.num_tokens() < val_fraction * static_cast<double>(num_tokens()) ? &val : &train;
     current->add(&eot, 1);
+  } else if (starts_document) {
+    train.add(&eot, 1);  // the one document starts in train
   }
   current->add(ids.data(), static_cast<int64_t>(ids.size()));
 }
@@ -45,7 +50,31 @@ struct Pending {
   std::string text;
   bool starts_document;
   std::vector<int32_t> ids;
+  bool starts_val = false;  // Note [One document]
 };
+
+// Appends the chunk to the batch, cut in two where the one document's val part starts (Note [One
+// document]); `offset` is the chunk's first byte in the corpus.
+void add_chunk(std::vector<Pending>& batch, std::string_view text, bool starts_document,
+               int64_t offset, ShardSplits& splits, bool& cut_pending) {
+  const int64_t end = offset + static_cast<int64_t>(text.size());
+  size_t cut = std::string_view::npos;
+  if (cut_pending) {
+    cut = 0;  // no boundary was left in the chunk before: this one starts val
+  } else if (splits.val_from_byte >= 0 && splits.val_cut_byte < 0 && end > splits.val_from_byte) {
+    cut = first_safe_cut(text,
+                         static_cast<size_t>(std::max<int64_t>(0, splits.val_from_byte - offset)));
+    cut_pending = cut == std::string_view::npos;
+  }
+  if (cut == std::string_view::npos) {
+    batch.push_back({std::string(text), starts_document, {}});
+    return;
+  }
+  cut_pending = false;
+  splits.val_cut_byte = offset + static_cast<int64_t>(cut);
+  if (cut > 0) batch.push_back({std::string(text.substr(0, cut)), starts_document, {}});
+  batch.push_back({std::string(text.substr(cut)), cut == 0 && starts_document, {}, true});
+}
 
 // Slice s of the batch holds the chunks whose first byte falls in [s, s + 1) * bytes / workers;
 // encodes the slices in parallel.
@@ -72,18 +101,19 @@ void tokenize_corpus(CorpusReader& reader, std::vector<std::unique_ptr<BpeTokeni
                      ShardSplits& splits, const std::function<void(int64_t tokens)>& progress) {
   const int64_t n_workers = static_cast<int64_t>(workers.size());
   std::vector<Pending> batch;
-  int64_t batch_bytes = 0;
-  bool more = true;
+  int64_t batch_bytes = 0, offset = 0;
+  bool more = true, cut_pending = false;
   while (more) {
     CorpusChunk chunk;
     more = reader.next(chunk);
     if (more) {
-      batch.push_back({std::string(chunk.text), chunk.starts_document, {}});
+      add_chunk(batch, chunk.text, chunk.starts_document, offset, splits, cut_pending);
+      offset += static_cast<int64_t>(chunk.text.size());
       batch_bytes += static_cast<int64_t>(chunk.text.size());
       if (batch_bytes < n_workers * kChunkBytes) continue;
     }
     encode_batch(batch, batch_bytes, workers);
-    for (const Pending& c : batch) splits.add(c.starts_document, c.ids);
+    for (const Pending& c : batch) splits.add(c.starts_document, c.ids, c.starts_val);
     progress(splits.num_tokens());
     batch.clear();
     batch_bytes = 0;

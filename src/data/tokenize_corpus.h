@@ -6,6 +6,11 @@
 // - A document goes whole to one split. It goes to val when val holds fewer than val_fraction of
 //   the tokens written before it, so the first document is train, the second val, and val then
 //   keeps its share; the assignment is deterministic.
+// - Note [One document]: a corpus of one document (one text file: a user's own book, nanoGPT's
+//   shakespeare.txt) had no val split at all, since the first document is train. With
+//   val_from_byte set, the document's bytes from there on (cut at the first piece boundary of Note
+//   [Chunk boundaries] at or after it, so both parts tokenize as the whole does) go to val,
+//   preceded by <|endoftext|> as every shard's text is: nanoGPT's 90/10 cut of one text.
 // - With N tokenizers, about N chunks are read ahead and encoded in parallel, each worker with its
 //   own tokenizer (and cache); the shards are the same for any N.
 #pragma once
@@ -38,7 +43,11 @@ struct ShardSplits {
   ShardSplits(const ShardSplits&) = delete;
   ShardSplits& operator=(const ShardSplits&) = delete;
   int64_t num_tokens() const { return train.num_tokens() + val.num_tokens(); }
-  void add(bool starts_document, const std::vector<int32_t>& ids);
+  // `starts_val`: the rest of the one document goes to val (Note [One document]).
+  void add(bool starts_document, const std::vector<int32_t>& ids, bool starts_val = false);
+
+  int64_t val_from_byte = -1;  // Note [One document]: -1 = documents go whole
+  int64_t val_cut_byte = -1;   // where the cut fell (set by tokenize_corpus)
 };
 
 // Makes `dir` (a writable directory) ready for shards; IoError if it cannot be, or if it already

@@ -114,6 +114,41 @@ TEST(Gpt2Tokenize, ValFractionSendsWholeDocumentsToValAndShardsAreCapped) {
   EXPECT_NEAR(share, 0.25, 0.03);  // documents are ~5 tokens of ~250: the share is met to one doc
 }
 
+// Note [One document]: one text file had no val split ("the first document is train"). Its last
+// --val-fraction of bytes go to val now, cut at a piece boundary, so train + val hold exactly the
+// ids of the whole text; over several 1 MiB chunks too, for any thread count.
+TEST(Gpt2Tokenize, OneDocumentGivesItsLastFractionToValCutAtAPieceBoundary) {
+  TempDir tmp;
+  const std::string base = data::testing::read_bytes(kFixture + "train.txt");
+  std::string big;
+  for (size_t i = 0; big.size() < (5u << 20) / 2; ++i)
+    big += base.substr((i * 7919) % base.size(), 150);
+  for (const std::string& text : {base, big}) {
+    SCOPED_TRACE(text.size());
+    const std::string doc = write(tmp, "doc.txt", text);
+    std::filesystem::remove_all(tmp.file("whole"));
+    ASSERT_EQ(tokenize(kFixtureTokenizer + "--out " + tmp.file("whole") + " " + doc).exit_code, 0);
+    const std::vector<int32_t> whole = read_shard(tmp.file("whole/train_000000.bin"));
+    for (const char* threads : {"1", "3"}) {
+      const std::string out = tmp.file(std::string("split") + threads);
+      std::filesystem::remove_all(out);
+      const AppResult r = tokenize(kFixtureTokenizer + "--val-fraction 0.1 --threads " + threads +
+                                   " --out " + out + " " + doc);
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_NE(r.output.find("one document: its bytes from"), std::string::npos) << r.output;
+      EXPECT_EQ(r.output.find("warning"), std::string::npos) << r.output;
+      std::vector<int32_t> ids = read_shard(out + "/train_000000.bin");
+      const std::vector<int32_t> val = read_shard(out + "/val_000000.bin");
+      ASSERT_FALSE(val.empty());
+      EXPECT_EQ(val.front(), fixture_tokenizer().eot_id());  // a shard's text starts with one
+      ids.insert(ids.end(), val.begin() + 1, val.end());
+      EXPECT_TRUE(ids == whole) << "the cut changed the ids";
+      const double share = double(val.size()) / double(ids.size());
+      EXPECT_NEAR(share, 0.1, 0.02);  // bytes per token vary little along one text
+    }
+  }
+}
+
 TEST(Gpt2Tokenize, TrainBpeLearnsATokenizerThatRoundTripsAndCompresses) {
   TempDir tmp;
   const std::string corpus = kFixture + "train.txt";
