@@ -21,6 +21,7 @@
 #include "data/bpe.h"
 #include "data/bpe_train.h"
 #include "data/corpus.h"
+#include "data/output_lock.h"
 #include "data/tokenize_corpus.h"
 
 using namespace mw;
@@ -170,6 +171,11 @@ int run(cli::Parser& p) {
   // none) and go. A half-tokenized corpus was left as shards that train without a word.
   std::error_code ec;
   const bool created = !std::filesystem::exists(out_dir, ec);
+  // Note [One writer per output]: two runs on one --out replaced each other's shards, and an
+  // interrupted one removed the other's.
+  const data::OutputLock lock(out_dir, true, "--out",
+                              "would replace each other's shards (and one interrupted would "
+                              "remove the other's)");
   // --train-bpe writes its tokenizer into --out: one already there (a downloaded GPT-2
   // vocab.json) was replaced without a word.
   for (const char* name : {"vocab.json", "merges.txt"})
@@ -206,7 +212,9 @@ int main(int argc, char** argv) {
            "learn a BPE of this vocab size (257..65536) from the inputs, write DIR/vocab.json and "
            "DIR/merges.txt, then tokenize with it");
   p.option("out", "", "output directory (created if missing)");
-  p.option("val-fraction", "0", "share of the tokens (whole documents) written to val_*.bin");
+  p.option("val-fraction", "0",
+           "share of the tokens written to val_*.bin: whole documents (of one text file alone, its "
+           "last part)");
   p.option("field", "text", "the JSONL field holding each document's text");
   p.option("threads", "0", "tokenizing threads (0 = all cores)");
   p.option("shard-tokens", "100000000",

@@ -313,8 +313,10 @@ void Trainer::save_model(const std::string& dir) {
 void Trainer::lock_outputs() {
   if (o_.comm && o_.comm->rank() != 0) return;
   if (!o_.checkpoint_dir.empty() && !o_.eval_only)
-    output_locks_.emplace_back(o_.checkpoint_dir, true, "--checkpoint-dir");
-  if (!o_.log.empty()) output_locks_.emplace_back(o_.log, false, "--log");
+    output_locks_.emplace_back(o_.checkpoint_dir, true, "--checkpoint-dir",
+                               "would overwrite and prune each other's checkpoints");
+  if (!o_.log.empty())
+    output_locks_.emplace_back(o_.log, false, "--log", "would write over each other's lines");
 }
 
 bool Trainer::checkpoint_due() const {

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "data/output_lock.h"
 #include "data/tokenizer_files.h"
 #include "dist/communicator.h"
 #include "models/gpt2/config.h"
@@ -39,7 +40,6 @@
 #include "optim/hybrid_adam.h"
 #include "optim/loss_scaler.h"
 #include "train/checkpoint.h"
-#include "train/output_lock.h"
 #include "train/schedule.h"
 #include "train/token_stream.h"
 
@@ -294,7 +294,8 @@ class Trainer {
   TrainOptions o_;
   Print print_;
   bool planned_only_ = false;
-  std::vector<OutputLock> output_locks_;  // --checkpoint-dir, --log (Note [One writer per output])
+  std::vector<data::OutputLock>
+      output_locks_;  // --checkpoint-dir, --log (Note [One writer per output])
   gpt2::Config config_, saved_config_;
   LrSchedule schedule_;
   std::string weights_from_;  // --init-from, or the resumed checkpoint's model folder

@@ -179,6 +179,38 @@ TEST(StopSignals, AnInterruptedTokenizeLeavesNoShards) {
   EXPECT_EQ(left, std::vector<std::string>{"notes.txt"});
 }
 
+// Note [One writer per output]: a second gpt2_tokenize on an --out that a running one writes is
+// refused, naming it; before, both wrote train_000000.bin..., and one stopped removed the other's.
+TEST(StopSignals, ASecondTokenizeIntoTheSameOutIsRefusedWhileTheFirstRuns) {
+  TempDir tmp;
+  std::string text;
+  for (int i = 0; i < 4000; ++i) text += "the cat sat on the mat and the dog ran far away. ";
+  data::testing::write_bytes(tmp.file("corpus.txt"), text);
+  const std::string fixture = std::string(MW_SOURCE_DIR) + "/tests/fixtures/bpe/";
+  const std::vector<std::string> args = {"--vocab",
+                                         fixture + "vocab.json",
+                                         "--merges",
+                                         fixture + "merges.txt",
+                                         "--out",
+                                         tmp.file("out"),
+                                         "--shard-tokens",
+                                         "2000",
+                                         "--threads",
+                                         "1",
+                                         tmp.file("corpus.txt")};
+  Child first("gpt2_tokenize", args, tmp.file("first.log"), {"MW_WRITE_FAULT=stall@4"});
+  ASSERT_TRUE(first.wait_for([&] { return fs::exists(tmp.file("out/train_000000.bin")); }))
+      << first.output();
+  const Outcome second = run_app(tmp, "gpt2_tokenize", args);
+  EXPECT_NE(second.exit_code, 0) << second.output;
+  EXPECT_TRUE(has(second.output, "--out '" + tmp.file("out") + "' is being written by another " +
+                                     "run (process " + std::to_string(first.pid())))
+      << second.output;
+  first.signal(SIGINT);
+  EXPECT_EQ(first.finish(30).exit_code, 130);
+  EXPECT_FALSE(fs::exists(tmp.file("out")));  // the first's cleanup; the second left nothing
+}
+
 TEST(StopSignals, ASecondSignalExitsAtOnceAndRemovesTheTemporarySaveFolder) {
   TempDir tmp;
   // Stalled half-way through the second checkpoint (write 50 of ~35 per tiny checkpoint).

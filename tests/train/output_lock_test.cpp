@@ -1,7 +1,7 @@
 // One writer per output (Note [One writer per output]): a second run on a --checkpoint-dir or a
 // --log that a running run writes is refused, the lock goes with the run, and what the lock
 // created for a run that was then refused is gone again.
-#include "train/output_lock.h"
+#include "data/output_lock.h"
 
 #include <gtest/gtest.h>
 #include <sys/file.h>
@@ -15,6 +15,7 @@
 #include "trainer_fixtures.h"
 
 namespace mw::train {
+using data::OutputLock;
 namespace {
 
 namespace fs = std::filesystem;
@@ -27,17 +28,18 @@ TEST(OutputLock, ASecondWriterIsRefusedWhileTheFirstHoldsTheLock) {
   TempDir tmp;
   const std::string dir = tmp.file("ck"), log = tmp.file("log.jsonl");
   {
-    OutputLock first_dir(dir, true, "--checkpoint-dir");
-    OutputLock first_log(log, false, "--log");
+    OutputLock first_dir(dir, true, "--checkpoint-dir", "would clash");
+    OutputLock first_log(log, false, "--log", "would clash");
     EXPECT_TRUE(first_dir.held() && first_log.held());
     // flock holds between two opens of one process as between two processes.
-    expect_throw_with<InvalidArgument>([&] { OutputLock(dir, true, "--checkpoint-dir"); },
-                                       {"--checkpoint-dir '" + dir + "'", "another run",
-                                        "Wait for that run to end", "pass another"});
-    expect_throw_with<InvalidArgument>([&] { OutputLock(log, false, "--log"); },
+    expect_throw_with<InvalidArgument>(
+        [&] { OutputLock(dir, true, "--checkpoint-dir", "would clash"); },
+        {"--checkpoint-dir '" + dir + "'", "another run", "Wait for that run to end",
+         "pass another"});
+    expect_throw_with<InvalidArgument>([&] { OutputLock(log, false, "--log", "would clash"); },
                                        {"--log '" + log + "'", "another run"});
   }
-  OutputLock again(dir, true, "--checkpoint-dir");  // released with the first
+  OutputLock again(dir, true, "--checkpoint-dir", "would clash");  // released with the first
   EXPECT_TRUE(again.held());
 }
 
@@ -61,31 +63,33 @@ TEST(OutputLock, TheRefusalNamesTheProcessThatHoldsTheLock) {
   char ok = 0;
   ASSERT_EQ(::read(ready[0], &ok, 1), 1);
   ASSERT_EQ(ok, 1);
-  expect_throw_with<InvalidArgument>([&] { OutputLock(dir, true, "--checkpoint-dir"); },
-                                     {"process " + std::to_string(child) + " holds its lock"});
+  expect_throw_with<InvalidArgument>(
+      [&] { OutputLock(dir, true, "--checkpoint-dir", "would clash"); },
+      {"process " + std::to_string(child) + " holds its lock"});
   ASSERT_EQ(::write(quit[1], "q", 1), 1);
   int status = 0;
   ::waitpid(child, &status, 0);
-  EXPECT_TRUE(OutputLock(dir, true, "--checkpoint-dir").held());  // the kernel dropped it
+  EXPECT_TRUE(
+      OutputLock(dir, true, "--checkpoint-dir", "would clash").held());  // the kernel dropped it
   for (int fd : {ready[0], ready[1], quit[0], quit[1]}) ::close(fd);
 }
 
 TEST(OutputLock, WhatTheLockCreatedIsRemovedWhileEmptyAndNothingElse) {
   TempDir tmp;
-  { OutputLock dir(tmp.file("a/b/ck"), true, "--checkpoint-dir"); }
+  { OutputLock dir(tmp.file("a/b/ck"), true, "--checkpoint-dir", "would clash"); }
   EXPECT_FALSE(fs::exists(tmp.file("a")));  // refused after locking: no folder left
-  { OutputLock log(tmp.file("logs/run.jsonl"), false, "--log"); }
+  { OutputLock log(tmp.file("logs/run.jsonl"), false, "--log", "would clash"); }
   EXPECT_FALSE(fs::exists(tmp.file("logs")));
   {
-    OutputLock log(tmp.file("logs/run.jsonl"), false, "--log");
+    OutputLock log(tmp.file("logs/run.jsonl"), false, "--log", "would clash");
     write_bytes(tmp.file("logs/run.jsonl"), "{\"step\":0}\n");  // the run logged: kept
   }
   EXPECT_EQ(read_bytes(tmp.file("logs/run.jsonl")), "{\"step\":0}\n");
   fs::create_directory(tmp.file("old"));
   write_bytes(tmp.file("empty.jsonl"), "");
   {
-    OutputLock dir(tmp.file("old"), true, "--checkpoint-dir");
-    OutputLock log(tmp.file("empty.jsonl"), false, "--log");
+    OutputLock dir(tmp.file("old"), true, "--checkpoint-dir", "would clash");
+    OutputLock log(tmp.file("empty.jsonl"), false, "--log", "would clash");
   }
   EXPECT_TRUE(fs::is_directory(tmp.file("old")));  // the user's, not the lock's
   EXPECT_TRUE(fs::exists(tmp.file("empty.jsonl")));

@@ -1,5 +1,5 @@
 // One writer per output (output_lock.h, Note [One writer per output]).
-#include "train/output_lock.h"
+#include "data/output_lock.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -15,7 +15,7 @@
 #include "core/error.h"
 #include "core/numbers.h"
 
-namespace mw::train {
+namespace mw::data {
 
 namespace fs = std::filesystem;
 
@@ -61,7 +61,8 @@ bool is_empty_dir(const std::string& dir) {
 
 }  // namespace
 
-OutputLock::OutputLock(const std::string& path, bool directory, const std::string& what) {
+OutputLock::OutputLock(const std::string& path, bool directory, const std::string& what,
+                       const std::string& harm) {
   const fs::path p(path);
   created_dirs_ = create_missing_dirs(directory ? p : p.parent_path());
   if (directory) {
@@ -88,9 +89,7 @@ OutputLock::OutputLock(const std::string& path, bool directory, const std::strin
   release();
   throw InvalidArgument(str(what, " '", path, "' is being written by another run (",
                             pid > 0 ? str("process ", pid) : "a process",
-                            " holds its lock): two runs on one ", what,
-                            directory ? " would overwrite and prune each other's checkpoints"
-                                      : " would write over each other's lines",
+                            " holds its lock): two runs on one ", what, " ", harm,
                             ". Wait for that run to end (or stop it), or pass another ", what));
 }
 
@@ -129,4 +128,4 @@ void OutputLock::release() {
   created_dirs_.clear();
 }
 
-}  // namespace mw::train
+}  // namespace mw::data
