@@ -74,7 +74,13 @@ OutputLock::OutputLock(const std::string& path, bool directory, const std::strin
     else if (errno == EEXIST)
       fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   }
-  // What cannot be opened is left to the run's own checks and writes, which name the cause.
+  // What cannot be opened is left to the run's own checks and writes, which name the cause; and
+  // a log on a device (/dev/null, /dev/stdout: a terminal two runs may share) is not locked.
+  struct stat st {};
+  if (fd_ >= 0 && !directory && (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode))) {
+    ::close(fd_);
+    fd_ = -1;
+  }
   if (fd_ < 0) {
     release();
     return;

@@ -41,6 +41,11 @@ TEST(OutputLock, ASecondWriterIsRefusedWhileTheFirstHoldsTheLock) {
   }
   OutputLock again(dir, true, "--checkpoint-dir", "would clash");  // released with the first
   EXPECT_TRUE(again.held());
+  // A log on a device is not locked: two runs may both log to /dev/null or one terminal.
+  OutputLock null_a("/dev/null", false, "--log", "would clash");
+  OutputLock null_b("/dev/null", false, "--log", "would clash");
+  EXPECT_FALSE(null_a.held() || null_b.held());
+  EXPECT_TRUE(std::filesystem::exists("/dev/null"));
 }
 
 TEST(OutputLock, TheRefusalNamesTheProcessThatHoldsTheLock) {
