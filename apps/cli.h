@@ -209,7 +209,9 @@ inline Device cuda_device(const std::string& text, const std::string& shown = ""
 // help lines.
 struct RunShapeDefaults {
   std::string steps, steps_help;
-  std::string threads = "0", threads_help = "worker threads (0 = all cores)";
+  std::string threads = "0",
+              threads_help =
+                  "worker threads (0 = all cores this process may use: affinity, CPU quota)";
 };
 
 inline void declare_run_shape(Parser& p, const RunShapeDefaults& d) {

@@ -216,7 +216,8 @@ int main(int argc, char** argv) {
            "share of the tokens written to val_*.bin: whole documents (of one text file alone, its "
            "last part)");
   p.option("field", "text", "the JSONL field holding each document's text");
-  p.option("threads", "0", "tokenizing threads (0 = all cores)");
+  p.option("threads", "0",
+           "tokenizing threads (0 = all cores this process may use: affinity, CPU quota)");
   p.option("shard-tokens", "100000000",
            "max tokens per shard (2 bytes each in memory and on disk)");
   return cli::run_main(p, "gpt2_tokenize", argc, argv, run);

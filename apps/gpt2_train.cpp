@@ -179,7 +179,8 @@ void declare_model_and_loop(cli::Parser& p) {
   p.option("seq", "", "tokens per sequence (T; default 128, or n_positions when smaller)");
   p.option("steps", "3", "training steps (with --resume: the run's total, as first given)");
   p.option("seed", "0", "seed for initialisation, random data and dropout");
-  p.option("threads", "0", "worker threads (0 = all cores)");
+  p.option("threads", "0",
+           "worker threads (0 = all cores this process may use: affinity, CPU quota)");
   p.option("lr", "1e-3", "learning rate (the peak of a schedule)");
   p.option("lr-schedule", "constant",
            "constant|cosine|linear: linear warmup from 0 over --warmup-steps, then constant, or "

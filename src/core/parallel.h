@@ -10,6 +10,7 @@
 #include <tbb/parallel_for.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace mw {
@@ -42,7 +43,11 @@ std::vector<R> parallel_reduce_blocks(int64_t n, int64_t block, F&& f) {
 // the cores (Note [Threads], threads.cpp). 0 means all cores.
 void set_num_threads(int threads);
 int num_threads();
-// The cores this process may run on (its affinity mask): what --threads 0 means.
+// The cores this process may use: its affinity mask, capped by its cgroup's CPU quota (Note
+// [CPU quota], threads.cpp): what --threads 0 means.
 int available_cores();
+// The cores a cgroup v2 cpu.max ("200000 100000": quota and period, in us) allows, rounded up;
+// 0 for "max ..." (no quota) or text that is not one.
+int cpu_max_cores(const std::string& cpu_max);
 
 }  // namespace mw

@@ -6,8 +6,14 @@
 #include <tbb/global_control.h>
 #include <tbb/info.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <mutex>
+#include <sstream>
+#include <string>
 
 #include "core/parallel.h"
 
@@ -23,7 +29,7 @@ int g_threads = 0;
 
 void set_num_threads(int threads) {
   std::lock_guard<std::mutex> lock(g_threads_mutex);
-  if (threads <= 0) threads = tbb::info::default_concurrency();
+  if (threads <= 0) threads = available_cores();  // Note [CPU quota]
   g_tbb_control = std::make_unique<tbb::global_control>(
       tbb::global_control::max_allowed_parallelism, static_cast<size_t>(threads));
   openblas_set_num_threads(1);
@@ -39,6 +45,74 @@ int num_threads() {
   return g_threads;
 }
 
-int available_cores() { return tbb::info::default_concurrency(); }
+// Note [CPU quota]: a container started with `docker --cpus=2` (or a Kubernetes CPU limit) on a
+// 64-core host may run on all 64 cores but gets 2 cores' time per period; oneTBB 2021.8 (Debian
+// 12) sizes its pool by the affinity mask alone, so --threads 0 started 64 workers whose spinning
+// the kernel throttled, the documented way to make such a run many times slower (oneTBB issue
+// 190). The quota of this process's cgroup and of each cgroup above it (cgroup v2 cpu.max, as
+// in /proc/self/cgroup; v1's cpu.cfs_quota_us / cpu.cfs_period_us likewise) caps the count.
+int cpu_max_cores(const std::string& cpu_max) {
+  std::istringstream in(cpu_max);
+  std::string quota;
+  double period = 0;
+  if (!(in >> quota >> period) || quota == "max" || period <= 0) return 0;
+  char* end = nullptr;
+  const double q = std::strtod(quota.c_str(), &end);
+  if (end == quota.c_str() || *end != '\0' || q <= 0) return 0;
+  return static_cast<int>(std::ceil(q / period - 1e-9));
+}
+
+namespace {
+
+std::string read_first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// The smallest quota on the way from this process's cgroup up to the root; 0 when none.
+int cgroup_cpu_quota_cores() {
+  std::ifstream self("/proc/self/cgroup");
+  int cores = 0;
+  const auto take = [&](int c) {
+    if (c > 0 && (cores == 0 || c < cores)) cores = c;
+  };
+  for (std::string line; std::getline(self, line);) {
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    std::string path = line.substr(b + 1);
+    const bool v2 = line.rfind("0::", 0) == 0;
+    const bool v1_cpu = controllers.find("cpu") != std::string::npos &&
+                        controllers.find("cpuset") == std::string::npos;
+    if (!v2 && !v1_cpu) continue;
+    const std::string root = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/" + controllers;
+    for (;;) {
+      const std::string dir = root + (path == "/" ? "" : path);
+      if (v2) {
+        take(cpu_max_cores(read_first_line(dir + "/cpu.max")));
+      } else {
+        take(cpu_max_cores(read_first_line(dir + "/cpu.cfs_quota_us") + " " +
+                           read_first_line(dir + "/cpu.cfs_period_us")));
+      }
+      if (path.empty() || path == "/") break;
+      const size_t slash = path.rfind('/');
+      path = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+    }
+  }
+  return cores;
+}
+
+}  // namespace
+
+int available_cores() {
+  static const int cores = [] {
+    const int affinity = tbb::info::default_concurrency();
+    const int quota = cgroup_cpu_quota_cores();
+    return quota > 0 ? std::max(1, std::min(affinity, quota)) : affinity;
+  }();
+  return cores;
+}
 
 }  // namespace mw
