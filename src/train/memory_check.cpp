@@ -1,5 +1,5 @@
 // The memory plan's check against what the machine has (memory_plan.h): /proc/meminfo, the
-// cgroup's memory.max and memory.current, statvfs at the NVMe directory.
+// cgroup's memory limit and usage (v2 or v1), statvfs at the NVMe directory.
 #include <sys/statvfs.h>
 
 #include <algorithm>
@@ -40,17 +40,38 @@ int64_t mem_available_bytes() {
   return -1;
 }
 
-// memory.max - memory.current of this process's cgroup (v2), -1 when unlimited or unknown.
+// The least free memory (limit - usage) over this process's cgroup and those above it: v2's
+// memory.max - memory.current, v1's memory.limit_in_bytes - memory.usage_in_bytes (a v1 host's
+// `docker run -m 4g`, which the v2 files alone missed: the check then used the host's
+// MemAvailable and passed runs the limit then killed). Each level's path is tried under the
+// controller's mount and, up to its root, so is each parent: Docker v1 mounts the container's own
+// cgroup there while /proc/self/cgroup names it from the host's root. -1 when unlimited or unknown.
 int64_t cgroup_free_bytes() {
   std::ifstream f("/proc/self/cgroup");
-  std::string line, path;
-  while (std::getline(f, line))
-    if (line.rfind("0::", 0) == 0) path = line.substr(3);
-  if (path.empty()) return -1;
-  const std::string dir = "/sys/fs/cgroup" + path;
-  const int64_t max = read_int_file(dir + "/memory.max");
-  if (max < 0) return -1;
-  return std::max<int64_t>(0, max - std::max<int64_t>(0, read_int_file(dir + "/memory.current")));
+  int64_t free = -1;
+  for (std::string line; std::getline(f, line);) {
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const bool v2 = line.rfind("0::", 0) == 0;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    if (!v2 && controllers != "memory") continue;
+    const std::string root = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory";
+    const std::string max_file = v2 ? "/memory.max" : "/memory.limit_in_bytes";
+    const std::string used_file = v2 ? "/memory.current" : "/memory.usage_in_bytes";
+    for (std::string path = line.substr(b + 1);;) {
+      const std::string dir = root + (path == "/" ? "" : path);
+      const int64_t max = read_int_file(dir + max_file);
+      if (max >= 0 && max < (int64_t{1} << 60)) {  // v1 writes "no limit" as about 2^63
+        const int64_t left =
+            std::max<int64_t>(0, max - std::max<int64_t>(0, read_int_file(dir + used_file)));
+        if (free < 0 || left < free) free = left;
+      }
+      if (path.empty() || path == "/") break;
+      const size_t slash = path.rfind('/');
+      path = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+    }
+  }
+  return free;
 }
 
 // Free bytes of the file system that holds `path`, or would hold it once created: statvfs at its
@@ -77,7 +98,7 @@ AvailableMemory available_memory(const std::string& nvme_dir) {
   const int64_t cg = cgroup_free_bytes();
   if (cg >= 0 && (a.host_bytes < 0 || cg < a.host_bytes)) {
     a.host_bytes = cg;
-    a.host_source = "cgroup memory.max - memory.current";
+    a.host_source = "cgroup memory limit - usage";
   }
   a.disk_path = nvme_dir.empty() ? io::default_offload_base() : nvme_dir;
   a.disk_bytes = free_disk_bytes(a.disk_path);

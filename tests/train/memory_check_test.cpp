@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "../core/test_cgroup.h"
 #include "core/error.h"
 #include "plan_test_inputs.h"
 #include "train/data_parallel.h"
@@ -117,6 +118,19 @@ TEST(MemoryPlan, OffloadIntoAFileSystemInRamCountsAgainstHostRam) {
   EXPECT_NE(available_text(avail, plan.disk_bytes).find("warning: the offloaded bytes go to"),
             std::string::npos);
   EXPECT_EQ(available_text(avail, 0).find("warning"), std::string::npos);  // nothing offloaded
+}
+
+// The host RAM a cgroup allows is what the check compares with: under a v1 memory limit (a v1
+// host's `docker run -m`) the check used the host's MemAvailable and passed a plan the limit
+// would kill. Needs root and a writable cgroup file system: skipped elsewhere.
+TEST(MemoryPlan, ACgroupMemoryLimitIsWhatTheHostHas) {
+  const testing::TestCgroup group("memory", "memory.limit_in_bytes", "800M", "memory.max", "800M");
+  if (!group.ok()) GTEST_SKIP() << "no writable cgroup with a memory limit here";
+  const std::optional<std::string> out =
+      group.run(std::string(MW_BINARY_DIR) + "/apps/gpt2_train --plan");
+  if (!out) GTEST_SKIP() << "cannot join the cgroup here";
+  EXPECT_NE(out->find("MiB (cgroup memory limit - usage)"), std::string::npos) << *out;
+  EXPECT_NE(out->find("does not fit"), std::string::npos) << *out;  // GPT-2 small: about 2 GiB
 }
 
 // Data parallel (docs/distributed.md): the plan is one rank's, over its rows of the global batch;
