@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "core/numbers.h"
+#include "core/process_limits.h"
 #include "models/gpt2/config.h"
 
 namespace mw::cli {
@@ -257,6 +258,7 @@ inline RunShape run_shape(const Parser& p, const RunShapeLimits& limits) {
 // run(parser) returns the exit code.
 template <typename Run>
 int run_main(Parser& p, const char* program, int argc, char** argv, Run run) {
+  raise_open_file_limit();  // Note [Open files]
   try {
     p.parse(argc, argv);
     if (p.help_requested()) {

@@ -19,6 +19,7 @@
 #include "cli.h"
 #include "core/allocator.h"
 #include "core/interrupt.h"
+#include "core/process_limits.h"
 #include "data/atomic_save.h"
 #include "data/json.h"
 #include "dist/communicator.h"
@@ -524,6 +525,7 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
   mw::install_stop_signal_handlers();  // Note [Stop signals]
+  mw::raise_open_file_limit();         // Note [Open files]: a shard per file, all open
   mw::cli::Parser parser = mw::make_parser();
   bool parsed = false;  // a bad command line is exit 2 with the usage; a failed run is exit 1
   std::shared_ptr<mw::dist::Communicator> comm;

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "core/numbers.h"
+#include "core/process_limits.h"
 #include "data/atomic_save.h"
 
 namespace mw::data {
@@ -39,7 +40,12 @@ int open_regular_file(const std::string& path, const std::string& what, const st
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     int err = errno;
-    throw IoError(str("cannot open ", what, " '", path, "': ", errno_text(err), "; ", hint), path,
+    // Note [Open files]: the file is fine; this process has reached its limit.
+    const std::string remedy =
+        err == EMFILE ? str("this process has ", open_file_limit(), " files open, its limit (",
+                            "`ulimit -n`): raise the limit, e.g. `ulimit -n 65536`")
+                      : hint;
+    throw IoError(str("cannot open ", what, " '", path, "': ", errno_text(err), "; ", remedy), path,
                   0, 0, err);
   }
   struct stat st;

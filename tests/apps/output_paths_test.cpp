@@ -1,6 +1,7 @@
 // Where gpt2_train's outputs go: a --save folder that holds other files is never replaced, and
 // every output may name directories that do not exist yet (docs/reliability.md, section 3).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "child.h"
 #include "data/token_shard.h"
 #include "offload/io/scratch_dir.h"
+#include "run_app.h"
 
 namespace mw {
 namespace {
@@ -18,6 +20,7 @@ namespace {
 using data::testing::read_bytes;
 using data::testing::TempDir;
 using data::testing::write_bytes;
+using testing::AppResult;
 using testing::has;
 using testing::hidden_entries;
 using testing::Outcome;
@@ -215,6 +218,32 @@ TEST(Reliability, AnNvmeDirInRamIsNamedAsRam) {
   o = run_app(tmp, "gpt2_train", tiny({"--steps", "1", "--offload", "nvme"}));
   EXPECT_EQ(o.exit_code, 0) << o.output;
   EXPECT_FALSE(has(o.output, "in RAM")) << o.output;
+}
+
+// Note [Open files]: every --data shard stays open, and llm.c's FineWeb-Edu 100B is 1,000 shards.
+// Under the usual soft limit of 1,024 files the run stopped at shard 1,018 telling the user to pass
+// another shard; the soft limit is raised to the hard one now, and a hard limit too low is named.
+TEST(Reliability, OverAThousandShardsTrainUnderTheUsualSoftFileLimit) {
+  struct rlimit r {};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &r), 0);
+  if (r.rlim_max < 1200) GTEST_SKIP() << "the hard limit on open files is " << r.rlim_max;
+  TempDir tmp;
+  std::filesystem::create_directories(tmp.file("many"));
+  for (int i = 0; i < 1100; ++i) {
+    std::vector<uint16_t> tokens(64);
+    for (size_t j = 0; j < tokens.size(); ++j) tokens[j] = static_cast<uint16_t>((i + j) % 97);
+    char name[32];
+    std::snprintf(name, sizeof name, "many/train_%06d.bin", i);
+    data::write_token_shard(tmp.file(name), tokens);
+  }
+  const std::string train = std::string(MW_BINARY_DIR) + "/apps/gpt2_train --model tiny --data " +
+                            tmp.file("many") + " --steps 2";
+  AppResult soft = testing::run_command("sh -c 'ulimit -Sn 1024; exec " + train + "'");
+  EXPECT_EQ(soft.exit_code, 0) << soft.output;
+  AppResult hard = testing::run_command("sh -c 'ulimit -n 1024; exec " + train + "'");
+  EXPECT_EQ(hard.exit_code, 1) << hard.output;
+  EXPECT_TRUE(has(hard.output, "files open, its limit (`ulimit -n`): raise the limit"))
+      << hard.output;
 }
 
 }  // namespace
