@@ -16,6 +16,7 @@
 #include <string>
 
 #include "core/parallel.h"
+#include "core/process_limits.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
 
@@ -73,34 +74,13 @@ std::string read_first_line(const std::string& path) {
 
 // The smallest quota on the way from this process's cgroup up to the root; 0 when none.
 int cgroup_cpu_quota_cores() {
-  std::ifstream self("/proc/self/cgroup");
   int cores = 0;
-  const auto take = [&](int c) {
+  for_each_cgroup_level("cpu", [&](const std::string& dir, bool v2) {
+    const int c = cpu_max_cores(v2 ? read_first_line(dir + "/cpu.max")
+                                   : read_first_line(dir + "/cpu.cfs_quota_us") + " " +
+                                         read_first_line(dir + "/cpu.cfs_period_us"));
     if (c > 0 && (cores == 0 || c < cores)) cores = c;
-  };
-  for (std::string line; std::getline(self, line);) {
-    const size_t a = line.find(':'), b = line.find(':', a + 1);
-    if (a == std::string::npos || b == std::string::npos) continue;
-    const std::string controllers = line.substr(a + 1, b - a - 1);
-    std::string path = line.substr(b + 1);
-    const bool v2 = line.rfind("0::", 0) == 0;
-    const bool v1_cpu = controllers.find("cpu") != std::string::npos &&
-                        controllers.find("cpuset") == std::string::npos;
-    if (!v2 && !v1_cpu) continue;
-    const std::string root = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/" + controllers;
-    for (;;) {
-      const std::string dir = root + (path == "/" ? "" : path);
-      if (v2) {
-        take(cpu_max_cores(read_first_line(dir + "/cpu.max")));
-      } else {
-        take(cpu_max_cores(read_first_line(dir + "/cpu.cfs_quota_us") + " " +
-                           read_first_line(dir + "/cpu.cfs_period_us")));
-      }
-      if (path.empty() || path == "/") break;
-      const size_t slash = path.rfind('/');
-      path = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
-    }
-  }
+  });
   return cores;
 }
 

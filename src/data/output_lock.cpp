@@ -115,8 +115,8 @@ OutputLock& OutputLock::operator=(OutputLock&& other) noexcept {
 
 void OutputLock::release() {
   if (fd_ >= 0) {
-    struct stat mine {
-    }, now{};
+    struct stat mine {};
+    struct stat now {};
     // The file this lock created, still empty and still the one at its path: nothing was logged.
     if (!created_file_.empty() && ::fstat(fd_, &mine) == 0 && mine.st_size == 0 &&
         ::stat(created_file_.c_str(), &now) == 0 && now.st_ino == mine.st_ino &&

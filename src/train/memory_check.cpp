@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/process_limits.h"
 #include "offload/io/scratch_dir.h"
 #include "train/memory_plan.h"
 #include "train/plan_bytes.h"
@@ -43,34 +44,17 @@ int64_t mem_available_bytes() {
 // The least free memory (limit - usage) over this process's cgroup and those above it: v2's
 // memory.max - memory.current, v1's memory.limit_in_bytes - memory.usage_in_bytes (a v1 host's
 // `docker run -m 4g`, which the v2 files alone missed: the check then used the host's
-// MemAvailable and passed runs the limit then killed). Each level's path is tried under the
-// controller's mount and, up to its root, so is each parent: Docker v1 mounts the container's own
-// cgroup there while /proc/self/cgroup names it from the host's root. -1 when unlimited or unknown.
+// MemAvailable and passed runs the limit then killed). The levels: core/process_limits.h. -1 when
+// unlimited or unknown.
 int64_t cgroup_free_bytes() {
-  std::ifstream f("/proc/self/cgroup");
   int64_t free = -1;
-  for (std::string line; std::getline(f, line);) {
-    const size_t a = line.find(':'), b = line.find(':', a + 1);
-    if (a == std::string::npos || b == std::string::npos) continue;
-    const bool v2 = line.rfind("0::", 0) == 0;
-    const std::string controllers = line.substr(a + 1, b - a - 1);
-    if (!v2 && controllers != "memory") continue;
-    const std::string root = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory";
-    const std::string max_file = v2 ? "/memory.max" : "/memory.limit_in_bytes";
-    const std::string used_file = v2 ? "/memory.current" : "/memory.usage_in_bytes";
-    for (std::string path = line.substr(b + 1);;) {
-      const std::string dir = root + (path == "/" ? "" : path);
-      const int64_t max = read_int_file(dir + max_file);
-      if (max >= 0 && max < (int64_t{1} << 60)) {  // v1 writes "no limit" as about 2^63
-        const int64_t left =
-            std::max<int64_t>(0, max - std::max<int64_t>(0, read_int_file(dir + used_file)));
-        if (free < 0 || left < free) free = left;
-      }
-      if (path.empty() || path == "/") break;
-      const size_t slash = path.rfind('/');
-      path = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
-    }
-  }
+  for_each_cgroup_level("memory", [&](const std::string& dir, bool v2) {
+    const int64_t max = read_int_file(dir + (v2 ? "/memory.max" : "/memory.limit_in_bytes"));
+    if (max < 0 || max >= (int64_t{1} << 60)) return;  // v1 writes "no limit" as about 2^63
+    const int64_t used = read_int_file(dir + (v2 ? "/memory.current" : "/memory.usage_in_bytes"));
+    const int64_t left = std::max<int64_t>(0, max - std::max<int64_t>(0, used));
+    if (free < 0 || left < free) free = left;
+  });
   return free;
 }
 
