@@ -2,6 +2,7 @@
 #include "train/json_log.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -37,7 +38,19 @@ JsonLog::JsonLog(const std::string& path, int64_t first_step) : path_(path) {
 
 void JsonLog::write(const json::Value& rec, int64_t step) {
   if (!out_) return;
-  *out_ << rec.dump() << "\n";
+  std::string line;
+  try {
+    line = rec.dump();
+  } catch (const Error& e) {  // a value JSON cannot hold: the run goes on, as on a failed write
+    if (!failed_)
+      std::fprintf(stderr,
+                   "gpt2_train: error: --log '%s' at step %lld: %s; training continues, "
+                   "the run will exit 1\n",
+                   path_.c_str(), static_cast<long long>(step), e.what());
+    failed_ = true;
+    return;
+  }
+  *out_ << line << "\n";
   out_->flush();
   if (!out_->good() && !failed_) {
     failed_ = true;
@@ -81,7 +94,9 @@ json::Value eval_record(int64_t step, const EvalResult& e) {
   json::Value rec = json::Value::object();
   rec.set("step", step);
   rec.set("val_loss", e.loss);
-  rec.set("val_ppl", e.perplexity);
+  // exp(loss) overflows past a loss of 709 (a diverging run); JSON has no inf, and the dump's
+  // refusal stopped the run with "JSON cannot represent the number inf", unsaved: null instead.
+  rec.set("val_ppl", std::isfinite(e.perplexity) ? json::Value(e.perplexity) : json::Value());
   return rec;
 }
 

@@ -30,7 +30,7 @@ class JsonLog {
 
 // {"step", "loss", "lr", "grad_norm", ..., "device_peak_bytes", Gemini's counters}.
 json::Value step_record(Trainer& t, const StepResult& r);
-// {"step", "val_loss", "val_ppl"}.
+// {"step", "val_loss", "val_ppl"} (val_ppl null where exp(val_loss) overflows).
 json::Value eval_record(int64_t step, const EvalResult& e);
 
 }  // namespace mw::train

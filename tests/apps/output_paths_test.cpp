@@ -246,5 +246,24 @@ TEST(Reliability, OverAThousandShardsTrainUnderTheUsualSoftFileLimit) {
       << hard.output;
 }
 
+// A diverging run's validation loss passes 709, where its perplexity exp(loss) overflows: the
+// --log line's dump refused the inf and the run stopped there with "JSON cannot represent the
+// number inf", unsaved. The perplexity is logged as null now, and the run goes on to its save.
+TEST(Reliability, ADivergingRunsInfinitePerplexityIsLoggedAsNull) {
+  TempDir tmp;
+  std::vector<uint16_t> tokens(2000);
+  for (size_t j = 0; j < tokens.size(); ++j) tokens[j] = static_cast<uint16_t>(j * 7919 % 97);
+  data::write_token_shard(tmp.file("t.bin"), tokens);
+  const Outcome o =
+      run_app(tmp, "gpt2_train",
+              tiny({"--lr", "10", "--steps", "4", "--data", tmp.file("t.bin"), "--val-data",
+                    tmp.file("t.bin"), "--eval-every", "2", "--eval-batches", "1", "--log",
+                    tmp.file("log.jsonl"), "--save", tmp.file("m")}));
+  ASSERT_TRUE(has(o.output, "perplexity: inf")) << o.output;  // diverged as intended (lr 10)
+  EXPECT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_TRUE(has(read_bytes(tmp.file("log.jsonl")), "\"val_ppl\":null")) << o.output;
+  EXPECT_TRUE(std::filesystem::exists(tmp.file("m/model.safetensors")));
+}
+
 }  // namespace
 }  // namespace mw
