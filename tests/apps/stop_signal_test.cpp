@@ -43,6 +43,22 @@ std::string line_of(const std::string& output, const std::string& prefix) {
   return at == std::string::npos ? "(missing " + prefix + ")" : output.substr(at, 20);
 }
 
+// The checkpoint a stop signal wrote: "... during step S: finished it and wrote the checkpoint
+// DIR/step_00000K" gives K (S + 1), or -1. The test signals once "[1] loss" is printed, so the
+// signal lands in step 2 (K = 3) or, when it beats the poll after step 1 on a loaded machine, in
+// step 1 (K = 2): both are the promised behaviour (CI saw the second once).
+int64_t checkpoint_written(const std::string& output, const std::string& signal) {
+  for (int64_t step : {1, 2}) {
+    const std::string want = str("interrupted by ", signal, " during step ", step,
+                                 ": finished it and wrote the checkpoint ");
+    const size_t at = output.find(want);
+    if (at != std::string::npos &&
+        output.find(str("step_", std::string(5, '0'), step + 1), at) != std::string::npos)
+      return step + 1;
+  }
+  return -1;
+}
+
 TEST(StopSignals, TheFirstSigtermFinishesTheStepCheckpointsAndResumesBitForBit) {
   TempDir tmp;
   fs::create_directories(tmp.file("nvme"));
@@ -55,12 +71,9 @@ TEST(StopSignals, TheFirstSigtermFinishesTheStepCheckpointsAndResumesBitForBit) 
   c.signal(SIGTERM);  // during step 2 (or just before it: it runs all the same)
   const Outcome o = c.finish(120);
   EXPECT_EQ(o.exit_code, 143) << o.output;
-  EXPECT_TRUE(has(o.output,
-                  "interrupted by SIGTERM during step 2: finished it and wrote the "
-                  "checkpoint " +
-                      tmp.file("ck/step_000003")))
-      << o.output;
-  EXPECT_FALSE(has(o.output, "[3] loss")) << o.output;
+  const int64_t at = checkpoint_written(o.output, "SIGTERM");
+  ASSERT_GT(at, 0) << o.output;
+  EXPECT_FALSE(has(o.output, str("[", at, "] loss"))) << o.output;
   EXPECT_TRUE(fs::is_empty(tmp.file("nvme")));  // the swap file was unlinked at creation
   EXPECT_TRUE(hidden_entries(tmp.file("ck")).empty());
 
@@ -68,9 +81,10 @@ TEST(StopSignals, TheFirstSigtermFinishesTheStepCheckpointsAndResumesBitForBit) 
   resume.insert(resume.end(), {"--resume", tmp.file("ck"), "--save", tmp.file("resumed")});
   const Outcome r = run_app(tmp, "gpt2_train", resume);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(has(r.output, "at step 3 (2 steps to go)")) << r.output;
-  for (const char* step : {"[3] loss: ", "[4] loss: "})
-    EXPECT_EQ(line_of(r.output, step), line_of(full.output, step));
+  EXPECT_TRUE(has(r.output, str("at step ", at, " (", 5 - at, " steps to go)"))) << r.output;
+  for (int64_t step = at; step < 5; ++step)
+    EXPECT_EQ(line_of(r.output, str("[", step, "] loss: ")),
+              line_of(full.output, str("[", step, "] loss: ")));
   EXPECT_EQ(read_bytes(tmp.file("resumed/model.safetensors")),
             read_bytes(tmp.file("full/model.safetensors")));
 }
@@ -87,11 +101,7 @@ TEST(StopSignals, SighupCheckpointsAndStopsUnlessIgnoredAtStartAsUnderNohup) {
   c.signal(SIGHUP);
   Outcome o = c.finish(120);
   EXPECT_EQ(o.exit_code, 129) << o.output;
-  EXPECT_TRUE(has(o.output,
-                  "interrupted by SIGHUP during step 2: finished it and wrote the "
-                  "checkpoint " +
-                      tmp.file("ck/step_000003")))
-      << o.output;
+  EXPECT_GT(checkpoint_written(o.output, "SIGHUP"), 0) << o.output;
   Child nohup("gpt2_train", slow_tiny(tmp, {"--checkpoint-dir", tmp.file("ck2")}),
               tmp.file("n.log"), {}, "", {SIGHUP, SIGINT});
   ASSERT_TRUE(nohup.wait_for([&] { return has(nohup.output(), "[1] loss"); })) << nohup.output();
