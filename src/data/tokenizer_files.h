@@ -19,6 +19,8 @@ namespace mw::data {
 struct TokenizerFiles {
   std::string vocab_json, merges_txt, tokenizer_json;
   bool known() const { return !tokenizer_json.empty() || !vocab_json.empty(); }
+  // The file that names the tokenizer in messages: tokenizer.json, or vocab.json.
+  const std::string& source() const { return tokenizer_json.empty() ? vocab_json : tokenizer_json; }
 };
 
 // The files' names in a model folder and their contents ({"vocab.json", ...}, {"merges.txt",

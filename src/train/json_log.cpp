@@ -41,24 +41,20 @@ void JsonLog::write(const json::Value& rec, int64_t step) {
   std::string line;
   try {
     line = rec.dump();
-  } catch (const Error& e) {  // a value JSON cannot hold: the run goes on, as on a failed write
-    if (!failed_)
-      std::fprintf(stderr,
-                   "gpt2_train: error: --log '%s' at step %lld: %s; training continues, "
-                   "the run will exit 1\n",
-                   path_.c_str(), static_cast<long long>(step), e.what());
-    failed_ = true;
-    return;
+  } catch (const Error& e) {  // a value JSON cannot hold: as a failed write
+    return fail(str("--log '", path_, "' at step ", step, ": ", e.what()));
   }
   *out_ << line << "\n";
   out_->flush();
-  if (!out_->good() && !failed_) {
-    failed_ = true;
-    std::fprintf(stderr,
-                 "gpt2_train: error: writing --log '%s' failed at step %lld (%s); training "
-                 "continues, the run will exit 1\n",
-                 path_.c_str(), static_cast<long long>(step), errno_text(errno).c_str());
-  }
+  if (!out_->good())
+    fail(str("writing --log '", path_, "' failed at step ", step, " (", errno_text(errno), ")"));
+}
+
+void JsonLog::fail(const std::string& what) {
+  if (failed_) return;  // reported once
+  failed_ = true;
+  std::fprintf(stderr, "gpt2_train: error: %s; training continues, the run will exit 1\n",
+               what.c_str());
 }
 
 json::Value step_record(Trainer& t, const StepResult& r) {

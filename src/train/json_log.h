@@ -23,6 +23,8 @@ class JsonLog {
   bool failed() const { return failed_; }
 
  private:
+  void fail(const std::string& what);  // reported once on stderr
+
   std::string path_;
   std::unique_ptr<std::ofstream> out_;
   bool failed_ = false;

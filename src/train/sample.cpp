@@ -102,9 +102,7 @@ void Trainer::check_shard_tokenizers() const {
   }
   if (!first || !tokenizer_) return;
   const data::ShardTokenizer& stamp = *first->tokenizer();
-  const std::string source = tokenizer_files_.tokenizer_json.empty()
-                                 ? tokenizer_files_.vocab_json
-                                 : tokenizer_files_.tokenizer_json;
+  const std::string& source = tokenizer_files_.source();
   const bool models = o_.vocab.empty() && o_.tokenizer.empty();  // found beside the weights
   MW_CHECK_T(
       InvalidArgument, stamp.fingerprint == tokenizer_->fingerprint(), "the ", first_option,
@@ -132,9 +130,7 @@ void Trainer::load_tokenizer() {
         !w.empty())
       print_("gpt2_train: " + w + "\n");
   if (tokenizer_) {
-    const std::string source = tokenizer_files_.tokenizer_json.empty()
-                                   ? tokenizer_files_.vocab_json
-                                   : tokenizer_files_.tokenizer_json;
+    const std::string& source = tokenizer_files_.source();
     MW_CHECK_T(InvalidArgument, tokenizer_->vocab_size() <= config_.vocab_size, "the tokenizer '",
                source, "' has ", tokenizer_->vocab_size(), " tokens but the model only ",
                config_.vocab_size, "; pass the model's tokenizer (or --vocab-size ",
