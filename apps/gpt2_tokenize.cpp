@@ -9,6 +9,7 @@
 // parallel encoding are data/tokenize_corpus.h, whose invariants the shards keep.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -21,8 +22,10 @@
 #include "data/bpe.h"
 #include "data/bpe_train.h"
 #include "data/corpus.h"
+#include "data/file_io.h"
 #include "data/output_lock.h"
 #include "data/tokenize_corpus.h"
+#include "data/tokenizer_files.h"
 
 using namespace mw;
 
@@ -93,6 +96,33 @@ std::unique_ptr<data::BpeTokenizer> load_tokenizer(const cli::Parser& p,
     throw cli::UsageError("--vocab and --merges go together (HF's vocab.json and merges.txt)");
   return std::make_unique<data::BpeTokenizer>(
       data::load_vocab_and_merges(p.str("vocab"), p.str("merges")), p.str("vocab"));
+}
+
+// Note [Tokenizer beside the shards] (train/sample.cpp): the given tokenizer's files are copied
+// into --out, so that gpt2_train --data DIR finds the tokenizer that made the shards (--train-bpe
+// writes its own there). Returns the files to write: those --out lacks. One there already with
+// other bytes is refused before any work, as --train-bpe's are: it names another tokenizer.
+std::vector<std::pair<std::string, std::string>> tokenizer_copies(const cli::Parser& p,
+                                                                  const std::string& out_dir) {
+  if (p.given("train-bpe")) return {};
+  data::TokenizerFiles given;
+  given.vocab_json = p.str("vocab"), given.merges_txt = p.str("merges");
+  given.tokenizer_json = p.str("tokenizer");
+  std::vector<std::pair<std::string, std::string>> copies;
+  for (auto& [name, bytes] : data::read_tokenizer_files(given)) {
+    const std::string there = out_dir + "/" + name;
+    std::error_code ec;
+    if (!std::filesystem::exists(there, ec)) {
+      copies.emplace_back(name, std::move(bytes));
+      continue;
+    }
+    MW_CHECK_T(IoError, data::read_text_file(there, name, "pass --out another directory") == bytes,
+               "--out '", out_dir, "' already holds a ", name, " other than the tokenizer's '",
+               name == "merges.txt" ? given.merges_txt : given.source(),
+               "', and gpt2_tokenize writes the tokenizer beside the shards (gpt2_train finds it ",
+               "there); pass --out another directory, or move that file away");
+  }
+  return copies;
 }
 
 // Everything after the output directory is ready: the tokenizer threads, the shards, the summary.
@@ -183,15 +213,24 @@ int run(cli::Parser& p) {
                "--out '", out_dir, "' already holds ", name,
                ", which --train-bpe would replace with the tokenizer it learns; pass --out "
                "another directory, or move it away");
+  std::vector<std::pair<std::string, std::string>> copies = tokenizer_copies(p, out_dir);
   data::prepare_shard_dir(out_dir);
   try {
-    return tokenize(p, reader, workers, inputs, out_dir, val_fraction, shard_tokens);
+    const int rc = tokenize(p, reader, workers, inputs, out_dir, val_fraction, shard_tokens);
+    for (const auto& [name, bytes] : copies)
+      data::write_file_atomically(out_dir + "/" + name,
+                                  {{bytes.data(), static_cast<int64_t>(bytes.size())}},
+                                  "pass --out a writable directory");
+    return rc;
   } catch (...) {
     if (created) std::filesystem::remove_all(out_dir, ec);
     for (const auto& e : std::filesystem::directory_iterator(out_dir, ec)) {
       const std::string name = e.path().filename().string();
       const bool learned = p.given("train-bpe") && (name == "vocab.json" || name == "merges.txt");
-      if (learned || data::is_shard_file_name(name)) std::filesystem::remove(e.path(), ec);
+      const bool copied =
+          std::any_of(copies.begin(), copies.end(), [&](const auto& c) { return c.first == name; });
+      if (learned || copied || data::is_shard_file_name(name))
+        std::filesystem::remove(e.path(), ec);
     }
     throw;
   }
@@ -211,7 +250,9 @@ int main(int argc, char** argv) {
   p.option("train-bpe", "",
            "learn a BPE of this vocab size (257..65536) from the inputs, write DIR/vocab.json and "
            "DIR/merges.txt, then tokenize with it");
-  p.option("out", "", "output directory (created if missing)");
+  p.option("out", "",
+           "output directory (created if missing); the tokenizer's files are written beside the "
+           "shards, where gpt2_train --data DIR finds them");
   p.option("val-fraction", "0",
            "share of the tokens written to val_*.bin: whole documents (of one text file alone, its "
            "last part)");

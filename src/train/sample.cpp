@@ -2,6 +2,7 @@
 // its samples during training (Note [Sampling during training], trainer.h).
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 
 #include "autograd/autograd.h"
@@ -62,7 +63,6 @@ void Trainer::open_inputs() {
         break;
       }
   }
-  check_shard_tokenizers();
   // Its magic only: its tensors are checked against the optimizer's layout once that exists.
   if (!o_.load_optimizer.empty()) {
     optim::AdamStateReader file(o_.load_optimizer);
@@ -118,9 +118,48 @@ void Trainer::check_shard_tokenizers() const {
       ")", models ? "" : ", or pass the tokenizer the shards were made with");
 }
 
+// The first shard of --data, else of --val-data, that names its tokenizer; nullptr when none does.
+const data::TokenShard* Trainer::first_stamped_shard(std::string* option) const {
+  for (const auto& [stream, name] :
+       {std::pair{train_data_.get(), "--data"}, std::pair{val_.get(), "--val-data"}}) {
+    if (!stream) continue;
+    for (const data::TokenShard& shard : stream->shards())
+      if (shard.tokenizer()) {
+        if (option) *option = name;
+        return &shard;
+      }
+  }
+  return nullptr;
+}
+
+// Note [Tokenizer beside the shards]: gpt2_tokenize writes the tokenizer it used into its --out,
+// beside the shards (--train-bpe's learned vocab.json + merges.txt, or a copy of the files it was
+// given). A run that names no tokenizer, on weights that carry none (a new model), takes the one
+// beside its first stamped shard when that one's fingerprint is the shard's stamp (Note [Shard
+// tokenizer stamp]). Without it, `gpt2_tokenize --train-bpe 8192 --out tok my.txt` then
+// `gpt2_train --data tok --save m` saved a model without a tokenizer: its samples during training
+// were ids, and `gpt2_generate --model m --prompt ...` failed with "no tokenizer in 'm'". Files
+// there of another fingerprint are left alone, and a run that ends with stamped shards and no
+// tokenizer says what its saves will lack.
+data::TokenizerFiles Trainer::tokenizer_beside_shards() const {
+  const data::TokenShard* shard = first_stamped_shard(nullptr);
+  if (!shard) return {};
+  const std::string dir = std::filesystem::path(shard->path()).parent_path().string();
+  data::TokenizerFiles files = data::find_tokenizer_files("", "", "", dir.empty() ? "." : dir);
+  if (!files.known()) return {};
+  try {
+    if (data::load_tokenizer(files)->fingerprint() == shard->tokenizer()->fingerprint) return files;
+  } catch (const Error& e) {
+    print_(str("gpt2_train: warning: the tokenizer beside the shards cannot be read (", e.what(),
+               "); this run uses none\n"));
+  }
+  return {};
+}
+
 void Trainer::load_tokenizer() {
   // --init-from's folder, or the resumed checkpoint's model folder (a save copies the files there).
   tokenizer_files_ = data::find_tokenizer_files(o_.vocab, o_.merges, o_.tokenizer, weights_from_);
+  if (!tokenizer_files_.known()) tokenizer_files_ = tokenizer_beside_shards();
   tokenizer_ = data::load_tokenizer(tokenizer_files_);
   tokenizer_bytes_ = data::read_tokenizer_files(tokenizer_files_);
   // A tokenizer by option over the one saved with the --init-from (or resumed) weights: their
@@ -143,6 +182,16 @@ void Trainer::load_tokenizer() {
     print_(str("Tokenizer: ", source, " (", tokenizer_->vocab_size(), " tokens; --save and ",
                "checkpoints write it beside the model)\n"));
   }
+  check_shard_tokenizers();
+  std::string option;
+  const data::TokenShard* stamped = first_stamped_shard(&option);
+  if (!tokenizer_ && stamped && (!o_.save.empty() || !o_.checkpoint_dir.empty()))
+    print_(str("gpt2_train: warning: the ", option, " shard '", stamped->path(), "' was made by a ",
+               "tokenizer of ", stamped->tokenizer()->vocab_size, " tokens that this run does not ",
+               "know (none given, none beside the shards or the weights): the saved model will ",
+               "hold no tokenizer, and gpt2_generate will need --prompt-ids or the tokenizer's ",
+               "files; pass --vocab and --merges (or --tokenizer) of the one the shards were made ",
+               "with\n"));
   if (o_.sample_every <= 0) return;
   if (!o_.sample_prompt_ids.empty()) {
     sample_prompt_ = o_.sample_prompt_ids;

@@ -186,8 +186,8 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
   lock_outputs();  // before the folder's checkpoints are looked at: another run may be writing
   if (!o_.checkpoint_dir.empty() && !o_.eval_only)
     check_checkpoint_dir_is_this_runs(o_.checkpoint_dir, resumed_state_.step, !o_.resume.empty());
-  load_tokenizer();
   open_inputs();
+  load_tokenizer();  // after the inputs: a new model's may be the one beside its shards
   default_generator().manual_seed(o_.seed);
   // The documents' unit: 2^30 parameters ("0.116 B" for GPT-2 small's 124,439,808).
   const int64_t numel = gpt2::num_parameters(config_);

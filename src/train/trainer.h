@@ -92,7 +92,8 @@ struct TrainOptions {
   DType precision = DType::F32;
   optim::LossScalerOptions loss_scaler;  // fp16 (tests set a scale that overflows)
   // The tokenizer (data/tokenizer_files.h): these files, else --init-from's or the resumed
-  // checkpoint's. --save and checkpoints copy it into the model folder.
+  // checkpoint's, else the one beside the shards (Note [Tokenizer beside the shards]). --save and
+  // checkpoints copy it into the model folder.
   std::string vocab, merges, tokenizer;
   // --save records the run's --dropout instead of the config's.
   bool save_run_dropout = false;
@@ -283,9 +284,11 @@ class Trainer {
   double micro_step(int64_t k, std::vector<int32_t>& tokens, StepResult& r);
   bool measure_and_scale_gradients(StepResult& r);
   void micro_batch(int64_t index, std::vector<int32_t>& tokens) const;
-  void lock_outputs();                        // Note [One writer per output]
-  void load_tokenizer();                      // and checks the sampling prompt against it
-  void check_shard_tokenizers() const;        // Note [Shard tokenizer stamp]
+  void lock_outputs();                  // Note [One writer per output]
+  void load_tokenizer();                // and checks the sampling prompt against it
+  void check_shard_tokenizers() const;  // Note [Shard tokenizer stamp]
+  const data::TokenShard* first_stamped_shard(std::string* option) const;
+  data::TokenizerFiles tokenizer_beside_shards() const;  // Note [Tokenizer beside the shards]
   void open_inputs();                         // --data, --val-data, --load-optimizer's file
   std::vector<int32_t> sample_by_forwards();  // Note [Sampling during training]
   void setup_data_parallel();  // checks the options, splits the work, broadcasts the weights

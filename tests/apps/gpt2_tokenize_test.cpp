@@ -80,6 +80,11 @@ TEST(Gpt2Tokenize, TextAndJsonlDocumentsBecomeShardsThatDecodeBack) {
   const data::TokenShard shard(tmp.file("out/train_000000.bin"));
   ASSERT_TRUE(shard.tokenizer().has_value());
   EXPECT_EQ(*shard.tokenizer(), (data::ShardTokenizer{tok.vocab_size(), tok.fingerprint()}));
+  // Note [Tokenizer beside the shards]: the tokenizer's files are written beside the shards.
+  for (const char* name : {"vocab.json", "merges.txt"})
+    EXPECT_EQ(data::testing::read_bytes(tmp.file("out/") + name),
+              data::testing::read_bytes(kFixture + name))
+        << name;
 }
 
 TEST(Gpt2Tokenize, ValFractionSendsWholeDocumentsToValAndShardsAreCapped) {
@@ -94,7 +99,8 @@ TEST(Gpt2Tokenize, ValFractionSendsWholeDocumentsToValAndShardsAreCapped) {
   const data::BpeTokenizer tok = fixture_tokenizer();
   std::vector<int32_t> train, val;
   for (const auto& entry : std::filesystem::directory_iterator(tmp.file("out")))
-    EXPECT_LE(read_shard(entry.path()).size(), 50u) << entry.path();  // --shard-tokens
+    if (entry.path().extension() == ".bin")  // beside the tokenizer's files
+      EXPECT_LE(read_shard(entry.path()).size(), 50u) << entry.path();  // --shard-tokens
   for (const char* split : {"train", "val"}) {
     for (int i = 0;; ++i) {
       char name[32];
@@ -237,6 +243,9 @@ TEST(Gpt2Tokenize, BadInputsGiveClearErrors) {
       // A tokenizer the user keeps in --out was replaced.
       {"--train-bpe 300 --out " + tmp.file("mine") + " " + good, 1,
        "already holds vocab.json, which --train-bpe would replace"},
+      // Beside the shards it would name another tokenizer (Note [Tokenizer beside the shards]).
+      {kFixtureTokenizer + "--out " + tmp.file("mine") + " " + good, 1,
+       "already holds a vocab.json other than the tokenizer's '" + kFixture + "vocab.json'"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);
@@ -247,6 +256,7 @@ TEST(Gpt2Tokenize, BadInputsGiveClearErrors) {
     EXPECT_FALSE(std::filesystem::exists(tmp.file("out"))) << r.output;
   }
   EXPECT_EQ(data::testing::read_bytes(tmp.file("mine/vocab.json")), "{\"mine\": 0}");
+  EXPECT_FALSE(std::filesystem::exists(tmp.file("mine/train_000000.bin")));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,45 @@ TEST(ShardTokenizer, ATokenizerOtherThanTheModelsWarns) {
     Trainer other_run(next, [&](const std::string& s) { printed += s; });
   }
   EXPECT_NE(printed.find("is not the one saved with the model in '" + o.save + "'"),
+            std::string::npos)
+      << printed;
+}
+
+// Note [Tokenizer beside the shards]: a new model given no tokenizer takes the one gpt2_tokenize
+// wrote beside its shards, and saves it with the model; one there of another fingerprint is not
+// taken, and the run says what its save will lack.
+TEST(ShardTokenizer, ANewModelTakesTheTokenizerBesideItsShards) {
+  TempDir tmp;
+  std::filesystem::create_directories(tmp.file("tok"));
+  for (const char* name : {"vocab.json", "merges.txt"})
+    std::filesystem::copy_file(kFixture + name, tmp.file("tok/") + name);
+  TrainOptions o =
+      testing::tiny(stamped_shard(tmp, "tok/train.bin", 588, fixture_fingerprint()), 1);
+  o.vocab_size = 600;
+  o.save = tmp.file("model");
+  std::string printed;
+  {
+    Trainer t(o, [&](const std::string& s) { printed += s; });
+    EXPECT_EQ(t.tokenizer_files().vocab_json, tmp.file("tok/vocab.json"));
+    t.train_step();
+    t.save_model(o.save);
+  }
+  EXPECT_NE(printed.find("Tokenizer: " + tmp.file("tok/vocab.json")), std::string::npos) << printed;
+  for (const char* name : {"vocab.json", "merges.txt"})
+    EXPECT_EQ(data::testing::read_bytes(tmp.file("model/") + name),
+              data::testing::read_bytes(kFixture + name))
+        << name;
+  // Another tokenizer's files beside the shards (ids swapped): not taken, and said.
+  data::BpeModel other =
+      data::load_vocab_and_merges(kFixture + "vocab.json", kFixture + "merges.txt");
+  std::swap(other.vocab[0].second, other.vocab[1].second);
+  std::filesystem::remove(tmp.file("tok/vocab.json"));
+  std::filesystem::remove(tmp.file("tok/merges.txt"));
+  data::save_vocab_and_merges(other, tmp.file("tok/vocab.json"), tmp.file("tok/merges.txt"));
+  printed.clear();
+  Trainer t(o, [&](const std::string& s) { printed += s; });
+  EXPECT_FALSE(t.tokenizer_files().known());
+  EXPECT_NE(printed.find("was made by a tokenizer of 588 tokens that this run does not know"),
             std::string::npos)
       << printed;
 }
