@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "data/file_io.h"
 #include "data/json.h"
 #include "data/token_shard.h"
 
@@ -109,6 +110,15 @@ bool CorpusReader::open_next_file() {
   const std::string& path = paths_[file_index_];
   in_.open(path, std::ios::binary);
   MW_CHECK_T(IoError, in_.good(), "cannot open input '", path, "' for reading");
+  // Note [Byte-order mark] (file_io.h): not text, and not JSON.
+  char head[3] = {};
+  in_.read(head, 3);
+  if (in_.gcount() == 3 && std::string_view(head, 3) == kUtf8ByteOrderMark) {
+    bytes_in_file_ = 3;
+  } else {
+    in_.clear();
+    in_.seekg(0);
+  }
   is_jsonl_ = ends_with(path, ".jsonl");
   document_started_ = false;
   line_number_ = 0;
@@ -129,8 +139,8 @@ bool CorpusReader::next_jsonl(CorpusChunk& chunk) {
     ++line_number_;
     bytes_in_file_ += static_cast<int64_t>(line.size()) + 1;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = paths_[file_index_] + " line " + std::to_string(line_number_);
-    const json::Value doc = json::parse(line, where);
+    const std::string where = paths_[file_index_] + ":" + std::to_string(line_number_);
+    const json::Value doc = json::parse(line, paths_[file_index_], line_number_);
     MW_CHECK_T(FormatError, doc.is_object(), where, ": expected a JSON object per line, found ",
                doc.describe());
     const json::Value* text = doc.find(field_);

@@ -72,6 +72,7 @@ std::string read_text_file(const std::string& path, const std::string& what,
              file.size_bytes(), " bytes, more than the ", max_bytes, " expected of it; ", hint);
   std::string text(static_cast<size_t>(file.size_bytes()), '\0');
   file.read_exact(text.data(), file.size_bytes(), 0);
+  if (text.starts_with(kUtf8ByteOrderMark)) text.erase(0, kUtf8ByteOrderMark.size());
   return text;
 }
 

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/interrupt.h"
@@ -33,7 +34,16 @@ namespace mw::data {
 // Returns the descriptor (O_CLOEXEC, blocking) and sets *size_bytes. `what`/`hint` as below.
 int open_regular_file(const std::string& path, const std::string& what, const std::string& hint,
                       int64_t* size_bytes);
-// The whole of a small regular text file (config.json); FormatError past max_bytes.
+// Note [Byte-order mark]: Windows editors (Notepad before 2019, PowerShell 5's Out-File -Encoding
+// utf8) start UTF-8 text with EF BB BF. It marks the encoding and is not text: a config.json or
+// vocab.json saved so was refused ("invalid JSON: expected a value, found byte 0xef"; RFC 8259 lets
+// a parser ignore it), a merges.txt took "\xef\xbb\xbf#version: 0.2" for a merge, a .jsonl corpus
+// failed on its first line, and a text document began with the mark's bytes as tokens. Readers of
+// text drop it where a file starts: read_text_file and CorpusReader.
+inline constexpr std::string_view kUtf8ByteOrderMark = "\xEF\xBB\xBF";
+
+// The whole of a small regular text file (config.json), without a leading UTF-8 byte-order mark
+// (Note [Byte-order mark]); FormatError past max_bytes.
 std::string read_text_file(const std::string& path, const std::string& what,
                            const std::string& hint, int64_t max_bytes = int64_t{64} << 20);
 

@@ -268,7 +268,8 @@ std::string Value::dump() const {
 
 class Parser {
  public:
-  Parser(std::string_view text, const std::string& source) : text_(text), source_(source) {}
+  Parser(std::string_view text, const std::string& source, int64_t first_line)
+      : text_(text), source_(source), first_line_(first_line) {}
 
   Value parse_document() {
     skip_ws();
@@ -282,7 +283,7 @@ class Parser {
   // Throws FormatError "<source>:<line>:<col>: expected <what>, found <what is at pos_>".
   [[noreturn]] void fail(std::string_view expected) const { fail_at(pos_, expected); }
   [[noreturn]] void fail_at(size_t pos, std::string_view expected) const {
-    int64_t line = 1, col = 1;
+    int64_t line = first_line_, col = 1;
     for (size_t i = 0; i < pos && i < text_.size(); ++i) {
       if (text_[i] == '\n') {
         ++line;
@@ -578,11 +579,12 @@ class Parser {
 
   std::string_view text_;
   const std::string& source_;
+  int64_t first_line_;
   size_t pos_ = 0;
 };
 
-Value parse(std::string_view text, const std::string& source_name) {
-  return Parser(text, source_name).parse_document();
+Value parse(std::string_view text, const std::string& source_name, int64_t first_line) {
+  return Parser(text, source_name, first_line).parse_document();
 }
 
 }  // namespace mw::json

@@ -104,8 +104,9 @@ class Value {
   std::map<std::string, int64_t, std::less<>> index_;  // object key -> position
 };
 
-// Parses `text`; source_name (a file path, or "config.json") prefixes every error message.
-Value parse(std::string_view text, const std::string& source_name);
+// Parses `text`; source_name (a file path, or "config.json") prefixes every error message, with
+// the line and column, counting lines from `first_line` (a JSONL file's line number).
+Value parse(std::string_view text, const std::string& source_name, int64_t first_line = 1);
 
 // Appends `s` as a JSON string literal (with quotes and escapes) to out.
 void append_quoted(std::string& out, std::string_view s);

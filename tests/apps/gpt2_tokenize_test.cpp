@@ -201,6 +201,33 @@ TEST(Gpt2Tokenize, ShardsDoNotDependOnTheThreadCount) {
   }
 }
 
+// Note [Byte-order mark]: files saved by Windows editors start with EF BB BF. A .jsonl so was
+// refused on its first line, a text document began with the mark's bytes as tokens, and a
+// tokenizer's files so were refused (vocab.json) or read a bogus merge (merges.txt). The mark is
+// dropped: the shards equal those of the files without it.
+TEST(Gpt2Tokenize, AUtf8ByteOrderMarkIsNotText) {
+  TempDir tmp;
+  const std::string bom = "\xEF\xBB\xBF", text = "Hello world. The end.\n";
+  const std::string jsonl = "{\"text\": \"First line\"}\n{\"text\": \"second\"}\n";
+  write(tmp, "plain.txt", text), write(tmp, "plain.jsonl", jsonl);
+  write(tmp, "bom.txt", bom + text), write(tmp, "bom.jsonl", bom + jsonl);
+  std::filesystem::create_directories(tmp.file("tok"));
+  for (const char* name : {"vocab.json", "merges.txt"})
+    write(tmp, std::string("tok/") + name, bom + data::testing::read_bytes(kFixture + name));
+  ASSERT_EQ(tokenize(kFixtureTokenizer + "--out " + tmp.file("plain") + " " +
+                     tmp.file("plain.txt") + " " + tmp.file("plain.jsonl"))
+                .exit_code,
+            0);
+  const AppResult r = tokenize("--vocab " + tmp.file("tok/vocab.json") + " --merges " +
+                               tmp.file("tok/merges.txt") + " --out " + tmp.file("bom") + " " +
+                               tmp.file("bom.txt") + " " + tmp.file("bom.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(read_shard(tmp.file("bom/train_000000.bin")),
+            read_shard(tmp.file("plain/train_000000.bin")));
+  const data::TokenShard a(tmp.file("bom/train_000000.bin")), b(tmp.file("plain/train_000000.bin"));
+  EXPECT_EQ(*a.tokenizer(), *b.tokenizer());  // the same tokenizer: no bogus merge
+}
+
 TEST(Gpt2Tokenize, BadInputsGiveClearErrors) {
   TempDir tmp;
   const std::string out = " --out " + tmp.file("out") + " ";
@@ -224,8 +251,9 @@ TEST(Gpt2Tokenize, BadInputsGiveClearErrors) {
       {kFixtureTokenizer + "--val-fraction 0.9" + out + good, 2, "--val-fraction '0.9'"},
       {kFixtureTokenizer + out + tmp.file("missing.txt"), 1, "missing.txt' is not a readable file"},
       {kFixtureTokenizer + out + write(tmp, "bad.jsonl", "{\"text\": \"ok\"}\n{\"text\": 3}\n"), 1,
-       "bad.jsonl line 2: expected a string field \"text\", found number 3"},
-      {kFixtureTokenizer + out + write(tmp, "bad2.jsonl", "not json\n"), 1, "bad2.jsonl line 1"},
+       "bad.jsonl:2: expected a string field \"text\", found number 3"},
+      {kFixtureTokenizer + out + write(tmp, "bad2.jsonl", "\n\nnot json\n"), 1,
+       "bad2.jsonl:3:1: invalid JSON"},
       {"--train-bpe 100" + out + good, 2, "--train-bpe '100'"},
       {kFixtureTokenizer + "--out /proc/version " + good, 1, "pass --out a writable directory"},
       {kFixtureTokenizer + "--out " + tmp.path() + " " + good, 1,

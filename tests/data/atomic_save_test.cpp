@@ -187,6 +187,16 @@ TEST_F(AtomicSave, SpecialFilesAreRefusedAsInputsAtOnce) {
                              {"character device"});
 }
 
+// Note [Byte-order mark]: a config.json or vocab.json saved by a Windows editor starts with EF BB
+// BF, which is not JSON; it is dropped, and nothing else is.
+TEST_F(AtomicSave, ReadTextFileDropsALeadingUtf8ByteOrderMark) {
+  const std::string bom = tmp.file("bom.json"), mid = tmp.file("mid.txt");
+  write_file_atomically(bom, {{"\xEF\xBB\xBF{}", 5}}, "hint");
+  write_file_atomically(mid, {{"a\xEF\xBB\xBF", 4}}, "hint");
+  EXPECT_EQ(read_text_file(bom, "config.json", "hint"), "{}");
+  EXPECT_EQ(read_text_file(mid, "text", "hint"), "a\xEF\xBB\xBF");
+}
+
 TEST_F(AtomicSave, OutputPathsAreProbedWithoutLeavingAnything) {
   check_output_path(tmp.file("log.jsonl"), "--log", false);
   check_output_path(tmp.file("new/deeper/model"), "--save", true);  // created by the save itself

@@ -148,6 +148,9 @@ TEST(Json, MalformedInputNamesSourceLineAndColumn) {
     expect_throw_with<FormatError>([&] { parse(c.text, "config.json"); },
                                    {"config.json:", c.needle});
   }
+  // A JSONL file's line: its number in the file (was "docs.jsonl line 7:1:3").
+  expect_throw_with<FormatError>([&] { parse("{\"a\" 1}", "docs.jsonl", 7); },
+                                 {"docs.jsonl:7:6: invalid JSON: expected ':'"});
 }
 
 TEST(Json, DepthLimitStopsHostileNesting) {
