@@ -14,6 +14,16 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 constexpr int64_t kScanChunkTokens = int64_t{1} << 19;  // 1 MiB of uint16 per read
+
+// What to do with a file that is not a shard: text (no NUL byte where a shard's header and uint16
+// ids have many) is the corpus itself, passed before tokenizing it.
+std::string not_a_shard_hint(const ReadOnlyFile& file) {
+  std::string head(static_cast<size_t>(std::min(file.size_bytes(), kTokenShardHeaderBytes)), '\0');
+  file.read_exact(head.data(), static_cast<int64_t>(head.size()), 0);
+  if (head.empty() || head.find('\0') != std::string::npos) return "";
+  return "; it looks like text: tokenize it into shards first, e.g. gpt2_tokenize --train-bpe 8192 "
+         "--out DIR FILE (or with GPT-2's --vocab/--merges), then pass --data DIR";
+}
 }  // namespace
 
 TokenShard::TokenShard(const std::string& path, const std::string& open_hint)
@@ -24,13 +34,14 @@ TokenShard::TokenShard(const std::string& path, const std::string& open_hint)
   const int64_t file_bytes = file_.size_bytes();
   if (file_bytes < kTokenShardHeaderBytes) {
     throw fail(str("the file is ", file_bytes, " bytes, shorter than the ", kTokenShardHeaderBytes,
-                   "-byte header of an llm.c shard (truncated, or not a shard)"));
+                   "-byte header of an llm.c shard (truncated, or not a shard)",
+                   not_a_shard_hint(file_)));
   }
   int32_t header[256];
   file_.read_exact(header, kTokenShardHeaderBytes, 0);
   if (header[0] != kTokenShardMagic) {
     throw fail(str("magic number is ", header[0], ", expected ", kTokenShardMagic,
-                   ": not an llm.c token shard"));
+                   ": not an llm.c token shard", not_a_shard_hint(file_)));
   }
   if (header[1] != kTokenShardVersion) {
     throw fail(str("version is ", header[1], ", expected ", kTokenShardVersion,
@@ -113,9 +124,16 @@ void TokenShard::check_vocab(int64_t vocab_size) const {
     file_.read_exact(chunk.data(), 2 * n, kTokenShardHeaderBytes + 2 * pos);
     for (int64_t i = 0; i < n; ++i) {
       if (chunk[i] >= vocab_size) {
+        // A stamped shard names its vocabulary (Note [Shard tokenizer stamp]): a new model sized
+        // for it trains on the shard.
+        const std::string sized =
+            tokenizer_ && tokenizer_->vocab_size > vocab_size
+                ? str("; its header names a tokenizer of ", tokenizer_->vocab_size,
+                      " tokens: a new model needs --vocab-size ", tokenizer_->vocab_size)
+                : "";
         throw FormatError(str("token shard '", path(), "': token ", chunk[i], " at index ", pos + i,
                               " is >= the model's vocab_size ", vocab_size,
-                              ": the shard was tokenized for another vocabulary"));
+                              ": the shard was tokenized for another vocabulary", sized));
       }
     }
   }

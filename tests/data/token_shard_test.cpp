@@ -138,6 +138,10 @@ TEST(TokenShard, VocabCheckAndMaxToken) {
   EXPECT_NO_THROW(shard.check_vocab(50301));
   expect_throw_with<FormatError>([&] { shard.check_vocab(50257); },
                                  {path, "token 50300 at index 2500", "vocab_size 50257"});
+  // A stamped shard says which vocabulary a new model needs (was: "another vocabulary" alone).
+  write_token_shard(path, tokens, ShardTokenizer{50304, 7});
+  expect_throw_with<FormatError>([&] { TokenShard(path).check_vocab(97); },
+                                 {"vocab_size 97", "a new model needs --vocab-size 50304"});
 }
 
 TEST(TokenShard, BadFilesAreNamedErrors) {
@@ -168,6 +172,13 @@ TEST(TokenShard, BadFilesAreNamedErrors) {
       {"too long",
        header_bytes(20240520, 1, 2) + std::string(6, 'x'),
        {"should be 1028 bytes, but it is 1030", "2 bytes too many"}},
+      // The corpus passed before tokenizing it: named as text, with what to run.
+      {"text",
+       std::string(2000, 'a'),
+       {"not an llm.c token shard; it looks like text", "gpt2_tokenize"}},
+      {"short text",
+       "In the beginning\n",
+       {"shorter than the 1024-byte header", "looks like text"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.label);
