@@ -160,10 +160,16 @@ int tokenize(cli::Parser& p, data::CorpusReader& reader,
       static_cast<long long>(tok.vocab_size()));
   std::fputs(data::split_summary("train", splits.train).c_str(), stdout);
   std::fputs(data::split_summary("val", splits.val).c_str(), stdout);
+  if (reader.num_markers() > 0)
+    std::printf(
+        "%lld <|endoftext|> markers in the text ended documents there (Note [End-of-text "
+        "markers]: not tokenized as text)\n",
+        static_cast<long long>(reader.num_markers()));
   if (splits.val_cut_byte >= 0)
     std::printf(
-        "one document: its bytes from %lld of %lld on (the last %.1f%%, cut at a piece "
-        "boundary) are the val split\n",
+        "%s: its bytes from %lld of %lld on (the last %.1f%%, cut at a piece boundary) are the "
+        "val split\n",
+        reader.num_documents() > 1 ? "one text file" : "one document",
         static_cast<long long>(splits.val_cut_byte), static_cast<long long>(reader.total_bytes()),
         100.0 * double(reader.total_bytes() - splits.val_cut_byte) /
             std::max(1.0, double(reader.total_bytes())));

@@ -128,9 +128,42 @@ bool CorpusReader::open_next_file() {
 
 bool CorpusReader::next(CorpusChunk& chunk) {
   for (;;) {
-    if (in_.is_open() && (is_jsonl_ ? next_jsonl(chunk) : next_text(chunk))) return true;
+    if (next_piece(chunk)) return true;
+    CorpusChunk raw;
+    if (in_.is_open() && (is_jsonl_ ? next_jsonl(raw) : next_text(raw))) {
+      if (raw.starts_document) pending_start_ = true;
+      if (raw.starts_document && raw.text.empty()) {  // an empty document: an empty file or field
+        pending_start_ = false;
+        ++num_documents_;
+        chunk = raw;
+        return true;
+      }
+      raw_ = raw, piece_pos_ = 0;
+      continue;
+    }
     if (!open_next_file()) return false;
   }
+}
+
+// Note [End-of-text markers].
+bool CorpusReader::next_piece(CorpusChunk& chunk) {
+  while (piece_pos_ != std::string_view::npos) {
+    const std::string_view rest = raw_.text.substr(piece_pos_);
+    const size_t marker = rest.find(kEndOfTextMarker);
+    const std::string_view piece = rest.substr(0, marker);
+    const int64_t offset = raw_.offset + static_cast<int64_t>(piece_pos_);
+    piece_pos_ = marker == std::string_view::npos ? std::string_view::npos
+                                                  : piece_pos_ + marker + kEndOfTextMarker.size();
+    const bool starts = pending_start_;
+    if (marker != std::string_view::npos) ++num_markers_;
+    if (!piece.empty()) pending_start_ = false;
+    if (marker != std::string_view::npos) pending_start_ = true;  // the next piece starts one
+    if (piece.empty()) continue;
+    if (starts) ++num_documents_;
+    chunk = {piece, starts, offset};
+    return true;
+  }
+  return false;
 }
 
 bool CorpusReader::next_jsonl(CorpusChunk& chunk) {
@@ -148,8 +181,7 @@ bool CorpusReader::next_jsonl(CorpusChunk& chunk) {
                field_, "\", found ", text ? text->describe() : std::string("no such field"),
                "; pass --field NAME to read another field");
     chunk_ = text->as_string();
-    chunk = {chunk_, true};
-    ++num_documents_;
+    chunk = {chunk_, true, bytes_done_ + bytes_in_file_ - static_cast<int64_t>(line.size()) - 1};
     return true;
   }
   return false;
@@ -176,10 +208,10 @@ bool CorpusReader::next_text(CorpusChunk& chunk) {
     if (document_started_ && buffer_.empty()) return false;  // the document is done
     cut = buffer_.size();  // an empty document, or kMaxChunkBytes with no safe cut (see the Note)
   }
+  const int64_t offset = bytes_done_ + bytes_in_file_ - static_cast<int64_t>(buffer_.size());
   chunk_.assign(buffer_, 0, cut);
   buffer_.erase(0, cut);
-  chunk = {chunk_, !document_started_};
-  if (!document_started_) ++num_documents_;
+  chunk = {chunk_, !document_started_, offset};
   document_started_ = true;
   return true;
 }

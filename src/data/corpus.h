@@ -13,6 +13,17 @@
 // pieces after the cut do not depend on the text before it. A document with no such place in
 // kMaxChunkBytes (64 MiB without a space after a printable ASCII character) is cut there anyway;
 // only the pieces at that one cut can differ from an unchunked run, never the bytes.
+//
+// Note [End-of-text markers]: the literal text "<|endoftext|>" in a document ends that document
+// there and starts the next; its 13 bytes are not text. TinyStories' .txt files (the commonest
+// small corpus for training from scratch) separate their stories so, as do dumps of other GPT-2
+// corpora; each marker became 5 ordinary tokens ("<|", "end", "of", "text", "|>" in GPT-2's
+// vocabulary), so the model learned to write the marker and never the <|endoftext|> token at which
+// gpt2_generate stops, and a corpus of 2.7 million stories was one document. HF's tokenizer
+// encodes the marker as the special id, tiktoken's encode() refuses it unless told; here it is the
+// boundary it names. A document left empty by markers (a file that starts with one, two in a row)
+// is dropped. A marker is never split by a chunk cut (it holds no whitespace), except at
+// kMaxChunkBytes' forced cut.
 #pragma once
 
 #include <cstdint>
@@ -33,7 +44,10 @@ size_t first_safe_cut(std::string_view text, size_t from);
 struct CorpusChunk {
   std::string_view text;  // valid until the next call to next()
   bool starts_document;   // the first chunk of a document (a document may be empty)
+  int64_t offset = 0;     // the byte of the corpus (its files one after another) text starts at
 };
+
+inline constexpr std::string_view kEndOfTextMarker = "<|endoftext|>";
 
 class CorpusReader {
  public:
@@ -47,11 +61,14 @@ class CorpusReader {
   int64_t total_bytes() const { return total_bytes_; }  // of all files, at open
   int64_t bytes_read() const { return bytes_done_ + bytes_in_file_; }
   int64_t num_documents() const { return num_documents_; }
+  int64_t num_markers() const { return num_markers_; }  // Note [End-of-text markers]
 
  private:
   bool open_next_file();
   bool next_jsonl(CorpusChunk& chunk);
   bool next_text(CorpusChunk& chunk);
+  // The next non-empty piece of raw_ between markers; false once raw_ is used up.
+  bool next_piece(CorpusChunk& chunk);
   // Appends up to kChunkBytes of the file to buffer_; false once the file's end is reached.
   bool read_more();
 
@@ -64,7 +81,11 @@ class CorpusReader {
   int64_t line_number_ = 0;
   std::string buffer_;  // text read but not yet handed out, after the chunk handed out
   std::string chunk_;
+  CorpusChunk raw_;                            // a document's chunk, before markers split it
+  size_t piece_pos_ = std::string_view::npos;  // where raw_'s next piece starts
+  bool pending_start_ = false;                 // the next piece starts a document
   int64_t total_bytes_ = 0, bytes_done_ = 0, bytes_in_file_ = 0, num_documents_ = 0;
+  int64_t num_markers_ = 0;
 };
 
 }  // namespace mw::data

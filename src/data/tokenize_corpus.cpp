@@ -101,14 +101,13 @@ void tokenize_corpus(CorpusReader& reader, std::vector<std::unique_ptr<BpeTokeni
                      ShardSplits& splits, const std::function<void(int64_t tokens)>& progress) {
   const int64_t n_workers = static_cast<int64_t>(workers.size());
   std::vector<Pending> batch;
-  int64_t batch_bytes = 0, offset = 0;
+  int64_t batch_bytes = 0;
   bool more = true, cut_pending = false;
   while (more) {
     CorpusChunk chunk;
     more = reader.next(chunk);
     if (more) {
-      add_chunk(batch, chunk.text, chunk.starts_document, offset, splits, cut_pending);
-      offset += static_cast<int64_t>(chunk.text.size());
+      add_chunk(batch, chunk.text, chunk.starts_document, chunk.offset, splits, cut_pending);
       batch_bytes += static_cast<int64_t>(chunk.text.size());
       if (batch_bytes < n_workers * kChunkBytes) continue;
     }

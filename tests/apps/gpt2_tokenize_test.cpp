@@ -155,6 +155,58 @@ TEST(Gpt2Tokenize, OneDocumentGivesItsLastFractionToValCutAtAPieceBoundary) {
   }
 }
 
+// Note [End-of-text markers]: "<|endoftext|>" in the text (TinyStories' .txt separates its stories
+// so) ends a document there, as HF's tokenizer encodes it; it was tokenized as ordinary characters
+// and the file was one document. Over several 1 MiB chunks, for any thread count, in a .jsonl
+// field too; a file that starts with a marker, and two in a row, give no empty document.
+TEST(Gpt2Tokenize, EndOfTextMarkersSeparateDocuments) {
+  TempDir tmp;
+  const std::string base = data::testing::read_bytes(kFixture + "train.txt");
+  std::string text = "<|endoftext|>";
+  for (size_t i = 0; text.size() < (5u << 20) / 2; ++i)
+    text += base.substr((i * 7919) % base.size(), 100 + i % 300) +
+            (i % 97 == 5 ? "\n<|endoftext|><|endoftext|>\n" : "\n<|endoftext|>\n");
+  const std::string doc = write(tmp, "stories.txt", text);
+  data::BpeTokenizer tok = fixture_tokenizer();
+  std::vector<int32_t> expected;
+  int64_t num_documents = 0;
+  for (size_t from = 0;;) {  // each non-empty document: <|endoftext|>, then its text's ids
+    const size_t to = text.find("<|endoftext|>", from);
+    const std::string piece = text.substr(from, to == std::string::npos ? to : to - from);
+    if (!piece.empty()) {
+      expected.push_back(tok.eot_id());
+      const std::vector<int32_t> ids = tok.encode(piece);
+      expected.insert(expected.end(), ids.begin(), ids.end());
+      ++num_documents;
+    }
+    if (to == std::string::npos) break;
+    from = to + 13;
+  }
+  for (const char* threads : {"1", "3"}) {
+    const std::string out = tmp.file(std::string("out") + threads);
+    const AppResult r = tokenize(kFixtureTokenizer + "--threads " + threads + " --out " + out +
+                                 " --shard-tokens 100000000 " + doc);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("tokenized " + std::to_string(num_documents) + " documents"),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("markers in the text ended documents there"), std::string::npos);
+    EXPECT_TRUE(read_shard(out + "/train_000000.bin") == expected) << "threads " << threads;
+  }
+  // The one text file's last tenth goes to val, counted in its bytes, markers included.
+  const AppResult r =
+      tokenize(kFixtureTokenizer + "--val-fraction 0.1 --out " + tmp.file("split") + " " + doc);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("one text file: its bytes from"), std::string::npos) << r.output;
+  const double val = double(read_shard(tmp.file("split/val_000000.bin")).size());
+  EXPECT_NEAR(val / double(expected.size()), 0.1, 0.02);
+  const std::string jsonl = write(tmp, "m.jsonl", "{\"text\": \"one<|endoftext|>two\"}\n");
+  const AppResult j = tokenize(kFixtureTokenizer + "--out " + tmp.file("j") + " " + jsonl);
+  ASSERT_EQ(j.exit_code, 0) << j.output;
+  EXPECT_EQ(documents(read_shard(tmp.file("j/train_000000.bin")), tok),
+            (std::vector<std::string>{"one", "two"}));
+}
+
 TEST(Gpt2Tokenize, TrainBpeLearnsATokenizerThatRoundTripsAndCompresses) {
   TempDir tmp;
   const std::string corpus = kFixture + "train.txt";
