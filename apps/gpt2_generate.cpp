@@ -61,7 +61,7 @@ int run(cli::Parser& p) {
   }
   std::vector<int32_t> prompt = p.given("prompt-ids")
                                     ? cli::token_ids("prompt-ids", p.str("prompt-ids"))
-                                : p.given("prompt") ? tok->encode(p.str("prompt"))
+                                : p.given("prompt") ? tok->encode_prompt(p.str("prompt"))
                                                     : std::vector<int32_t>{tok->eot_id()};
   if (prompt.empty()) prompt.push_back(tok->eot_id());  // an empty --prompt ""
   if (!print_ids && p.given("prompt"))

@@ -310,6 +310,18 @@ const std::string& BpeTokenizer::token_bytes(int32_t id) const {
   return id_to_bytes_[id];
 }
 
+std::vector<int32_t> BpeTokenizer::encode_prompt(std::string_view text) {
+  const std::string_view marker = kEndOfText;
+  std::vector<int32_t> out;
+  for (size_t from = 0;;) {
+    const size_t at = text.find(marker, from);
+    encode(text.substr(from, at == std::string_view::npos ? at : at - from), out);
+    if (at == std::string_view::npos) return out;
+    out.push_back(eot_id());
+    from = at + marker.size();
+  }
+}
+
 std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
   std::string out;
   for (int32_t id : ids) out += token_bytes(id);

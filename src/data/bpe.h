@@ -11,7 +11,8 @@
 //   pair of lowest rank is merged first, leftmost first on ties (HF tokenizers' order; equal to
 //   GPT-2's encoder.py for merge lists learned in order). Text is ordinary text: a literal
 //   "<|endoftext|>" in it is encoded as characters, not as the special token (tiktoken's
-//   encode_ordinary); documents are separated by adding eot_id() explicitly.
+//   encode_ordinary); documents are separated by adding eot_id() explicitly (CorpusReader ends a
+//   document at a marker, and encode_prompt() makes one the token).
 // - Every merge's two halves and its result are in the vocabulary (FormatError at load otherwise).
 // - Ids are those of the vocabulary file; they need not be dense, but decode() of an id that names
 //   no token is an InvalidArgument.
@@ -65,6 +66,9 @@ class BpeTokenizer {
   // Appends the ids of `text` to out.
   void encode(std::string_view text, std::vector<int32_t>& out);
   std::vector<int32_t> encode(std::string_view text);
+  // A prompt's ids: its literal "<|endoftext|>" markers are eot_id(), as they are in a corpus
+  // (Note [End-of-text markers], corpus.h), and the text between them is encoded.
+  std::vector<int32_t> encode_prompt(std::string_view text);
   // The bytes of the tokens, concatenated. InvalidArgument naming an id that is no token.
   std::string decode(const std::vector<int32_t>& ids) const;
   // The bytes of one token (InvalidArgument as above).

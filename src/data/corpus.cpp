@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "data/bpe.h"
 #include "data/file_io.h"
 #include "data/json.h"
 #include "data/token_shard.h"
@@ -146,14 +147,16 @@ bool CorpusReader::next(CorpusChunk& chunk) {
 }
 
 // Note [End-of-text markers].
+constexpr std::string_view kMarker = kEndOfText;
+
 bool CorpusReader::next_piece(CorpusChunk& chunk) {
   while (piece_pos_ != std::string_view::npos) {
     const std::string_view rest = raw_.text.substr(piece_pos_);
-    const size_t marker = rest.find(kEndOfTextMarker);
+    const size_t marker = rest.find(kMarker);
     const std::string_view piece = rest.substr(0, marker);
     const int64_t offset = raw_.offset + static_cast<int64_t>(piece_pos_);
     piece_pos_ = marker == std::string_view::npos ? std::string_view::npos
-                                                  : piece_pos_ + marker + kEndOfTextMarker.size();
+                                                  : piece_pos_ + marker + kMarker.size();
     const bool starts = pending_start_;
     if (marker != std::string_view::npos) ++num_markers_;
     if (!piece.empty()) pending_start_ = false;

@@ -47,8 +47,6 @@ struct CorpusChunk {
   int64_t offset = 0;     // the byte of the corpus (its files one after another) text starts at
 };
 
-inline constexpr std::string_view kEndOfTextMarker = "<|endoftext|>";
-
 class CorpusReader {
  public:
   // IoError naming a file that cannot be opened (checked here, before any work).

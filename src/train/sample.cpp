@@ -199,7 +199,7 @@ void Trainer::load_tokenizer() {
     MW_CHECK_T(InvalidArgument, tokenizer_ != nullptr,
                "--sample-prompt is text and this run knows no tokenizer: pass --vocab and --merges "
                "(or --tokenizer), or give the prompt as --sample-prompt-ids");
-    sample_prompt_ = tokenizer_->encode(o_.sample_prompt);
+    sample_prompt_ = tokenizer_->encode_prompt(o_.sample_prompt);
   }
   if (sample_prompt_.empty())  // GPT-2's unconditional samples start from <|endoftext|>
     sample_prompt_ = {tokenizer_ ? tokenizer_->eot_id()

@@ -166,6 +166,14 @@ TEST(Bpe, DecodesTheEndOfTextTokenAsItsText) {
   const std::vector<int32_t> ids = tok.encode("<|endoftext|>");
   EXPECT_GT(ids.size(), 1u);
   EXPECT_EQ(std::count(ids.begin(), ids.end(), tok.eot_id()), 0);
+  // A prompt's marker is the token, as a corpus's ends a document (Note [End-of-text markers]).
+  std::vector<int32_t> expected = tok.encode("Hi there");
+  expected.push_back(tok.eot_id());
+  expected.push_back(tok.eot_id());
+  for (int32_t id : tok.encode(" Bye")) expected.push_back(id);
+  EXPECT_EQ(tok.encode_prompt("Hi there<|endoftext|><|endoftext|> Bye"), expected);
+  EXPECT_EQ(tok.encode_prompt("<|endoftext|>"), std::vector<int32_t>{tok.eot_id()});
+  EXPECT_EQ(tok.encode_prompt("plain"), tok.encode("plain"));
 }
 
 TEST(Bpe, BadIdsAndFilesGiveClearErrors) {
