@@ -137,9 +137,8 @@ int tokenize(cli::Parser& p, data::CorpusReader& reader,
 
   data::ShardSplits splits(out_dir, shard_tokens, val_fraction, tok.eot_id(),
                            data::ShardTokenizer{tok.vocab_size(), tok.fingerprint()});
-  const bool one_document =
-      inputs.size() == 1 &&
-      !std::filesystem::path(inputs[0]).extension().string().ends_with(".jsonl");
+  const std::string extension = std::filesystem::path(inputs[0]).extension().string();
+  const bool one_document = inputs.size() == 1 && extension != ".jsonl" && extension != ".json";
   if (one_document && val_fraction > 0)  // Note [One document]
     splits.val_from_byte =
         static_cast<int64_t>(std::llround((1 - val_fraction) * double(reader.total_bytes())));
@@ -190,7 +189,7 @@ int run(cli::Parser& p) {
     throw cli::UsageError(
         "choose one tokenizer: --vocab and --merges, or --tokenizer, or --train-bpe VOCAB_SIZE");
   if (inputs.empty())
-    throw cli::UsageError("no input files: pass text files or .jsonl files after the options");
+    throw cli::UsageError("no input files: pass text, .jsonl or .json files after the options");
   if (!p.given("out")) throw cli::UsageError("--out DIR is required");
   const std::string out_dir = p.str("out");
   const double val_fraction = p.real("val-fraction", 0.0, 0.5);
@@ -249,7 +248,9 @@ int main(int argc, char** argv) {
   cli::Parser p("gpt2_tokenize",
                 "Tokenizes text with GPT-2's byte-level BPE into llm.c token shards "
                 "DIR/{train,val}_NNNNNN.bin, each document preceded by <|endoftext|>.");
-  p.positionals("FILE", "text files (one document each) or .jsonl files (one document per line)");
+  p.positionals("FILE",
+                "text files (one document each), .jsonl files (one document per line) or .json "
+                "files (an array of documents)");
   p.option("vocab", "", "HF vocab.json (with --merges)");
   p.option("merges", "", "HF merges.txt (with --vocab)");
   p.option("tokenizer", "", "HF tokenizer.json (instead of --vocab/--merges)");
@@ -262,7 +263,8 @@ int main(int argc, char** argv) {
   p.option("val-fraction", "0",
            "share of the tokens written to val_*.bin: whole documents (of one text file alone, its "
            "last part)");
-  p.option("field", "text", "the JSONL field holding each document's text");
+  p.option("field", "text",
+           "the field of each .jsonl line's (or .json element's) object holding its text");
   p.option("threads", "0",
            "tokenizing threads (0 = all cores this process may use: affinity, CPU quota)");
   p.option("shard-tokens", "100000000",

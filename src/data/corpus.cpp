@@ -1,6 +1,7 @@
 // Streaming a corpus in chunks cut at piece boundaries: see corpus.h and Note [Chunk boundaries].
 #include "data/corpus.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -70,9 +71,9 @@ void check_is_text(const std::string& path) {
              "' is UTF-16 text (a byte-order mark): convert it to UTF-8 first (iconv -f UTF-16 -t "
              "UTF-8)");
   const size_t nul = head.find('\0');
-  MW_CHECK_T(FormatError, nul == std::string::npos, "input '", path,
-             "' holds a NUL byte at offset ", nul,
-             ": a binary file, not text; pass text files (one document each) or .jsonl files");
+  MW_CHECK_T(
+      FormatError, nul == std::string::npos, "input '", path, "' holds a NUL byte at offset ", nul,
+      ": a binary file, not text; pass text files (one document each), .jsonl or .json files");
 }
 
 }  // namespace
@@ -81,8 +82,9 @@ CorpusReader::CorpusReader(std::vector<std::string> paths, std::string jsonl_fie
     : paths_(std::move(paths)), field_(std::move(jsonl_field)) {
   for (const std::string& path : paths_) {
     std::error_code ec;
-    MW_CHECK_T(IoError, std::filesystem::is_regular_file(path, ec), "input '", path,
-               "' is not a readable file; pass text files (one document each) or .jsonl files");
+    MW_CHECK_T(
+        IoError, std::filesystem::is_regular_file(path, ec), "input '", path,
+        "' is not a readable file; pass text files (one document each), .jsonl or .json files");
     std::ifstream probe(path, std::ios::binary);
     MW_CHECK_T(IoError, probe.good(), "cannot open input '", path, "' for reading");
     total_bytes_ += static_cast<int64_t>(std::filesystem::file_size(path));
@@ -120,18 +122,41 @@ bool CorpusReader::open_next_file() {
     in_.clear();
     in_.seekg(0);
   }
-  is_jsonl_ = ends_with(path, ".jsonl");
+  kind_ = ends_with(path, ".jsonl") || ends_with(path, ".json") ? Kind::kJsonl : Kind::kText;
+  file_bytes_ = static_cast<int64_t>(std::filesystem::file_size(path));
+  if (ends_with(path, ".json") && first_non_space_byte() == '[') {  // Note [JSON arrays]
+    kind_ = Kind::kJsonArray;
+    array_ = json::parse(
+        read_text_file(path, "JSON corpus",
+                       "a .json array is read whole; make JSONL of it, which streams: jq -c '.[]' "
+                       "FILE.json > FILE.jsonl",
+                       kMaxJsonArrayBytes),
+        path);
+    array_index_ = 0;
+  }
   document_started_ = false;
   line_number_ = 0;
   buffer_.clear();
   return true;
 }
 
+char CorpusReader::first_non_space_byte() {
+  const std::streampos start = in_.tellg();
+  char c = 0;
+  while (in_.get(c) && is_ascii_space(c)) {
+  }
+  in_.clear();
+  in_.seekg(start);
+  return c;
+}
+
 bool CorpusReader::next(CorpusChunk& chunk) {
   for (;;) {
     if (next_piece(chunk)) return true;
     CorpusChunk raw;
-    if (in_.is_open() && (is_jsonl_ ? next_jsonl(raw) : next_text(raw))) {
+    if (in_.is_open() && (kind_ == Kind::kJsonl       ? next_jsonl(raw)
+                          : kind_ == Kind::kJsonArray ? next_json_element(raw)
+                                                      : next_text(raw))) {
       if (raw.starts_document) pending_start_ = true;
       if (raw.starts_document && raw.text.empty()) {  // an empty document: an empty file or field
         pending_start_ = false;
@@ -176,18 +201,38 @@ bool CorpusReader::next_jsonl(CorpusChunk& chunk) {
     bytes_in_file_ += static_cast<int64_t>(line.size()) + 1;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = paths_[file_index_] + ":" + std::to_string(line_number_);
-    const json::Value doc = json::parse(line, paths_[file_index_], line_number_);
-    MW_CHECK_T(FormatError, doc.is_object(), where, ": expected a JSON object per line, found ",
-               doc.describe());
-    const json::Value* text = doc.find(field_);
-    MW_CHECK_T(FormatError, text && text->is_string(), where, ": expected a string field \"",
-               field_, "\", found ", text ? text->describe() : std::string("no such field"),
-               "; pass --field NAME to read another field");
-    chunk_ = text->as_string();
+    chunk_ = document_text(json::parse(line, paths_[file_index_], line_number_), where, false);
     chunk = {chunk_, true, bytes_done_ + bytes_in_file_ - static_cast<int64_t>(line.size()) - 1};
     return true;
   }
   return false;
+}
+
+bool CorpusReader::next_json_element(CorpusChunk& chunk) {
+  if (array_index_ >= array_.size()) {
+    array_ = json::Value();  // its memory goes before the next file's
+    bytes_in_file_ = file_bytes_;
+    return false;
+  }
+  const std::string where = str(paths_[file_index_], " element ", array_index_);
+  chunk_ = document_text(array_.at(array_index_), where, true);
+  ++array_index_;
+  // Progress in bytes, as the elements go; the val cut of Note [One document] is for text files.
+  bytes_in_file_ = file_bytes_ * array_index_ / std::max<int64_t>(1, array_.size());
+  chunk = {chunk_, true, bytes_done_ + bytes_in_file_};
+  return true;
+}
+
+const std::string& CorpusReader::document_text(const json::Value& doc, const std::string& where,
+                                               bool strings) const {
+  if (strings && doc.is_string()) return doc.as_string();
+  MW_CHECK_T(FormatError, doc.is_object(), where, ": expected a JSON object",
+             strings ? " or string" : " per line", ", found ", doc.describe());
+  const json::Value* text = doc.find(field_);
+  MW_CHECK_T(FormatError, text && text->is_string(), where, ": expected a string field \"", field_,
+             "\", found ", text ? text->describe() : std::string("no such field"),
+             "; pass --field NAME to read another field");
+  return text->as_string();
 }
 
 bool CorpusReader::read_more() {

@@ -1,9 +1,18 @@
 // Reading a text corpus as documents, streamed in bounded chunks, for tokenizing and BPE training.
 //
 // Inputs: a file whose name ends in ".jsonl" holds one document per non-empty line, a JSON object
-// whose string field `field` is the text; any other file is one document of raw bytes (invalid
-// UTF-8 is tokenized byte by byte). Compressed files, token shards, UTF-16 and other binary files
-// are refused, and so is a file given twice (Note [Not text], corpus.cpp).
+// whose string field `field` is the text; one ending in ".json" holds a JSON array of documents,
+// objects with that field or strings (Note [JSON arrays]); any other file is one document of raw
+// bytes (invalid UTF-8 is tokenized byte by byte). Compressed files, token shards, UTF-16 and other
+// binary files are refused, and so is a file given twice (Note [Not text], corpus.cpp).
+//
+// Note [JSON arrays]: TinyStories' data00.json ... data49.json (llama2.c's and llm.c's source for
+// it) and Alpaca's alpaca_data.json are one JSON array each, not JSONL; such a file was one
+// document of raw JSON, so the model learned the brackets, keys and escapes. A .json file that
+// starts with '[' is now parsed as a whole (about 5x its size in memory: 63 MB took 296 MB) and
+// each element is a document; files over kMaxJsonArrayBytes are refused with how to make JSONL of
+// them, which streams. Any other .json is read as JSONL, which HF datasets' to_json() writes under
+// that name.
 //
 // Note [Chunk boundaries]: a large document is handed out in chunks of about kChunkBytes, and the
 // tokenizer pre-tokenises each chunk on its own. That gives exactly the pieces of the whole
@@ -32,10 +41,13 @@
 #include <string_view>
 #include <vector>
 
+#include "data/json.h"
+
 namespace mw::data {
 
 inline constexpr int64_t kChunkBytes = 1 << 20;
 inline constexpr int64_t kMaxChunkBytes = 64LL << 20;
+inline constexpr int64_t kMaxJsonArrayBytes = int64_t{2} << 30;  // Note [JSON arrays]
 
 // The first cut of Note [Chunk boundaries] in text at or after `from` (npos when there is none):
 // the text before it and after it pre-tokenise as the whole does.
@@ -64,6 +76,11 @@ class CorpusReader {
  private:
   bool open_next_file();
   bool next_jsonl(CorpusChunk& chunk);
+  bool next_json_element(CorpusChunk& chunk);  // Note [JSON arrays]
+  char first_non_space_byte();                 // of in_, left where it was
+  // A JSON document's text: its string field `field_` (or itself, a string where `strings`).
+  const std::string& document_text(const json::Value& doc, const std::string& where,
+                                   bool strings) const;
   bool next_text(CorpusChunk& chunk);
   // The next non-empty piece of raw_ between markers; false once raw_ is used up.
   bool next_piece(CorpusChunk& chunk);
@@ -74,7 +91,9 @@ class CorpusReader {
   std::string field_;
   size_t file_index_ = 0;
   std::ifstream in_;
-  bool is_jsonl_ = false;
+  enum class Kind { kText, kJsonl, kJsonArray } kind_ = Kind::kText;
+  json::Value array_;  // a .json file's documents
+  int64_t array_index_ = 0, file_bytes_ = 0;
   bool document_started_ = false;
   int64_t line_number_ = 0;
   std::string buffer_;  // text read but not yet handed out, after the chunk handed out

@@ -207,6 +207,38 @@ TEST(Gpt2Tokenize, EndOfTextMarkersSeparateDocuments) {
             (std::vector<std::string>{"one", "two"}));
 }
 
+// Note [JSON arrays]: TinyStories' data00.json and Alpaca's alpaca_data.json are one JSON array
+// each; such a file was one document of raw JSON. Each element is a document now (an object's
+// --field, or a string); a .json of one object per line (HF datasets' to_json) is JSONL.
+TEST(Gpt2Tokenize, AJsonArrayIsADocumentPerElementAndJsonLinesAreJsonl) {
+  TempDir tmp;
+  const std::string array =
+      write(tmp, "data00.json",
+            "\xEF\xBB\xBF [\n {\"story\": \"Once upon a time.\", \"source\": \"GPT-4\"},\n"
+            "  \"A plain string.\", {\"story\": \"Tab\\there \\u00fc.\"}\n]\n");
+  const std::string lines =
+      write(tmp, "lines.json", "{\"story\": \"first\"}\n{\"story\": \"second\"}\n");
+  const AppResult r = tokenize(kFixtureTokenizer + "--field story --val-fraction 0.5 --out " +
+                               tmp.file("out") + " " + array + " " + lines);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const data::BpeTokenizer tok = fixture_tokenizer();
+  std::vector<int32_t> ids = read_shard(tmp.file("out/train_000000.bin"));
+  const std::vector<int32_t> val = read_shard(tmp.file("out/val_000000.bin"));
+  ids.insert(ids.end(), val.begin(), val.end());  // whole documents go to val: no cut
+  std::vector<std::string> docs = documents(ids, tok);
+  std::sort(docs.begin(), docs.end());
+  EXPECT_EQ(docs, (std::vector<std::string>{"A plain string.", "Once upon a time.",
+                                            "Tab\there \xC3\xBC.", "first", "second"}));
+  const std::string other = write(tmp, "other.json", "[{\"story\": \"ok\"}, 3]");
+  const AppResult bad =
+      tokenize(kFixtureTokenizer + "--field story --out " + tmp.file("bad") + " " + other);
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.output.find("other.json element 1: expected a JSON object or string, found "
+                            "number 3"),
+            std::string::npos)
+      << bad.output;
+}
+
 TEST(Gpt2Tokenize, TrainBpeLearnsATokenizerThatRoundTripsAndCompresses) {
   TempDir tmp;
   const std::string corpus = kFixture + "train.txt";
