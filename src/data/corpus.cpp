@@ -44,8 +44,8 @@ namespace {
 // Note [Not text]: gpt2_tokenize takes any bytes (invalid UTF-8 is tokenized byte by byte), so a
 // compressed corpus, a token shard or a UTF-16 file became tokens without a word: 79,025 tokens of
 // noise from a shard, at "1.00 bytes per token". Their first bytes tell them apart from text: the
-// magic numbers of gzip, bzip2, xz, zstd and zip, llm.c's shard header, a UTF-16 byte-order mark,
-// and, for any other binary file, a NUL byte in the first 64 KiB (text has none).
+// magic numbers of gzip, bzip2, xz, zstd, zip and Parquet, llm.c's shard header, a UTF-16
+// byte-order mark, and, for any other binary file, a NUL byte in the first 64 KiB (text has none).
 void check_is_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::string head(64 * 1024, '\0');
@@ -67,6 +67,12 @@ void check_is_text(const std::string& path) {
   MW_CHECK_T(FormatError, magic != kTokenShardMagic, "input '", path,
              "' is a token shard (llm.c's header), already tokenized: pass it to gpt2_train "
              "--data, or tokenize the text it came from");
+  // HF datasets publish Parquet (FineWeb, the Hub's converted datasets): binary, columnar.
+  MW_CHECK_T(FormatError, !starts("PAR1"), "input '", path,
+             "' is a Parquet file, not text: write its text column as JSONL first, e.g. python3 "
+             "-c \"import pandas as p; p.read_parquet('",
+             path, "').to_json('", path,
+             ".jsonl', orient='records', lines=True)\" (needs pyarrow), and pass the .jsonl");
   MW_CHECK_T(FormatError, !starts("\xff\xfe") && !starts("\xfe\xff"), "input '", path,
              "' is UTF-16 text (a byte-order mark): convert it to UTF-8 first (iconv -f UTF-16 -t "
              "UTF-8)");

@@ -346,6 +346,8 @@ TEST(Gpt2Tokenize, BadInputsGiveClearErrors) {
       {kFixtureTokenizer + out + write(tmp, "c.txt.gz", std::string("\x1f\x8b\x08\0\0\0", 6)), 1,
        "c.txt.gz' is gzip-compressed, not text"},
       {kFixtureTokenizer + out + shard, 1, "s.bin' is a token shard (llm.c's header)"},
+      {kFixtureTokenizer + out + write(tmp, "t.parquet", std::string("PAR1\x15\x04", 6)), 1,
+       "t.parquet' is a Parquet file, not text: write its text column as JSONL first"},
       {kFixtureTokenizer + out + write(tmp, "u16.txt", std::string("\xff\xfeh\0i\0", 6)), 1,
        "u16.txt' is UTF-16 text"},
       {kFixtureTokenizer + out + write(tmp, "nul.txt", std::string("ab\0cd", 5)), 1,
