@@ -138,7 +138,8 @@ int tokenize(cli::Parser& p, data::CorpusReader& reader,
   data::ShardSplits splits(out_dir, shard_tokens, val_fraction, tok.eot_id(),
                            data::ShardTokenizer{tok.vocab_size(), tok.fingerprint()});
   const std::string extension = std::filesystem::path(inputs[0]).extension().string();
-  const bool one_document = inputs.size() == 1 && extension != ".jsonl" && extension != ".json";
+  const bool one_document = inputs.size() == 1 && extension != ".jsonl" && extension != ".json" &&
+                            extension != ".csv" && extension != ".tsv";
   if (one_document && val_fraction > 0)  // Note [One document]
     splits.val_from_byte =
         static_cast<int64_t>(std::llround((1 - val_fraction) * double(reader.total_bytes())));
@@ -249,8 +250,8 @@ int main(int argc, char** argv) {
                 "Tokenizes text with GPT-2's byte-level BPE into llm.c token shards "
                 "DIR/{train,val}_NNNNNN.bin, each document preceded by <|endoftext|>.");
   p.positionals("FILE",
-                "text files (one document each), .jsonl files (one document per line) or .json "
-                "files (an array of documents)");
+                "text files (one document each), .jsonl files (one document per line), .json "
+                "files (an array of documents) or .csv/.tsv files (a document per row)");
   p.option("vocab", "", "HF vocab.json (with --merges)");
   p.option("merges", "", "HF merges.txt (with --vocab)");
   p.option("tokenizer", "", "HF tokenizer.json (instead of --vocab/--merges)");
@@ -264,7 +265,8 @@ int main(int argc, char** argv) {
            "share of the tokens written to val_*.bin: whole documents (of one text file alone, its "
            "last part)");
   p.option("field", "text",
-           "the field of each .jsonl line's (or .json element's) object holding its text");
+           "the field of each .jsonl line's (or .json element's) object holding its text, or the "
+           ".csv/.tsv column");
   p.option("threads", "0",
            "tokenizing threads (0 = all cores this process may use: affinity, CPU quota)");
   p.option("shard-tokens", "100000000",

@@ -130,6 +130,8 @@ bool CorpusReader::open_next_file() {
   }
   kind_ = ends_with(path, ".jsonl") || ends_with(path, ".json") ? Kind::kJsonl : Kind::kText;
   file_bytes_ = static_cast<int64_t>(std::filesystem::file_size(path));
+  if (ends_with(path, ".csv") || ends_with(path, ".tsv"))
+    open_csv(ends_with(path, ".csv") ? ',' : '\t');
   if (ends_with(path, ".json") && first_non_space_byte() == '[') {  // Note [JSON arrays]
     kind_ = Kind::kJsonArray;
     array_ = json::parse(
@@ -162,6 +164,7 @@ bool CorpusReader::next(CorpusChunk& chunk) {
     CorpusChunk raw;
     if (in_.is_open() && (kind_ == Kind::kJsonl       ? next_jsonl(raw)
                           : kind_ == Kind::kJsonArray ? next_json_element(raw)
+                          : kind_ == Kind::kCsv       ? next_csv(raw)
                                                       : next_text(raw))) {
       if (raw.starts_document) pending_start_ = true;
       if (raw.starts_document && raw.text.empty()) {  // an empty document: an empty file or field
@@ -227,6 +230,40 @@ bool CorpusReader::next_json_element(CorpusChunk& chunk) {
   bytes_in_file_ = file_bytes_ * array_index_ / std::max<int64_t>(1, array_.size());
   chunk = {chunk_, true, bytes_done_ + bytes_in_file_};
   return true;
+}
+
+void CorpusReader::open_csv(char delimiter) {
+  kind_ = Kind::kCsv;
+  csv_delimiter_ = delimiter;
+  csv_at_ = {0, bytes_in_file_};  // after a byte-order mark
+  const std::string& path = paths_[file_index_];
+  std::vector<std::string> header;
+  if (!read_csv_record(in_, delimiter, path, header, csv_at_)) return;  // an empty file
+  const auto column = std::find(header.begin(), header.end(), field_);
+  if (column == header.end()) {
+    std::string names;
+    for (const std::string& name : header) names += (names.empty() ? "" : ", ") + name;
+    throw FormatError(str(path, ": its header (", names, ") has no column \"", field_,
+                          "\"; pass --field the column that holds the text"));
+  }
+  csv_column_ = static_cast<size_t>(column - header.begin());
+  bytes_in_file_ = csv_at_.bytes;
+}
+
+bool CorpusReader::next_csv(CorpusChunk& chunk) {
+  const std::string& path = paths_[file_index_];
+  for (;;) {
+    const int64_t offset = bytes_done_ + csv_at_.bytes;
+    if (!read_csv_record(in_, csv_delimiter_, path, csv_fields_, csv_at_)) return false;
+    bytes_in_file_ = csv_at_.bytes;
+    if (csv_fields_.empty()) continue;  // a blank line
+    MW_CHECK_T(FormatError, csv_column_ < csv_fields_.size(), path, ":", csv_at_.line,
+               ": the row has ", csv_fields_.size(), " field(s), and the column \"", field_,
+               "\" is field ", csv_column_ + 1, " of the header");
+    chunk_ = std::move(csv_fields_[csv_column_]);
+    chunk = {chunk_, true, offset};
+    return true;
+  }
 }
 
 const std::string& CorpusReader::document_text(const json::Value& doc, const std::string& where,

@@ -2,9 +2,11 @@
 //
 // Inputs: a file whose name ends in ".jsonl" holds one document per non-empty line, a JSON object
 // whose string field `field` is the text; one ending in ".json" holds a JSON array of documents,
-// objects with that field or strings (Note [JSON arrays]); any other file is one document of raw
-// bytes (invalid UTF-8 is tokenized byte by byte). Compressed files, token shards, UTF-16 and other
-// binary files are refused, and so is a file given twice (Note [Not text], corpus.cpp).
+// objects with that field or strings (Note [JSON arrays]); one ending in ".csv" or ".tsv" is a
+// table whose column `field` (named in its header) holds a document per row (data/csv.h); any
+// other file is one document of raw bytes (invalid UTF-8 is tokenized byte by byte). Compressed
+// files, token shards, UTF-16 and other binary files are refused, and so is a file given twice
+// (Note [Not text], corpus.cpp).
 //
 // Note [JSON arrays]: TinyStories' data00.json ... data49.json (llama2.c's and llm.c's source for
 // it) and Alpaca's alpaca_data.json are one JSON array each, not JSONL; such a file was one
@@ -41,6 +43,7 @@
 #include <string_view>
 #include <vector>
 
+#include "data/csv.h"
 #include "data/json.h"
 
 namespace mw::data {
@@ -77,7 +80,9 @@ class CorpusReader {
   bool open_next_file();
   bool next_jsonl(CorpusChunk& chunk);
   bool next_json_element(CorpusChunk& chunk);  // Note [JSON arrays]
-  char first_non_space_byte();                 // of in_, left where it was
+  void open_csv(char delimiter);               // reads the header, finds the column
+  bool next_csv(CorpusChunk& chunk);
+  char first_non_space_byte();  // of in_, left where it was
   // A JSON document's text: its string field `field_` (or itself, a string where `strings`).
   const std::string& document_text(const json::Value& doc, const std::string& where,
                                    bool strings) const;
@@ -91,7 +96,11 @@ class CorpusReader {
   std::string field_;
   size_t file_index_ = 0;
   std::ifstream in_;
-  enum class Kind { kText, kJsonl, kJsonArray } kind_ = Kind::kText;
+  enum class Kind { kText, kJsonl, kJsonArray, kCsv } kind_ = Kind::kText;
+  char csv_delimiter_ = ',';
+  size_t csv_column_ = 0;
+  CsvPosition csv_at_;
+  std::vector<std::string> csv_fields_;
   json::Value array_;  // a .json file's documents
   int64_t array_index_ = 0, file_bytes_ = 0;
   bool document_started_ = false;

@@ -239,6 +239,25 @@ TEST(Gpt2Tokenize, AJsonArrayIsADocumentPerElementAndJsonLinesAreJsonl) {
       << bad.output;
 }
 
+// A table's column of documents (Kaggle's and HF's CSV exports): each row's --field is a document;
+// a CSV was one document of raw text, its header, commas and quotes included.
+TEST(Gpt2Tokenize, ACsvColumnIsADocumentPerRow) {
+  TempDir tmp;
+  const std::string csv = write(
+      tmp, "t.csv", "id,story\r\n1,\"A \"\"quoted\"\", comma\r\nand break.\"\r\n\r\n2,plain\r\n");
+  const std::string tsv = write(tmp, "t.tsv", "story\tn\nTabbed row\t7\n");
+  const AppResult r = tokenize(kFixtureTokenizer + "--field story --out " + tmp.file("out") + " " +
+                               csv + " " + tsv);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(documents(read_shard(tmp.file("out/train_000000.bin")), fixture_tokenizer()),
+            (std::vector<std::string>{"A \"quoted\", comma\r\nand break.", "plain", "Tabbed row"}));
+  const AppResult bad = tokenize(kFixtureTokenizer + "--out " + tmp.file("bad") + " " + csv);
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.output.find("t.csv: its header (id, story) has no column \"text\"; pass --field"),
+            std::string::npos)
+      << bad.output;
+}
+
 TEST(Gpt2Tokenize, TrainBpeLearnsATokenizerThatRoundTripsAndCompresses) {
   TempDir tmp;
   const std::string corpus = kFixture + "train.txt";
