@@ -242,7 +242,9 @@ void declare_memory_data_and_outputs(cli::Parser& p) {
 
 // The tokenizer, sampling during training, data parallel, and the memory plan.
 void declare_tokenizer_sampling_and_checks(cli::Parser& p) {
-  p.option("vocab", "", "the tokenizer's vocab.json, with --merges (default: --init-from's)");
+  p.option("vocab", "",
+           "the tokenizer's vocab.json, with --merges (default: --init-from's, or the one "
+           "gpt2_tokenize wrote beside the --data shards)");
   p.option("merges", "", "the tokenizer's merges.txt, with --vocab");
   p.option("tokenizer", "", "the tokenizer's tokenizer.json (instead of --vocab/--merges)");
   p.flag("save-run-dropout", "--save records the run's --dropout (default: the config's)");
