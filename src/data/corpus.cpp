@@ -1,10 +1,13 @@
 // Streaming a corpus in chunks cut at piece boundaries: see corpus.h and Note [Chunk boundaries].
 #include "data/corpus.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string_view>
 
 #include "core/error.h"
@@ -97,15 +100,17 @@ CorpusReader::CorpusReader(std::vector<std::string> paths, std::string jsonl_fie
     check_is_text(path);
   }
   // The same file twice (a glob and a name, a link): its documents would be tokenized twice, and
-  // with --val-fraction could land in train and in val.
-  for (size_t i = 0; i < paths_.size(); ++i)
-    for (size_t j = i + 1; j < paths_.size(); ++j) {
-      std::error_code ec;
-      MW_CHECK_T(InvalidArgument, !std::filesystem::equivalent(paths_[i], paths_[j], ec), "input '",
-                 paths_[j], "' is '", paths_[i],
-                 "' again: its documents would be tokenized twice (and could land in both train "
-                 "and val); pass each file once");
-    }
+  // with --val-fraction could land in train and in val. One stat per file: comparing every pair
+  // took 23 s for 5,000 files (a folder of documents), and grows with the square.
+  std::map<std::pair<dev_t, ino_t>, size_t> seen;
+  for (size_t j = 0; j < paths_.size(); ++j) {
+    struct stat st {};
+    if (::stat(paths_[j].c_str(), &st) != 0) continue;  // named by the open, above
+    const auto [it, fresh] = seen.emplace(std::pair{st.st_dev, st.st_ino}, j);
+    MW_CHECK_T(InvalidArgument, fresh, "input '", paths_[j], "' is '", paths_[it->second],
+               "' again: its documents would be tokenized twice (and could land in both train "
+               "and val); pass each file once");
+  }
 }
 
 bool CorpusReader::open_next_file() {
