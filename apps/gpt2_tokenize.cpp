@@ -185,14 +185,17 @@ int tokenize(cli::Parser& p, data::CorpusReader& reader,
 }
 
 int run(cli::Parser& p) {
-  const std::vector<std::string>& inputs = p.positional_values();
   if ((p.given("vocab") || p.given("merges")) + p.given("tokenizer") + p.given("train-bpe") != 1)
     throw cli::UsageError(
         "choose one tokenizer: --vocab and --merges, or --tokenizer, or --train-bpe VOCAB_SIZE");
-  if (inputs.empty())
-    throw cli::UsageError("no input files: pass text, .jsonl or .json files after the options");
+  if (p.positional_values().empty())
+    throw cli::UsageError(
+        "no input files: pass text, .jsonl, .json or .csv files (or folders of them) after the "
+        "options");
   if (!p.given("out")) throw cli::UsageError("--out DIR is required");
   const std::string out_dir = p.str("out");
+  const std::vector<std::string> inputs =
+      data::expand_corpus_inputs(p.positional_values(), out_dir);
   const double val_fraction = p.real("val-fraction", 0.0, 0.5);
   const int64_t shard_tokens = p.integer("shard-tokens", 1, INT32_MAX);
   set_num_threads(static_cast<int>(p.integer("threads", 0, 1024)));
@@ -251,7 +254,8 @@ int main(int argc, char** argv) {
                 "DIR/{train,val}_NNNNNN.bin, each document preceded by <|endoftext|>.");
   p.positionals("FILE",
                 "text files (one document each), .jsonl files (one document per line), .json "
-                "files (an array of documents) or .csv/.tsv files (a document per row)");
+                "files (an array of documents) or .csv/.tsv files (a document per row), or "
+                "folders of them (every file under it, in name order)");
   p.option("vocab", "", "HF vocab.json (with --merges)");
   p.option("merges", "", "HF merges.txt (with --vocab)");
   p.option("tokenizer", "", "HF tokenizer.json (instead of --vocab/--merges)");

@@ -87,6 +87,48 @@ void check_is_text(const std::string& path) {
 
 }  // namespace
 
+namespace {
+// A folder gpt2_tokenize wrote: its shards are not text, its tokenizer files not documents.
+bool is_shard_folder(const std::filesystem::path& dir) {
+  std::error_code ec;
+  return std::filesystem::exists(dir / "train_000000.bin", ec) ||
+         std::filesystem::exists(dir / "val_000000.bin", ec);
+}
+}  // namespace
+
+std::vector<std::string> expand_corpus_inputs(const std::vector<std::string>& inputs,
+                                              const std::string& out_dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> files;
+  for (const std::string& input : inputs) {
+    std::error_code ec;
+    if (!fs::is_directory(input, ec)) {
+      files.push_back(input);  // a file, or a bad path named by the reader
+      continue;
+    }
+    std::vector<std::string> under;
+    auto it = fs::recursive_directory_iterator(input, ec);
+    MW_CHECK_T(IoError, !ec, "input folder '", input, "' cannot be read: ", ec.message());
+    for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      MW_CHECK_T(IoError, !ec, "reading input folder '", input, "' failed: ", ec.message());
+      const std::string name = it->path().filename().string();
+      const bool out = (!out_dir.empty() && fs::equivalent(it->path(), out_dir, ec)) ||
+                       (it->is_directory(ec) && is_shard_folder(it->path()));
+      if (name.starts_with(".") || out) {
+        if (it->is_directory(ec)) it.disable_recursion_pending();
+        continue;
+      }
+      if (it->is_regular_file(ec)) under.push_back(it->path().string());
+    }
+    MW_CHECK_T(IoError, !under.empty(), "input folder '", input,
+               "' holds no file to tokenize; pass text, .jsonl, .json or .csv files, or folders "
+               "of them");
+    std::sort(under.begin(), under.end());
+    files.insert(files.end(), under.begin(), under.end());
+  }
+  return files;
+}
+
 CorpusReader::CorpusReader(std::vector<std::string> paths, std::string jsonl_field)
     : paths_(std::move(paths)), field_(std::move(jsonl_field)) {
   for (const std::string& path : paths_) {

@@ -258,6 +258,32 @@ TEST(Gpt2Tokenize, ACsvColumnIsADocumentPerRow) {
       << bad.output;
 }
 
+// A folder is its files, recursively, in path order: tens of thousands of documents need no glob
+// on the command line (bash's "Argument list too long"). Hidden files and earlier outputs (a
+// folder of shards, with its tokenizer files) are left out; a folder with no file is refused.
+TEST(Gpt2Tokenize, AFolderIsItsFilesInPathOrder) {
+  TempDir tmp;
+  std::filesystem::create_directories(tmp.file("docs/b/c"));
+  std::filesystem::create_directories(tmp.file("docs/.git"));
+  write(tmp, "docs/b/c/two.txt", "two"), write(tmp, "docs/b/one.txt", "one");
+  write(tmp, "docs/a.jsonl", "{\"text\": \"zero\"}\n"), write(tmp, "docs/z.txt", "three");
+  write(tmp, "docs/.DS_Store", std::string("\0\1", 2)), write(tmp, "docs/.git/x", "hidden");
+  ASSERT_EQ(tokenize(kFixtureTokenizer + "--out " + tmp.file("docs/tok") + " " + tmp.file("docs"))
+                .exit_code,
+            0);
+  // Again into another folder: the first run's output inside docs/ is not read as documents.
+  const AppResult r =
+      tokenize(kFixtureTokenizer + "--out " + tmp.file("out") + " " + tmp.file("docs"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(documents(read_shard(tmp.file("out/train_000000.bin")), fixture_tokenizer()),
+            (std::vector<std::string>{"zero", "two", "one", "three"}));
+  std::filesystem::create_directories(tmp.file("empty"));
+  const AppResult empty =
+      tokenize(kFixtureTokenizer + "--out " + tmp.file("e") + " " + tmp.file("empty"));
+  EXPECT_EQ(empty.exit_code, 1);
+  EXPECT_NE(empty.output.find("holds no file to tokenize"), std::string::npos) << empty.output;
+}
+
 TEST(Gpt2Tokenize, TrainBpeLearnsATokenizerThatRoundTripsAndCompresses) {
   TempDir tmp;
   const std::string corpus = kFixture + "train.txt";
