@@ -63,6 +63,9 @@ config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_siz
           "attn_pdrop": 0.1, "layer_norm_epsilon": 1e-05, "initializer_range": 0.02,
           "scale_attn_weights": True, "use_cache": True, "bos_token_id": 96,
           "eos_token_id": 96, "tie_word_embeddings": True}
+# The first byte picks the delimiter (odd: tab); what Python's csv module writes.
+put("csv", "python_writer", ',id,text\r\n1,"say ""hi"", then\r\nleave"\r\n2,""\r\n\r\n3,x\r\n')
+put("csv", "tsv", '\x01story\tn\nA row\t7\n"quoted\ttab"\t8')
 put("gpt2_config", "tiny", json.dumps(config, indent=2))
 put("gpt2_config", "minimal", '{"n_layer": 1, "n_head": 1, "n_embd": 8, "vocab_size": 10}')
 # The fuzz target's parameters: numel 1030 (two 1024-element slices on disk), 6 and 1.

@@ -18,7 +18,7 @@ if [ ${#targets[@]} -eq 0 ]; then
   echo "fuzz: no fuzz_* executables under $build/fuzz; configure with -DMW_FUZZ=ON (clang)" >&2
   exit 1
 fi
-# One target per core at a time (each is one process): on 2 cores the five targets take three
+# One target per core at a time (each is one process): on 2 cores the six targets take three
 # rounds of SECONDS_EACH instead of five. Results are printed in target order.
 jobs=$(nproc)
 fuzz_one() {
