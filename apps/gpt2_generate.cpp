@@ -85,12 +85,15 @@ int run(cli::Parser& p) {
   }
   std::printf("\n");
   std::fflush(stdout);
+  const bool full =
+      static_cast<int64_t>(prompt.size() + generated.size()) >= model.config().n_positions;
+  const bool ended = !print_ids && !full && static_cast<int64_t>(generated.size()) < max_new;
   std::fprintf(stderr, "[generate] %zu prompt + %zu new tokens in %.2f s (%.1f tokens/s)%s%s\n",
                prompt.size(), generated.size(), seconds,
                static_cast<double>(prompt.size() + generated.size()) / std::max(seconds, 1e-9),
-               static_cast<int64_t>(prompt.size() + generated.size()) >= model.config().n_positions
-                   ? "; stopped: the context (n_positions) is full"
-                   : "",
+               full    ? "; stopped: the context (n_positions) is full"
+               : ended ? "; stopped: <|endoftext|> (the model ended the text)"
+                       : "",
                textless > 0 ? str("; ", textless, " of them past the tokenizer's ",
                                   tok->vocab_size(), " ids (a padded vocabulary): no text")
                                   .c_str()
