@@ -156,7 +156,8 @@ int tokenize(cli::Parser& p, data::CorpusReader& reader,
       "bytes per token, vocab %lld\n",
       static_cast<long long>(reader.num_documents()), mb, seconds, mb / std::max(seconds, 1e-9),
       workers.size(), static_cast<long long>(splits.num_tokens()),
-      reader.bytes_read() / std::max(1.0, double(splits.num_tokens())),
+      // Of the documents' text: JSON and CSV syntax is not what the tokenizer compresses.
+      double(reader.text_bytes()) / std::max(1.0, double(splits.num_tokens())),
       static_cast<long long>(tok.vocab_size()));
   std::fputs(data::split_summary("train", splits.train).c_str(), stdout);
   std::fputs(data::split_summary("val", splits.val).c_str(), stdout);

@@ -244,6 +244,7 @@ bool CorpusReader::next_piece(CorpusChunk& chunk) {
     if (marker != std::string_view::npos) pending_start_ = true;  // the next piece starts one
     if (piece.empty()) continue;
     if (starts) ++num_documents_;
+    text_bytes_ += static_cast<int64_t>(piece.size());
     chunk = {piece, starts, offset};
     return true;
   }

@@ -83,6 +83,8 @@ class CorpusReader {
   int64_t bytes_read() const { return bytes_done_ + bytes_in_file_; }
   int64_t num_documents() const { return num_documents_; }
   int64_t num_markers() const { return num_markers_; }  // Note [End-of-text markers]
+  // Bytes of document text handed out: without JSON or CSV syntax, markers and byte-order marks.
+  int64_t text_bytes() const { return text_bytes_; }
 
  private:
   bool open_next_file();
@@ -119,7 +121,7 @@ class CorpusReader {
   size_t piece_pos_ = std::string_view::npos;  // where raw_'s next piece starts
   bool pending_start_ = false;                 // the next piece starts a document
   int64_t total_bytes_ = 0, bytes_done_ = 0, bytes_in_file_ = 0, num_documents_ = 0;
-  int64_t num_markers_ = 0;
+  int64_t num_markers_ = 0, text_bytes_ = 0;
 };
 
 }  // namespace mw::data
