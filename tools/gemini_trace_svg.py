@@ -20,7 +20,14 @@ def main():
     ap.add_argument("--from-ms", type=float, default=None)
     ap.add_argument("--to-ms", type=float, default=None)
     a = ap.parse_args()
-    events = json.load(open(a.trace))["traceEvents"]
+    try:
+        with open(a.trace) as f:
+            events = json.load(f)["traceEvents"]
+    except OSError as e:
+        raise SystemExit(f"gemini_trace_svg: cannot read '{a.trace}': {e.strerror}")
+    except (ValueError, KeyError, TypeError):
+        raise SystemExit(f"gemini_trace_svg: '{a.trace}' is not a trace of gpt2_train --trace "
+                         "(a JSON object with traceEvents)")
     series, ticks = {}, []
     for e in events:
         t = e["ts"] / 1000.0
@@ -63,7 +70,11 @@ def main():
         colour = "#ff7f0e" if cat == "evict" else "#7f7f7f"
         out.append(f'<line x1="{x(t):.1f}" y1="{H-B}" x2="{x(t):.1f}" y2="{H-B+8}" stroke="{colour}"/>')
     out.append("</svg>")
-    open(a.out, "w").write("\n".join(out) + "\n")
+    try:
+        with open(a.out, "w") as f:
+            f.write("\n".join(out) + "\n")
+    except OSError as e:
+        raise SystemExit(f"gemini_trace_svg: cannot write '{a.out}': {e.strerror}")
 
 
 if __name__ == "__main__":
