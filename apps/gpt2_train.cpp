@@ -179,6 +179,9 @@ void declare_model_and_loop(cli::Parser& p) {
            "multiple of their number)");
   p.option("seq", "", "tokens per sequence (T; default 128, or n_positions when smaller)");
   p.option("steps", "3", "training steps (with --resume: the run's total, as first given)");
+  p.option("epochs", "",
+           "instead of --steps: passes over --data (a fraction allowed); steps = ceil(epochs x "
+           "sequences in --data / (batch x grad-accum))");
   p.option("seed", "0", "seed for initialisation, random data and dropout");
   p.option("threads", "0",
            "worker threads (0 = all cores this process may use: affinity, CPU quota)");
@@ -327,6 +330,13 @@ Options parse_options(const cli::Parser& p) {
   o.batch = p.integer("batch", 1, 1 << 20);
   o.seq = p.given("seq") ? p.integer("seq", 2, 1 << 20) : 0;  // 0: the Trainer's default
   o.steps = p.integer("steps", 0, int64_t{1} << 40);
+  if (p.given("epochs")) {  // Note [Epochs]
+    MW_CHECK_T(cli::UsageError, !p.given("steps"),
+               "--epochs and --steps both set the run's length: pass one of them");
+    o.epochs = p.real("epochs", 1e-9, 1e9);
+    MW_CHECK_T(cli::UsageError, p.given("data"),
+               "--epochs counts passes over --data: pass --data (or --steps for random tokens)");
+  }
   o.seed = static_cast<uint64_t>(p.integer("seed", 0, INT64_MAX));
   o.threads = p.integer("threads", 0, 4096);
   o.hyper.lr = static_cast<float>(p.real("lr", 0, 10));

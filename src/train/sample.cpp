@@ -1,6 +1,7 @@
 // The Trainer's inputs besides the model (its data, the optimizer file to load, its tokenizer) and
 // its samples during training (Note [Sampling during training], trainer.h).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -116,6 +117,30 @@ void Trainer::check_shard_tokenizers() const {
           ? str("--vocab ", tokenizer_files_.vocab_json, " --merges ", tokenizer_files_.merges_txt)
           : str("--tokenizer ", tokenizer_files_.tokenizer_json),
       ")", models ? "" : ", or pass the tokenizer the shards were made with");
+}
+
+// Note [Epochs]: --epochs E trains for E passes over --data (a fraction allowed) instead of a
+// number of steps, as HF's num_train_epochs does: one pass is N / T sequences of the stream's N
+// tokens in order, floor(N / T) windows shuffled (Note [Data position]), and a step reads
+// --batch x --grad-accum of them (the global batch under data parallel), so --steps is
+// ceil(E x sequences / (batch x grad_accum)); the schedule (--lr-schedule cosine|linear) ends with
+// the last pass. Headers only are read here, before the plan and the resume checks that take
+// --steps; the count is the same for a resumed run on the same data.
+void Trainer::steps_from_epochs() {
+  MW_CHECK_T(InvalidArgument, !o_.data.empty(),
+             "--epochs counts passes over --data: pass --data (or --steps for random tokens)");
+  int64_t tokens = 0;
+  for (const std::string& path : resolve_shards(o_.data, "train", "--data"))
+    tokens += data::TokenShard(path).num_tokens();
+  const double sequences =
+      o_.shuffle ? static_cast<double>(tokens / o_.seq) : static_cast<double>(tokens) / o_.seq;
+  const double per_step = static_cast<double>(o_.batch * o_.grad_accum);
+  o_.steps =
+      std::max<int64_t>(1, static_cast<int64_t>(std::ceil(o_.epochs * sequences / per_step)));
+  print_(str("Steps: ", format_thousands(o_.steps), " (", o_.epochs, " epoch",
+             o_.epochs == 1 ? "" : "s", " of --data's ", format_thousands(tokens),
+             " tokens: ", format_fixed(sequences, 1), " sequences of ", o_.seq, " per epoch, ",
+             o_.batch * o_.grad_accum, " per step)\n"));
 }
 
 // The first shard of --data, else of --val-data, that names its tokenizer; nullptr when none does.

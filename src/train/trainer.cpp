@@ -164,6 +164,7 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
   if (o_.dropout >= 0) config_.set_dropout(o_.dropout);
   if (o_.save_run_dropout) saved_config_ = config_;
   if (o_.seq == 0) o_.seq = std::min<int64_t>(128, config_.n_positions);  // every preset runs
+  if (o_.epochs > 0) steps_from_epochs();
   MW_CHECK_T(InvalidArgument, o_.seq <= config_.n_positions, "--seq ", o_.seq,
              " exceeds the model's ", config_.n_positions, " positions; lower --seq");
   MW_CHECK_T(InvalidArgument, o_.checkpoint_segments <= config_.n_layer, "--checkpoint-segments ",

@@ -51,6 +51,8 @@ struct TrainOptions {
   int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab_size = 0, n_positions = 0;
   std::string optimizer = "hybridadam";
   int64_t batch = 4, seq = 128, steps = 3, threads = 0;  // seq 0: min(128, n_positions)
+  // > 0: passes over `data` instead of `steps` (Note [Epochs]).
+  double epochs = 0;
   uint64_t seed = 0;
   double dropout = -1;  // < 0: the config's
   optim::AdamHyper hyper;
@@ -290,6 +292,7 @@ class Trainer {
   const data::TokenShard* first_stamped_shard(std::string* option) const;
   data::TokenizerFiles tokenizer_beside_shards() const;  // Note [Tokenizer beside the shards]
   void open_inputs();                         // --data, --val-data, --load-optimizer's file
+  void steps_from_epochs();                   // Note [Epochs]
   std::vector<int32_t> sample_by_forwards();  // Note [Sampling during training]
   void setup_data_parallel();  // checks the options, splits the work, broadcasts the weights
   void keep_rank_rows(std::vector<int32_t>& tokens) const;  // of the global batch's B x T
