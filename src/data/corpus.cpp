@@ -80,14 +80,12 @@ void check_is_text(const std::string& path) {
              "' is UTF-16 text (a byte-order mark): convert it to UTF-8 first (iconv -f UTF-16 -t "
              "UTF-8)");
   const size_t nul = head.find('\0');
-  MW_CHECK_T(
-      FormatError, nul == std::string::npos, "input '", path, "' holds a NUL byte at offset ", nul,
-      ": a binary file, not text; pass text files (one document each), .jsonl or .json files");
+  MW_CHECK_T(FormatError, nul == std::string::npos, "input '", path,
+             "' holds a NUL byte at offset ", nul,
+             ": a binary file, not text; pass text files (one document each), .jsonl, .json or "
+             ".csv files");
 }
 
-}  // namespace
-
-namespace {
 // A folder gpt2_tokenize wrote: its shards are not text, its tokenizer files not documents.
 bool is_shard_folder(const std::filesystem::path& dir) {
   std::error_code ec;
@@ -133,9 +131,9 @@ CorpusReader::CorpusReader(std::vector<std::string> paths, std::string jsonl_fie
     : paths_(std::move(paths)), field_(std::move(jsonl_field)) {
   for (const std::string& path : paths_) {
     std::error_code ec;
-    MW_CHECK_T(
-        IoError, std::filesystem::is_regular_file(path, ec), "input '", path,
-        "' is not a readable file; pass text files (one document each), .jsonl or .json files");
+    MW_CHECK_T(IoError, std::filesystem::is_regular_file(path, ec), "input '", path,
+               "' is not a readable file; pass text files (one document each), .jsonl, .json or "
+               ".csv files");
     std::ifstream probe(path, std::ios::binary);
     MW_CHECK_T(IoError, probe.good(), "cannot open input '", path, "' for reading");
     total_bytes_ += static_cast<int64_t>(std::filesystem::file_size(path));
