@@ -160,13 +160,12 @@ const data::TokenShard* Trainer::first_stamped_shard(std::string* option) const 
 // Note [Tokenizer beside the shards]: gpt2_tokenize writes the tokenizer it used into its --out,
 // beside the shards (--train-bpe's learned vocab.json + merges.txt, or a copy of the files it was
 // given). A run that names no tokenizer, on weights that carry none (a new model, or weights saved
-// without one), takes the one
-// beside its first stamped shard when that one's fingerprint is the shard's stamp (Note [Shard
-// tokenizer stamp]). Without it, `gpt2_tokenize --train-bpe 8192 --out tok my.txt` then
-// `gpt2_train --data tok --save m` saved a model without a tokenizer: its samples during training
-// were ids, and `gpt2_generate --model m --prompt ...` failed with "no tokenizer in 'm'". Files
-// there of another fingerprint are left alone, and a run that ends with stamped shards and no
-// tokenizer says what its saves will lack.
+// without one), takes the one beside its first stamped shard when that one's fingerprint is the
+// shard's stamp (Note [Shard tokenizer stamp]). Without it, `gpt2_tokenize --train-bpe 8192 --out
+// tok my.txt` then `gpt2_train --data tok --save m` saved a model without a tokenizer: its samples
+// during training were ids, and `gpt2_generate --model m --prompt ...` failed with "no tokenizer in
+// 'm'". Files there of another fingerprint are left alone, and a run that ends with stamped shards
+// and no tokenizer says what its saves will lack.
 data::TokenizerFiles Trainer::tokenizer_beside_shards() const {
   const data::TokenShard* shard = first_stamped_shard(nullptr);
   if (!shard) return {};
