@@ -185,6 +185,17 @@ int tokenize(cli::Parser& p, data::CorpusReader& reader,
   return 0;
 }
 
+// Note [Not UTF-8] (data/corpus.cpp): the first three, then how many more (a folder of 100,000
+// Latin-1 files is one problem, not 100,000 lines).
+void print_input_warnings(const data::CorpusReader& reader) {
+  const std::vector<std::string>& w = reader.warnings();
+  for (size_t i = 0; i < std::min<size_t>(3, w.size()); ++i)
+    std::fprintf(stderr, "gpt2_tokenize: warning: %s\n", w[i].c_str());
+  if (w.size() > 3)
+    std::fprintf(stderr, "gpt2_tokenize: warning: and %zu more inputs are not UTF-8 text\n",
+                 w.size() - 3);
+}
+
 int run(cli::Parser& p) {
   if ((p.given("vocab") || p.given("merges")) + p.given("tokenizer") + p.given("train-bpe") != 1)
     throw cli::UsageError(
@@ -201,6 +212,7 @@ int run(cli::Parser& p) {
   const int64_t shard_tokens = p.integer("shard-tokens", 1, INT32_MAX);
   set_num_threads(static_cast<int>(p.integer("threads", 0, 1024)));
   data::CorpusReader reader(inputs, p.str("field"));  // checks the inputs before any work
+  print_input_warnings(reader);
   // The given tokenizer files are read before the output directory is made; --train-bpe writes
   // its files there.
   std::vector<std::unique_ptr<data::BpeTokenizer>> workers;

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include "data/bpe.h"
 #include "data/file_io.h"
 #include "data/json.h"
+#include "data/pretokenize.h"
 #include "data/token_shard.h"
 
 namespace mw::data {
@@ -44,12 +46,40 @@ size_t first_safe_cut(std::string_view text, size_t from) {
 
 namespace {
 
+// Note [Not UTF-8]: text in another encoding (Latin-1 or Windows-1252: older Project Gutenberg
+// files, exports of Windows software) is tokenized byte by byte as GPT-2's BPE allows, but each
+// accented letter becomes a byte no UTF-8 text has, so the model learns to write that encoding and
+// gpt2_generate prints replacement characters. It is legal input (any bytes are), so it is named
+// with the iconv command that converts it, not refused: the first invalid byte of the first 64 KiB
+// and how many there are (a sequence cut by the 64 KiB boundary is not counted).
+std::string not_utf8_warning(const std::string& path, std::string_view head, bool cut) {
+  int64_t invalid = 0;
+  size_t first = 0;
+  for (size_t pos = 0; pos < head.size();) {
+    const Utf8Char c = decode_utf8(head, pos);
+    if (!c.valid && !(cut && head.size() - pos < 4)) {
+      if (invalid++ == 0) first = pos;
+    }
+    pos += static_cast<size_t>(c.length_bytes);
+  }
+  if (invalid == 0) return "";
+  char byte[8];
+  std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned char>(head[first]));
+  return str(
+      "input '", path, "' is not UTF-8 text: byte ", byte, " at offset ", first, " (", invalid,
+      " such byte", invalid == 1 ? "" : "s", " in its first ", head.size(),
+      " bytes); it is tokenized byte by byte and the model will learn to write that encoding. If "
+      "it is Latin-1 or Windows-1252, convert it first: iconv -f WINDOWS-1252 -t UTF-8 '",
+      path, "' > converted.txt");
+}
+
 // Note [Not text]: gpt2_tokenize takes any bytes (invalid UTF-8 is tokenized byte by byte), so a
 // compressed corpus, a token shard or a UTF-16 file became tokens without a word: 79,025 tokens of
 // noise from a shard, at "1.00 bytes per token". Their first bytes tell them apart from text: the
 // magic numbers of gzip, bzip2, xz, zstd, zip and Parquet, llm.c's shard header, a UTF-16
 // byte-order mark, and, for any other binary file, a NUL byte in the first 64 KiB (text has none).
-void check_is_text(const std::string& path) {
+// Returns a warning for text that is not UTF-8 (Note [Not UTF-8]), else "".
+std::string check_is_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::string head(64 * 1024, '\0');
   in.read(head.data(), static_cast<std::streamsize>(head.size()));
@@ -84,6 +114,9 @@ void check_is_text(const std::string& path) {
              "' holds a NUL byte at offset ", nul,
              ": a binary file, not text; pass text files (one document each), .jsonl, .json or "
              ".csv files");
+  return ends_with(path, ".json") || ends_with(path, ".jsonl")  // their parser refuses it
+             ? ""
+             : not_utf8_warning(path, head, in.gcount() == 64 * 1024 && !in.eof());
 }
 
 // A folder gpt2_tokenize wrote: its shards are not text, its tokenizer files not documents.
@@ -137,7 +170,7 @@ CorpusReader::CorpusReader(std::vector<std::string> paths, std::string jsonl_fie
     std::ifstream probe(path, std::ios::binary);
     MW_CHECK_T(IoError, probe.good(), "cannot open input '", path, "' for reading");
     total_bytes_ += static_cast<int64_t>(std::filesystem::file_size(path));
-    check_is_text(path);
+    if (std::string w = check_is_text(path); !w.empty()) warnings_.push_back(std::move(w));
   }
   // The same file twice (a glob and a name, a link): its documents would be tokenized twice, and
   // with --val-fraction could land in train and in val. One stat per file: comparing every pair

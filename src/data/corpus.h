@@ -83,6 +83,8 @@ class CorpusReader {
   int64_t bytes_read() const { return bytes_done_ + bytes_in_file_; }
   int64_t num_documents() const { return num_documents_; }
   int64_t num_markers() const { return num_markers_; }  // Note [End-of-text markers]
+  // One per input that is not UTF-8 text (Note [Not UTF-8], corpus.cpp), found at construction.
+  const std::vector<std::string>& warnings() const { return warnings_; }
   // Bytes of document text handed out: without JSON or CSV syntax, markers and byte-order marks.
   int64_t text_bytes() const { return text_bytes_; }
 
@@ -102,7 +104,7 @@ class CorpusReader {
   // Appends up to kChunkBytes of the file to buffer_; false once the file's end is reached.
   bool read_more();
 
-  std::vector<std::string> paths_;
+  std::vector<std::string> paths_, warnings_;
   std::string field_;
   size_t file_index_ = 0;
   std::ifstream in_;
