@@ -340,6 +340,13 @@ Options parse_options(const cli::Parser& p) {
   o.seed = static_cast<uint64_t>(p.integer("seed", 0, INT64_MAX));
   o.threads = p.integer("threads", 0, 4096);
   o.hyper.lr = static_cast<float>(p.real("lr", 0, 10));
+  // The default is the ColossalAI example's rate for random weights, ten to a hundred times the
+  // rates fine-tuning recipes use on pretrained ones.
+  if (!p.given("lr") && p.given("init-from") && !p.given("eval-only"))
+    warn(
+        "--init-from without --lr trains at the default 1e-3, the ColossalAI example's rate for "
+        "random weights; fine-tuning pretrained weights usually takes 1e-5 to 1e-4 (HF Trainer's "
+        "default is 5e-5): pass --lr");
   parse_loop(p, o);
   // Below 1 as floats: the largest float under 1 is 1 - 2^-24 (0.999999999 rounds to 1, which
   // the optimizer refuses, and 1 - beta^t would be 0).

@@ -386,6 +386,16 @@ TEST(Gpt2Train, OptionsThatDoNothingHereAreNamedInAWarning) {
     EXPECT_NE(r.output.find(std::string("warning: ") + name + " has no effect in one process"),
               std::string::npos)
         << r.output;
+  // Fine-tuning at the from-scratch default rate, 10-100x what fine-tuning recipes use.
+  const std::string pretrained = " --init-from " + std::string(MW_SOURCE_DIR) +
+                                 "/tests/fixtures/gpt2_tiny --steps 1 --threads 2";
+  r = run(pretrained);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: --init-from without --lr trains at the default 1e-3"),
+            std::string::npos)
+      << r.output;
+  r = run(pretrained + " --lr 5e-5");
+  EXPECT_EQ(r.output.find("warning"), std::string::npos) << r.output;
 }
 
 // The line that says updates wait for the step names what asked for it: with --grad-accum and
