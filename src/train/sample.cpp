@@ -135,8 +135,11 @@ void Trainer::steps_from_epochs() {
   const double sequences =
       o_.shuffle ? static_cast<double>(tokens / o_.seq) : static_cast<double>(tokens) / o_.seq;
   const double per_step = static_cast<double>(o_.batch * o_.grad_accum);
-  o_.steps =
-      std::max<int64_t>(1, static_cast<int64_t>(std::ceil(o_.epochs * sequences / per_step)));
+  const double steps = std::ceil(o_.epochs * sequences / per_step);
+  constexpr double kMaxSteps = static_cast<double>(int64_t{1} << 40);  // --steps' own limit
+  MW_CHECK_T(InvalidArgument, steps <= kMaxSteps, "--epochs ", o_.epochs, " of --data's ", tokens,
+             " tokens is ", steps, " steps, more than the 2^40 a run may take; pass fewer epochs");
+  o_.steps = std::max<int64_t>(1, static_cast<int64_t>(steps));
   print_(str("Steps: ", format_thousands(o_.steps), " (", o_.epochs, " epoch",
              o_.epochs == 1 ? "" : "s", " of --data's ", format_thousands(tokens),
              " tokens: ", format_fixed(sequences, 1), " sequences of ", o_.seq, " per epoch, ",

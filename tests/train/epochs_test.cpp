@@ -38,6 +38,9 @@ TEST(Epochs, TheStepsCoverThePassesAskedFor) {
   EXPECT_EQ(Trainer(o, nullptr).total_steps(), 64);
   o.epochs = 1e-6;  // at least one step
   EXPECT_EQ(Trainer(o, nullptr).total_steps(), 1);
+  o.epochs = 1e15;  // a count of steps no int64 cast may overflow
+  expect_throw_with<InvalidArgument>([&] { Trainer huge(o, nullptr); },
+                                     {"more than the 2^40 a run may take"});
   o.data.clear();
   expect_throw_with<InvalidArgument>([&] { Trainer none(o, nullptr); }, {"pass --data"});
 }
