@@ -214,25 +214,34 @@ Peaks measure(const PlanInputs& in) {
   return p;
 }
 
-void expect_within(int64_t predicted, int64_t measured, const char* what) {
+// `timing_bytes`: bytes the plan counts whose presence at the peak depends on timing; a run where
+// they never overlap measures up to that much less, which is no error of the plan.
+void expect_within(int64_t predicted, int64_t measured, const char* what,
+                   int64_t timing_bytes = 0) {
   if (measured < (1 << 20)) {  // a tier that holds next to nothing: a ratio would mean nothing
     EXPECT_LT(predicted, 1 << 20) << what;
     return;
   }
-  const double error = static_cast<double>(predicted - measured) / static_cast<double>(measured);
-  std::printf("%s: plan %.2f MiB, measured %.2f MiB, error %+.1f%%\n", what,
-              static_cast<double>(predicted) / (1 << 20), static_cast<double>(measured) / (1 << 20),
-              100 * error);
+  const int64_t over = predicted - measured;
+  const int64_t beyond_timing = over > 0 ? std::max<int64_t>(0, over - timing_bytes) : over;
+  const double error = static_cast<double>(beyond_timing) / static_cast<double>(measured);
+  std::printf(
+      "%s: plan %.2f MiB, measured %.2f MiB, error %+.1f%% (%+.1f%% beyond %.2f MiB of "
+      "timing)\n",
+      what, static_cast<double>(predicted) / (1 << 20), static_cast<double>(measured) / (1 << 20),
+      100 * static_cast<double>(over) / static_cast<double>(measured), 100 * error,
+      static_cast<double>(timing_bytes) / (1 << 20));
   EXPECT_LE(std::abs(error), kTolerance) << what;
 }
 
-// check_host = false only where the host peak depends on timing (printed, not compared).
-void check(const PlanInputs& in, bool check_host = true) {
+// check_host = false only where the host peak depends on timing (printed, not compared);
+// host_timing_bytes as expect_within's.
+void check(const PlanInputs& in, bool check_host = true, int64_t host_timing_bytes = 0) {
   const MemoryPlan plan = plan_memory(in);
   std::printf("%s", plan.table().c_str());
   const Peaks measured = measure(in);
   if (check_host)
-    expect_within(plan.host_bytes, measured.host_bytes, "host");
+    expect_within(plan.host_bytes, measured.host_bytes, "host", host_timing_bytes);
   else
     std::printf("host (not compared): plan %.2f MiB, measured %.2f MiB\n",
                 static_cast<double>(plan.host_bytes) / (1 << 20),
@@ -593,7 +602,10 @@ TEST(MemoryPlan, SmallIshOnSimWithGeminiThreeTiers) {
   EXPECT_GT(plan.disk_bytes, 28 << 20);
   // Gradients queued behind the disk-bound updater made the host peak vary (19.6 to 26.6 MiB over
   // six runs); backward now waits once more than one is queued (Note [Three tiers]): -27% without.
-  check(in);
+  // Whether that one is queued at the peak is timing: 18.33 MiB measured here in six runs, 17.33
+  // under ASan on a loaded machine (CI, session 29), against 19.32 planned. So one chunk's gradient
+  // (300,000 f32) of over-estimate is allowed; an under-estimate is not.
+  check(in, true, int64_t{300000} * 4);
 }
 
 }  // namespace
