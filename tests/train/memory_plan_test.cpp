@@ -34,6 +34,8 @@ using gpt2::TensorSpec;
 using test::inputs;
 using test::kSim;
 using test::on_sim;
+using test::small_ish;
+using test::tiny;
 using test::wide;
 
 // The bar. The sim allocator splits every block to the granule, so its peak is the bytes
@@ -44,26 +46,7 @@ constexpr double kTolerance = 0.10;
 // Note [Host caching]: on the cpu device a cached block is split for a smaller request unless
 // less than 1 MiB would be left, so the allocator counts the bytes asked for within 1 MiB a block.
 // (Before splitting it handed out whole blocks of up to twice the request: 20-45% above the plan
-// at a 256-wide model, docs/reliability.md.) The wide tests use wide() (plan_test_inputs.h).
-
-Config small_ish() {  // big enough that the 4096-byte granule does not dominate
-  Config c = Config::preset("tiny");
-  c.n_layer = 4;
-  c.n_embd = 256;
-  c.n_head = 4;
-  c.vocab_size = 2048;
-  c.n_positions = 256;
-  return c;
-}
-
-Config tiny() {
-  Config c = Config::preset("tiny");
-  c.n_layer = 2;
-  c.n_embd = 64;
-  c.n_head = 2;
-  c.vocab_size = 257;
-  return c;
-}
+// at a 256-wide model, docs/reliability.md.) The shapes: plan_test_inputs.h.
 
 struct Peaks {
   int64_t host_bytes = 0, device_bytes = 0;
@@ -225,12 +208,11 @@ void expect_within(int64_t predicted, int64_t measured, const char* what,
   const int64_t over = predicted - measured;
   const int64_t beyond_timing = over > 0 ? std::max<int64_t>(0, over - timing_bytes) : over;
   const double error = static_cast<double>(beyond_timing) / static_cast<double>(measured);
-  std::printf(
-      "%s: plan %.2f MiB, measured %.2f MiB, error %+.1f%% (%+.1f%% beyond %.2f MiB of "
-      "timing)\n",
-      what, static_cast<double>(predicted) / (1 << 20), static_cast<double>(measured) / (1 << 20),
-      100 * static_cast<double>(over) / static_cast<double>(measured), 100 * error,
-      static_cast<double>(timing_bytes) / (1 << 20));
+  const double mib = 1 << 20, m = static_cast<double>(measured);
+  std::printf("%s: plan %.2f MiB, measured %.2f MiB, error %+.1f%% (%+.1f%% beyond %.2f MiB)\n",
+              what, static_cast<double>(predicted) / mib, m / mib,
+              100 * static_cast<double>(over) / m, 100 * error,
+              static_cast<double>(timing_bytes) / mib);
   EXPECT_LE(std::abs(error), kTolerance) << what;
 }
 
@@ -601,10 +583,9 @@ TEST(MemoryPlan, SmallIshOnSimWithGeminiThreeTiers) {
   const MemoryPlan plan = plan_memory(in);
   EXPECT_GT(plan.disk_bytes, 28 << 20);
   // Gradients queued behind the disk-bound updater made the host peak vary (19.6 to 26.6 MiB over
-  // six runs); backward now waits once more than one is queued (Note [Three tiers]): -27% without.
-  // Whether that one is queued at the peak is timing: 18.33 MiB measured here in six runs, 17.33
-  // under ASan on a loaded machine (CI, session 29), against 19.32 planned. So one chunk's gradient
-  // (300,000 f32) of over-estimate is allowed; an under-estimate is not.
+  // six runs); backward now waits once more than one is queued (Note [Three tiers]). Whether that
+  // one is queued at the peak is timing (18.33 MiB here, 17.33 under ASan on a loaded machine, of
+  // 19.32 planned): one chunk's gradient of over-estimate is allowed.
   check(in, true, int64_t{300000} * 4);
 }
 

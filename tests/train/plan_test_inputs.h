@@ -16,6 +16,25 @@ inline gpt2::Config wide() {
   return c;
 }
 
+inline gpt2::Config small_ish() {  // big enough that the 4096-byte granule does not dominate
+  gpt2::Config c = gpt2::Config::preset("tiny");
+  c.n_layer = 4;
+  c.n_embd = 256;
+  c.n_head = 4;
+  c.vocab_size = 2048;
+  c.n_positions = 256;
+  return c;
+}
+
+inline gpt2::Config tiny() {
+  gpt2::Config c = gpt2::Config::preset("tiny");
+  c.n_layer = 2;
+  c.n_embd = 64;
+  c.n_head = 2;
+  c.vocab_size = 257;
+  return c;
+}
+
 inline PlanInputs inputs(const gpt2::Config& c, int64_t batch, int64_t seq) {
   PlanInputs in;
   in.config = c;
