@@ -137,9 +137,7 @@ int tokenize(cli::Parser& p, data::CorpusReader& reader,
 
   data::ShardSplits splits(out_dir, shard_tokens, val_fraction, tok.eot_id(),
                            data::ShardTokenizer{tok.vocab_size(), tok.fingerprint()});
-  const std::string extension = std::filesystem::path(inputs[0]).extension().string();
-  const bool one_document = inputs.size() == 1 && extension != ".jsonl" && extension != ".json" &&
-                            extension != ".csv" && extension != ".tsv";
+  const bool one_document = inputs.size() == 1 && data::is_plain_text_input(inputs[0]);
   if (one_document && val_fraction > 0)  // Note [One document]
     splits.val_from_byte =
         static_cast<int64_t>(std::llround((1 - val_fraction) * double(reader.total_bytes())));

@@ -27,6 +27,11 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+bool is_csv(const std::string& path) { return ends_with(path, ".csv") || ends_with(path, ".tsv"); }
+bool is_json(const std::string& path) {
+  return ends_with(path, ".json") || ends_with(path, ".jsonl");
+}
+
 bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 // The last cut of Note [Chunk boundaries] in text (0 when there is none).
@@ -114,7 +119,7 @@ std::string check_is_text(const std::string& path) {
              "' holds a NUL byte at offset ", nul,
              ": a binary file, not text; pass text files (one document each), .jsonl, .json or "
              ".csv files");
-  return ends_with(path, ".json") || ends_with(path, ".jsonl")  // their parser refuses it
+  return is_json(path)  // its parser refuses it
              ? ""
              : not_utf8_warning(path, head, in.gcount() == 64 * 1024 && !in.eof());
 }
@@ -126,6 +131,8 @@ bool is_shard_folder(const std::filesystem::path& dir) {
          std::filesystem::exists(dir / "val_000000.bin", ec);
 }
 }  // namespace
+
+bool is_plain_text_input(const std::string& path) { return !is_json(path) && !is_csv(path); }
 
 std::vector<std::string> expand_corpus_inputs(const std::vector<std::string>& inputs,
                                               const std::string& out_dir) {
@@ -206,10 +213,9 @@ bool CorpusReader::open_next_file() {
     in_.clear();
     in_.seekg(0);
   }
-  kind_ = ends_with(path, ".jsonl") || ends_with(path, ".json") ? Kind::kJsonl : Kind::kText;
+  kind_ = is_json(path) ? Kind::kJsonl : Kind::kText;
   file_bytes_ = static_cast<int64_t>(std::filesystem::file_size(path));
-  if (ends_with(path, ".csv") || ends_with(path, ".tsv"))
-    open_csv(ends_with(path, ".csv") ? ',' : '\t');
+  if (is_csv(path)) open_csv(ends_with(path, ".csv") ? ',' : '\t');
   if (ends_with(path, ".json") && first_non_space_byte() == '[') {  // Note [JSON arrays]
     kind_ = Kind::kJsonArray;
     array_ = json::parse(

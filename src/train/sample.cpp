@@ -82,17 +82,13 @@ std::string hex64(uint64_t v) {
 // Note [Shard tokenizer stamp]: the stamped shards of --data and --val-data name one tokenizer,
 // and it is this run's (the one --save writes beside the model, and samples decode with).
 void Trainer::check_shard_tokenizers() const {
-  const data::TokenShard* first = nullptr;
   std::string first_option;
+  const data::TokenShard* first = first_stamped_shard(&first_option);
   for (const auto& [stream, option] :
        {std::pair{train_data_.get(), "--data"}, std::pair{val_.get(), "--val-data"}}) {
-    if (!stream) continue;
+    if (!stream || !first) continue;
     for (const data::TokenShard& shard : stream->shards()) {
-      if (!shard.tokenizer()) continue;
-      if (!first) {
-        first = &shard, first_option = option;
-        continue;
-      }
+      if (!shard.tokenizer() || &shard == first) continue;
       const data::ShardTokenizer &a = *first->tokenizer(), &b = *shard.tokenizer();
       MW_CHECK_T(InvalidArgument, a == b, "the ", first_option, " shard '", first->path(),
                  "' and the ", option, " shard '", shard.path(), "' were tokenized with different ",
