@@ -54,7 +54,7 @@ inline uint64_t att_index(const Dims& d, int64_t b, int64_t h, int64_t t, int64_
 // probabilities from them with the forward's arithmetic, so bit for bit the forward's. Memory: 2
 // values per row instead of T, where the probabilities were the largest activation of a block at
 // long sequences (GPT-2 small B4 T512 fp32: peak RSS 3974 -> 3383 MiB). Time: one more small
-// product per head in backward, paid back by the vectorised exp (fast::exp, Note [Wider clones of
+// product per head in backward, paid back by the vectorised exp (fast::exp, Note [Wider versions of
 // f32 loops]) and the blocked products below (Note [Causal products by blocks]). Precision: a
 // 16-bit qkv kept bf16 probabilities before, and backward took each row's D_t = sum_j p dP from the
 // rounded values: an error of u sum_j p |dP| (u = 2^-8 in bf16) in every dS of the row, not small
@@ -106,16 +106,19 @@ void causal_ltx(const Dims& d, const T* l, const T* x, int64_t ldx, T* y, int64_
   }
 }
 
-// row[j] = exp(row[j] - mx) for j < n, in place: fast::exp in f32, cloned for AVX2 (Note [Wider
-// clones of f32 loops]), std::exp in f64. Forward and backward make each exp here, so backward's
+// row[j] = exp(row[j] - mx) for j < n, in place: fast::exp in f32, in three widths (Note [Wider
+// versions of f32 loops]), std::exp in f64. Forward and backward make each exp here, so backward's
 // are the forward's bit for bit. The forward's row max and normaliser: row_softmax.h.
-MW_F32_CLONES void exp_shifted_f32(float* row, int64_t n, float mx) {
+MW_F32_BODY void exp_shifted_f32_body(float* row, int64_t n, float mx) {
   for (int64_t j = 0; j < n; ++j) row[j] = fast::exp(row[j] - mx);
 }
-MW_F32_CLONES float row_max_f32(const float* row, int64_t n) { return row_max(row, n); }
-MW_F32_CLONES double double_lane_sum_f32(const float* exps, int64_t n) {
+MW_F32_VERSIONS(void, exp_shifted_f32, (float* row, int64_t n, float mx), (row, n, mx))
+MW_F32_BODY float row_max_f32_body(const float* row, int64_t n) { return row_max(row, n); }
+MW_F32_VERSIONS(float, row_max_f32, (const float* row, int64_t n), (row, n))
+MW_F32_BODY double double_lane_sum_f32_body(const float* exps, int64_t n) {
   return lane_sum<double>(exps, n);
 }
+MW_F32_VERSIONS(double, double_lane_sum_f32, (const float* exps, int64_t n), (exps, n))
 template <typename T>
 void exp_shifted(T* row, int64_t n, T mx) {
   if constexpr (std::is_same_v<T, float>)
@@ -213,9 +216,11 @@ inline void softmax_backward_row(const T* a, T* row, int64_t n, T scale) {
   const T dot = static_cast<T>(dot_sum);
   for (int64_t j = 0; j < n; ++j) row[j] = a[j] * (row[j] - dot) * scale;
 }
-MW_F32_CLONES void softmax_backward_row_f32(const float* a, float* row, int64_t n, float scale) {
+MW_F32_BODY void softmax_backward_row_f32_body(const float* a, float* row, int64_t n, float scale) {
   softmax_backward_row(a, row, n, scale);
 }
+MW_F32_VERSIONS(void, softmax_backward_row_f32,
+                (const float* a, float* row, int64_t n, float scale), (a, row, n, scale))
 
 // dS over dp [T, T], row by row, zeros above the diagonal.
 template <typename T>

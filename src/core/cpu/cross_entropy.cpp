@@ -27,15 +27,19 @@ std::vector<int64_t> target_ids(const Tensor& ids, int64_t B, int64_t T, int64_t
   return out;
 }
 
-MW_F32_CLONES double row_max_and_sum_f32(const float* row, int64_t V, float& mx) {
+MW_F32_BODY double row_max_and_sum_f32_body(const float* row, int64_t V, float& mx) {
   return row_max_and_sum(row, V, mx);
 }
+MW_F32_VERSIONS(double, row_max_and_sum_f32, (const float* row, int64_t V, float& mx), (row, V, mx))
 
 // d = e^(row - l) * scale: the softmax's gradient before the target's -scale.
-MW_F32_CLONES void softmax_grad_row_f32(const float* row, float l, float scale, float* d,
-                                        int64_t V) {
+MW_F32_BODY void softmax_grad_row_f32_body(const float* row, float l, float scale, float* d,
+                                           int64_t V) {
   for (int64_t j = 0; j < V; ++j) d[j] = fast::exp(row[j] - l) * scale;
 }
+MW_F32_VERSIONS(void, softmax_grad_row_f32,
+                (const float* row, float l, float scale, float* d, int64_t V),
+                (row, l, scale, d, V))
 
 }  // namespace
 
@@ -74,7 +78,7 @@ std::pair<Tensor, Tensor> shifted_cross_entropy(const Tensor& logits_in, const T
         Tp mx;
         double sum;
         if constexpr (std::is_same_v<Tp, float>)
-          sum = row_max_and_sum_f32(row, V, mx);  // Note [Wider clones of f32 loops]
+          sum = row_max_and_sum_f32(row, V, mx);  // Note [Wider versions of f32 loops]
         else
           sum = row_max_and_sum(row, V, mx);
         const Tp l = static_cast<Tp>(static_cast<double>(mx) + std::log(sum));
@@ -129,7 +133,7 @@ Tensor shifted_cross_entropy_backward(const Tensor& dloss, const Tensor& logits_
           }
           const Tp l = plse[b * (T - 1) + t];
           if constexpr (std::is_same_v<Tp, float>)
-            softmax_grad_row_f32(row, l, scale, d, V);  // Note [Wider clones of f32 loops]
+            softmax_grad_row_f32(row, l, scale, d, V);  // Note [Wider versions of f32 loops]
           else
             for (int64_t j = 0; j < V; ++j) d[j] = fast::exp_t(row[j] - l) * scale;
           d[targets[r + 1]] -= scale;

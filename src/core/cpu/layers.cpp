@@ -218,7 +218,7 @@ namespace {
 constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2/pi)
 
 // GELU on 512 x 3072 elements, one thread: forward 8.1 -> 6.1 ms, backward 9.7 -> 7.3 ms with
-// the AVX2 clones (Note [Wider clones of f32 loops], fast_math.h; an AVX2 VM).
+// the AVX2 clones (Note [Wider versions of f32 loops], fast_math.h; an AVX2 VM).
 
 template <typename T>
 inline T gelu_z(T v) {  // -2u, clamped (Note [GELU as a sigmoid]); max/min keep NaN and vectorise
@@ -242,14 +242,18 @@ inline void gelu_backward_range(const T* px, const T* pd, T* po, int64_t b, int6
   }
 }
 
-// The f32 loops, cloned (Note [Wider clones of f32 loops]).
-MW_F32_CLONES void gelu_f32(const float* px, float* po, int64_t b, int64_t e) {
+// The f32 loops in three widths (Note [Wider versions of f32 loops]).
+MW_F32_BODY void gelu_f32_body(const float* px, float* po, int64_t b, int64_t e) {
   gelu_range(px, po, b, e);
 }
-MW_F32_CLONES void gelu_backward_f32(const float* px, const float* pd, float* po, int64_t b,
-                                     int64_t e) {
+MW_F32_VERSIONS(void, gelu_f32, (const float* px, float* po, int64_t b, int64_t e), (px, po, b, e))
+MW_F32_BODY void gelu_backward_f32_body(const float* px, const float* pd, float* po, int64_t b,
+                                        int64_t e) {
   gelu_backward_range(px, pd, po, b, e);
 }
+MW_F32_VERSIONS(void, gelu_backward_f32,
+                (const float* px, const float* pd, float* po, int64_t b, int64_t e),
+                (px, pd, po, b, e))
 }  // namespace
 
 Tensor gelu(const Tensor& x_in) {
