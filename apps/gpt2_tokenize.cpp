@@ -62,13 +62,23 @@ class Progress {
   double shown_ = 0;
 };
 
+// --field NAME, or --template (Note [Document templates], data/doc_template.h): not both.
+data::DocumentTemplate document_template(const cli::Parser& p) {
+  if (!p.given("template")) return data::DocumentTemplate::field(p.str("field"));
+  if (p.given("field"))
+    throw cli::UsageError(
+        "--field and --template both name a record's text; pass one (--field "
+        "NAME is --template '{NAME}')");
+  return data::DocumentTemplate::parse(p.str("template"));
+}
+
 std::unique_ptr<data::BpeTokenizer> train_bpe(const cli::Parser& p,
                                               const std::vector<std::string>& inputs,
                                               const std::string& out_dir) {
   const int64_t vocab_size = p.integer("train-bpe", 257, 65536);
   const auto t0 = Clock::now();
   data::BpeTrainer trainer;
-  data::CorpusReader reader(inputs, p.str("field"));
+  data::CorpusReader reader(inputs, document_template(p));
   Progress progress("count pieces");
   for (data::CorpusChunk chunk; reader.next(chunk);) {
     trainer.add_text(chunk.text);
@@ -209,8 +219,14 @@ int run(cli::Parser& p) {
   const double val_fraction = p.real("val-fraction", 0.0, 0.5);
   const int64_t shard_tokens = p.integer("shard-tokens", 1, INT32_MAX);
   set_num_threads(static_cast<int>(p.integer("threads", 0, 1024)));
-  data::CorpusReader reader(inputs, p.str("field"));  // checks the inputs before any work
+  data::CorpusReader reader(inputs, document_template(p));  // checks the inputs before any work
   print_input_warnings(reader);
+  if ((p.given("field") || p.given("template")) &&
+      std::all_of(inputs.begin(), inputs.end(), data::is_plain_text_input))
+    std::fprintf(stderr,
+                 "gpt2_tokenize: warning: --%s applies to the records of .jsonl, .json and "
+                 ".csv/.tsv files; every input here is plain text, one document per file\n",
+                 p.given("field") ? "field" : "template");
   // The given tokenizer files are read before the output directory is made; --train-bpe writes
   // its files there.
   std::vector<std::unique_ptr<data::BpeTokenizer>> workers;
@@ -282,6 +298,10 @@ int main(int argc, char** argv) {
   p.option("field", "text",
            "the field of each .jsonl line's (or .json element's) object holding its text, or the "
            ".csv/.tsv column");
+  p.option(
+      "template", "",
+      "a record's text made of several fields, e.g. '{prompt}{completion}' or '### Question:\\n"
+      "{q}\\n### Answer:\\n{a}' (\\n newline, \\t tab, {{ }} braces); instead of --field");
   p.option("threads", "0",
            "tokenizing threads (0 = all cores this process may use: affinity, CPU quota)");
   p.option("shard-tokens", "100000000",

@@ -167,8 +167,8 @@ std::vector<std::string> expand_corpus_inputs(const std::vector<std::string>& in
   return files;
 }
 
-CorpusReader::CorpusReader(std::vector<std::string> paths, std::string jsonl_field)
-    : paths_(std::move(paths)), field_(std::move(jsonl_field)) {
+CorpusReader::CorpusReader(std::vector<std::string> paths, DocumentTemplate doc)
+    : paths_(std::move(paths)), template_(std::move(doc)) {
   for (const std::string& path : paths_) {
     std::error_code ec;
     MW_CHECK_T(IoError, std::filesystem::is_regular_file(path, ec), "input '", path,
@@ -295,7 +295,7 @@ bool CorpusReader::next_jsonl(CorpusChunk& chunk) {
     bytes_in_file_ += static_cast<int64_t>(line.size()) + 1;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = paths_[file_index_] + ":" + std::to_string(line_number_);
-    chunk_ = document_text(json::parse(line, paths_[file_index_], line_number_), where, false);
+    document_text(json::parse(line, paths_[file_index_], line_number_), where, false, chunk_);
     chunk = {chunk_, true, bytes_done_ + bytes_in_file_ - static_cast<int64_t>(line.size()) - 1};
     return true;
   }
@@ -309,7 +309,7 @@ bool CorpusReader::next_json_element(CorpusChunk& chunk) {
     return false;
   }
   const std::string where = str(paths_[file_index_], " element ", array_index_);
-  chunk_ = document_text(array_.at(array_index_), where, true);
+  document_text(array_.at(array_index_), where, true, chunk_);
   ++array_index_;
   // Progress in bytes, as the elements go; the val cut of Note [One document] is for text files.
   bytes_in_file_ = file_bytes_ * array_index_ / std::max<int64_t>(1, array_.size());
@@ -324,14 +324,19 @@ void CorpusReader::open_csv(char delimiter) {
   const std::string& path = paths_[file_index_];
   std::vector<std::string> header;
   if (!read_csv_record(in_, delimiter, path, header, csv_at_)) return;  // an empty file
-  const auto column = std::find(header.begin(), header.end(), field_);
-  if (column == header.end()) {
-    std::string names;
-    for (const std::string& name : header) names += (names.empty() ? "" : ", ") + name;
-    throw FormatError(str(path, ": its header (", names, ") has no column \"", field_,
-                          "\"; pass --field the column that holds the text"));
+  csv_columns_.clear();
+  for (const std::string& field : template_.fields()) {
+    const auto column = std::find(header.begin(), header.end(), field);
+    if (column == header.end()) {
+      std::string names;
+      for (const std::string& name : header) names += (names.empty() ? "" : ", ") + name;
+      throw FormatError(str(path, ": its header (", names, ") has no column \"", field, "\"; ",
+                            template_.is_single_field()
+                                ? "pass --field the column that holds the text"
+                                : "every {field} of " + template_.option() + " must be a column"));
+    }
+    csv_columns_.push_back(static_cast<size_t>(column - header.begin()));
   }
-  csv_column_ = static_cast<size_t>(column - header.begin());
   bytes_in_file_ = csv_at_.bytes;
 }
 
@@ -342,25 +347,62 @@ bool CorpusReader::next_csv(CorpusChunk& chunk) {
     if (!read_csv_record(in_, csv_delimiter_, path, csv_fields_, csv_at_)) return false;
     bytes_in_file_ = csv_at_.bytes;
     if (csv_fields_.empty()) continue;  // a blank line
-    MW_CHECK_T(FormatError, csv_column_ < csv_fields_.size(), path, ":", csv_at_.line,
-               ": the row has ", csv_fields_.size(), " field(s), and the column \"", field_,
-               "\" is field ", csv_column_ + 1, " of the header");
-    chunk_ = std::move(csv_fields_[csv_column_]);
+    std::vector<std::string_view> values;
+    for (size_t i = 0; i < csv_columns_.size(); ++i) {
+      MW_CHECK_T(FormatError, csv_columns_[i] < csv_fields_.size(), path, ":", csv_at_.line,
+                 ": the row has ", csv_fields_.size(), " field(s), and the column \"",
+                 template_.fields()[i], "\" is field ", csv_columns_[i] + 1, " of the header");
+      values.push_back(csv_fields_[csv_columns_[i]]);
+    }
+    template_.render(values, chunk_);
     chunk = {chunk_, true, offset};
     return true;
   }
 }
 
-const std::string& CorpusReader::document_text(const json::Value& doc, const std::string& where,
-                                               bool strings) const {
-  if (strings && doc.is_string()) return doc.as_string();
-  MW_CHECK_T(FormatError, doc.is_object(), where, ": expected a JSON object",
-             strings ? " or string" : " per line", ", found ", doc.describe());
-  const json::Value* text = doc.find(field_);
-  MW_CHECK_T(FormatError, text && text->is_string(), where, ": expected a string field \"", field_,
-             "\", found ", text ? text->describe() : std::string("no such field"),
-             "; pass --field NAME to read another field");
-  return text->as_string();
+void CorpusReader::document_text(const json::Value& doc, const std::string& where, bool strings,
+                                 std::string& out) const {
+  if (template_.is_single_field()) {
+    if (strings && doc.is_string()) {
+      out = doc.as_string();
+      return;
+    }
+    MW_CHECK_T(FormatError, doc.is_object(), where, ": expected a JSON object",
+               strings ? " or string" : " per line", ", found ", doc.describe());
+    const std::string& field = template_.fields()[0];
+    const json::Value* text = doc.find(field);
+    MW_CHECK_T(FormatError, text && text->is_string(), where, ": expected a string field \"", field,
+               "\", found ", text ? text->describe() : std::string("no such field"),
+               "; pass --field NAME to read another field");
+    out = text->as_string();
+    return;
+  }
+  // Note [Document templates].
+  MW_CHECK_T(FormatError, doc.is_object(), where, ": expected a JSON object with the fields of ",
+             template_.option(), ", found ", doc.describe());
+  const std::vector<std::string>& fields = template_.fields();
+  std::vector<std::string> spelled(fields.size());
+  std::vector<std::string_view> values(fields.size());
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const json::Value* v = doc.find(fields[i]);
+    if (v == nullptr) {
+      std::string names;
+      for (int64_t k = 0; k < doc.size(); ++k) names += (k ? ", " : "") + doc.key(k);
+      throw FormatError(str(
+          where, ": no field \"", fields[i], "\" (the object has: ", names.empty() ? "none" : names,
+          "); every {field} of ", template_.option(), " must be in every record"));
+    }
+    MW_CHECK_T(FormatError, !v->is_array() && !v->is_object(), where, ": the field \"", fields[i],
+               "\" is ", v->describe(),
+               "; a template takes strings, numbers, booleans and null (the empty text)");
+    if (v->is_string()) {
+      values[i] = v->as_string();
+    } else if (!v->is_null()) {
+      spelled[i] = v->dump();
+      values[i] = spelled[i];
+    }
+  }
+  template_.render(values, out);
 }
 
 bool CorpusReader::read_more() {

@@ -3,7 +3,8 @@
 // Inputs: a file whose name ends in ".jsonl" holds one document per non-empty line, a JSON object
 // whose string field `field` is the text; one ending in ".json" holds a JSON array of documents,
 // objects with that field or strings (Note [JSON arrays]); one ending in ".csv" or ".tsv" is a
-// table whose column `field` (named in its header) holds a document per row (data/csv.h); any
+// table whose column `field` (named in its header) holds a document per row (data/csv.h); a
+// template of several fields makes a record's text instead (Note [Document templates]); any
 // other file is one document of raw bytes (invalid UTF-8 is tokenized byte by byte). Compressed
 // files, token shards, UTF-16 and other binary files are refused, and so is a file given twice
 // (Note [Not text], corpus.cpp).
@@ -44,6 +45,7 @@
 #include <vector>
 
 #include "data/csv.h"
+#include "data/doc_template.h"
 #include "data/json.h"
 
 namespace mw::data {
@@ -75,8 +77,11 @@ struct CorpusChunk {
 
 class CorpusReader {
  public:
-  // IoError naming a file that cannot be opened (checked here, before any work).
-  CorpusReader(std::vector<std::string> paths, std::string jsonl_field);
+  // IoError naming a file that cannot be opened (checked here, before any work). A structured
+  // record's text is `doc` of its fields (Note [Document templates], doc_template.h).
+  CorpusReader(std::vector<std::string> paths, DocumentTemplate doc);
+  CorpusReader(std::vector<std::string> paths, std::string jsonl_field)
+      : CorpusReader(std::move(paths), DocumentTemplate::field(std::move(jsonl_field))) {}
 
   // The next chunk; false at the end of the last file. FormatError naming file and line for a
   // JSONL line that is not an object with a string `field`.
@@ -98,9 +103,10 @@ class CorpusReader {
   void open_csv(char delimiter);               // reads the header, finds the column
   bool next_csv(CorpusChunk& chunk);
   char first_non_space_byte();  // of in_, left where it was
-  // A JSON document's text: its string field `field_` (or itself, a string where `strings`).
-  const std::string& document_text(const json::Value& doc, const std::string& where,
-                                   bool strings) const;
+  // A JSON document's text into `out`: template_ of its fields (or itself, a string where
+  // `strings` and the template is one field).
+  void document_text(const json::Value& doc, const std::string& where, bool strings,
+                     std::string& out) const;
   bool next_text(CorpusChunk& chunk);
   // The next non-empty piece of raw_ between markers; false once raw_ is used up.
   bool next_piece(CorpusChunk& chunk);
@@ -108,12 +114,12 @@ class CorpusReader {
   bool read_more();
 
   std::vector<std::string> paths_, warnings_;
-  std::string field_;
+  DocumentTemplate template_;
   size_t file_index_ = 0;
   std::ifstream in_;
   enum class Kind { kText, kJsonl, kJsonArray, kCsv } kind_ = Kind::kText;
   char csv_delimiter_ = ',';
-  size_t csv_column_ = 0;
+  std::vector<size_t> csv_columns_;  // of template_.fields(), in the header
   CsvPosition csv_at_;
   std::vector<std::string> csv_fields_;
   json::Value array_;  // a .json file's documents

@@ -98,9 +98,11 @@ TEST(Gpt2Tokenize, ValFractionSendsWholeDocumentsToValAndShardsAreCapped) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const data::BpeTokenizer tok = fixture_tokenizer();
   std::vector<int32_t> train, val;
-  for (const auto& entry : std::filesystem::directory_iterator(tmp.file("out")))
-    if (entry.path().extension() == ".bin")  // beside the tokenizer's files
+  for (const auto& entry : std::filesystem::directory_iterator(tmp.file("out"))) {
+    if (entry.path().extension() == ".bin") {  // beside the tokenizer's files
       EXPECT_LE(read_shard(entry.path()).size(), 50u) << entry.path();  // --shard-tokens
+    }
+  }
   for (const char* split : {"train", "val"}) {
     for (int i = 0;; ++i) {
       char name[32];
@@ -263,6 +265,52 @@ TEST(Gpt2Tokenize, ACsvColumnIsADocumentPerRow) {
   EXPECT_NE(bad.output.find("t.csv: its header (id, story) has no column \"text\"; pass --field"),
             std::string::npos)
       << bad.output;
+}
+
+// Note [Document templates]: prompt/completion records (OpenAI's fine-tuning files), Alpaca's
+// instruction/input/output, a CSV's question and answer columns each become one document of
+// several fields; before, --field took one and the model learned answers without questions.
+TEST(Gpt2Tokenize, ATemplateMakesADocumentOfSeveralFields) {
+  TempDir tmp;
+  const std::string jsonl =
+      write(tmp, "pc.jsonl",
+            "{\"prompt\": \"Q: 2+2?\\n\", \"completion\": \"A: 4\", \"n\": 7, "
+            "\"x\": null}\n{\"completion\": \"hi\", \"prompt\": \"\", \"n\": 1.5, "
+            "\"x\": true}\n");
+  const std::string array = write(tmp, "alpaca.json",
+                                  "[{\"prompt\": \"Say\", \"completion\": \" it\", \"n\": -2, "
+                                  "\"x\": \"s\"}]");
+  const std::string csv = write(tmp, "qa.csv", "x,n,completion,prompt\r\n,3,\"A,\nB\",Q\r\n");
+  const AppResult r = tokenize(kFixtureTokenizer +
+                               "--template '{prompt}\\n{completion} [{n}|{x}] {{\\t}}\\\\' --out " +
+                               tmp.file("out") + " " + jsonl + " " + array + " " + csv);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<std::string> docs = {"Q: 2+2?\n\nA: 4 [7|] {\t}\\", "\nhi [1.5|true] {\t}\\",
+                                         "Say\n it [-2|s] {\t}\\", "Q\nA,\nB [3|] {\t}\\"};
+  EXPECT_EQ(documents(read_shard(tmp.file("out/train_000000.bin")), fixture_tokenizer()), docs);
+  // What cannot be made is named before any output is left.
+  const auto refused = [&](const std::string& args, const std::string& message) {
+    const AppResult bad = tokenize(kFixtureTokenizer + args + " --out " + tmp.file("bad"));
+    EXPECT_NE(bad.exit_code, 0) << args;
+    EXPECT_NE(bad.output.find(message), std::string::npos) << args << "\n" << bad.output;
+    EXPECT_FALSE(std::filesystem::exists(tmp.file("bad"))) << args;
+  };
+  refused("--template '{prompt}{answer}' " + jsonl,
+          "pc.jsonl:1: no field \"answer\" (the object has: prompt, completion, n, x)");
+  refused("--template '{prompt}{answer}' " + csv,
+          "qa.csv: its header (x, n, completion, prompt) has no column \"answer\"; every {field}");
+  const std::string nested = write(tmp, "nested.jsonl", "{\"prompt\": [\"a\"]}\n");
+  refused("--template '{prompt}' " + nested, "nested.jsonl:1: the field \"prompt\" is array");
+  refused("--template '{prompt' " + jsonl, "a '{' with no '}' after it at byte 1");
+  refused("--template 'no field' " + jsonl, "names no {field}");
+  refused("--template '{prompt}' --field prompt " + jsonl, "pass one");
+  // On plain text alone a template does nothing, and says so.
+  const AppResult text = tokenize(kFixtureTokenizer + "--template '{prompt}' --out " +
+                                  tmp.file("text") + " " + write(tmp, "a.txt", "plain"));
+  EXPECT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("warning: --template applies to the records of .jsonl"),
+            std::string::npos)
+      << text.output;
 }
 
 // A folder is its files, recursively, in path order: tens of thousands of documents need no glob
