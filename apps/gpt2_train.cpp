@@ -27,6 +27,7 @@
 #include "models/gpt2/hf_io.h"
 #include "models/gpt2/spec.h"
 #include "placement_options.h"
+#include "test_hooks.h"
 #include "train/json_log.h"
 #include "train/progress.h"
 #include "train/run_paths.h"
@@ -119,11 +120,19 @@ void parse_data(const cli::Parser& p, Options& o) {
              "--eval-only evaluates a trained model: pass --init-from DIR (or --resume DIR)");
   if (p.given("eval-every")) o.eval_every = p.integer("eval-every", 1, int64_t{1} << 40);
   o.eval_batches = p.integer("eval-batches", 1, 1 << 20);
+  o.save_best = p.str("save-best");  // Note [Best model and early stopping]
+  if (p.given("early-stop")) o.early_stop = p.integer("early-stop", 1, 1 << 20);
+  MW_CHECK_T(
+      cli::UsageError, !o.val_data.empty() || (o.save_best.empty() && o.early_stop == 0),
+      "--save-best and --early-stop compare evaluations: pass --val-data (and --eval-every)");
+  MW_CHECK_T(cli::UsageError, o.early_stop == 0 || o.eval_every > 0,
+             "--early-stop counts evaluations: pass --eval-every N (without it the run evaluates "
+             "once, after the last step)");
   // --eval-only with a training command's options (--resume asks for the first run's): the
   // outputs of training are not written, and saying so beats an output silently missing.
   std::string unwritten;
-  for (const char* name :
-       {"save", "save-optimizer", "checkpoint-dir", "trace", "nvme-timeline", "sample-every"})
+  for (const char* name : {"save", "save-optimizer", "checkpoint-dir", "trace", "nvme-timeline",
+                           "sample-every", "save-best", "early-stop"})
     if (o.eval_only && p.given(name)) unwritten += str(unwritten.empty() ? "" : ", ", "--", name);
   if (!unwritten.empty())
     warn(str("--eval-only evaluates and exits: ", unwritten, " not acted on"));
@@ -226,6 +235,11 @@ void declare_memory_data_and_outputs(cli::Parser& p) {
            "with --val-data: evaluate every N steps (and after the last; default: only then)");
   p.option("eval-batches", "20", "with --val-data: batches of --batch x --seq per evaluation");
   p.flag("eval-only", "evaluate the model (--init-from DIR) on --val-data and exit");
+  p.option("save-best", "",
+           "with --val-data: after each evaluation with the lowest val loss so far, save the model "
+           "there (a HuggingFace folder)");
+  p.option("early-stop", "",
+           "with --eval-every: stop after N evaluations in a row without a lower val loss");
   p.option("checkpoint-dir", "",
            "write resumable checkpoints DIR/step_NNNNNN (model, optimizer, data position, RNG)");
   p.option("checkpoint-every", "", "with --checkpoint-dir: every N steps (and after the last)");
@@ -275,36 +289,6 @@ cli::Parser make_parser() {
   declare_tokenizer_sampling_and_checks(p);
   declare_dist(p);
   return p;
-}
-
-// --device cpu | sim[:CAPACITY] | cuda[:N][:CAPACITY].
-void parse_device_option(const cli::Parser& p, Options& o) {
-  std::string dev = p.str("device");
-  std::string kind = dev.substr(0, dev.find(':'));
-  auto capacity = [&](const std::string& text) {
-    try {
-      o.device_capacity_limit_bytes = parse_bytes(text);
-    } catch (const InvalidArgument& e) {
-      throw cli::UsageError(str("--device '", dev, "': ", e.what()));
-    }
-  };
-  if (kind == "sim") {
-    o.device = Device::sim(0);
-    if (dev.size() > 4) capacity(dev.substr(4));
-  } else if (kind == "cuda") {  // cuda[:N][:CAPACITY]: a last part that is not an index caps it
-    const size_t last = dev.rfind(':');
-    std::string spec = dev;
-    if (last != std::string::npos &&
-        dev.find_first_not_of("0123456789", last + 1) != std::string::npos) {
-      capacity(dev.substr(last + 1));
-      spec = dev.substr(0, last);
-    }
-    o.device = cli::cuda_device(spec, dev);
-  } else if (dev != "cpu") {
-    throw cli::UsageError(str("--device '", dev,
-                              "': expected cpu, sim[:CAPACITY] such as sim:4GiB, or "
-                              "cuda[:N][:CAPACITY] such as cuda:0 or cuda:768MiB"));
-  }
 }
 
 // Options that cannot work together, found once everything is parsed.
@@ -395,23 +379,6 @@ Options parse_options(const cli::Parser& p) {
   return o;
 }
 
-// Test-only (tests/dist, tests/apps): MW_TEST_EXIT_RANK=R MW_TEST_EXIT_STEP=S make rank R (0 in
-// one process) vanish after step S as a crashed rank does, without a message and without
-// finalising MPI; with MW_TEST_EXIT_HOW=stall it hangs instead (the others must time out), with
-// MW_TEST_EXIT_HOW=sigterm it raises SIGTERM (a signal between two steps).
-void exit_if_test_asks(int rank, int64_t step) {
-  const char* r = std::getenv("MW_TEST_EXIT_RANK");
-  const char* s = std::getenv("MW_TEST_EXIT_STEP");
-  if (!r || !s || std::atoi(r) != rank || std::atoll(s) != step) return;
-  const char* how = std::getenv("MW_TEST_EXIT_HOW");
-  if (how && std::string(how) == "stall") ::sleep(3600);
-  if (how && std::string(how) == "sigterm") {  // this rank alone is asked to stop
-    std::raise(SIGTERM);
-    return;
-  }
-  std::_Exit(3);
-}
-
 bool g_print = true;  // false on ranks other than 0: rank 0 alone prints
 
 void print(const std::string& text) {
@@ -420,12 +387,16 @@ void print(const std::string& text) {
   std::fflush(stdout);
 }
 
-// "val loss 5.123 | perplexity 167.8 (20 batches)", logged as {"step", "val_loss", "val_ppl"}.
-void report_eval(train::Trainer& t, train::JsonLog& log, bool tty) {
+// "val loss 5.123 | perplexity 167.8 (20 batches)", logged as {"step", "val_loss", "val_ppl"};
+// in training, --save-best and --early-stop follow. True: --early-stop ends the run.
+bool report_eval(train::Trainer& t, train::JsonLog& log, bool tty, bool training = true) {
   const train::EvalResult e = t.evaluate();
+  const train::BestVerdict best = training ? t.keep_best(e) : train::BestVerdict{};
   print(str(tty ? "\n" : "", "[", t.step(), "] val loss: ", format_fixed(e.loss, 3),
-            " | perplexity: ", format_fixed(e.perplexity, 2), " (", e.batches, " batches)\n"));
+            " | perplexity: ", format_fixed(e.perplexity, 2), " (", e.batches, " batches)",
+            best.text, "\n"));
   log.write(train::eval_record(t.step(), e), t.step());
+  return best.stop;
 }
 
 // Under Gemini in one process --update-in-backward only chooses whether --grad-accum updates
@@ -445,14 +416,15 @@ void warn_if_update_in_backward_is_inert(const cli::Parser& p, const Options& o)
 // After a step: the checkpoint due, or the stop a signal asked for (with --checkpoint-dir, after
 // writing that step's checkpoint). Under data parallel the ranks agree whether any of them was
 // asked to stop (Note [Stop signals]; docs/distributed.md), so that all of them stop after, and
-// checkpoint, the same step.
-void checkpoint_or_stop(train::Trainer& t, const Options& o, int64_t step, bool tty) {
+// checkpoint, the same step. `last`: --early-stop ends the run after this step.
+void checkpoint_or_stop(train::Trainer& t, const Options& o, int64_t step, bool tty,
+                        bool last = false) {
   const int sig = t.stop_signal_of_any_rank(stop_signal());
-  if (!t.checkpoint_due() && sig == 0) return;
+  if (!t.checkpoint_due() && sig == 0 && !last) return;
   // Without --checkpoint-dir there is nothing to write: stop after the step. (The checkpoint
   // went to the current directory, where the signal interrupted its own first write.) After the
   // last step the run's saves follow, and a stop signal lets them finish (run()).
-  if (o.checkpoint_dir.empty() && t.done()) return;
+  if (o.checkpoint_dir.empty() && (t.done() || last)) return;
   if (o.checkpoint_dir.empty())
     throw Interrupted(str("interrupted by ", signal_name(sig), " after step ", step,
                           " (no --checkpoint-dir: nothing saved); temporary files removed, "
@@ -461,7 +433,7 @@ void checkpoint_or_stop(train::Trainer& t, const Options& o, int64_t step, bool 
   // Rank 0 writes it; under ZeRO the other ranks send it their optimizer states.
   const std::string path = t.save_checkpoint();
   print(str(tty ? "\n" : "", "Checkpoint: ", path, "\n"));
-  if (t.done()) return;  // the saves follow
+  if (t.done() || last) return;  // the saves follow
   if (const int now = sig != 0 ? sig : t.stop_signal_of_any_rank(stop_signal()))
     throw Interrupted(str("interrupted by ", signal_name(now), " during step ", step,
                           ": finished it and wrote the checkpoint ", path,
@@ -481,7 +453,7 @@ int run(const Options& o) {
   train::JsonLog log(root ? o.log : "", t.first_step());
   const bool tty = ::isatty(STDOUT_FILENO) == 1;
   if (o.eval_only) {
-    report_eval(t, log, false);
+    report_eval(t, log, false, false);
     return log.failed() ? 1 : 0;
   }
   using clock = std::chrono::steady_clock;
@@ -508,9 +480,16 @@ int run(const Options& o) {
     log.write(train::step_record(t, r), r.step);
     // Under ZeRO 3 evaluating and sampling are collective: no rank may skip them on its own.
     const bool go_on = stop_signal() == 0 || t.shards_parameters();
-    if (t.eval_due() && go_on) report_eval(t, log, tty);
+    const bool early = t.eval_due() && go_on && report_eval(t, log, tty);
     if (t.sample_due() && go_on) print(str(tty ? "\n" : "", t.sample()));
-    checkpoint_or_stop(t, o, r.step, tty);
+    checkpoint_or_stop(t, o, r.step, tty, early);
+    if (early) {
+      const train::BestValidation& b = t.best_validation();
+      print(str("Stopped early after step ", t.step(), " (--early-stop ", o.early_stop,
+                "): ", b.evals_since, " evaluations without a val loss below ",
+                format_fixed(b.loss, 3), " (step ", b.step, ")\n"));
+      break;
+    }
   }
   // Note [Stop signals]: the trained model is the run's product. A first stop signal after the
   // last step (or in it, with --checkpoint-dir) or during the saves lets --save and
@@ -525,6 +504,9 @@ int run(const Options& o) {
     t.save_model(o.save);
     print(str("Saved to ", o.save, "\n"));
   }
+  if (const train::BestValidation& b = t.best_validation(); !o.save_best.empty() && b.step >= 0)
+    print(str("Best model: val loss ", format_fixed(b.loss, 3), " at step ", b.step, ", in ",
+              o.save_best, "\n"));
   t.save_optimizer_output();  // under ZeRO every rank sends its optimizer states to rank 0
   t.await_root_saves();
   deferral.reset();

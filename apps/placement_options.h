@@ -1,11 +1,12 @@
-// gpt2_train's placement options (apps/gpt2_train.cpp): HybridAdam's overlap and NVMe offload,
-// Gemini's policies and tiers, the trace and the precision; declared on the parser and parsed
-// into the TrainOptions. A header of that one app, kept apart by concern.
+// gpt2_train's placement options (apps/gpt2_train.cpp): the device, HybridAdam's overlap and
+// NVMe offload, Gemini's policies and tiers, the trace and the precision; declared on the parser
+// and parsed into the TrainOptions. A header of that one app, kept apart by concern.
 #pragma once
 
 #include <string>
 
 #include "cli.h"
+#include "core/numbers.h"
 #include "core/parallel.h"
 #include "offload/gemini/gemini.h"
 #include "train/trainer.h"
@@ -122,6 +123,36 @@ inline void parse_offload(const cli::Parser& p, train::TrainOptions& o, bool nvm
          {"chunk-size", "offload-param-frac", "offload-optim-frac", "const-budget", "auto-margin",
           "gpu-margin-mem-ratio", "host-capacity", "copy-worker"})
       MW_CHECK_T(cli::UsageError, !p.given(name), "--", name, " needs --gemini");
+  }
+}
+
+// --device cpu | sim[:CAPACITY] | cuda[:N][:CAPACITY].
+inline void parse_device_option(const cli::Parser& p, train::TrainOptions& o) {
+  std::string dev = p.str("device");
+  std::string kind = dev.substr(0, dev.find(':'));
+  auto capacity = [&](const std::string& text) {
+    try {
+      o.device_capacity_limit_bytes = parse_bytes(text);
+    } catch (const InvalidArgument& e) {
+      throw cli::UsageError(str("--device '", dev, "': ", e.what()));
+    }
+  };
+  if (kind == "sim") {
+    o.device = Device::sim(0);
+    if (dev.size() > 4) capacity(dev.substr(4));
+  } else if (kind == "cuda") {  // cuda[:N][:CAPACITY]: a last part that is not an index caps it
+    const size_t last = dev.rfind(':');
+    std::string spec = dev;
+    if (last != std::string::npos &&
+        dev.find_first_not_of("0123456789", last + 1) != std::string::npos) {
+      capacity(dev.substr(last + 1));
+      spec = dev.substr(0, last);
+    }
+    o.device = cli::cuda_device(spec, dev);
+  } else if (dev != "cpu") {
+    throw cli::UsageError(str("--device '", dev,
+                              "': expected cpu, sim[:CAPACITY] such as sim:4GiB, or "
+                              "cuda[:N][:CAPACITY] such as cuda:0 or cuda:768MiB"));
   }
 }
 

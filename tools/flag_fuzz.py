@@ -24,6 +24,8 @@ import shutil
 import subprocess
 import tempfile
 
+from sweep_lib import write_shard
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -40,9 +42,11 @@ def pool(w):
         ("--offload", ["nvme", "none", "disk"]),
         ("--nvme-dir", [ro, missing, os.path.join(w, "nv")]),
         ("--data", [text, trunc, missing]),
-        ("--val-data", [trunc, missing]),
+        ("--val-data", [trunc, missing, os.path.join(w, "val.bin")]),
         ("--eval-every", ["1", "0", "-1"]),
         ("--save", [os.path.join(w, "out"), os.path.join(ro, "out"), missing + "/x"]),
+        ("--save-best", [os.path.join(w, "best"), os.path.join(ro, "best"), os.path.join(w, "out")]),
+        ("--early-stop", ["1", "0", "-1"]),
         ("--init-from", [trunc, missing, text]),
         ("--resume", [os.path.join(w, "ck"), missing]),
         ("--checkpoint-dir", [os.path.join(w, "ck"), os.path.join(ro, "ck")]),
@@ -104,6 +108,7 @@ def main():
             f.write("hello world. " * 2000)
         with open(os.path.join(w, "trunc.bin"), "wb") as f:
             f.write(b"\x01\x02\x03")
+        write_shard(os.path.join(w, "val.bin"), [(i * 7) % 97 for i in range(4096)])
         for _ in range(args.runs):
             a = ["--model", "tiny", "--steps", rng.choice(["1", "2"]), "--batch", "2", "--seq", "16"]
             for flag, values in rng.sample(pool(w), rng.randint(1, 5)):

@@ -67,6 +67,11 @@ json::Value to_json(const TrainState& s) {
   v.set("skipped_steps", s.scaler.skipped_steps);
   v.set("run", s.run);
   if (!s.optimizer_layout.is_null()) v.set("optimizer_layout", s.optimizer_layout);
+  if (s.best.step >= 0) {  // Note [Best model and early stopping]
+    v.set("best_val_loss", s.best.loss);
+    v.set("best_val_step", s.best.step);
+    v.set("evals_since_best", s.best.evals_since);
+  }
   return v;
 }
 
@@ -87,6 +92,11 @@ TrainState train_state_from_json(const json::Value& v, const std::string& source
   s.scaler.skipped_steps = v.get_int("skipped_steps");
   s.run = v.at("run");
   if (const json::Value* layout = v.find("optimizer_layout")) s.optimizer_layout = *layout;
+  if (v.find("best_val_step")) {  // absent before any evaluation, and in older checkpoints
+    s.best.loss = v.get_double("best_val_loss");
+    s.best.step = v.get_int("best_val_step");
+    s.best.evals_since = v.get_int("evals_since_best");
+  }
   return s;
 }
 

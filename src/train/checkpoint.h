@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,14 @@
 #include "optim/loss_scaler.h"
 
 namespace mw::train {
+
+// The lowest validation loss so far (infinite before the first evaluation), its step, and the
+// evaluations since that did not improve on it.
+struct BestValidation {
+  double loss = std::numeric_limits<double>::infinity();
+  int64_t step = -1;
+  int64_t evals_since = 0;
+};
 
 // Everything besides weights and optimizer states that exact resume needs.
 struct TrainState {
@@ -43,6 +52,8 @@ struct TrainState {
   // optimizer.bin's layout (Note [Optimizer layouts], optim/adam_state_file.h): {"file_numels",
   // "param", "offset"}; null in checkpoints written before it was recorded (the model's order).
   json::Value optimizer_layout;
+  // --save-best and --early-stop (Note [Best model and early stopping], best_model.cpp).
+  BestValidation best;
 };
 
 json::Value to_json(const TrainState& s);

@@ -281,6 +281,7 @@ void Trainer::resume_from(const std::string& path) {
   micro_ = state.micro_batch;
   default_generator().set_state(state.dropout_rng);
   if (scaler_) scaler_->load_state(state.scaler);
+  best_ = state.best;
   print_(str("Resumed from ", path, " at step ", step_, " (", total_steps_ - step_,
              " steps to go)\n"));
 }
@@ -337,6 +338,7 @@ std::string Trainer::save_checkpoint() {
     s.micro_batch = micro_;
     s.dropout_rng = default_generator().state();
     if (scaler_) s.scaler = scaler_->state();
+    s.best = best_;
     s.run = run_fingerprint();
     s.optimizer_layout = layout_json(optimizer_layout());
     const std::string written = write_checkpoint(

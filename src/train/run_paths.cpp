@@ -86,8 +86,9 @@ void check_run_paths(const TrainOptions& o) {
   // Each can be written: --save replaces its folder as a whole, so only one that holds a saved
   // model's files alone (Note [Replacing only what a save wrote]); --checkpoint-dir holds
   // step_NNNNNN folders.
-  if (!o.save.empty())
-    data::check_output_path(o.save, "--save", /*as_directory=*/true, gpt2::is_saved_model_entry);
+  for (const auto& [option, dir] : {Named{"--save", o.save}, Named{"--save-best", o.save_best}})
+    if (!dir.empty())
+      data::check_output_path(dir, option, /*as_directory=*/true, gpt2::is_saved_model_entry);
   if (!o.checkpoint_dir.empty())
     data::check_output_path(o.checkpoint_dir, "--checkpoint-dir", /*as_directory=*/true);
   const std::vector<Named> files = {{"--log", o.log},
@@ -102,8 +103,9 @@ void check_run_paths(const TrainOptions& o) {
   const std::vector<Named> inputs = input_files(o);
   for (const Named& f : files)
     if (!f.second.empty()) outputs.push_back(f), check_file_output(f, inputs, o);
-  for (const Named& d : {Named{"--save", o.save}, Named{"--checkpoint-dir", o.checkpoint_dir},
-                         Named{"--nvme-dir", o.nvme.dir}})
+  for (const Named& d :
+       {Named{"--save", o.save}, Named{"--save-best", o.save_best},
+        Named{"--checkpoint-dir", o.checkpoint_dir}, Named{"--nvme-dir", o.nvme.dir}})
     if (!d.second.empty()) outputs.push_back(d);
   for (size_t i = 0; i < outputs.size(); ++i)
     for (size_t j = i + 1; j < outputs.size(); ++j)
@@ -120,13 +122,15 @@ void check_run_paths(const TrainOptions& o) {
                "break it for --resume; pass ",
                option, " another path");
   }
-  if (o.save.empty()) return;
-  for (const auto& [option, path] : outputs)
-    MW_CHECK_T(InvalidArgument, !lies_inside(path, o.save), option, " '", path,
-               "' lies inside --save '", o.save,
-               "', a folder the save replaces as a whole after training (deleting what else it "
-               "holds); pass --save a folder of its own, e.g. '",
-               (fs::path(o.save) / "model").string(), "'");
+  for (const auto& [saved, dir] : {Named{"--save", o.save}, Named{"--save-best", o.save_best}}) {
+    if (dir.empty()) continue;
+    for (const auto& [option, path] : outputs)
+      MW_CHECK_T(InvalidArgument, !lies_inside(path, dir), option, " '", path, "' lies inside ",
+                 saved, " '", dir,
+                 "', a folder the save replaces as a whole (deleting what else it ",
+                 "holds); pass ", saved, " a folder of its own, e.g. '",
+                 (fs::path(dir) / "model").string(), "'");
+  }
 }
 
 }  // namespace mw::train

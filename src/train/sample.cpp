@@ -209,7 +209,8 @@ void Trainer::load_tokenizer() {
   check_shard_tokenizers();
   std::string option;
   const data::TokenShard* stamped = first_stamped_shard(&option);
-  if (!tokenizer_ && stamped && (!o_.save.empty() || !o_.checkpoint_dir.empty()))
+  if (!tokenizer_ && stamped &&
+      (!o_.save.empty() || !o_.save_best.empty() || !o_.checkpoint_dir.empty()))
     print_(str("gpt2_train: warning: the ", option, " shard '", stamped->path(), "' was made by a ",
                "tokenizer of ", stamped->tokenizer()->vocab_size, " tokens that this run does not ",
                "know (none given, none beside the shards or the weights): the saved model will ",

@@ -95,6 +95,13 @@ std::vector<SaveNeed> save_needs(const TrainOptions& o, const gpt2::Config& conf
   const int64_t optimizer = saved_optimizer_bytes(config);
   const double checkpoint = static_cast<double>(model) + static_cast<double>(optimizer) + 16 * 1024;
   if (!o.save.empty()) needs.push_back({str("--save '", o.save, "' (the model)"), o.save, model});
+  // Each new best is written beside the one it replaces: two models, once the first is there.
+  if (!o.save_best.empty()) {
+    std::error_code ec;
+    const bool held = std::filesystem::exists(o.save_best + "/model.safetensors", ec);
+    needs.push_back({str("--save-best '", o.save_best, "' (", held ? "a model" : "two models", ")"),
+                     o.save_best, held ? model : 2 * model});
+  }
   if (!o.save_optimizer.empty())
     needs.push_back(
         {str("--save-optimizer '", o.save_optimizer, "'"), o.save_optimizer, optimizer});

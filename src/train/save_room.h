@@ -3,6 +3,7 @@
 // Note [Room for the saves]: a full disk is refused up front, not at hour ten's checkpoint. The
 // bytes each save adds, from the model's shape alone:
 //   model folder (--save, a checkpoint's model/)     4 P + 256 per tensor + 16 KiB + tokenizer
+//     (--save-best: two, each new best written beside the last; one once a best is there)
 //   optimizer file (--save-optimizer, optimizer.bin) 8 P + 256 per tensor
 //   checkpoint                                       the two above + 16 KiB (trainer.json, ...)
 // (P parameters in f32; the tokenizer's files, which a save copies, by their sizes, or 4 MiB

@@ -71,6 +71,10 @@ struct TrainOptions {
   uint64_t data_seed = 0;
   int64_t eval_every = 0, eval_batches = 20;
   bool eval_only = false;
+  // Note [Best model and early stopping]: the model at the lowest val loss so far, saved there
+  // (""); stop after this many evaluations in a row without a lower one (0: never).
+  std::string save_best;
+  int64_t early_stop = 0;
   // Checkpoints (Note [Checkpoint layout]).
   std::string checkpoint_dir, resume;
   int64_t checkpoint_every = 0, keep = 0;
@@ -176,6 +180,13 @@ struct EvalResult {
   int64_t batches = 0;
 };
 
+// What an evaluation meant for --save-best and --early-stop (Trainer::keep_best).
+struct BestVerdict {
+  bool best = false;  // the lowest val loss so far (saved to --save-best when given)
+  bool stop = false;  // --early-stop: that many evaluations without a lower loss
+  std::string text;   // " | best so far, saved to DIR" or " | best 3.100 at step 300 (...)"
+};
+
 class DataParallel;
 struct ShardLayout;
 
@@ -211,6 +222,10 @@ class Trainer {
   bool has_validation() const { return val_ != nullptr; }
   bool eval_due() const;  // after the update just made (and at the end)
   EvalResult evaluate();
+  // After each evaluation of a training run: --save-best and --early-stop (Note [Best model and
+  // early stopping]). Under data parallel every rank must call it (they agree on the verdict).
+  BestVerdict keep_best(const EvalResult& e);
+  const BestValidation& best_validation() const { return best_; }
   bool checkpoint_due() const;
   bool sample_due() const;
   // "[12] sample: <prompt><continuation>" (or "[12] sample ids: 5,17,..." without a tokenizer).
@@ -307,6 +322,7 @@ class Trainer {
   std::string weights_from_;  // --init-from, or the resumed checkpoint's model folder
   std::string resumed_path_;
   TrainState resumed_state_;     // verified (verify_checkpoint) before the model is built
+  BestValidation best_;          // Note [Best model and early stopping]
   std::string optimizer_saved_;  // save_optimizer_output's line once written
   std::unique_ptr<gemini::Gemini> gemini_owned_;
   std::unique_ptr<gpt2::GPT2> model_;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "../data/temp_dir.h"
@@ -45,6 +46,16 @@ TEST(SaveRoom, KeepBoundsTheCheckpointsThatCoexist) {
   EXPECT_EQ(needs[0].bytes, 2 * one) << needs[0].what;
   o.eval_only = true;  // saves nothing
   EXPECT_TRUE(save_needs(o, c).empty());
+  // --save-best writes each new best beside the one it replaces.
+  TrainOptions b;
+  b.save_best = tmp.file("best");
+  needs = save_needs(b, c);
+  ASSERT_EQ(needs.size(), 1u);
+  const int64_t model = needs[0].bytes / 2;
+  EXPECT_GE(model, saved_model_bytes(c)) << needs[0].what;
+  std::filesystem::create_directories(tmp.file("best"));
+  std::ofstream(tmp.file("best/model.safetensors")) << "an earlier best";
+  EXPECT_EQ(save_needs(b, c).at(0).bytes, model) << save_needs(b, c).at(0).what;
 }
 
 TEST(SaveRoom, AFileSystemTooSmallForTheSavesIsRefusedNamingThem) {
