@@ -37,35 +37,15 @@ gpt2::SamplingOptions sampling_options(const cli::Parser& p) {
   o.top_k = p.integer("top-k", 0, INT32_MAX);
   o.top_p = p.real("top-p", 1e-9, 1);
   o.seed = static_cast<uint64_t>(p.integer("seed", 0, INT64_MAX));
+  o.repetition_penalty = p.real("repetition-penalty", 1e-3, 1e3);
   return o;
 }
 
-int run(cli::Parser& p) {
-  if (!p.given("model"))
-    throw cli::UsageError("--model DIR (a HuggingFace GPT-2 folder) is required");
-  if (p.given("prompt") && p.given("prompt-ids"))
-    throw cli::UsageError("--prompt and --prompt-ids exclude each other");
-  const std::string dir = p.str("model");
-  const int64_t max_new = p.integer("max-new-tokens", 1, INT32_MAX);
-  const gpt2::SamplingOptions options = sampling_options(p);
-  const bool print_ids = p.has("print-ids");
-  gpt2::GPT2 model(gpt2::load_hf_config(dir, "--model"));
-  gpt2::load_hf_weights(model, dir);
-  model.eval();
-  std::unique_ptr<data::BpeTokenizer> tok;
-  if (!print_ids || !p.given("prompt-ids")) {
-    tok = find_tokenizer(p, dir);
-    MW_CHECK_T(FormatError, tok != nullptr, "no tokenizer in '", dir,
-               "' (vocab.json + merges.txt, or tokenizer.json): pass --vocab and --merges or "
-               "--tokenizer, or use --prompt-ids with --print-ids");
-  }
-  std::vector<int32_t> prompt = p.given("prompt-ids")
-                                    ? cli::token_ids("prompt-ids", p.str("prompt-ids"))
-                                : p.given("prompt") ? tok->encode_prompt(p.str("prompt"))
-                                                    : std::vector<int32_t>{tok->eot_id()};
-  if (prompt.empty()) prompt.push_back(tok->eot_id());  // an empty --prompt ""
-  if (!print_ids && p.given("prompt"))
-    std::fwrite(p.str("prompt").data(), 1, p.str("prompt").size(), stdout);
+// One sample: the prompt echoed, the continuation streamed (or its ids), and the summary line.
+void sample_once(const gpt2::GPT2& model, const data::BpeTokenizer* tok,
+                 const std::vector<int32_t>& prompt, int64_t max_new,
+                 const gpt2::SamplingOptions& options, bool print_ids, const std::string& text) {
+  if (!print_ids && !text.empty()) std::fwrite(text.data(), 1, text.size(), stdout);
   const auto t0 = std::chrono::steady_clock::now();
   int64_t textless = 0;  // ids of a padded vocabulary past the tokenizer's: no text, as in training
   const auto generated = gpt2::generate(model, prompt, max_new, options, [&](int32_t id) {
@@ -98,6 +78,47 @@ int run(cli::Parser& p) {
                                   tok->vocab_size(), " ids (a padded vocabulary): no text")
                                   .c_str()
                             : "");
+}
+
+int run(cli::Parser& p) {
+  if (!p.given("model"))
+    throw cli::UsageError("--model DIR (a HuggingFace GPT-2 folder) is required");
+  if (p.given("prompt") && p.given("prompt-ids"))
+    throw cli::UsageError("--prompt and --prompt-ids exclude each other");
+  const std::string dir = p.str("model");
+  const int64_t max_new = p.integer("max-new-tokens", 1, INT32_MAX);
+  const int64_t samples = p.integer("num-samples", 1, 1000);
+  const gpt2::SamplingOptions options = sampling_options(p);
+  const bool print_ids = p.has("print-ids");
+  if (samples > 1 && options.temperature == 0)
+    std::fprintf(stderr,
+                 "gpt2_generate: warning: --temperature 0 is greedy: the %lld samples "
+                 "will be the same text\n",
+                 static_cast<long long>(samples));
+  gpt2::GPT2 model(gpt2::load_hf_config(dir, "--model"));
+  gpt2::load_hf_weights(model, dir);
+  model.eval();
+  std::unique_ptr<data::BpeTokenizer> tok;
+  if (!print_ids || !p.given("prompt-ids")) {
+    tok = find_tokenizer(p, dir);
+    MW_CHECK_T(FormatError, tok != nullptr, "no tokenizer in '", dir,
+               "' (vocab.json + merges.txt, or tokenizer.json): pass --vocab and --merges or "
+               "--tokenizer, or use --prompt-ids with --print-ids");
+  }
+  std::vector<int32_t> prompt = p.given("prompt-ids")
+                                    ? cli::token_ids("prompt-ids", p.str("prompt-ids"))
+                                : p.given("prompt") ? tok->encode_prompt(p.str("prompt"))
+                                                    : std::vector<int32_t>{tok->eot_id()};
+  if (prompt.empty()) prompt.push_back(tok->eot_id());  // an empty --prompt ""
+  for (int64_t k = 0; k < samples; ++k) {
+    gpt2::SamplingOptions o = options;
+    o.seed = options.seed + static_cast<uint64_t>(k);  // sample k of --seed S: --seed S+k alone
+    if (samples > 1)
+      std::printf("=== sample %lld of %lld (--seed %llu) ===\n", static_cast<long long>(k + 1),
+                  static_cast<long long>(samples), static_cast<unsigned long long>(o.seed));
+    sample_once(model, tok.get(), prompt, max_new, o, print_ids,
+                p.given("prompt") ? p.str("prompt") : "");
+  }
   return 0;
 }
 
@@ -115,7 +136,11 @@ int main(int argc, char** argv) {
   p.option("temperature", "1.0", "softmax temperature; 0 is greedy (argmax)");
   p.option("top-k", "0", "sample among the k most likely tokens (0: all)");
   p.option("top-p", "1.0", "sample among the most likely tokens whose probability reaches p");
-  p.option("seed", "0", "sampling seed");
+  p.option("seed", "0", "sampling seed (with --num-samples N, the samples' are S, S+1, ...)");
+  p.option("repetition-penalty", "1.0",
+           "> 1 makes tokens already in the text less likely (HF's repetition_penalty; 1.2 is "
+           "common for small models that repeat themselves); 1: none");
+  p.option("num-samples", "1", "samples of the same prompt, one after another");
   p.option("vocab", "", "vocab.json (default: the model folder's)");
   p.option("merges", "", "merges.txt (default: the model folder's)");
   p.option("tokenizer", "", "tokenizer.json (default: the model folder's)");

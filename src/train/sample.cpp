@@ -254,7 +254,7 @@ std::vector<int32_t> Trainer::sample_by_forwards() {
     const Tensor logits = (*model_)(Tensor::from_vector(context, {1, t}, o_.device));
     const std::vector<float> last =
         logits.narrow(1, t - 1, 1).to(Device::cpu()).to(DType::F32).contiguous().to_vector<float>();
-    const int32_t id = sampler.next(last);
+    const int32_t id = sampler.next(last, context);
     generated.push_back(id);
     if (tokenizer_ && id == tokenizer_->eot_id()) break;
     if (t >= config_.n_positions) break;  // the next token would have no position

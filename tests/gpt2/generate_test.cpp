@@ -118,7 +118,7 @@ TEST(Generate, SamplerFrequenciesMatchTheDistribution) {
   auto frequencies = [&](gpt2::SamplingOptions o) {
     gpt2::Sampler sampler(o);
     std::vector<double> f(4, 0.0);
-    for (int i = 0; i < 40000; ++i) f[sampler.next(logits)] += 1.0 / 40000;
+    for (int i = 0; i < 40000; ++i) f[sampler.next(logits, {})] += 1.0 / 40000;
     return f;
   };
   auto expect_near = [](const std::vector<double>& got, const std::vector<double>& want) {
@@ -137,6 +137,68 @@ TEST(Generate, SamplerFrequenciesMatchTheDistribution) {
   t.temperature = 0.5;
   const double z = 0.25 + 0.09 + 0.0225 + 0.0025;
   expect_near(frequencies(t), {0.25 / z, 0.09 / z, 0.0225 / z, 0.0025 / z});
+}
+
+// Note [Repetition penalty]: HF's rule, from its definition, on a loop of full forwards: every id
+// in the context (prompt and generated) has its positive logit divided by the penalty and its
+// negative one multiplied, once however often it occurs; then greedy. Penalty 1 is no change.
+TEST(Generate, RepetitionPenaltyIsHfsRuleOnTheContext) {
+  auto model = load_model();
+  const std::vector<int32_t> prompt = {5, 17, 42, 17};
+  for (const double penalty : {1.0, 1.3, 4.0}) {
+    std::vector<int32_t> ids = prompt, want;
+    for (int i = 0; i < 20; ++i) {
+      std::vector<float> l = last_logits(*model, ids);
+      std::vector<bool> seen(l.size());
+      for (int32_t id : ids) seen[id] = true;
+      for (size_t v = 0; v < l.size(); ++v)
+        if (seen[v])
+          l[v] = l[v] < 0 ? l[v] * static_cast<float>(penalty) : l[v] / static_cast<float>(penalty);
+      want.push_back(argmax(l));
+      ids.push_back(want.back());
+    }
+    gpt2::SamplingOptions o;
+    o.temperature = 0;
+    o.repetition_penalty = penalty;
+    EXPECT_EQ(gpt2::generate(*model, prompt, 20, o), want) << "penalty " << penalty;
+  }
+  // A strong penalty changes what greedy picks on this model (else the check above checks little).
+  gpt2::SamplingOptions plain, strong;
+  plain.temperature = strong.temperature = 0;
+  strong.repetition_penalty = 4;
+  EXPECT_NE(gpt2::generate(*model, prompt, 20, plain), gpt2::generate(*model, prompt, 20, strong));
+  // And the Sampler applies it to the context it is given, not to ids it has not seen: logits
+  // {3, 2.5, -1}; 3 / 1.5 = 2 puts id 1 first, -1 * 1.5 keeps id 2 last.
+  gpt2::SamplingOptions mid = plain;
+  mid.repetition_penalty = 1.5;
+  gpt2::Sampler s15(mid);
+  EXPECT_EQ(s15.next({3.0f, 2.5f, -1.0f}, {}), 0);
+  EXPECT_EQ(s15.next({3.0f, 2.5f, -1.0f}, {0, 0, 2}), 1);
+  EXPECT_EQ(s15.next({-3.0f, -2.5f, -2.0f}, {2}), 1);  // -2 * 1.5 = -3 < -2.5
+  gpt2::SamplingOptions bad;
+  bad.repetition_penalty = 0;
+  EXPECT_THROW(gpt2::Sampler{bad}, InvalidArgument);
+}
+
+// --num-samples N: sample k is the one --seed S+k draws alone, each under its header.
+TEST(Generate, AppDrawsSeveralSamplesWithConsecutiveSeeds) {
+  const std::string base = "--model " + kFixture +
+                           " --prompt-ids 5,17 --print-ids --max-new-tokens "
+                           "6 --temperature 1.5 --repetition-penalty 1.2 ";
+  const auto three = testing::run_built_app("gpt2_generate", base + "--seed 7 --num-samples 3");
+  ASSERT_EQ(three.exit_code, 0) << three.output;
+  for (int k = 0; k < 3; ++k) {
+    const auto one =
+        testing::run_built_app("gpt2_generate", base + "--seed " + std::to_string(7 + k));
+    ASSERT_EQ(one.exit_code, 0) << one.output;
+    const size_t at = one.output.find("ids: ");
+    ASSERT_NE(at, std::string::npos) << one.output;
+    const std::string ids = one.output.substr(at, one.output.find('\n', at) - at + 1);
+    const std::string header = "=== sample " + std::to_string(k + 1) + " of 3 (--seed " +
+                               std::to_string(7 + k) + ") ===\n";
+    EXPECT_NE(three.output.find(header + ids), std::string::npos)
+        << three.output << "\nwant " << header << ids;
+  }
 }
 
 TEST(Generate, AppPrintsTheGreedyIds) {

@@ -147,6 +147,9 @@ Sampler::Sampler(SamplingOptions options) : options_(options), state_(options.se
   MW_CHECK_T(InvalidArgument, options.top_k >= 0, "top_k ", options.top_k, " must be >= 0");
   MW_CHECK_T(InvalidArgument, options.top_p > 0 && options.top_p <= 1, "top_p ", options.top_p,
              " must be in (0, 1]");
+  MW_CHECK_T(InvalidArgument,
+             options.repetition_penalty > 0 && std::isfinite(options.repetition_penalty),
+             "repetition penalty ", options.repetition_penalty, " must be > 0 (1 is none)");
 }
 
 // SplitMix64: a fixed, portable sequence for a seed (std:: distributions are not portable).
@@ -158,8 +161,22 @@ double Sampler::uniform() {
   return static_cast<double>(z >> 11) * 0x1.0p-53;
 }
 
-int32_t Sampler::next(const std::vector<float>& logits) {
-  const int32_t V = static_cast<int32_t>(logits.size());
+int32_t Sampler::next(const std::vector<float>& logits_in, const std::vector<int32_t>& context) {
+  const int32_t V = static_cast<int32_t>(logits_in.size());
+  const std::vector<float>* use = &logits_in;
+  if (options_.repetition_penalty != 1) {  // Note [Repetition penalty], once per id
+    penalized_ = logits_in;
+    std::vector<bool> done(static_cast<size_t>(V));
+    const auto p = static_cast<float>(options_.repetition_penalty);
+    for (int32_t id : context) {
+      if (id < 0 || id >= V || done[id]) continue;
+      done[id] = true;
+      float& l = penalized_[id];
+      l = l < 0 ? l * p : l / p;
+    }
+    use = &penalized_;
+  }
+  const std::vector<float>& logits = *use;
   if (options_.temperature == 0)
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   candidates_.resize(V);
@@ -209,10 +226,11 @@ std::vector<int32_t> generate(const GPT2& model, const std::vector<int32_t>& pro
   Sampler sampler(options);
   const std::vector<float>* logits = nullptr;
   for (int32_t id : prompt) logits = &decoder.feed(id);
-  std::vector<int32_t> generated;
+  std::vector<int32_t> generated, context = prompt;
   for (int64_t i = 0; i < max_new_tokens; ++i) {
-    const int32_t id = sampler.next(*logits);
+    const int32_t id = sampler.next(*logits, context);
     generated.push_back(id);
+    context.push_back(id);
     if (on_token && !on_token(id)) break;
     if (decoder.position() >= n_positions) break;  // the next token would have no position
     if (i + 1 < max_new_tokens) logits = &decoder.feed(id);

@@ -14,6 +14,10 @@
 // - Sampling is deterministic for a seed: temperature 0 is argmax (the lowest id on ties);
 //   otherwise logits / T, then top-k, then top-p (the smallest set of most likely tokens whose
 //   probability reaches p), then one draw from a seeded SplitMix64.
+// - Note [Repetition penalty]: small GPT-2s loop ("the the the", a sentence over and over) under
+//   greedy and low-temperature sampling. HF's repetition_penalty (CTRL, Keskar et al. 2019) divides
+//   the positive logits and multiplies the negative ones of every token id in the context (prompt
+//   and generated so far) by the penalty, before the temperature; 1 leaves the logits as they are.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +33,8 @@ struct SamplingOptions {
   int64_t top_k = 0;         // 0: off
   double top_p = 1.0;        // 1: off
   uint64_t seed = 0;
+  // Note [Repetition penalty]: > 1 makes every token already in the context less likely; 1: off.
+  double repetition_penalty = 1.0;
 };
 
 class KvCacheDecoder {
@@ -64,13 +70,15 @@ class KvCacheDecoder {
 class Sampler {
  public:
   explicit Sampler(SamplingOptions options);
-  int32_t next(const std::vector<float>& logits);
+  // The next id after `context` (the prompt and the ids drawn so far: the repetition penalty's).
+  int32_t next(const std::vector<float>& logits, const std::vector<int32_t>& context);
 
  private:
   double uniform();  // [0, 1)
   SamplingOptions options_;
   uint64_t state_;
   std::vector<std::pair<float, int32_t>> candidates_;
+  std::vector<float> penalized_;
 };
 
 // Feeds the prompt (at least one token), then samples up to max_new_tokens, stopping early when
