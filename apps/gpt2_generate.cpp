@@ -48,15 +48,19 @@ void sample_once(const gpt2::GPT2& model, const data::BpeTokenizer* tok,
   if (!print_ids && !text.empty()) std::fwrite(text.data(), 1, text.size(), stdout);
   const auto t0 = std::chrono::steady_clock::now();
   int64_t textless = 0;  // ids of a padded vocabulary past the tokenizer's: no text, as in training
-  const auto generated = gpt2::generate(model, prompt, max_new, options, [&](int32_t id) {
-    if (print_ids) return true;
-    if (id == tok->eot_id()) return false;
-    if (id >= tok->vocab_size()) return ++textless, true;
-    const std::string& bytes = tok->token_bytes(id);
-    std::fwrite(bytes.data(), 1, bytes.size(), stdout);
-    std::fflush(stdout);
-    return true;
-  });
+  gpt2::Slide slide;     // Note [Sliding context]: past n_positions, the context slides
+  const auto generated = gpt2::generate(
+      model, prompt, max_new, options,
+      [&](int32_t id) {
+        if (print_ids) return true;
+        if (id == tok->eot_id()) return false;
+        if (id >= tok->vocab_size()) return ++textless, true;
+        const std::string& bytes = tok->token_bytes(id);
+        std::fwrite(bytes.data(), 1, bytes.size(), stdout);
+        std::fflush(stdout);
+        return true;
+      },
+      &slide);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (print_ids) {
@@ -65,15 +69,19 @@ void sample_once(const gpt2::GPT2& model, const data::BpeTokenizer* tok,
   }
   std::printf("\n");
   std::fflush(stdout);
-  const bool full =
-      static_cast<int64_t>(prompt.size() + generated.size()) >= model.config().n_positions;
-  const bool ended = !print_ids && !full && static_cast<int64_t>(generated.size()) < max_new;
-  std::fprintf(stderr, "[generate] %zu prompt + %zu new tokens in %.2f s (%.1f tokens/s)%s%s\n",
+  const bool ended = !print_ids && static_cast<int64_t>(generated.size()) < max_new;
+  const int64_t n_positions = model.config().n_positions;
+  std::string context;
+  if (slide.prompt_dropped > 0)
+    context += str("; the prompt's first ", slide.prompt_dropped, " tokens did not fit the context",
+                   " of ", n_positions, " (n_positions) and were left out");
+  if (slide.slides > 0)
+    context += str("; the context slid ", slide.slides, " time", slide.slides > 1 ? "s" : "",
+                   " (each keeping the last ", std::max<int64_t>(1, n_positions / 2), " tokens)");
+  std::fprintf(stderr, "[generate] %zu prompt + %zu new tokens in %.2f s (%.1f tokens/s)%s%s%s\n",
                prompt.size(), generated.size(), seconds,
                static_cast<double>(prompt.size() + generated.size()) / std::max(seconds, 1e-9),
-               full    ? "; stopped: the context (n_positions) is full"
-               : ended ? "; stopped: <|endoftext|> (the model ended the text)"
-                       : "",
+               context.c_str(), ended ? "; stopped: <|endoftext|> (the model ended the text)" : "",
                textless > 0 ? str("; ", textless, " of them past the tokenizer's ",
                                   tok->vocab_size(), " ids (a padded vocabulary): no text")
                                   .c_str()
@@ -132,7 +140,9 @@ int main(int argc, char** argv) {
   p.text_option("prompt", "", "text to continue (default: start from <|endoftext|>)");
   p.option("prompt-ids", "", "token ids to continue, comma-separated (no tokenizer needed)");
   p.flag("print-ids", "print the generated ids as one line 'ids: 5,17,...' instead of text");
-  p.option("max-new-tokens", "64", "tokens to generate (fewer when the context fills up)");
+  p.option("max-new-tokens", "64",
+           "tokens to generate; past the model's context (n_positions) it slides, keeping the last "
+           "half");
   p.option("temperature", "1.0", "softmax temperature; 0 is greedy (argmax)");
   p.option("top-k", "0", "sample among the k most likely tokens (0: all)");
   p.option("top-p", "1.0", "sample among the most likely tokens whose probability reaches p");

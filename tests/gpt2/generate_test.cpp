@@ -180,6 +180,40 @@ TEST(Generate, RepetitionPenaltyIsHfsRuleOnTheContext) {
   EXPECT_THROW(gpt2::Sampler{bad}, InvalidArgument);
 }
 
+// Note [Sliding context]: past n_positions (32 here) the KV cache is rebuilt from the last 16
+// tokens, and a prompt longer than the context keeps its last 32: the same ids as a loop of full
+// forwards over a window kept by that rule, plus greedy.
+TEST(Generate, PastTheContextTheWindowSlides) {
+  auto model = load_model();
+  gpt2::SamplingOptions greedy;
+  greedy.temperature = 0;
+  for (const size_t prompt_size : {3u, 40u}) {
+    std::vector<int32_t> prompt;
+    for (size_t i = 0; i < prompt_size; ++i) prompt.push_back(static_cast<int32_t>((i * 13) % 97));
+    std::vector<int32_t> window(prompt.end() - std::min<size_t>(prompt.size(), 32), prompt.end());
+    std::vector<int32_t> want;
+    int64_t slides = 0;
+    for (int i = 0; i < 80; ++i) {
+      want.push_back(argmax(last_logits(*model, window)));
+      if (i + 1 == 80) break;  // the last token is never fed
+      window.push_back(want.back());
+      if (window.size() > 32) window.erase(window.begin(), window.end() - 16), ++slides;
+    }
+    gpt2::Slide slide;
+    EXPECT_EQ(gpt2::generate(*model, prompt, 80, greedy, {}, &slide), want) << prompt_size;
+    EXPECT_EQ(slide.slides, slides) << prompt_size;
+    EXPECT_EQ(slide.prompt_dropped, static_cast<int64_t>(prompt_size) - 32 > 0 ? 8 : 0);
+  }
+  // 99 of the 100 tokens are fed: the window of 32 fills after 31, then every 17.
+  const auto r = testing::run_built_app(
+      "gpt2_generate", "--model " + kFixture + " --prompt-ids 5 --print-ids --max-new-tokens 100");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("1 prompt + 100 new tokens"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the context slid 4 times (each keeping the last 16 tokens)"),
+            std::string::npos)
+      << r.output;
+}
+
 // --num-samples N: sample k is the one --seed S+k draws alone, each under its header.
 TEST(Generate, AppDrawsSeveralSamplesWithConsecutiveSeeds) {
   const std::string base = "--model " + kFixture +

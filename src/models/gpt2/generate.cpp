@@ -215,25 +215,38 @@ int32_t Sampler::next(const std::vector<float>& logits_in, const std::vector<int
 
 std::vector<int32_t> generate(const GPT2& model, const std::vector<int32_t>& prompt,
                               int64_t max_new_tokens, const SamplingOptions& options,
-                              const std::function<bool(int32_t)>& on_token) {
+                              const std::function<bool(int32_t)>& on_token, Slide* slide) {
   MW_CHECK_T(InvalidArgument, !prompt.empty(), "generation needs a prompt of at least one token ",
              "(GPT-2 starts unconditional samples from <|endoftext|>)");
   const int64_t n_positions = model.config().n_positions;
-  MW_CHECK_T(InvalidArgument, static_cast<int64_t>(prompt.size()) <= n_positions, "the prompt is ",
-             prompt.size(), " tokens and the model's context holds ", n_positions,
+  const auto prompt_size = static_cast<int64_t>(prompt.size());
+  MW_CHECK_T(InvalidArgument, slide || prompt_size <= n_positions, "the prompt is ", prompt_size,
+             " tokens and the model's context holds ", n_positions,
              " (n_positions): shorten the prompt to at most ", n_positions, " tokens");
   KvCacheDecoder decoder(model);
   Sampler sampler(options);
+  // The tokens in the KV cache (Note [Sliding context]), and the logits after the last of them.
+  std::vector<int32_t> window(prompt.end() - std::min(prompt_size, n_positions), prompt.end());
+  if (slide) slide->prompt_dropped = prompt_size - static_cast<int64_t>(window.size());
   const std::vector<float>* logits = nullptr;
-  for (int32_t id : prompt) logits = &decoder.feed(id);
+  for (int32_t id : window) logits = &decoder.feed(id);
   std::vector<int32_t> generated, context = prompt;
   for (int64_t i = 0; i < max_new_tokens; ++i) {
     const int32_t id = sampler.next(*logits, context);
     generated.push_back(id);
     context.push_back(id);
     if (on_token && !on_token(id)) break;
-    if (decoder.position() >= n_positions) break;  // the next token would have no position
-    if (i + 1 < max_new_tokens) logits = &decoder.feed(id);
+    if (i + 1 == max_new_tokens) break;
+    window.push_back(id);
+    if (decoder.position() < n_positions) {
+      logits = &decoder.feed(id);
+      continue;
+    }
+    if (!slide) break;  // the next token would have no position
+    window.erase(window.begin(), window.end() - std::max<int64_t>(1, n_positions / 2));
+    decoder.reset();
+    for (int32_t kept : window) logits = &decoder.feed(kept);
+    ++slide->slides;
   }
   return generated;
 }

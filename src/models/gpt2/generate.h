@@ -81,10 +81,23 @@ class Sampler {
   std::vector<float> penalized_;
 };
 
+// Note [Sliding context]: positions are absolute, so a model of n_positions cannot see more. With
+// a Slide, generation does not stop when the context is full (nanoGPT's generate crops its input
+// so): the KV cache is rebuilt from the last n_positions / 2 tokens (the prompt's and the
+// generated ones alike), which costs a forward of those each n_positions / 2 new tokens, and a
+// prompt longer than the context keeps its last n_positions tokens (HF's truncation from the
+// left). The repetition penalty still sees the whole text.
+struct Slide {
+  int64_t slides = 0;          // times the context was rebuilt
+  int64_t prompt_dropped = 0;  // tokens cut from the prompt's start
+};
+
 // Feeds the prompt (at least one token), then samples up to max_new_tokens, stopping early when
-// the context is full or on_token returns false. Returns the generated ids (without the prompt).
+// on_token returns false or, without `slide`, when the context is full (a prompt longer than the
+// context is then an InvalidArgument). Returns the generated ids (without the prompt).
 std::vector<int32_t> generate(const GPT2& model, const std::vector<int32_t>& prompt,
                               int64_t max_new_tokens, const SamplingOptions& options,
-                              const std::function<bool(int32_t)>& on_token = {});
+                              const std::function<bool(int32_t)>& on_token = {},
+                              Slide* slide = nullptr);
 
 }  // namespace mw::gpt2
