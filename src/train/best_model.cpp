@@ -40,7 +40,7 @@ BestVerdict Trainer::keep_best(const EvalResult& e) {
     return v;
   }
   ++best_.evals_since;
-  v.stop = o_.early_stop > 0 && best_.evals_since >= o_.early_stop;
+  v.stop = o_.early_stop > 0 && best_.evals_since >= o_.early_stop && !done();  // not the end
   if (best_.step >= 0)
     v.text = str(" | best ", format_fixed(best_.loss, 3), " at step ", best_.step, " (",
                  best_.evals_since, " evaluation", best_.evals_since == 1 ? "" : "s", " ago)");

@@ -109,6 +109,14 @@ TEST_F(BestModel, TheLowestValLossIsSavedAndEarlyStopEndsTheRunAcrossAResume) {
   std::snprintf(last_ck, sizeof last_ck, "/step_%06lld", static_cast<long long>(e[stop].step));
   EXPECT_TRUE(std::filesystem::exists(tmp_.file("a_ck") + last_ck)) << last_ck;
 
+  // A run whose last step is the stop's ends there anyway: nothing "stopped early".
+  std::string to_stop = args("c");
+  to_stop.replace(to_stop.find("--steps 60"), 10, "--steps " + std::to_string(e[stop].step));
+  const AppResult c = train(to_stop);
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  EXPECT_EQ(c.output.find("Stopped early"), std::string::npos) << c.output;
+  EXPECT_EQ(evals(c.output).back().loss, e[stop].loss) << c.output;
+
   // Crash right after the step of the last evaluation before the stop (its checkpoint not yet
   // written), then resume: the checkpoint before it holds the best and the count since, so the
   // resumed run stops at the same step with the same best model. (Forgetting them, it saved its
