@@ -395,7 +395,9 @@ bool report_eval(train::Trainer& t, train::JsonLog& log, bool tty, bool training
   print(str(tty ? "\n" : "", "[", t.step(), "] val loss: ", format_fixed(e.loss, 3),
             " | perplexity: ", format_fixed(e.perplexity, 2), " (", e.batches, " batches)",
             best.text, "\n"));
-  log.write(train::eval_record(t.step(), e), t.step());
+  json::Value record = train::eval_record(t.step(), e);
+  if (best.best) record.set("best", true);  // saved by --save-best (tools/loss_curve_svg.py)
+  log.write(record, t.step());
   return best.stop;
 }
 

@@ -142,6 +142,41 @@ TEST_F(BestModel, TheLowestValLossIsSavedAndEarlyStopEndsTheRunAcrossAResume) {
       << "the resumed run saved another best model";
 }
 
+// The log marks the evaluations --save-best saved, and tools/loss_curve_svg.py plots the run from
+// it: a line per loss, a dot per evaluation, a ring per saved best.
+TEST_F(BestModel, TheLogMarksTheBestAndTheCurveToolPlotsIt) {
+  if (std::system("command -v python3 > /dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  const AppResult a = train(args("a") + "--log " + tmp_.file("log.jsonl"));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const std::vector<Eval> e = evals(a.output);
+  std::ifstream log(tmp_.file("log.jsonl"));
+  size_t marked = 0, printed = 0;
+  for (std::string line; std::getline(log, line);)
+    marked += line.find("\"best\":true") != std::string::npos;
+  std::istringstream out(a.output);
+  for (std::string line; std::getline(out, line);)
+    printed += line.find("| best so far") != std::string::npos;
+  EXPECT_GT(marked, 0u);
+  EXPECT_EQ(marked, printed);
+  const std::string tool = std::string(MW_SOURCE_DIR) + "/tools/loss_curve_svg.py ";
+  const AppResult plot = testing::run_command("python3 " + tool + tmp_.file("log.jsonl") + " " +
+                                              tmp_.file("curve.svg"));
+  ASSERT_EQ(plot.exit_code, 0) << plot.output;
+  EXPECT_NE(plot.output.find(std::to_string(e.size()) + " evaluations"), std::string::npos)
+      << plot.output;
+  const std::string svg = read_bytes(tmp_.file("curve.svg"));
+  size_t circles = 0;
+  for (size_t at = svg.find("<circle"); at != std::string::npos; at = svg.find("<circle", at + 1))
+    ++circles;
+  EXPECT_EQ(circles, e.size() + marked) << svg;
+  EXPECT_NE(svg.find("ringed: saved by --save-best"), std::string::npos);
+  const AppResult bad = testing::run_command("python3 " + tool + tmp_.file("train_000000.bin") +
+                                             " " + tmp_.file("x.svg"));
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("is not a record of gpt2_train --log"), std::string::npos)
+      << bad.output;
+}
+
 TEST_F(BestModel, OptionsThatCannotWorkAreRefusedBeforeTraining) {
   const auto refused = [&](const std::string& args, const std::string& message) {
     const AppResult r = train("--model tiny --seq 16 --batch 2 --steps 2 " + args);
