@@ -145,13 +145,16 @@ def draw_data(rng, a, work):
 
 
 def draw_between(rng, work):
-    """Half the time each: evaluation every 2 steps (--val-data) and a sample every 3 steps, the
-    work a run does between steps, which must leave a resumed run as the straight one."""
+    """Half the time each: evaluation every 2 steps (--val-data; then half the time with
+    --save-best and --early-stop 1, whose best so far a resumed run must keep) and a sample every 3
+    steps, the work a run does between steps, which must leave a resumed run as the straight one."""
     a = []
     if rng.random() < 0.5:
         val = os.path.join(work, "val.bin")
         write_shard(val, [rng.randrange(100) for _ in range(2048)])
         a += ["--val-data", val, "--eval-every", "2", "--eval-batches", "2"]
+        if rng.random() < 0.5:
+            a += ["--save-best", os.path.join(work, "best"), "--early-stop", "1"]
     if rng.random() < 0.5:
         a += ["--sample-every", "3", "--sample-tokens", "4", "--sample-prompt-ids", "1"]
     return a

@@ -16,7 +16,7 @@ def check_resume(launch, binary, a, placement, work, moved=None, longer=False):
     `longer`: the resume trains on to 7 steps, and must log a straight 7-step run's records
     (every update before step 2 had the rate it has under 7 steps: a constant schedule, or a
     decay's first update after a 1-step warmup), silently."""
-    key = lambda r: (r["step"], r.get("loss"), r.get("grad_norm"), r.get("val_loss"))
+    key = lambda r: (r["step"], r.get("loss"), r.get("grad_norm"), r.get("val_loss"), r.get("best"))
     # After the checkpoint of step 2: the steps from 2 on and the evaluations after 3 updates on.
     after = lambda k: k[0] >= 2 + (k[1] is None)
     samples = lambda r: [x for x in re.findall(r"^\[(\d+)\] sample ids: (\S+)", r.stdout, re.M)
