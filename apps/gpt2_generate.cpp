@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "data/bpe.h"
+#include "data/file_io.h"
 #include "data/tokenizer_files.h"
 #include "models/gpt2/generate.h"
 #include "models/gpt2/hf_io.h"
@@ -91,8 +92,18 @@ void sample_once(const gpt2::GPT2& model, const data::BpeTokenizer* tok,
 int run(cli::Parser& p) {
   if (!p.given("model"))
     throw cli::UsageError("--model DIR (a HuggingFace GPT-2 folder) is required");
-  if (p.given("prompt") && p.given("prompt-ids"))
-    throw cli::UsageError("--prompt and --prompt-ids exclude each other");
+  if (p.given("prompt") + p.given("prompt-ids") + p.given("prompt-file") > 1)
+    throw cli::UsageError("--prompt, --prompt-file and --prompt-ids exclude each other");
+  // The prompt's text: --prompt as given, or a file's (exactly: newlines, no shell quoting).
+  const bool has_text = p.given("prompt") || p.given("prompt-file");
+  const std::string text =
+      p.given("prompt-file")
+          ? data::read_text_file(p.str("prompt-file"), "--prompt-file", "pass a readable text file")
+          : p.str("prompt");
+  if (p.given("prompt") && text.find("\\n") != std::string::npos)
+    std::fprintf(stderr,
+                 "gpt2_generate: warning: --prompt holds a backslash and an n, which is text here, "
+                 "not a newline; in bash write $'line one\\nline two', or use --prompt-file\n");
   const std::string dir = p.str("model");
   const int64_t max_new = p.integer("max-new-tokens", 1, INT32_MAX);
   const int64_t samples = p.integer("num-samples", 1, 1000);
@@ -115,8 +126,8 @@ int run(cli::Parser& p) {
   }
   std::vector<int32_t> prompt = p.given("prompt-ids")
                                     ? cli::token_ids("prompt-ids", p.str("prompt-ids"))
-                                : p.given("prompt") ? tok->encode_prompt(p.str("prompt"))
-                                                    : std::vector<int32_t>{tok->eot_id()};
+                                : has_text ? tok->encode_prompt(text)
+                                           : std::vector<int32_t>{tok->eot_id()};
   if (prompt.empty()) prompt.push_back(tok->eot_id());  // an empty --prompt ""
   for (int64_t k = 0; k < samples; ++k) {
     gpt2::SamplingOptions o = options;
@@ -124,8 +135,7 @@ int run(cli::Parser& p) {
     if (samples > 1)
       std::printf("=== sample %lld of %lld (--seed %llu) ===\n", static_cast<long long>(k + 1),
                   static_cast<long long>(samples), static_cast<unsigned long long>(o.seed));
-    sample_once(model, tok.get(), prompt, max_new, o, print_ids,
-                p.given("prompt") ? p.str("prompt") : "");
+    sample_once(model, tok.get(), prompt, max_new, o, print_ids, text);
   }
   return 0;
 }
@@ -138,6 +148,7 @@ int main(int argc, char** argv) {
                 "KV cache, streaming the text.");
   p.option("model", "", "HuggingFace GPT-2 folder");
   p.text_option("prompt", "", "text to continue (default: start from <|endoftext|>)");
+  p.option("prompt-file", "", "a file whose text, exactly, is the prompt (instead of --prompt)");
   p.option("prompt-ids", "", "token ids to continue, comma-separated (no tokenizer needed)");
   p.flag("print-ids", "print the generated ids as one line 'ids: 5,17,...' instead of text");
   p.option("max-new-tokens", "64",

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 
 #include "../apps/run_app.h"
 #include "../data/temp_dir.h"
@@ -284,6 +285,24 @@ TEST(Generate, AppStreamsTextWithTheFoldersTokenizer) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.rfind(prompt + tok.decode(ids) + "\n", 0), 0u)
       << r.output << "\nwant: " << prompt + tok.decode(ids);
+
+  // --prompt-file: a file's text exactly, newline included (a shell's --prompt 'a\nb' is a
+  // backslash and an n, which draws a warning naming both ways to a newline).
+  const std::string two_lines = "The quick\nbrown fox";
+  std::ofstream(tmp.file("prompt.txt"), std::ios::binary) << two_lines;
+  std::vector<int32_t> after = gpt2::generate(model, tok.encode(two_lines), 6, greedy);
+  if (auto eot = std::find(after.begin(), after.end(), tok.eot_id()); eot != after.end())
+    after.erase(eot, after.end());
+  const auto f = testing::run_built_app(
+      "gpt2_generate", "--model " + tmp.path() + " --prompt-file " + tmp.file("prompt.txt") +
+                           " --max-new-tokens 6 --temperature 0");
+  ASSERT_EQ(f.exit_code, 0) << f.output;
+  EXPECT_EQ(f.output.rfind(two_lines + tok.decode(after) + "\n", 0), 0u) << f.output;
+  const auto literal = testing::run_built_app(
+      "gpt2_generate",
+      "--model " + tmp.path() + " --prompt 'The quick\\nbrown fox' --max-new-tokens 1");
+  EXPECT_NE(literal.output.find("warning: --prompt holds a backslash and an n"), std::string::npos)
+      << literal.output;
 }
 
 }  // namespace
