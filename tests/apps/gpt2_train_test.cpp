@@ -396,6 +396,10 @@ TEST(Gpt2Train, OptionsThatDoNothingHereAreNamedInAWarning) {
       << r.output;
   r = run(pretrained + " --lr 5e-5");
   EXPECT_EQ(r.output.find("warning"), std::string::npos) << r.output;
+  // A sample prompt's backslash-n is text, not the newline it was meant to be.
+  r = run(pretrained + " --lr 5e-5 --sample-every 1 --sample-tokens 2 --sample-prompt 'a\\nb'");
+  EXPECT_NE(r.output.find("warning: --sample-prompt holds a backslash and an n"), std::string::npos)
+      << r.output;
 }
 
 // The line that says updates wait for the step names what asked for it: with --grad-accum and
