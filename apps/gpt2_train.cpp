@@ -18,6 +18,8 @@
 #include "autograd/autocast.h"
 #include "cli.h"
 #include "core/allocator.h"
+#include "core/convert.h"
+#include "core/cpu/fast_math.h"
 #include "core/interrupt.h"
 #include "core/process_limits.h"
 #include "data/atomic_save.h"
@@ -26,6 +28,7 @@
 #include "dist_options.h"
 #include "models/gpt2/hf_io.h"
 #include "models/gpt2/spec.h"
+#include "optim/adam_cpu.h"
 #include "placement_options.h"
 #include "test_hooks.h"
 #include "train/json_log.h"
@@ -447,11 +450,19 @@ void checkpoint_or_stop(train::Trainer& t, const Options& o, int64_t step, bool 
                       now);
 }
 
-int run(const Options& o) {
-  // Outputs first: a typo in any output path, or two outputs on one path, or an output on an
-  // input, fails now, not after training (Note [Outputs apart]; docs/reliability.md).
+// Before anything is built. Outputs first: a typo in any output path, or two outputs on one path,
+// or an output on an input, fails now, not after training (Note [Outputs apart];
+// docs/reliability.md). The kernels' overrides (MW_F32_ISA, MW_ADAM_ISA, MW_CONVERT_ISA) are read
+// now too: a typo in one failed at the model's first op.
+void check_before_building(const Options& o) {
   train::check_run_paths(o);
+  (void)ops::f32_isa();
+  (void)optim::best_isa();
+  (void)best_convert_isa();
+}
 
+int run(const Options& o) {
+  check_before_building(o);
   g_print = !o.comm || o.comm->rank() == 0;
   train::Trainer t(o, print);
   if (t.planned_only()) return 0;

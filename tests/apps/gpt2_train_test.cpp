@@ -396,6 +396,15 @@ TEST(Gpt2Train, OptionsThatDoNothingHereAreNamedInAWarning) {
       << r.output;
   r = run(pretrained + " --lr 5e-5");
   EXPECT_EQ(r.output.find("warning"), std::string::npos) << r.output;
+  // A kernel override with a typo fails before anything is built (it failed at the first op).
+  for (const char* name : {"MW_F32_ISA", "MW_ADAM_ISA", "MW_CONVERT_ISA"}) {
+    ::setenv(name, "avx3", 1);
+    r = run(pretrained + " --lr 5e-5");
+    ::unsetenv(name);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_EQ(r.output.rfind(std::string("gpt2_train: error: ") + name + "='avx3'", 0), 0u)
+        << r.output;
+  }
   // A sample prompt's backslash-n is text, not the newline it was meant to be.
   r = run(pretrained + " --lr 5e-5 --sample-every 1 --sample-tokens 2 --sample-prompt 'a\\nb'");
   EXPECT_NE(r.output.find("warning: --sample-prompt holds a backslash and an n"), std::string::npos)
