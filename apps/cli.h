@@ -192,6 +192,15 @@ inline std::vector<int32_t> token_ids(const std::string& option, const std::stri
   }
 }
 
+// A prompt option's text holding a backslash and an n, which a shell's single quotes pass as
+// typed: the prompt then has no newline there. "" when there is none, else the warning's text.
+inline std::string escaped_newline_warning(const std::string& option, const std::string& text) {
+  if (text.find("\\n") == std::string::npos) return "";
+  return "--" + option +
+         " holds a backslash and an n, which is text here, not a newline; in bash write "
+         "$'line one\\nline two'";
+}
+
 // --device cuda[:N], checked now: a build without CUDA, or no such GPU, is a UsageError naming the
 // reason before any work.
 // `shown`: the option's whole text, when `text` is a part of it.

@@ -100,10 +100,8 @@ int run(cli::Parser& p) {
       p.given("prompt-file")
           ? data::read_text_file(p.str("prompt-file"), "--prompt-file", "pass a readable text file")
           : p.str("prompt");
-  if (p.given("prompt") && text.find("\\n") != std::string::npos)
-    std::fprintf(stderr,
-                 "gpt2_generate: warning: --prompt holds a backslash and an n, which is text here, "
-                 "not a newline; in bash write $'line one\\nline two', or use --prompt-file\n");
+  if (const std::string w = cli::escaped_newline_warning("prompt", p.str("prompt")); !w.empty())
+    std::fprintf(stderr, "gpt2_generate: warning: %s, or use --prompt-file\n", w.c_str());
   const std::string dir = p.str("model");
   const int64_t max_new = p.integer("max-new-tokens", 1, INT32_MAX);
   const int64_t samples = p.integer("num-samples", 1, 1000);

@@ -157,10 +157,9 @@ void parse_tokenizer_and_sampling(const cli::Parser& p, Options& o) {
   MW_CHECK_T(cli::UsageError, !p.given("sample-prompt") || !p.given("sample-prompt-ids"),
              "--sample-prompt and --sample-prompt-ids exclude each other");
   o.sample_prompt = p.str("sample-prompt");
-  if (o.sample_prompt.find("\\n") != std::string::npos)  // as gpt2_generate's --prompt
-    warn(
-        "--sample-prompt holds a backslash and an n, which is text here, not a newline; in bash "
-        "write $'line one\\nline two'");
+  if (const std::string w = cli::escaped_newline_warning("sample-prompt", o.sample_prompt);
+      !w.empty())
+    warn(w);
   if (p.given("sample-prompt-ids"))
     o.sample_prompt_ids = cli::token_ids("sample-prompt-ids", p.str("sample-prompt-ids"));
   o.sampling.temperature = p.real("sample-temperature", 0, 100);

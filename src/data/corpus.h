@@ -58,14 +58,14 @@ inline constexpr int64_t kMaxJsonArrayBytes = int64_t{2} << 30;  // Note [JSON a
 // the text before it and after it pre-tokenise as the whole does.
 size_t first_safe_cut(std::string_view text, size_t from);
 
+// True for an input read as one document of raw bytes: not .jsonl, .json, .csv or .tsv.
+bool is_plain_text_input(const std::string& path);
+
 // `inputs` with each folder replaced by the regular files under it, recursively, in path order,
 // leaving out names that start with '.' (.DS_Store, .git), the folder `out_dir` and any folder
 // holding train_000000.bin or val_000000.bin (the shards and tokenizer of earlier runs). A folder
 // tens of thousands of documents long no longer has to be globbed onto a command line (bash:
 // "Argument list too long" past about 2 MB of names). IoError for a folder that holds no file.
-// True for an input read as one document of raw bytes: not .jsonl, .json, .csv or .tsv.
-bool is_plain_text_input(const std::string& path);
-
 std::vector<std::string> expand_corpus_inputs(const std::vector<std::string>& inputs,
                                               const std::string& out_dir);
 

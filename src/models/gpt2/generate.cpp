@@ -164,15 +164,13 @@ double Sampler::uniform() {
 int32_t Sampler::next(const std::vector<float>& logits_in, const std::vector<int32_t>& context) {
   const int32_t V = static_cast<int32_t>(logits_in.size());
   const std::vector<float>* use = &logits_in;
-  if (options_.repetition_penalty != 1) {  // Note [Repetition penalty], once per id
+  if (options_.repetition_penalty != 1) {  // Note [Repetition penalty]
     penalized_ = logits_in;
-    std::vector<bool> done(static_cast<size_t>(V));
     const auto p = static_cast<float>(options_.repetition_penalty);
-    for (int32_t id : context) {
-      if (id < 0 || id >= V || done[id]) continue;
-      done[id] = true;
-      float& l = penalized_[id];
-      l = l < 0 ? l * p : l / p;
+    for (int32_t id : context) {  // from the input logit: an id seen twice is penalized once
+      if (id < 0 || id >= V) continue;
+      const float l = logits_in[id];
+      penalized_[id] = l < 0 ? l * p : l / p;
     }
     use = &penalized_;
   }
