@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 
+#include "adam_options.h"
 #include "autograd/autocast.h"
 #include "cli.h"
 #include "core/allocator.h"
@@ -209,10 +210,7 @@ void declare_model_and_loop(cli::Parser& p) {
   p.option("grad-clip", "",
            "clip the global L2 norm of all gradients to this (torch clip_grad_norm_)");
   p.option("grad-accum", "1", "micro-batches of --batch per step (their loss averaged)");
-  p.option("beta1", "0.9", "Adam beta1");
-  p.option("beta2", "0.999", "Adam beta2");
-  p.option("eps", "1e-8", "Adam epsilon, in [1e-30, 1]");
-  p.option("weight-decay", "0", "decoupled weight decay");
+  declare_adam(p);
   p.option("dropout", "",
            "dropout probability for embeddings, attention and residuals (default: "
            "the config's, 0.1)");
@@ -338,15 +336,7 @@ Options parse_options(const cli::Parser& p) {
         "random weights; fine-tuning pretrained weights usually takes 1e-5 to 1e-4 (HF Trainer's "
         "default is 5e-5): pass --lr");
   parse_loop(p, o);
-  // Below 1 as floats: the largest float under 1 is 1 - 2^-24 (0.999999999 rounds to 1, which
-  // the optimizer refuses, and 1 - beta^t would be 0).
-  const double below_one = std::nextafter(1.0f, 0.0f);
-  o.hyper.beta1 = static_cast<float>(p.real("beta1", 0, below_one));
-  o.hyper.beta2 = static_cast<float>(p.real("beta2", 0, below_one));
-  // Above 0: with eps 0 an element whose gradient has always been 0 updates by 0/0 (NaN), as in
-  // PyTorch (GPT-2's unused position rows are such elements). 1e-30 is a normal float.
-  o.hyper.eps = static_cast<float>(p.real("eps", 1e-30, 1));
-  o.hyper.weight_decay = static_cast<float>(p.real("weight-decay", 0, 10));
+  parse_adam(p, o);
   if (p.given("dropout")) o.dropout = p.real("dropout", 0, 0.99);
   o.optimizer = p.choice("optimizer", {"hybridadam", "adamw"});
   o.update_in_backward = p.choice("update-in-backward", {"on", "off"}) == "on";

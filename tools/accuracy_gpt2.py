@@ -75,7 +75,8 @@ def train_memwall(binary, weights, tokens, steps, threads, work):
     cmd = [binary, "--init-from", model_dir, "--data", shard, "--batch", str(B), "--seq", str(T),
            "--steps", str(steps), "--lr", str(ADAMW["lr"]), "--beta1", str(ADAMW["betas"][0]),
            "--beta2", str(ADAMW["betas"][1]), "--eps", str(ADAMW["eps"]),
-           "--weight-decay", str(ADAMW["weight_decay"]), "--dropout", "0",
+           "--weight-decay", str(ADAMW["weight_decay"]), "--weight-decay-on", "all",  # torch's
+           "--dropout", "0",
            "--threads", str(threads), "--save", out_dir, "--log", os.path.join(work, "log.json")]
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:

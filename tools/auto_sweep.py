@@ -43,7 +43,7 @@ Eleven checks of promises the tests make on a few cases only, drawn over many
           of tokens (--data, --shuffle drawn), plain and in a drawn Gemini placement (three
           tiers drawn: the loader streams each tensor into its chunk): the same losses, norms
           and saved bytes, bit for bit (one process).
-  optim   the optimizer's knobs (--weight-decay, --beta1/2, --eps, --lr, --min-lr,
+  optim   the optimizer's knobs (--weight-decay and --weight-decay-on, --beta1/2, --eps, --lr, --min-lr,
           --update-in-backward off) drawn for a run in memory (half the time with the scalar
           reference, --optimizer adamw) and for the same run with its states or parameters
           placed elsewhere (NVMe offload at a drawn fraction, window and --nvme-borrow; the

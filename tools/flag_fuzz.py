@@ -60,6 +60,8 @@ def pool(w):
         ("--seq", ["1", "100000", "0"]),
         ("--batch", ["0", "1"]),
         ("--dropout", ["0.5", "1.5"]),
+        ("--weight-decay", ["0.1", "0", "-1"]),
+        ("--weight-decay-on", ["matrices", "all", "biases"]),
         ("--sample-every", ["1"]),
         ("--sample-tokens", ["4", "0"]),
         ("--trace", [os.path.join(w, "t.json"), os.path.join(ro, "t.json")]),

@@ -91,13 +91,15 @@ def draw_training(rng):
 
 
 def draw_optim(rng, a):
-    """The optimizer's knobs (decay, betas, eps, the floor of a schedule `a` draws, updates at the
+    """The optimizer's knobs (decay and what it takes, betas, eps, the floor of a schedule `a` draws, updates at the
     step), the same for both runs of the optim check; and a placement of the states and the
     parameters: NVMe offload (fraction, window, borrowed slots), the states on the sim device,
     or Gemini (auto with --gpu-margin-mem-ratio drawn, the states on NVMe drawn)."""
     k = ["--weight-decay", rng.choice(["0", "0.01", "0.1"]), "--beta1", rng.choice(["0.9", "0"]),
          "--beta2", rng.choice(["0.999", "0.95"]), "--eps", rng.choice(["1e-8", "1e-6", "1e-3"]),
          "--lr", rng.choice(["1e-3", "3e-3"])]
+    if k[1] != "0" and rng.random() < 0.7:  # which parameters the decay takes
+        k += ["--weight-decay-on", rng.choice(["matrices", "all"])]
     if a[a.index("--lr-schedule") + 1] != "constant":
         k += ["--min-lr", rng.choice(["0", "1e-4"])]
     if rng.random() < 0.3:

@@ -24,6 +24,10 @@ namespace mw::optim {
 
 HybridAdam::HybridAdam(std::vector<Tensor> params, HybridAdamOptions options)
     : Optimizer(std::move(params)), options_(std::move(options)), isa_(best_isa()) {
+  MW_CHECK_T(InvalidArgument,
+             options_.no_decay.empty() || options_.no_decay.size() == params_.size(),
+             "HybridAdam: ", options_.no_decay.size(), " no-decay range lists for ", params_.size(),
+             " parameters");
   for (auto& p : params_)
     MW_CHECK_T(InvalidArgument, p.dtype() == DType::F32 && p.is_contiguous(),
                "HybridAdam: parameters must be contiguous f32 (fp32 master weights), got ",
@@ -70,6 +74,8 @@ HybridAdam::HybridAdam(std::vector<Tensor> params, HybridAdamOptions options)
   }
   if (nvme_params_.empty()) return;
   nvme_ = std::make_shared<NvmeAdamStates>(offloaded_numels, options_.nvme, isa_);
+  for (size_t k = 0; k < nvme_params_.size(); ++k)
+    nvme_->set_no_decay(static_cast<int>(k), no_decay(nvme_params_[k]));
   if (options_.nvme.overlap_backward) {
     std::weak_ptr<NvmeAdamStates> weak = nvme_;
     for (size_t i : nvme_params_) {
@@ -140,9 +146,15 @@ void HybridAdam::update_in_memory(size_t i, const AdamStepScalars& s) {
   Tensor gc = g.contiguous();
   p.bump_version();
   const bool on_gpu = p.device().is_cuda();
+  const int64_t esize = dtype_size(gc.dtype());
   if (on_gpu && exp_avg_[i].device().is_cuda()) {
-    adam_update_cuda(s, p.data<float>(), gc.raw_data(), gc.dtype(), exp_avg_[i].data<float>(),
-                     exp_avg_sq_[i].data<float>(), p.numel(), nullptr);
+    for_each_decay_segment(no_decay(i), 0, p.numel(), s,
+                           [&](int64_t lo, int64_t hi, const AdamStepScalars& ss) {
+                             adam_update_cuda(ss, p.data<float>() + lo,
+                                              static_cast<const char*>(gc.raw_data()) + lo * esize,
+                                              gc.dtype(), exp_avg_[i].data<float>() + lo,
+                                              exp_avg_sq_[i].data<float>() + lo, hi - lo, nullptr);
+                           });
     return;
   }
   // Note [GPU parameters with host states]: ZeRO-Offload's update. A parameter on the GPU whose m
@@ -153,9 +165,13 @@ void HybridAdam::update_in_memory(size_t i, const AdamStepScalars& s) {
   Tensor hp = on_gpu ? p.to(Device::cpu()) : p;
   if (gc.device().is_cuda()) gc = gc.to(Device::cpu());
   std::atomic<bool> non_finite{false};
-  adam_update_parallel(isa_, s, hp.data<float>(), gc.raw_data(), gc.dtype(),
-                       exp_avg_[i].data<float>(), exp_avg_sq_[i].data<float>(), p.numel(),
-                       &non_finite);
+  for_each_decay_segment(
+      no_decay(i), 0, p.numel(), s, [&](int64_t lo, int64_t hi, const AdamStepScalars& ss) {
+        adam_update_parallel(isa_, ss, hp.data<float>() + lo,
+                             static_cast<const char*>(gc.raw_data()) + lo * esize, gc.dtype(),
+                             exp_avg_[i].data<float>() + lo, exp_avg_sq_[i].data<float>() + lo,
+                             hi - lo, &non_finite);
+      });
   if (non_finite && non_finite_param_ < 0) non_finite_param_ = static_cast<int64_t>(i);
   if (on_gpu) p.copy_(hp);
 }

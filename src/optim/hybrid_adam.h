@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "optim/adam_cpu.h"
+#include "optim/decay_ranges.h"
 #include "optim/nvme_states.h"
 #include "optim/optimizer.h"
 
@@ -57,6 +58,9 @@ struct HybridAdamOptions {
   // Per parameter, where its m and v live (overrides states_on_host when not empty): Gemini places
   // each chunk's optimizer states by its offload_optim_frac (offload/gemini).
   std::vector<Device> state_devices;
+  // Per parameter, the elements the weight decay leaves alone (Note [Weight decay by ranges],
+  // decay_ranges.h); empty: every element of every parameter is decayed (torch.optim.AdamW's).
+  std::vector<NoDecayRanges> no_decay;
 };
 
 class HybridAdam : public Optimizer {
@@ -146,6 +150,10 @@ class HybridAdam : public Optimizer {
   std::function<void()> update_offloaded_except_rows(size_t i, const Tensor& partial,
                                                      const std::vector<int64_t>& rows);
   void update_in_memory(size_t i, const AdamStepScalars& s);
+  const NoDecayRanges& no_decay(size_t i) const {
+    static const NoDecayRanges kNone;
+    return options_.no_decay.empty() ? kNone : options_.no_decay[i];
+  }
   Device state_device(size_t i) const;     // where parameter i's m and v are created
   std::vector<char> updated_in_backward_;  // per parameter, this step
   std::shared_ptr<char> alive_ = std::make_shared<char>(0);  // expires with the optimizer

@@ -26,16 +26,23 @@ std::vector<NvmeAdamStates::Pages> NvmeAdamStates::step_slice(int64_t id, const 
   const Slice& s = slices_[id];  // offset and numel never change
   const int64_t esize = dtype_size(job.grad_dtype);
   float* v = m + s.numel;
-  auto step_range = [&](int64_t lo, int64_t hi) {  // element indices of the parameter
+  // Element indices of the parameter, split where the decay changes (Note [Weight decay by
+  // ranges]).
+  auto step_range = [&](int64_t from, int64_t to) {
     std::atomic<bool> non_finite{false};
-    if (serial_updates_) {  // Note [Serial updates beside busy cores]: the same bits
-      adam_update(isa_, job.scalars, job.param + lo, job.grad + lo * esize, job.grad_dtype,
-                  m + (lo - s.offset), v + (lo - s.offset), hi - lo);
-      if (!all_finite(job.param + lo, hi - lo)) non_finite = true;
-    } else {
-      adam_update_parallel(isa_, job.scalars, job.param + lo, job.grad + lo * esize, job.grad_dtype,
-                           m + (lo - s.offset), v + (lo - s.offset), hi - lo, &non_finite);
-    }
+    for_each_decay_segment(
+        no_decay_[job.k], from, to, job.scalars,
+        [&](int64_t lo, int64_t hi, const AdamStepScalars& scalars) {
+          if (serial_updates_) {  // Note [Serial updates beside busy cores]: the same bits
+            adam_update(isa_, scalars, job.param + lo, job.grad + lo * esize, job.grad_dtype,
+                        m + (lo - s.offset), v + (lo - s.offset), hi - lo);
+            if (!all_finite(job.param + lo, hi - lo)) non_finite = true;
+          } else {
+            adam_update_parallel(isa_, scalars, job.param + lo, job.grad + lo * esize,
+                                 job.grad_dtype, m + (lo - s.offset), v + (lo - s.offset), hi - lo,
+                                 &non_finite);
+          }
+        });
     if (non_finite) note_non_finite(s.param);
   };
   const int64_t end = s.offset + s.numel;
@@ -94,10 +101,14 @@ void NvmeAdamStates::finish_rows(const Job& job) {
       throw Error(str("NVMe row split: byte ", byte, " of slice ", id, " was not set aside"));
     };
     std::atomic<bool> non_finite{false};
-    for_each_pending(rs.ranges, s.offset, s.offset + s.numel, [&](int64_t lo, int64_t hi) {
-      adam_update_parallel(isa_, job.scalars, job.param + lo, job.grad + lo * esize, job.grad_dtype,
-                           at(4 * (lo - s.offset)), at(4 * (s.numel + lo - s.offset)), hi - lo,
-                           &non_finite);
+    for_each_pending(rs.ranges, s.offset, s.offset + s.numel, [&](int64_t from, int64_t to) {
+      for_each_decay_segment(  // Note [Weight decay by ranges]
+          no_decay_[job.k], from, to, job.scalars,
+          [&](int64_t lo, int64_t hi, const AdamStepScalars& scalars) {
+            adam_update_parallel(isa_, scalars, job.param + lo, job.grad + lo * esize,
+                                 job.grad_dtype, at(4 * (lo - s.offset)),
+                                 at(4 * (s.numel + lo - s.offset)), hi - lo, &non_finite);
+          });
     });
     if (non_finite) note_non_finite(s.param);
     std::lock_guard<std::mutex> lock(mutex_);

@@ -91,6 +91,7 @@ NvmeAdamStates::NvmeAdamStates(std::vector<int64_t> numels, NvmeOffloadOptions o
   stats_.direct = swap_->direct();
   submitted_.assign(numels_.size(), 0);
   splits_.resize(numels_.size());
+  no_decay_.resize(numels_.size());
   split_param_.assign(numels_.size(), 0);
   serial_updates_ = available_cores() <= num_threads();
   updater_thread_ = std::thread([this] { updater(); });

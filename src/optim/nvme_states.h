@@ -82,6 +82,7 @@
 #include "offload/io/staging_window.h"
 #include "offload/io/swap_space.h"
 #include "optim/adam_cpu.h"
+#include "optim/decay_ranges.h"
 
 namespace mw::optim {
 
@@ -160,6 +161,9 @@ class NvmeAdamStates {
   // holds it (Note [Borrowed gradient slots]). Never throws: a failure or misuse is recorded and
   // thrown by finish_step(). Returns its ticket (0 when refused).
   uint64_t update(int k, const AdamStepScalars& scalars, float* param, Tensor grad);
+  // The elements of parameter k that the weight decay leaves alone (Note [Weight decay by
+  // ranges]); set before its first update.
+  void set_no_decay(int k, NoDecayRanges ranges) { no_decay_.at(k) = std::move(ranges); }
   // True while parameter k still needs update() this step: none was submitted, or a row split
   // waits for its rows.
   bool awaits_update(int k) const;
@@ -322,8 +326,9 @@ class NvmeAdamStates {
   std::set<uint64_t> completed_;                // finished tickets above done_ticket_
   std::vector<char> submitted_;                 // per parameter, this step
   std::vector<int> promoted_;                   // promote_locked, this step
-  std::vector<char> split_param_;  // per parameter: row-split in some step (read stream 1)
-  std::vector<RowSplit> splits_;   // per parameter
+  std::vector<char> split_param_;        // per parameter: row-split in some step (read stream 1)
+  std::vector<RowSplit> splits_;         // per parameter
+  std::vector<NoDecayRanges> no_decay_;  // per parameter
   std::unordered_map<int64_t, std::vector<Pages>> held_;  // slice -> pages newer than the disk
   std::thread updater_thread_;
 };

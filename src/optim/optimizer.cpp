@@ -11,8 +11,11 @@ void Optimizer::zero_grad() {
   for (auto& p : params_) mw::zero_grad(p);
 }
 
-AdamW::AdamW(std::vector<Tensor> params, AdamHyper hyper)
-    : Optimizer(std::move(params)), hyper_(hyper) {
+AdamW::AdamW(std::vector<Tensor> params, AdamHyper hyper, std::vector<NoDecayRanges> no_decay)
+    : Optimizer(std::move(params)), hyper_(hyper), no_decay_(std::move(no_decay)) {
+  MW_CHECK_T(InvalidArgument, no_decay_.empty() || no_decay_.size() == params_.size(),
+             "AdamW: ", no_decay_.size(), " no-decay range lists for ", params_.size(),
+             " parameters");
   for (auto& p : params_) {
     MW_CHECK_T(InvalidArgument, p.dtype() == DType::F32 && p.is_contiguous(),
                "AdamW: parameters must be contiguous f32, got ", p.desc());
@@ -37,8 +40,15 @@ void AdamW::step() {
     }
     Tensor gc = g.contiguous();
     p.bump_version();
-    adam_update_parallel(Isa::Scalar, s, p.data<float>(), gc.raw_data(), gc.dtype(),
-                         exp_avg_[i].data<float>(), exp_avg_sq_[i].data<float>(), p.numel());
+    const int64_t esize = dtype_size(gc.dtype());
+    for_each_decay_segment(no_decay_.empty() ? NoDecayRanges() : no_decay_[i], 0, p.numel(), s,
+                           [&](int64_t lo, int64_t hi, const AdamStepScalars& ss) {
+                             adam_update_parallel(
+                                 Isa::Scalar, ss, p.data<float>() + lo,
+                                 static_cast<const char*>(gc.raw_data()) + lo * esize, gc.dtype(),
+                                 exp_avg_[i].data<float>() + lo, exp_avg_sq_[i].data<float>() + lo,
+                                 hi - lo);
+                           });
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include "core/tensor.h"
 #include "optim/adam_math.h"
+#include "optim/decay_ranges.h"
 
 namespace mw::optim {
 
@@ -36,7 +37,9 @@ class Optimizer {
 // f32 parameters only (what every optimizer in memwall trains).
 class AdamW : public Optimizer {
  public:
-  AdamW(std::vector<Tensor> params, AdamHyper hyper = {});
+  // no_decay: per parameter, the elements the weight decay leaves alone (Note [Weight decay by
+  // ranges]); empty: all of them are decayed.
+  AdamW(std::vector<Tensor> params, AdamHyper hyper = {}, std::vector<NoDecayRanges> no_decay = {});
   void step() override;
   std::string name() const override { return hyper_.adamw_mode ? "adamw" : "adam"; }
   int64_t state_bytes_in_memory() const override;
@@ -53,6 +56,7 @@ class AdamW : public Optimizer {
 
  private:
   AdamHyper hyper_;
+  std::vector<NoDecayRanges> no_decay_;
   float div_scale_ = -1.f;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
 };

@@ -109,6 +109,7 @@ json::Value Trainer::run_fingerprint() const {
   r.set("beta2", static_cast<double>(o_.hyper.beta2));
   r.set("eps", static_cast<double>(o_.hyper.eps));
   r.set("weight_decay", static_cast<double>(o_.hyper.weight_decay));
+  r.set("weight_decay_on", o_.decay_on == optim::DecayOn::kAll ? "all" : "matrices");
   r.set("dropout", config_.resid_pdrop);
   r.set("optimizer", o_.gemini.empty() ? o_.optimizer : "gemini");
   return r;
@@ -129,6 +130,10 @@ void Trainer::check_fingerprint(const json::Value& saved, const std::string& pat
     // Training on with more --steps (under a constant schedule, or in a decay's warmup) is the
     // uninterrupted run of the new total when every update so far had the rate it has now.
     if (same_rates && is_schedule_key(key)) continue;
+    // Without a decay the rule changes nothing; runs that did not record it decayed everything.
+    if (key == "weight_decay_on" &&
+        (o_.hyper.weight_decay == 0 || (!before && o_.decay_on == optim::DecayOn::kAll)))
+      continue;
     bool must = false;
     for (const char* k : kMustMatch) must = must || key == k;
     const std::string option = "--" + std::string(key == "grad_accum"  ? "grad-accum"

@@ -230,6 +230,7 @@ void Trainer::build_model() {
     g.adam = optim::HybridAdamOptions(o_.hyper, -1.f, o_.nvme);
     g.adam.nvme.window_bytes = o_.gemini_nvme_window_bytes;
     g.adam.nvme.dir = o_.gemini_options.nvme_dir;  // the states beside the chunks (--nvme-dir)
+    g.tensor_decays = decayed_parameters();        // Note [Weight decay by ranges]
     g.keeps_gradients_until_step |= !o_.steps_in_backward();  // set_deferred_updates below
     if (o_.data_parallel()) {  // chunks that leave RAM as filled take rank 0's values first
       std::shared_ptr<dist::Communicator> comm = o_.comm;
@@ -294,7 +295,7 @@ void Trainer::build_optimizer() {
     if (dp_) connect_gemini();
   } else if (o_.optimizer == "adamw") {
     opt_ = std::make_unique<optim::AdamW>(dp_ ? dp_->optimizer_params() : model_->parameters(),
-                                          o_.hyper);
+                                          o_.hyper, optimizer_no_decay());
   } else {
     optim::HybridAdamOptions h(o_.hyper, -1.f, o_.nvme);
     h.update_in_backward = o_.steps_in_backward() || o_.updates_in_last_backward();
@@ -304,6 +305,7 @@ void Trainer::build_optimizer() {
     h.nvme.overlap_backward = h.update_in_backward;
     if (dp_) h.update_in_backward = h.nvme.overlap_backward = false;  // gradients averaged first
     h.states_on_host = o_.states_on_host;
+    h.no_decay = optimizer_no_decay();  // Note [Weight decay by ranges]
     auto owned = std::make_unique<optim::HybridAdam>(
         dp_ ? dp_->optimizer_params() : model_->parameters(), h);
     owned->set_record_grad_norm(o_.updates_in_last_backward());

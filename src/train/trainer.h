@@ -56,6 +56,8 @@ struct TrainOptions {
   uint64_t seed = 0;
   double dropout = -1;  // < 0: the config's
   optim::AdamHyper hyper;
+  // Note [Weight decay by ranges]: the matrices only (HF Trainer's, nanoGPT's), or all.
+  optim::DecayOn decay_on = optim::DecayOn::kMatrices;
   Device device = Device::cpu();
   // sim: the simulated device's capacity; cuda: a cap below the GPU's memory (0: none).
   int64_t device_capacity_limit_bytes = 0;
@@ -288,6 +290,10 @@ class Trainer {
   void check_data_parallel_options() const;
   void connect_gemini();  // Note [Gemini under data parallel]
   std::unique_ptr<DataParallel> make_zero3(gpt2::ParameterFactory& factory);
+  // Per model parameter, whether o_.decay_on decays it; per stepped tensor (the model's
+  // parameters or this rank's pieces), what it leaves alone (weight_decay.cpp).
+  std::vector<char> decayed_parameters() const;
+  std::vector<optim::NoDecayRanges> optimizer_no_decay() const;
   // ZeRO stages 1-3: the optimizer holds this rank's pieces (trainer_dist.cpp).
   bool shards_optimizer() const;
   ShardLayout gemini_shard_layout() const;                     // Note [Sharded optimizer states]

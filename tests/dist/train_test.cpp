@@ -148,6 +148,20 @@ INSTANTIATE_TEST_SUITE_P(Zero, DataParallelMatchesOneProcess,
                                            Case{3, ""}, Case{3, "--grad-accum 2 --grad-clip 0.5"},
                                            Case{3, "--device sim:1GiB --optimizer adamw"},
                                            Case{3, "--offload nvme --nvme-window 1MiB"},
+                                           // Note [Weight decay by ranges]: pieces of the
+                                           // parameters left alone whole; ranges inside pieces
+                                           // of chunks
+                                           Case{1, "--weight-decay 0.5"},
+                                           Case{3,
+                                                "--weight-decay 0.5 --offload nvme "
+                                                "--nvme-window 1MiB"},
+                                           Case{2,
+                                                "--weight-decay 0.5 --device sim:64MiB "
+                                                "--gemini auto --chunk-size 4096"},
+                                           Case{3,
+                                                "--weight-decay 0.5 --device sim:64MiB "
+                                                "--gemini static --offload-param-frac 0.5 "
+                                                "--offload-optim-frac 1 --chunk-size 4096"},
                                            Case{3, "--dropout 0.1 --checkpoint-activations"},
                                            // Note [Gemini under data parallel]: replicated chunks,
                                            // each chunk's gradient all_reduced; every policy

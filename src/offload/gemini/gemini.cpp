@@ -161,6 +161,10 @@ void Gemini::parameter_ready(const std::string& name) {
 
 void Gemini::attach(nn::Module& model) {
   MW_CHECK(!adam_, "Gemini::attach called twice");
+  MW_CHECK_T(InvalidArgument,
+             options_.tensor_decays.empty() || options_.tensor_decays.size() == names_.size(),
+             "Gemini: ", options_.tensor_decays.size(), " decay flags for ", names_.size(),
+             " tensors");
   auto named = model.named_parameters();
   MW_CHECK_T(InvalidArgument, named.size() == names_.size(), "Gemini: the model has ", named.size(),
              " parameters, the layout ", names_.size());
@@ -191,6 +195,7 @@ void Gemini::attach(nn::Module& model) {
   // states], shard.cpp), with its states where the chunk's go.
   std::vector<Tensor> stepped;
   std::vector<Device> state_devices;
+  std::vector<optim::NoDecayRanges> no_decay;
   adam_index_.assign(chunks_.size(), -1);
   for (auto& c : chunks_) {
     const ChunkPiece p = piece(*c);
@@ -200,8 +205,10 @@ void Gemini::attach(nn::Module& model) {
                       : sharded()  ? c->flat().narrow(0, p.offset, p.numel)
                                    : c->flat());
     state_devices.push_back(adam_options_.state_devices[static_cast<size_t>(c->index())]);
+    if (!options_.tensor_decays.empty()) no_decay.push_back(piece_no_decay(*c, p));
   }
   adam_options_.state_devices = std::move(state_devices);
+  adam_options_.no_decay = std::move(no_decay);
   piece_grads_.assign(chunks_.size(), Tensor());
   reduced_.assign(chunks_.size(), nullptr);
   piece_norm_sq_.assign(chunks_.size(), 0.0);

@@ -85,6 +85,9 @@ struct GeminiOptions {
   std::vector<std::string> use_order;
   ChunkSearchOptions search;
   optim::HybridAdamOptions adam;
+  // Per tensor (the layout's order), whether the weight decay applies to it; empty: to all. The
+  // chunks' and pieces' ranges follow (Note [Weight decay by ranges], optim/decay_ranges.h).
+  std::vector<char> tensor_decays;
   // Three tiers (Note [Three tiers] in gemini.cpp): host RAM for chunks and optimizer states;
   // 0 = unlimited. What does not fit goes to disk under nvme_dir ("" = a private directory).
   int64_t host_capacity_bytes = 0;
@@ -329,6 +332,7 @@ class Gemini : public optim::Optimizer {
   bool sharded() const { return options_.shard_ranks > 1; }
   bool reducing() const { return reduction_.start || reduction_.reduce_scatter; }
   ChunkPiece piece(const Chunk& c) const;
+  optim::NoDecayRanges piece_no_decay(const Chunk& c, const ChunkPiece& p) const;
   int64_t grad_buffer_numel(const Chunk& c) const;
   void settle_reduction(Chunk& c);
   void start_reduction(Chunk& c);

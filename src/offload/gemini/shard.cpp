@@ -111,6 +111,19 @@ ChunkPiece Gemini::piece(const Chunk& c) const {
   return chunk_piece(c.numel(), options_.shard_rank, options_.shard_ranks);
 }
 
+// The elements of chunk c's piece p that the weight decay leaves alone: its members' whose
+// tensors are not decayed (Note [Weight decay by ranges]).
+optim::NoDecayRanges Gemini::piece_no_decay(const Chunk& c, const ChunkPiece& p) const {
+  std::vector<int64_t> offsets, numels;
+  std::vector<char> decays;
+  for (const ChunkMember& m : c.members()) {
+    offsets.push_back(m.offset);
+    numels.push_back(m.numel);
+    decays.push_back(options_.tensor_decays.at(m.tensor));
+  }
+  return optim::no_decay_ranges_of(offsets, numels, decays, p.offset, p.numel);
+}
+
 void Gemini::start_reduction(Chunk& c) {
   const size_t ci = static_cast<size_t>(c.index());
   if (!sharded()) {
