@@ -240,6 +240,8 @@ def check_dp(binary, rng, work, ranks):
     if ranks != 2:  # the global batch splits evenly across the ranks
         a[a.index("--batch") + 1] = str(ranks * rng.choice([1, 2]))
     a += ["--lr", "1e-2", "--threads", "1"]  # fp32: the summation order is the only difference
+    if rng.random() < 0.4:  # large: the LayerNorms' 1% a step shows in the losses if mistaken
+        a += ["--weight-decay", "1", "--weight-decay-on", rng.choice(["matrices", "all"])]
     zero = rng.choice(["1", "2", "3"])
     g = draw_gemini(rng) if rng.random() < 0.6 else []
     if g and rng.random() < 0.3:
@@ -266,7 +268,9 @@ def check_dpbitwise(binary, rng, work):
     placement (losses, norms, saved bytes): the chunks, their reductions and the norm's order are
     the same; only where the chunks live differs."""
     a = draw_training(rng) + ["--threads", "1", "--zero", rng.choice(["0", "2", "3"])]
-    if a[-1] != "0" and rng.random() < 0.4:
+    if rng.random() < 0.4:  # the chunks' and pieces' ranges left undecayed
+        a += ["--weight-decay", "0.1"]
+    if a[a.index("--zero") + 1] != "0" and rng.random() < 0.4:
         a += ["--shard-param-frac", rng.choice(["0.3", "0.5"])]
     cs = ["--chunk-size", str(rng.choice([20000, 50000, 300000]))]
     g = draw_gemini(rng)
