@@ -135,6 +135,12 @@ void parse_data(const cli::Parser& p, Options& o) {
   // --eval-only with a training command's options (--resume asks for the first run's): the
   // outputs of training are not written, and saying so beats an output silently missing.
   std::string unwritten;
+  MW_CHECK_T(cli::UsageError, !p.given("save-dtype") || p.given("save") || p.given("save-best"),
+             "--save-dtype is the dtype of --save's and --save-best's weights: pass one of them");
+  const std::string save_dtype = p.choice("save-dtype", {"fp32", "bf16", "fp16"});
+  o.save_dtype = save_dtype == "bf16"   ? DType::BF16
+                 : save_dtype == "fp16" ? DType::F16
+                                        : DType::F32;
   for (const char* name : {"save", "save-optimizer", "checkpoint-dir", "trace", "nvme-timeline",
                            "sample-every", "save-best", "early-stop"})
     if (o.eval_only && p.given(name)) unwritten += str(unwritten.empty() ? "" : ", ", "--", name);
@@ -253,6 +259,9 @@ void declare_memory_data_and_outputs(cli::Parser& p) {
            "the first run's options");
   p.option("log", "", "write one JSON object per step to this file");
   p.option("save", "", "save the trained model as a HuggingFace folder");
+  p.option("save-dtype", "fp32",
+           "fp32|bf16|fp16: the dtype of the weights --save and --save-best write (half the "
+           "bytes in bf16/fp16, rounded once; checkpoints stay fp32)");
   p.option("offload", "none", "none|nvme: keep HybridAdam's m and v on disk between steps");
   p.option("fraction", "1.0", "with --offload nvme: fraction of parameter elements offloaded");
   p.option("nvme-dir", "", "directory for offloaded states (default: a private temporary one)");
@@ -507,8 +516,9 @@ int run(const Options& o) {
   t.flush();
   const double total_s = std::chrono::duration<double>(clock::now() - t_start).count();
   if (!o.save.empty()) {  // the model first, before anything optional; rank 0 writes it
-    t.save_model(o.save);
-    print(str("Saved to ", o.save, "\n"));
+    t.save_model(o.save, o.save_dtype);
+    const char* dtype = o.save_dtype == DType::BF16 ? " (bf16 weights)" : " (fp16 weights)";
+    print(str("Saved to ", o.save, o.save_dtype == DType::F32 ? "" : dtype, "\n"));
   }
   if (const train::BestValidation& b = t.best_validation(); !o.save_best.empty() && b.step >= 0)
     print(str("Best model: val loss ", format_fixed(b.loss, 3), " at step ", b.step, ", in ",

@@ -33,7 +33,7 @@ BestVerdict Trainer::keep_best(const EvalResult& e) {
   if (v.best) {
     best_ = {e.loss, step_, 0};
     if (!o_.save_best.empty()) {
-      save_model(o_.save_best);
+      save_model(o_.save_best, o_.save_dtype);
       await_root_saves();
     }
     v.text = o_.save_best.empty() ? " | best so far" : " | best so far, saved to " + o_.save_best;

@@ -291,27 +291,27 @@ void Trainer::resume_from(const std::string& path) {
              " steps to go)\n"));
 }
 
-void Trainer::save_model(const std::string& dir) {
+void Trainer::save_model(const std::string& dir, DType dtype) {
   if (gem_ && gem_->shards_parameters()) {  // every rank gathers, rank 0 writes (stream_sharded)
     UncountedScope uncounted(dp_.get());    // not a training step's communication
     gem_->with_parameters_streamed([&](const gemini::Gemini::Touch& touch) {
-      gpt2::save_hf(*model_, dir, saved_config_, touch, tokenizer_bytes_);
+      gpt2::save_hf(*model_, dir, saved_config_, touch, tokenizer_bytes_, dtype);
     });
     return;
   }
   if (shards_parameters()) {  // one bucket at a time; the other ranks gather with rank 0
     dp_->stream_parameters([&](const DataParallel::Touch& touch) {
-      gpt2::save_hf(*model_, dir, saved_config_, touch, tokenizer_bytes_);
+      gpt2::save_hf(*model_, dir, saved_config_, touch, tokenizer_bytes_, dtype);
     });
     return;
   }
   if (!is_root()) return;
   if (gem_)  // disk-homed chunks are read in one at a time (Note [Streaming save])
     gem_->with_parameters_streamed([&](const gemini::Gemini::Touch& touch) {
-      gpt2::save_hf(*model_, dir, saved_config_, touch, tokenizer_bytes_);
+      gpt2::save_hf(*model_, dir, saved_config_, touch, tokenizer_bytes_, dtype);
     });
   else
-    gpt2::save_hf(*model_, dir, saved_config_, {}, tokenizer_bytes_);
+    gpt2::save_hf(*model_, dir, saved_config_, {}, tokenizer_bytes_, dtype);
 }
 
 // Note [One writer per output]: rank 0 alone writes the checkpoints and the log.

@@ -71,9 +71,9 @@ int64_t tokenizer_bytes(const TrainOptions& o, const std::string& resumed) {
 
 }  // namespace
 
-int64_t saved_model_bytes(const gpt2::Config& config) {
-  return plan_bytes::clamp_bytes(4 * parameter_count(config) + 256 * tensor_count(config) +
-                                 16 * 1024);
+int64_t saved_model_bytes(const gpt2::Config& config, int64_t bytes_per_weight) {
+  return plan_bytes::clamp_bytes(static_cast<double>(bytes_per_weight) * parameter_count(config) +
+                                 256 * tensor_count(config) + 16 * 1024);
 }
 
 int64_t saved_optimizer_bytes(const gpt2::Config& config) {
@@ -92,15 +92,20 @@ std::vector<SaveNeed> save_needs(const TrainOptions& o, const gpt2::Config& conf
   const std::string resumed = resumed_checkpoint(o);
   const int64_t model = plan_bytes::clamp_bytes(static_cast<double>(saved_model_bytes(config)) +
                                                 static_cast<double>(tokenizer_bytes(o, resumed)));
+  // --save and --save-best in --save-dtype (Note [Saving in bf16 or fp16]); checkpoints in f32.
+  const int64_t final_model = plan_bytes::clamp_bytes(
+      static_cast<double>(saved_model_bytes(config, dtype_size(o.save_dtype))) +
+      static_cast<double>(tokenizer_bytes(o, resumed)));
   const int64_t optimizer = saved_optimizer_bytes(config);
   const double checkpoint = static_cast<double>(model) + static_cast<double>(optimizer) + 16 * 1024;
-  if (!o.save.empty()) needs.push_back({str("--save '", o.save, "' (the model)"), o.save, model});
+  if (!o.save.empty())
+    needs.push_back({str("--save '", o.save, "' (the model)"), o.save, final_model});
   // Each new best is written beside the one it replaces: two models, once the first is there.
   if (!o.save_best.empty()) {
     std::error_code ec;
     const bool held = std::filesystem::exists(o.save_best + "/model.safetensors", ec);
     needs.push_back({str("--save-best '", o.save_best, "' (", held ? "a model" : "two models", ")"),
-                     o.save_best, held ? model : 2 * model});
+                     o.save_best, held ? final_model : 2 * final_model});
   }
   if (!o.save_optimizer.empty())
     needs.push_back(

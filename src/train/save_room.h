@@ -30,7 +30,8 @@ struct SaveNeed {
   int64_t bytes = 0;
 };
 
-int64_t saved_model_bytes(const gpt2::Config& config);
+// The bytes of an HF folder of this model (bytes_per_weight: 4 in f32, 2 in bf16 or fp16).
+int64_t saved_model_bytes(const gpt2::Config& config, int64_t bytes_per_weight = 4);
 int64_t saved_optimizer_bytes(const gpt2::Config& config);
 // Checkpoints written for steps (first, total] every `every` steps (0: only the last), the last
 // step's included.

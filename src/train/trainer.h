@@ -76,6 +76,8 @@ struct TrainOptions {
   // Note [Best model and early stopping]: the model at the lowest val loss so far, saved there
   // (""); stop after this many evaluations in a row without a lower one (0: never).
   std::string save_best;
+  // The dtype of the tensors --save and --save-best write (Note [Saving in bf16 or fp16]).
+  DType save_dtype = DType::F32;
   int64_t early_stop = 0;
   // Checkpoints (Note [Checkpoint layout]).
   std::string checkpoint_dir, resume;
@@ -243,7 +245,7 @@ class Trainer {
   // Waits for the optimizer's last write-backs; call after the last step.
   void flush();
   // Rank 0 writes the model; under ZeRO 3 every rank must call it (the parameters are gathered).
-  void save_model(const std::string& dir);
+  void save_model(const std::string& dir, DType dtype = DType::F32);
   // ZeRO 3: evaluating, sampling and saving are collective (Note [ZeRO stage 3]).
   bool shards_parameters() const;
   // The step's offload counters for the log: Gemini's (chunks) and, where HybridAdam keeps

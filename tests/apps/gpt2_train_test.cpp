@@ -126,6 +126,27 @@ TEST(Gpt2Train, SaveThenInitFromContinuesFromTheSavedWeights) {
             std::stod(f[0].substr(f[0].find(": ") + 2)));
 }
 
+// --save-dtype bf16 writes half the bytes, and the model trains on from them.
+TEST(Gpt2Train, SaveDtypeBf16HalvesTheSavedWeights) {
+  TempDir tmp;
+  for (const char* dtype : {"fp32", "bf16"}) {
+    Result a =
+        run(std::string(kTiny) + "--steps 2 --save-dtype " + dtype + " --save " + tmp.file(dtype));
+    ASSERT_EQ(a.exit_code, 0) << a.output;
+    EXPECT_NE(a.output.find(std::string("Saved to ") + tmp.file(dtype) +
+                            (std::string(dtype) == "bf16" ? " (bf16 weights)" : "\n")),
+              std::string::npos)
+        << a.output;
+  }
+  // 29,600 parameters (the tied wte once), 4 and 2 bytes each; the JSON headers differ by tens
+  // of bytes (the dtype names, the offsets' digits, the padding).
+  const auto f32 = std::filesystem::file_size(tmp.file("fp32") + "/model.safetensors");
+  const auto bf16 = std::filesystem::file_size(tmp.file("bf16") + "/model.safetensors");
+  EXPECT_NEAR(static_cast<double>(f32 - bf16), 2.0 * 29600, 256);
+  Result b = run(std::string(kTiny) + "--steps 1 --lr 1e-4 --init-from " + tmp.file("bf16"));
+  EXPECT_EQ(b.exit_code, 0) << b.output;
+}
+
 // b printed a's `steps` losses, to f32 rounding: printed with 3 decimals, values 1e-5 apart may
 // still round to neighbouring thousandths.
 void expect_same_printed_losses(const Result& a, const Result& b, size_t steps) {
@@ -356,7 +377,8 @@ TEST(Gpt2Train, OptionsThatWouldDoNothingAreRefused) {
         "--device sim:1GiB --gemini static --const-budget 1MiB",
         "--device sim:1GiB --gemini const --auto-margin 0.1", "--copy-worker on",
         "--device sim:1GiB --gemini static --copy-worker on",
-        "--device sim:1GiB --gemini auto --optimizer-states device"}) {
+        "--device sim:1GiB --gemini auto --optimizer-states device", "--save-dtype bf16",
+        "--weight-decay-on all"}) {
     SCOPED_TRACE(args);
     Result r = run(std::string(kTiny) + args);
     EXPECT_EQ(r.exit_code, 2) << r.output;

@@ -230,5 +230,58 @@ TEST_F(HfWeights, SaveRecordsTheGivenConfigAndAGenerationConfig) {
   EXPECT_EQ(std::distance(fs::directory_iterator(tmp.path()), fs::directory_iterator()), 1);
 }
 
+// Note [Saving in bf16 or fp16]: each weight rounded once to nearest even, config.json's
+// torch_dtype says so, and loading widens the rounded values back exactly.
+TEST_F(HfWeights, Bf16AndFp16SavesHoldEachWeightRoundedOnce) {
+  gpt2::GPT2 m(gpt2::Config::preset("tiny"), 4);
+  for (const DType dtype : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const std::string out = tmp.file(dtype == DType::BF16 ? "bf16" : "f16");
+    gpt2::save_hf(m, out, m.config(), {}, {}, dtype);
+    json::Value config = json::parse(data::testing::read_bytes(out + "/config.json"), "c");
+    EXPECT_EQ(config.get_string("torch_dtype"), dtype == DType::BF16 ? "bfloat16" : "float16");
+    data::SafeTensorsReader file(out + "/model.safetensors");
+    gpt2::GPT2 loaded(gpt2::load_hf_config(out), 9);
+    gpt2::load_hf_weights(loaded, out);
+    for (const auto& spec : m.specs()) {
+      const data::TensorRecord& rec = file.at(spec.name);
+      ASSERT_EQ(rec.dtype, dtype) << spec.name;
+      std::vector<uint16_t> bits(static_cast<size_t>(rec.numel()));
+      file.read(rec, bits.data());
+      const std::vector<float> w = m.parameter(spec.name).to_vector<float>();
+      const std::vector<float> back = loaded.parameter(spec.name).to_vector<float>();
+      for (size_t i = 0; i < w.size(); ++i) {
+        const uint16_t want = dtype == DType::BF16 ? float_to_bf16(w[i]) : float_to_half(w[i]);
+        ASSERT_EQ(bits[i], want) << spec.name << "[" << i << "] = " << w[i];
+        ASSERT_EQ(back[i], dtype == DType::BF16 ? bf16_to_float(want) : half_to_float(want));
+      }
+    }
+  }
+  // The f32 save records float32.
+  gpt2::save_hf(m, tmp.file("f32"));
+  EXPECT_EQ(json::parse(data::testing::read_bytes(tmp.file("f32") + "/config.json"), "c")
+                .get_string("torch_dtype"),
+            "float32");
+}
+
+// A weight fp16 cannot hold (it would be written as inf) refuses the save and keeps the earlier
+// one; bf16, with f32's range, saves it.
+TEST_F(HfWeights, AWeightBeyondFp16sRangeRefusesAnFp16SaveAndKeepsTheEarlierOne) {
+  gpt2::GPT2 m(gpt2::Config::preset("tiny"), 1);
+  {
+    NoGradGuard g;
+    m.parameter("transformer.h.0.mlp.c_fc.weight").data<float>()[7] = 70000.f;
+  }
+  const std::string before = data::testing::read_bytes(dir + "/model.safetensors");
+  expect_throw_with<FormatError>(
+      [&] { gpt2::save_hf(m, dir, m.config(), {}, {}, DType::F16); },
+      {"transformer.h.0.mlp.c_fc.weight", "70000", "65504", "bf16", "earlier save is kept"});
+  EXPECT_EQ(data::testing::read_bytes(dir + "/model.safetensors"), before);
+  gpt2::save_hf(m, dir, m.config(), {}, {}, DType::BF16);
+  gpt2::GPT2 loaded(gpt2::load_hf_config(dir), 2);
+  gpt2::load_hf_weights(loaded, dir);
+  EXPECT_EQ(loaded.parameter("transformer.h.0.mlp.c_fc.weight").to_vector<float>()[7], 70144.f);
+}
+
 }  // namespace
 }  // namespace mw

@@ -35,7 +35,9 @@ struct Config {
   // or refused; a value of the wrong type is a FormatError naming the file and the field.
   static Config from_json_file(const std::string& path);
   static Config from_json_text(const std::string& text, const std::string& path);
-  std::string to_json() const;
+  // HF's config.json; torch_dtype names the dtype model.safetensors holds ("float32",
+  // "bfloat16" or "float16").
+  std::string to_json(const std::string& torch_dtype = "float32") const;
   void to_json_file(const std::string& path) const;  // atomically (data/file_io.h)
   // generation_config.json's content: bos/eos token ids, as HF writes beside a model.
   std::string generation_config_json() const;

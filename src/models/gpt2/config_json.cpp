@@ -263,7 +263,7 @@ Config Config::from_json_text(const std::string& text, const std::string& path) 
   return c;
 }
 
-std::string Config::to_json() const {
+std::string Config::to_json(const std::string& torch_dtype) const {
   Value v = Value::object();
   v.set("model_type", "gpt2");
   Value arch = Value::array();
@@ -288,6 +288,7 @@ std::string Config::to_json() const {
   v.set("bos_token_id", bos_token_id >= 0 ? Value(bos_token_id) : Value(nullptr));
   v.set("eos_token_id", eos_token_id >= 0 ? Value(eos_token_id) : Value(nullptr));
   v.set("tie_word_embeddings", true);
+  v.set("torch_dtype", torch_dtype);
   return v.dump() + "\n";
 }
 

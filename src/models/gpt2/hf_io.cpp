@@ -8,6 +8,7 @@
 #include <memory>
 #include <set>
 
+#include "core/convert.h"
 #include "data/atomic_save.h"
 #include "data/file_io.h"
 #include "data/json.h"
@@ -265,26 +266,48 @@ bool is_saved_model_entry(const std::string& name) {
 
 void save_hf(const GPT2& model, const std::string& dir) { save_hf(model, dir, model.config()); }
 
+namespace {
+
+std::string torch_dtype_name(DType d) {
+  return d == DType::BF16 ? "bfloat16" : d == DType::F16 ? "float16" : "float32";
+}
+
+// fp16's largest finite value is 65504; an f32 of magnitude 65520 or more rounds to inf.
+void check_fits_fp16(const Tensor& t, const std::string& name, const std::string& dir) {
+  const float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    MW_CHECK_T(FormatError, std::fabs(p[i]) < 65520.f, "not saving to '", dir,
+               "' in fp16: parameter '", name, "' holds ", p[i], " at element ", i,
+               ", beyond fp16's largest value 65504; save in bf16 or fp32 (any earlier save is "
+               "kept)");
+}
+
+}  // namespace
+
 // Note [Streaming save]: each parameter is read (and checked finite) only when the writer reaches
 // it, converted to f32 on the host, and dropped after its bytes are written, so a save holds one
 // tensor (and, under Gemini's three tiers, one chunk: before_read) beyond the model. A non-finite
 // weight found midway throws, the staged folder is removed, and any earlier save is kept.
 void save_hf(const GPT2& model, const std::string& dir, const Config& config,
              const std::function<void(const std::string& hf_name)>& before_read,
-             const std::vector<std::pair<std::string, std::string>>& extra_files) {
+             const std::vector<std::pair<std::string, std::string>>& extra_files, DType dtype) {
+  MW_CHECK_T(InvalidArgument, dtype == DType::F32 || is_low_precision(dtype),
+             "save_hf: models are saved in f32, bf16 or f16, not ", dtype_name(dtype));
   MW_CHECK_T(InvalidArgument,
              tensor_specs(config).size() == model.specs().size() &&
                  num_parameters(config) == model.num_parameters(),
              "save_hf: the config to write does not describe the model's tensors");
   data::SafeTensorsWriter writer;
   for (const auto& spec : model.specs()) {
-    writer.add_streamed(spec.name, DType::F32, spec.shape, [&](const data::ByteSink& emit) {
+    writer.add_streamed(spec.name, dtype, spec.shape, [&](const data::ByteSink& emit) {
       if (before_read) before_read(spec.name);
       Tensor t = model.parameter(spec.name).to(Device::cpu()).contiguous().to(DType::F32);
       const int64_t bad = first_non_finite(t);
       MW_CHECK_T(FormatError, bad < 0, "not saving to '", dir, "': parameter '", spec.name,
                  "' holds ", bad >= 0 ? t.data<float>()[bad] : 0.f, " at element ", bad,
                  "; a model with non-finite weights is never written (any earlier save is kept)");
+      if (dtype == DType::F16) check_fits_fp16(t, spec.name, dir);  // Note [Saving in bf16 or fp16]
+      if (dtype != DType::F32) t = t.to(dtype);
       emit(t.raw_data(), t.nbytes());
     });
   }
@@ -293,7 +316,8 @@ void save_hf(const GPT2& model, const std::string& dir, const Config& config,
   try {
     data::StagedDirectory staged(dir, hint, is_saved_model_entry);
     writer.write(staged.file(kSingleFile), /*atomic=*/false);  // the model first
-    const std::string config_json = config.to_json(), generation = config.generation_config_json();
+    const std::string config_json = config.to_json(torch_dtype_name(dtype)),
+                      generation = config.generation_config_json();
     data::write_file(staged.file("config.json"),
                      {{config_json.data(), static_cast<int64_t>(config_json.size())}}, hint);
     data::write_file(staged.file("generation_config.json"),

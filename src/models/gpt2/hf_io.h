@@ -67,9 +67,17 @@ void load_hf_weights(GPT2& model, const std::string& dir);
 // (is_saved_model_entry; Note [Replacing only what a save wrote], data/atomic_save.h); otherwise
 // IoError naming the foreign entries, and nothing is written.
 void save_hf(const GPT2& model, const std::string& dir);
+//
+// Note [Saving in bf16 or fp16]: `dtype` F32 (the default), BF16 or F16 is the dtype of the
+// tensors in model.safetensors (and config.json's torch_dtype), each rounded once to nearest even
+// from the f32 weights: half the bytes, as HF's save_pretrained of a model cast with .half() or
+// .to(torch.bfloat16). Loading widens them back exactly (to the rounded values). A weight beyond
+// fp16's largest finite value (65504) would be written as inf: that save is refused naming the
+// tensor, and any earlier save is kept. Checkpoints always save f32 (they resume bit for bit).
 void save_hf(const GPT2& model, const std::string& dir, const Config& config,
              const std::function<void(const std::string& hf_name)>& before_read = {},
-             const std::vector<std::pair<std::string, std::string>>& extra_files = {});
+             const std::vector<std::pair<std::string, std::string>>& extra_files = {},
+             DType dtype = DType::F32);
 
 // The names save_hf writes into its folder: model.safetensors, config.json,
 // generation_config.json and the tokenizer's tokenizer.json, vocab.json, merges.txt.
