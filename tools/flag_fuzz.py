@@ -62,6 +62,7 @@ def pool(w):
         ("--dropout", ["0.5", "1.5"]),
         ("--weight-decay", ["0.1", "0", "-1"]),
         ("--weight-decay-on", ["matrices", "all", "biases"]),
+        ("--save-dtype", ["bf16", "fp16", "int8"]),
         ("--sample-every", ["1"]),
         ("--sample-tokens", ["4", "0"]),
         ("--trace", [os.path.join(w, "t.json"), os.path.join(ro, "t.json")]),
