@@ -40,16 +40,22 @@ class Parser {
   // A valued option. An empty value ("--save ''", "--data=") is refused: it is almost always an
   // unset shell variable, and silently meaning "the default" would lose what the user asked for.
   void option(const std::string& name, const std::string& def, const std::string& help) {
-    specs_.push_back({name, def, help, false, false});
+    specs_.push_back({name, def, help, false, false, false});
     values_[name] = def;
   }
   // A valued option whose empty value means something (--prompt "": start from <|endoftext|>).
   void text_option(const std::string& name, const std::string& def, const std::string& help) {
-    specs_.push_back({name, def, help, false, true});
+    specs_.push_back({name, def, help, false, true, false});
     values_[name] = def;
   }
+  // A valued option that may be given several times (--stop A --stop B), without a default;
+  // values(name) lists them in order. An empty value is refused, as option()'s is.
+  void repeated_option(const std::string& name, const std::string& help) {
+    specs_.push_back({name, "", help, false, false, true});
+    values_[name] = "";
+  }
   void flag(const std::string& name, const std::string& help) {
-    specs_.push_back({name, "", help, true, false});
+    specs_.push_back({name, "", help, true, false, false});
     values_[name] = "";
   }
 
@@ -87,6 +93,7 @@ class Parser {
         throw UsageError("--" + name + " '': an empty value; pass a value or leave the option out");
       values_[name] = value;
       given_[name] = true;
+      if (spec->repeated) repeated_[name].push_back(value);
     }
   }
 
@@ -101,6 +108,11 @@ class Parser {
   bool given(const std::string& name) const { return given_.count(name) > 0; }
   bool has(const std::string& name) const { return values_.at(name) == "1"; }
   std::string str(const std::string& name) const { return values_.at(name); }
+  // Every value of a repeated_option, in the order given; none when it was not given.
+  std::vector<std::string> values(const std::string& name) const {
+    const auto it = repeated_.find(name);
+    return it == repeated_.end() ? std::vector<std::string>{} : it->second;
+  }
 
   // Strict: the whole value must be the number (core/numbers.h); anything else is a UsageError.
   int64_t integer(const std::string& name, int64_t min, int64_t max) const {
@@ -149,6 +161,7 @@ class Parser {
     std::string name, def, help;
     bool is_flag;
     bool allow_empty;
+    bool repeated;  // repeated_option: every value is kept
   };
   template <typename Parse>
   // Runs parse(), turning its InvalidArgument into a UsageError whose message starts with prefix.
@@ -170,6 +183,7 @@ class Parser {
   std::vector<Spec> specs_;
   std::map<std::string, std::string> values_;
   std::map<std::string, bool> given_;
+  std::map<std::string, std::vector<std::string>> repeated_;  // repeated_option values, in order
   std::string positional_name_, positional_help_;
   std::vector<std::string> positionals_;
   bool help_ = false;

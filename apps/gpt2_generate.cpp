@@ -3,9 +3,10 @@
 //
 // Text mode: --prompt is encoded with the folder's tokenizer (vocab.json + merges.txt, or
 // tokenizer.json; or --vocab/--merges/--tokenizer), the prompt is echoed and the continuation
-// streamed, stopping at <|endoftext|>. Without a prompt, sampling starts from <|endoftext|>
-// (GPT-2's unconditional samples). Ids mode (--prompt-ids 1,2,3 --print-ids): no tokenizer is
-// needed, and one line "ids: 5,17,..." lists the generated ids without the prompt.
+// streamed, stopping at <|endoftext|>, or before a --stop string (Note [Stop strings],
+// models/gpt2/stop_strings.h). Without a prompt, sampling starts from <|endoftext|> (GPT-2's
+// unconditional samples). Ids mode (--prompt-ids 1,2,3 --print-ids): no tokenizer is needed, and
+// one line "ids: 5,17,..." lists the generated ids without the prompt.
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "data/tokenizer_files.h"
 #include "models/gpt2/generate.h"
 #include "models/gpt2/hf_io.h"
+#include "models/gpt2/stop_strings.h"
 
 using namespace mw;
 
@@ -42,51 +44,75 @@ gpt2::SamplingOptions sampling_options(const cli::Parser& p) {
   return o;
 }
 
+// How a sample ended, for its summary line.
+struct SampleEnd {
+  bool end_of_text = false;           // the model wrote <|endoftext|>
+  const std::string* stop = nullptr;  // the --stop string it stopped at
+  int64_t textless = 0;  // ids of a padded vocabulary past the tokenizer's: no text, as in training
+};
+
+// The line after a sample: tokens, time, rate, and why it ended when not at --max-new-tokens.
+void print_summary(const gpt2::GPT2& model, const data::BpeTokenizer* tok, size_t prompt_tokens,
+                   size_t new_tokens, double seconds, const gpt2::Slide& slide,
+                   const SampleEnd& end) {
+  const int64_t n_positions = model.config().n_positions;
+  std::string notes;
+  if (slide.prompt_dropped > 0)
+    notes += str("; the prompt's first ", slide.prompt_dropped, " tokens did not fit the context",
+                 " of ", n_positions, " (n_positions) and were left out");
+  if (slide.slides > 0)
+    notes += str("; the context slid ", slide.slides, " time", slide.slides > 1 ? "s" : "",
+                 " (each keeping the last ", std::max<int64_t>(1, n_positions / 2), " tokens)");
+  if (end.end_of_text) notes += "; stopped: <|endoftext|> (the model ended the text)";
+  if (end.stop) notes += str("; stopped at --stop '", gpt2::escape_stop_string(*end.stop), "'");
+  if (end.textless > 0)
+    notes += str("; ", end.textless, " of them past the tokenizer's ", tok->vocab_size(),
+                 " ids (a padded vocabulary): no text");
+  std::fprintf(stderr, "[generate] %zu prompt + %zu new tokens in %.2f s (%.1f tokens/s)%s\n",
+               prompt_tokens, new_tokens, seconds,
+               static_cast<double>(prompt_tokens + new_tokens) / std::max(seconds, 1e-9),
+               notes.c_str());
+}
+
+void print_text(const std::string& text) {
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+}
+
 // One sample: the prompt echoed, the continuation streamed (or its ids), and the summary line.
+// With --stop strings the text is streamed through gpt2::StopStrings (Note [Stop strings]): what
+// may begin a stop string is held back until the next tokens tell, and is printed at the end when
+// no stop string came.
 void sample_once(const gpt2::GPT2& model, const data::BpeTokenizer* tok,
                  const std::vector<int32_t>& prompt, int64_t max_new,
-                 const gpt2::SamplingOptions& options, bool print_ids, const std::string& text) {
-  if (!print_ids && !text.empty()) std::fwrite(text.data(), 1, text.size(), stdout);
+                 const gpt2::SamplingOptions& options, bool print_ids, const std::string& text,
+                 const std::vector<std::string>& stops) {
+  if (!print_ids && !text.empty()) print_text(text);
   const auto t0 = std::chrono::steady_clock::now();
-  int64_t textless = 0;  // ids of a padded vocabulary past the tokenizer's: no text, as in training
-  gpt2::Slide slide;     // Note [Sliding context]: past n_positions, the context slides
+  SampleEnd end;
+  gpt2::StopStrings stop(stops);  // each sample its own
+  gpt2::Slide slide;              // Note [Sliding context]: past n_positions, the context slides
   const auto generated = gpt2::generate(
       model, prompt, max_new, options,
       [&](int32_t id) {
         if (print_ids) return true;
-        if (id == tok->eot_id()) return false;
-        if (id >= tok->vocab_size()) return ++textless, true;
-        const std::string& bytes = tok->token_bytes(id);
-        std::fwrite(bytes.data(), 1, bytes.size(), stdout);
-        std::fflush(stdout);
-        return true;
+        if (id == tok->eot_id()) return end.end_of_text = true, false;
+        if (id >= tok->vocab_size()) return ++end.textless, true;
+        print_text(stop.push(tok->token_bytes(id)));
+        return !stop.stopped();
       },
       &slide);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (stop.stopped()) end.stop = &stop.matched();
+  print_text(stop.finish());
   if (print_ids) {
     std::printf("ids: ");
     for (size_t i = 0; i < generated.size(); ++i) std::printf(i ? ",%d" : "%d", generated[i]);
   }
   std::printf("\n");
   std::fflush(stdout);
-  const bool ended = !print_ids && static_cast<int64_t>(generated.size()) < max_new;
-  const int64_t n_positions = model.config().n_positions;
-  std::string context;
-  if (slide.prompt_dropped > 0)
-    context += str("; the prompt's first ", slide.prompt_dropped, " tokens did not fit the context",
-                   " of ", n_positions, " (n_positions) and were left out");
-  if (slide.slides > 0)
-    context += str("; the context slid ", slide.slides, " time", slide.slides > 1 ? "s" : "",
-                   " (each keeping the last ", std::max<int64_t>(1, n_positions / 2), " tokens)");
-  std::fprintf(stderr, "[generate] %zu prompt + %zu new tokens in %.2f s (%.1f tokens/s)%s%s%s\n",
-               prompt.size(), generated.size(), seconds,
-               static_cast<double>(prompt.size() + generated.size()) / std::max(seconds, 1e-9),
-               context.c_str(), ended ? "; stopped: <|endoftext|> (the model ended the text)" : "",
-               textless > 0 ? str("; ", textless, " of them past the tokenizer's ",
-                                  tok->vocab_size(), " ids (a padded vocabulary): no text")
-                                  .c_str()
-                            : "");
+  print_summary(model, tok, prompt.size(), generated.size(), seconds, slide, end);
 }
 
 int run(cli::Parser& p) {
@@ -107,6 +133,13 @@ int run(cli::Parser& p) {
   const int64_t samples = p.integer("num-samples", 1, 1000);
   const gpt2::SamplingOptions options = sampling_options(p);
   const bool print_ids = p.has("print-ids");
+  if (p.given("stop") && print_ids)
+    throw cli::UsageError(
+        "--stop ends a sample at a text, and --print-ids prints ids, not text: leave out "
+        "--print-ids to stop at a text, or --stop to print the ids");
+  std::vector<std::string> stops;
+  for (const std::string& typed : p.values("stop"))
+    stops.push_back(gpt2::unescape_stop_string(typed));
   if (samples > 1 && options.temperature == 0)
     std::fprintf(stderr,
                  "gpt2_generate: warning: --temperature 0 is greedy: the %lld samples "
@@ -133,7 +166,7 @@ int run(cli::Parser& p) {
     if (samples > 1)
       std::printf("=== sample %lld of %lld (--seed %llu) ===\n", static_cast<long long>(k + 1),
                   static_cast<long long>(samples), static_cast<unsigned long long>(o.seed));
-    sample_once(model, tok.get(), prompt, max_new, o, print_ids, text);
+    sample_once(model, tok.get(), prompt, max_new, o, print_ids, text, stops);
   }
   return 0;
 }
@@ -160,6 +193,12 @@ int main(int argc, char** argv) {
            "> 1 makes tokens already in the text less likely (HF's repetition_penalty; 1.2 is "
            "common for small models that repeat themselves); 1: none");
   p.option("num-samples", "1", "samples of the same prompt, one after another");
+  p.repeated_option(
+      "stop",
+      "end a sample before this text, where its generated text first holds it (the "
+      "stop string is not printed; may be given several times). \\n, \\t and \\\\ are "
+      "a newline, a tab and a backslash: --stop '\\nQ:'. Not with --print-ids, which "
+      "prints no text");
   p.option("vocab", "", "vocab.json (default: the model folder's)");
   p.option("merges", "", "merges.txt (default: the model folder's)");
   p.option("tokenizer", "", "tokenizer.json (default: the model folder's)");

@@ -13,6 +13,7 @@
 #include "../data/temp_dir.h"
 #include "data/bpe.h"
 #include "models/gpt2/hf_io.h"
+#include "text_model.h"
 
 namespace mw {
 namespace {
@@ -259,18 +260,10 @@ TEST(Generate, AppPrintsTheGreedyIds) {
 // Text mode: the prompt is encoded with the folder's vocab.json + merges.txt, echoed, and the
 // continuation streamed as text, the same as the library's greedy ids decoded.
 TEST(Generate, AppStreamsTextWithTheFoldersTokenizer) {
-  const std::string bpe = std::string(MW_SOURCE_DIR) + "/tests/fixtures/bpe/";
-  data::BpeTokenizer tok(data::load_vocab_and_merges(bpe + "vocab.json", bpe + "merges.txt"),
-                         "bpe");
-  gpt2::Config config = gpt2::Config::preset("tiny");
-  config.vocab_size = tok.vocab_size();  // 588, the fixture tokenizer's
-  config.set_dropout(0);
-  gpt2::GPT2 model(config, /*seed=*/3);
-  model.eval();
   data::testing::TempDir tmp;
-  gpt2::save_hf(model, tmp.path());
-  std::filesystem::copy_file(bpe + "vocab.json", tmp.file("vocab.json"));
-  std::filesystem::copy_file(bpe + "merges.txt", tmp.file("merges.txt"));
+  gpt2::testing::TextModel text_model(tmp, /*seed=*/3);
+  data::BpeTokenizer& tok = text_model.tokenizer;
+  const gpt2::GPT2& model = text_model.model;
 
   const std::string prompt = "The quick brown fox";
   gpt2::SamplingOptions greedy;
