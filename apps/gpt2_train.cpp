@@ -21,6 +21,7 @@
 #include "core/allocator.h"
 #include "core/convert.h"
 #include "core/cpu/fast_math.h"
+#include "core/cpu/gemm_bf16.h"
 #include "core/interrupt.h"
 #include "core/process_limits.h"
 #include "data/atomic_save.h"
@@ -450,13 +451,15 @@ void checkpoint_or_stop(train::Trainer& t, const Options& o, int64_t step, bool 
 
 // Before anything is built. Outputs first: a typo in any output path, or two outputs on one path,
 // or an output on an input, fails now, not after training (Note [Outputs apart];
-// docs/reliability.md). The kernels' overrides (MW_F32_ISA, MW_ADAM_ISA, MW_CONVERT_ISA) are read
+// docs/reliability.md). The kernels' overrides (MW_F32_ISA, MW_ADAM_ISA, MW_CONVERT_ISA,
+// MW_BF16_GEMM) are read
 // now too: a typo in one failed at the model's first op.
 void check_before_building(const Options& o) {
   train::check_run_paths(o);
   (void)ops::f32_isa();
   (void)optim::best_isa();
   (void)best_convert_isa();
+  (void)ops::bf16_gemm_kernel();
 }
 
 int run(const Options& o) {

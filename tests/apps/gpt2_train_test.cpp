@@ -419,7 +419,7 @@ TEST(Gpt2Train, OptionsThatDoNothingHereAreNamedInAWarning) {
   r = run(pretrained + " --lr 5e-5");
   EXPECT_EQ(r.output.find("warning"), std::string::npos) << r.output;
   // A kernel override with a typo fails before anything is built (it failed at the first op).
-  for (const char* name : {"MW_F32_ISA", "MW_ADAM_ISA", "MW_CONVERT_ISA"}) {
+  for (const char* name : {"MW_F32_ISA", "MW_ADAM_ISA", "MW_CONVERT_ISA", "MW_BF16_GEMM"}) {
     ::setenv(name, "avx3", 1);
     r = run(pretrained + " --lr 5e-5");
     ::unsetenv(name);

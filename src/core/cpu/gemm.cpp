@@ -11,6 +11,7 @@
 #include "core/allocator.h"
 #include "core/convert.h"
 #include "core/cpu/blas.h"
+#include "core/cpu/gemm_bf16.h"
 #include "core/mixed_ops.h"
 #include "core/ops.h"
 #include "core/ops_cuda.h"
@@ -42,9 +43,37 @@ BlasOperand as_blas(const Tensor& t, bool trans, Tensor& keepalive) {
 
 // bf16 or f16 operands of one dtype on a CUDA device: cuBLAS multiplies them as they are, on
 // tensor cores (Note [Products in bf16 and f16 on CUDA], core/cuda/ops_cuda.cpp), instead of the
-// widening copies of mixed::gemm. The result may be their dtype or f32.
+// widening copies of mixed::gemm; bf16 operands in host memory likewise with AVX512-BF16 where the
+// CPU has it (Note [bf16 products on AVX512-BF16], cpu/gemm_bf16.cpp). The result may be their
+// dtype or f32.
 bool native_low(const Tensor& a, const Tensor& b) {
-  return a.device().is_cuda() && is_low_precision(a.dtype()) && b.dtype() == a.dtype();
+  if (!is_low_precision(a.dtype()) || b.dtype() != a.dtype()) return false;
+  if (a.device().is_cuda()) return true;
+  return a.dtype() == DType::BF16 && a.device().is_host_addressable() &&
+         b.device().is_host_addressable() && bf16_gemm_kernel() == Bf16GemmKernel::kAvx512Bf16;
+}
+
+// out (+)= op(A) op(B) by the AVX512-BF16 kernel. An f32 out directly; a bf16 out through f32
+// blocks of kBlock columns (the LM head's [B*T, V] logits are never copied whole), each rounded
+// once.
+void host_bf16_gemm(const BlasOperand& A, const BlasOperand& B, int64_t M, int64_t N, int64_t K,
+                    Tensor& out, bool accumulate) {
+  const auto* a = static_cast<const uint16_t*>(A.data);
+  const auto* b = static_cast<const uint16_t*>(B.data);
+  if (out.dtype() == DType::F32) {
+    gemm_bf16_avx512(A.trans, B.trans, M, N, K, a, A.ld, b, B.ld, out.data<float>(), N, accumulate);
+    return;
+  }
+  constexpr int64_t kBlock = 2048;
+  for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
+    const int64_t nn = std::min(kBlock, N - n0);
+    Tensor part = out.narrow(1, n0, nn);
+    Tensor acc = accumulate ? part.to(DType::F32).contiguous()
+                            : Tensor::empty({M, nn}, DType::F32, out.device());
+    gemm_bf16_avx512(A.trans, B.trans, M, nn, K, a, A.ld, B.trans ? b + n0 * B.ld : b + n0, B.ld,
+                     acc.data<float>(), nn, accumulate);
+    part.copy_(acc);
+  }
 }
 
 // C[M,N] = alpha * op(A) @ op(B) + beta * C, tiled over the larger of M and N.
@@ -106,6 +135,8 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   if (out.device().is_cuda()) {  // enqueued only: the time counted is the launch's
     cuda::gemm(out.device().index, {a.dtype(), out.dtype()}, A.trans, B.trans, M, N, K, A.data,
                A.ld, B.data, B.ld, accumulate ? 1.0 : 0.0, out.raw_data(), std::max<int64_t>(1, N));
+  } else if (native) {
+    host_bf16_gemm(A, B, M, N, K, out, accumulate);
   } else {
     dispatch_float(a.dtype(), "gemm", [&]<typename T>() {
       tiled_gemm<T>(A.trans, B.trans, M, N, K, static_cast<const T*>(A.data), A.ld,
@@ -176,8 +207,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
     if (out.device().is_cuda()) {
       cuda::fill_rows(out, bias.to(acc));
     } else {
-      dispatch_float(x.dtype(), "linear", [&]<typename T>() {
-        const T* bp = bias.contiguous().template data<T>();
+      const Tensor bias_acc = bias.to(acc).contiguous();  // low operands: the f32 master
+      dispatch_float(acc, "linear", [&]<typename T>() {
+        const T* bp = bias_acc.template data<T>();
         T* op = out.template data<T>();
         parallel_for(R, 64, [&](int64_t b, int64_t e) {
           for (int64_t r = b; r < e; ++r) std::copy(bp, bp + N, op + r * N);
@@ -213,10 +245,10 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, 
     g.dbias = cuda::column_sums(native ? dy2.to(DType::F32) : dy2);
   } else if (need_dbias) {
     // Column sums: each thread owns a range of columns and adds rows in order (deterministic), in
-    // double (Note [Reductions accumulate in double], layers.cpp).
-    g.dbias = Tensor::empty({N}, dy.dtype(), dy.device());
-    Tensor dyc = dy2.contiguous();
-    dispatch_float(dy.dtype(), "linear_backward", [&]<typename T>() {
+    // double (Note [Reductions accumulate in double], layers.cpp). Low dy: f32, as above.
+    Tensor dyc = native ? dy2.to(DType::F32) : dy2.contiguous();
+    g.dbias = Tensor::empty({N}, dyc.dtype(), dy.device());
+    dispatch_float(dyc.dtype(), "linear_backward", [&]<typename T>() {
       const T* d = dyc.template data<T>();
       T* db = g.dbias.template data<T>();
       parallel_for(N, 256, [&](int64_t b, int64_t e) {
