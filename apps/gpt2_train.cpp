@@ -556,6 +556,12 @@ int main(int argc, char** argv) {
     comm->abandon();
     return "rank " + std::to_string(comm->rank()) + ": ";
   };
+  // One write per message: std::cerr writes each << at once, and under mpirun the ranks' pieces
+  // interleaved in the launcher's output ("gpt2_train: rank 0: gpt2_train: interrupted...").
+  auto say = [](const std::string& line) {
+    std::fwrite(line.data(), 1, line.size(), stderr);
+    std::fflush(stderr);
+  };
   try {
     parser.parse(argc, argv);
     if (parser.help_requested()) {
@@ -571,23 +577,23 @@ int main(int argc, char** argv) {
     for (const std::string& w : mw::one_process_dist_warnings(parser, options)) mw::warn(w);
     return mw::run(options);
   } catch (const mw::Interrupted& e) {
-    std::cerr << "gpt2_train: " << failing() << e.what() << "\n";
+    say("gpt2_train: " + failing() + e.what() + "\n");
     return e.exit_code();
   } catch (const mw::InvalidArgument& e) {
     if (parsed) {
-      std::cerr << "gpt2_train: " << failing() << "error: " << e.what() << "\n";
+      say("gpt2_train: " + failing() + "error: " + e.what() + "\n");
       return 1;
     }
-    std::cerr << parser.usage() << "\ngpt2_train: " << e.what() << "\n";
+    say(parser.usage() + "\ngpt2_train: " + e.what() + "\n");
     return 2;
   } catch (const mw::Error& e) {
-    std::cerr << "gpt2_train: " << failing() << "error: " << e.what() << "\n";
+    say("gpt2_train: " + failing() + "error: " + e.what() + "\n");
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "gpt2_train: " << failing() << "internal error: " << e.what() << "\n";
+    say("gpt2_train: " + failing() + "internal error: " + e.what() + "\n");
     return 1;
   } catch (...) {
-    std::cerr << "gpt2_train: " << failing() << "internal error: an unknown exception\n";
+    say("gpt2_train: " + failing() + "internal error: an unknown exception\n");
     return 1;
   }
 }
