@@ -1,7 +1,8 @@
 // The AVX512-BF16 product kernel (Note [bf16 products on AVX512-BF16], core/cpu/gemm_bf16.cpp)
 // against a double product of the same bf16 values: every shape edge (M and N past a block, odd
-// K, K past a cache block), every transpose, accumulation into C, and any thread count giving the
-// same bits. Skipped on CPUs without AVX512-BF16 (the widened path, MixedOps.*, runs there).
+// K, K past a cache block), whole panels (the packing's fast paths), every transpose, accumulation
+// into C, and any thread count giving the same bits. Skipped on CPUs without AVX512-BF16 (the
+// widened path, MixedOps.*, runs there).
 #include "core/cpu/gemm_bf16.h"
 
 #include <gtest/gtest.h>
@@ -46,7 +47,10 @@ TEST(Bf16Gemm, ProductsAreTheDoubleProductWithinF32Accumulation) {
        {Case{1, 1, 1, false, false, false}, Case{7, 33, 5, false, true, false},
         Case{8, 32, 2, true, false, true}, Case{13, 70, 513, true, true, false},
         Case{64, 300, 129, false, false, true}, Case{300, 17, 1030, true, false, false},
-        Case{9, 2100, 64, false, true, true}}) {
+        Case{9, 2100, 64, false, true, true},
+        // even K and whole 8 x 32 panels: the packing's fast paths, in both layouts
+        Case{40, 96, 256, true, false, false}, Case{16, 64, 1024, false, false, true},
+        Case{24, 128, 600, true, true, true}}) {
     SCOPED_TRACE(testing::Message() << c.M << "x" << c.N << "x" << c.K << " ta " << c.ta << " tb "
                                     << c.tb << " accumulate " << c.accumulate);
     const std::vector<uint16_t> A = random_bf16(c.M * c.K, 1), B = random_bf16(c.K * c.N, 2);

@@ -49,9 +49,35 @@ inline uint16_t at(const uint16_t* X, int64_t ld, bool trans, int64_t r, int64_t
   return trans ? X[c * ld + r] : X[r * ld + c];
 }
 
+// Two rows' 32 bf16 interleaved: r0[0], r1[0], r0[1], r1[1], ... (one packed line of B).
+MW_TARGET_BF16 void interleave_rows(const uint16_t* r0, const uint16_t* r1, uint16_t* dst) {
+  alignas(64) static const uint16_t kLo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
+                                               37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                               11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i lo = _mm512_load_si512(kLo);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  const __m512i a = _mm512_loadu_si512(r0), b = _mm512_loadu_si512(r1);
+  _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(a, lo, b));
+  _mm512_storeu_si512(dst + 32, _mm512_permutex2var_epi16(a, hi, b));
+}
+
 // op(B)[2 (p0 + p) + e][n0 + j] for p < pairs, j < 32, e < 2, zeros past K and N.
 void pack_b(const uint16_t* B, int64_t ldb, bool tb, int64_t K, int64_t N, int64_t p0,
             int64_t pairs, int64_t n0, uint16_t* dst) {
+  if (n0 + kCols <= N && 2 * (p0 + pairs) <= K) {  // a whole panel: rows or words as they are
+    if (tb) {  // column n of op(B) is row n of B: each k-pair one 32-bit word of it
+      for (int64_t j = 0; j < kCols; ++j) {
+        const uint16_t* row = B + (n0 + j) * ldb + 2 * p0;
+        for (int64_t p = 0; p < pairs; ++p) std::memcpy(dst + (p * kCols + j) * 2, row + 2 * p, 4);
+      }
+    } else {
+      for (int64_t p = 0; p < pairs; ++p) {
+        const uint16_t* r0 = B + 2 * (p0 + p) * ldb + n0;
+        interleave_rows(r0, r0 + ldb, dst + p * kCols * 2);
+      }
+    }
+    return;
+  }
   for (int64_t p = 0; p < pairs; ++p)
     for (int64_t j = 0; j < kCols; ++j)
       for (int64_t e = 0; e < 2; ++e) {
@@ -60,15 +86,32 @@ void pack_b(const uint16_t* B, int64_t ldb, bool tb, int64_t K, int64_t N, int64
       }
 }
 
-// op(A)[m0 + i][2 (p0 + p) + e] as word p * kRows + i, zeros past K and M.
+// op(A)[m0 + i][2 (p0 + p) + e] as half e of word p * kRows + i (e = 0 the low half, which
+// VDPBF16PS pairs with a B panel's even k), zeros past K and M.
 void pack_a(const uint16_t* A, int64_t lda, bool ta, int64_t M, int64_t K, int64_t m0, int64_t p0,
-            int64_t pairs, uint16_t* dst) {
+            int64_t pairs, uint32_t* dst) {
+  if (m0 + kRows <= M && 2 * (p0 + pairs) <= K) {  // a whole panel
+    for (int64_t i = 0; i < kRows && !ta; ++i) {   // row m's k-pairs: consecutive words
+      const uint16_t* row = A + (m0 + i) * lda + 2 * p0;
+      for (int64_t p = 0; p < pairs; ++p) std::memcpy(dst + p * kRows + i, row + 2 * p, 4);
+    }
+    for (int64_t p = 0; p < pairs && ta; ++p) {  // op(A)'s k is A's row
+      const uint16_t* r0 = A + 2 * (p0 + p) * lda + m0;
+      for (int64_t i = 0; i < kRows; ++i)
+        dst[p * kRows + i] = static_cast<uint32_t>(r0[i]) | static_cast<uint32_t>(r0[lda + i])
+                                                                << 16;
+    }
+    return;
+  }
   for (int64_t p = 0; p < pairs; ++p)
-    for (int64_t i = 0; i < kRows; ++i)
+    for (int64_t i = 0; i < kRows; ++i) {
+      uint32_t word = 0;
       for (int64_t e = 0; e < 2; ++e) {
         const int64_t m = m0 + i, k = 2 * (p0 + p) + e;
-        dst[(p * kRows + i) * 2 + e] = m < M && k < K ? at(A, lda, ta, m, k) : uint16_t{0};
+        if (m < M && k < K) word |= static_cast<uint32_t>(at(A, lda, ta, m, k)) << (16 * e);
       }
+      dst[p * kRows + i] = word;
+    }
 }
 
 // A k-pair of one row of A in every lane. Clang 16 crashes (SIGSEGV at -O2) folding the broadcast
@@ -82,7 +125,7 @@ MW_TARGET_BF16 inline __m512bh broadcast(int32_t pair) {
 }
 
 // C[rows, cols] (+)= the packed A panel times the packed B panel over `pairs` k-pairs.
-MW_TARGET_BF16 void block(const uint16_t* a, const uint16_t* b, int64_t pairs, float* C,
+MW_TARGET_BF16 void block(const uint32_t* a, const uint16_t* b, int64_t pairs, float* C,
                           int64_t ldc, int64_t rows, int64_t cols, bool load_c) {
   __m512 acc[kRows][2];
   const __mmask16 m0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1u);
@@ -95,13 +138,12 @@ MW_TARGET_BF16 void block(const uint16_t* a, const uint16_t* b, int64_t pairs, f
     acc[i][0] = live ? _mm512_maskz_loadu_ps(m0, C + i * ldc) : _mm512_setzero_ps();
     acc[i][1] = live ? _mm512_maskz_loadu_ps(m1, C + i * ldc + 16) : _mm512_setzero_ps();
   }
-  const auto* aw = reinterpret_cast<const int32_t*>(a);
   for (int64_t p = 0; p < pairs; ++p) {
     const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + p * 2 * kCols));
     const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + p * 2 * kCols + 32));
 #pragma GCC unroll 8
     for (int64_t i = 0; i < kRows; ++i) {
-      const __m512bh ai = broadcast(aw[p * kRows + i]);
+      const __m512bh ai = broadcast(static_cast<int32_t>(a[p * kRows + i]));
       acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
       acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
     }
@@ -130,14 +172,14 @@ struct Problem {
 void tile(const Problem& q, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
   const int64_t pairs_total = (q.K + 1) / 2;
   const int64_t row_panels = (r1 - r0 + kRows - 1) / kRows;
-  std::vector<uint16_t> ap(static_cast<size_t>(row_panels * kPairs * kRows * 2));
+  std::vector<uint32_t> ap(static_cast<size_t>(row_panels * kPairs * kRows));
   std::vector<uint16_t> bp(static_cast<size_t>(kPanels * kPairs * kCols * 2));
   for (int64_t p0 = 0; p0 < pairs_total; p0 += kPairs) {
     const int64_t pairs = std::min(kPairs, pairs_total - p0);
     const bool load_c = q.accumulate || p0 > 0;
     for (int64_t r = 0; r < row_panels; ++r)
       pack_a(q.A, q.lda, q.ta, std::min(q.M, r1), q.K, r0 + r * kRows, p0, pairs,
-             ap.data() + r * kPairs * kRows * 2);
+             ap.data() + r * kPairs * kRows);
     for (int64_t nb = c0; nb < c1; nb += kPanels * kCols) {
       const int64_t panels = std::min(kPanels, (c1 - nb + kCols - 1) / kCols);
       for (int64_t j = 0; j < panels; ++j)
@@ -147,7 +189,7 @@ void tile(const Problem& q, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
         const int64_t m = r0 + r * kRows;
         for (int64_t j = 0; j < panels; ++j) {
           const int64_t n = nb + j * kCols;
-          block(ap.data() + r * kPairs * kRows * 2, bp.data() + j * kPairs * kCols * 2, pairs,
+          block(ap.data() + r * kPairs * kRows, bp.data() + j * kPairs * kCols * 2, pairs,
                 q.C + m * q.ldc + n, q.ldc, std::min(kRows, r1 - m), std::min(kCols, c1 - n),
                 load_c);
         }
