@@ -100,9 +100,9 @@ import shutil
 import subprocess
 import tempfile
 
-from sweep_lib import (ROOT, draw_auto, draw_between, draw_data, draw_gemini, draw_optim,
-                       draw_placement, draw_training, last_line, mpirun, nvme_dir, plain_and_gemini,
-                       refused, run, write_data, write_shard)
+from sweep_lib import (ROOT, draw_auto, draw_between, draw_data, draw_decay, draw_gemini,
+                       draw_optim, draw_placement, draw_training, last_line, mpirun, nvme_dir,
+                       plain_and_gemini, refused, run, write_data, write_shard)
 from sweep_stops import check_fault, check_resume, check_signal, draw_fault
 
 
@@ -352,7 +352,7 @@ def main():
             elif args.check == "dp":
                 failures += check_dp(args.binary, rng, work, max(2, args.ranks))
             elif args.check == "bitwise":
-                a = draw_training(rng)
+                a = draw_training(rng) + draw_decay(rng)
                 failures += check_bitwise(launch, args.binary, a, draw_gemini(rng), work)
             elif args.check == "const":
                 failures += check_const(launch, args.binary, draw_auto(rng, args.ranks), rng, work)
@@ -368,13 +368,13 @@ def main():
             elif args.check == "ranks":
                 failures += check_ranks(args.binary, rng, work)
             elif args.check == "signal":
-                a, placement = draw_training(rng), draw_placement(rng)
+                a, placement = draw_training(rng) + draw_decay(rng), draw_placement(rng)
                 a += draw_data(rng, a, work)
                 failures += check_signal(launch, args.binary, a, placement, rng, work)
             elif args.check == "fault":
                 failures += check_fault(launch, args.binary, *draw_fault(rng), work)
             else:
-                a, placement = draw_training(rng), draw_placement(rng)
+                a, placement = draw_training(rng) + draw_decay(rng), draw_placement(rng)
                 a += draw_data(rng, a, work) + draw_between(rng, work)
                 moved = draw_placement(rng) if rng.random() < 0.5 else None
                 # Under mpirun, data parallel with and without Gemini reduce and sum gradients in

@@ -90,9 +90,18 @@ def draw_training(rng):
     return a
 
 
+def draw_decay(rng):
+    """A weight decay in 4 runs of 10 (its ranges inside Gemini's chunks follow a placement and a
+    resume under another one, Note [Weight decay by ranges]), the rule drawn in half of those."""
+    if rng.random() >= 0.4:
+        return []
+    return ["--weight-decay", "0.1"] + (["--weight-decay-on", "all"] if rng.random() < 0.5 else [])
+
+
 def draw_optim(rng, a):
-    """The optimizer's knobs (decay and what it takes, betas, eps, the floor of a schedule `a` draws, updates at the
-    step), the same for both runs of the optim check; and a placement of the states and the
+    """The optimizer's knobs (decay and what it takes, betas, eps, the floor of a schedule `a`
+    draws, updates at the step), the same for both runs of the optim check; and a placement of
+    the states and the
     parameters: NVMe offload (fraction, window, borrowed slots), the states on the sim device,
     or Gemini (auto with --gpu-margin-mem-ratio drawn, the states on NVMe drawn)."""
     k = ["--weight-decay", rng.choice(["0", "0.01", "0.1"]), "--beta1", rng.choice(["0.9", "0"]),
