@@ -2,7 +2,9 @@
 //
 // Each product is split along its larger output dimension into one tile per thread; each tile is an
 // independent single-threaded BLAS call on a sub-block, so results depend only on the thread count,
-// and the one thread pool is oneTBB's.
+// and the one thread pool is oneTBB's. bf16 operands in host memory go to the AVX512-BF16 kernel
+// where the CPU has it (gemm_bf16.cpp), the same tiling; other low-precision operands to
+// mixed::gemm (widened to f32).
 
 #include <atomic>
 #include <chrono>
