@@ -172,6 +172,17 @@ void adam_update_parallel(Isa isa, const AdamStepScalars& scalars, float* param,
       });
 }
 
+void adam_update_ranged(Isa isa, const AdamStepScalars& scalars, const NoDecayRanges& no_decay,
+                        float* param, const void* grad, DType grad_dtype, float* exp_avg,
+                        float* exp_avg_sq, int64_t numel, std::atomic<bool>* non_finite) {
+  const int64_t esize = dtype_size(grad_dtype);
+  for_each_decay_segment(
+      no_decay, 0, numel, scalars, [&](int64_t lo, int64_t hi, const AdamStepScalars& s) {
+        adam_update_parallel(isa, s, param + lo, static_cast<const char*>(grad) + lo * esize,
+                             grad_dtype, exp_avg + lo, exp_avg_sq + lo, hi - lo, non_finite);
+      });
+}
+
 void adam_update_parallel(Isa isa, const AdamHyper& hyper, int64_t step, float div_scale,
                           float* param, const void* grad, DType grad_dtype, float* exp_avg,
                           float* exp_avg_sq, int64_t numel) {

@@ -19,6 +19,7 @@
 
 #include "core/dtype.h"
 #include "optim/adam_math.h"
+#include "optim/decay_ranges.h"
 
 namespace mw::optim {
 
@@ -62,6 +63,11 @@ void adam_update(Isa isa, const AdamHyper& hyper, int64_t step, float div_scale,
 void adam_update_parallel(Isa isa, const AdamStepScalars& scalars, float* param, const void* grad,
                           DType grad_dtype, float* exp_avg, float* exp_avg_sq, int64_t numel,
                           std::atomic<bool>* non_finite = nullptr);
+// adam_update_parallel over a whole tensor whose elements in `no_decay` are stepped without the
+// weight decay (Note [Weight decay by ranges], decay_ranges.h): one call per segment.
+void adam_update_ranged(Isa isa, const AdamStepScalars& scalars, const NoDecayRanges& no_decay,
+                        float* param, const void* grad, DType grad_dtype, float* exp_avg,
+                        float* exp_avg_sq, int64_t numel, std::atomic<bool>* non_finite = nullptr);
 // True when none of x[0, n) is NaN or Inf.
 bool all_finite(const float* x, int64_t n);
 void adam_update_parallel(Isa isa, const AdamHyper& hyper, int64_t step, float div_scale,

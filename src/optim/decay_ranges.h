@@ -35,6 +35,12 @@ inline bool decays(int64_t dims, DecayOn on) { return on == DecayOn::kAll || dim
 // Elements [first, second) of one stepped tensor that the weight decay leaves alone.
 using NoDecayRanges = std::vector<std::pair<int64_t, int64_t>>;
 
+// Stepped tensor i's ranges in a per-tensor list that may be empty (none: all decayed).
+inline const NoDecayRanges& no_decay_of(const std::vector<NoDecayRanges>& all, size_t i) {
+  static const NoDecayRanges kNone;
+  return all.empty() ? kNone : all.at(i);
+}
+
 // The step's scalars without the weight decay (either mode's).
 inline AdamStepScalars without_decay(AdamStepScalars s) {
   s.l2_weight_decay = 0.f;

@@ -146,8 +146,8 @@ void HybridAdam::update_in_memory(size_t i, const AdamStepScalars& s) {
   Tensor gc = g.contiguous();
   p.bump_version();
   const bool on_gpu = p.device().is_cuda();
-  const int64_t esize = dtype_size(gc.dtype());
   if (on_gpu && exp_avg_[i].device().is_cuda()) {
+    const int64_t esize = dtype_size(gc.dtype());
     for_each_decay_segment(no_decay(i), 0, p.numel(), s,
                            [&](int64_t lo, int64_t hi, const AdamStepScalars& ss) {
                              adam_update_cuda(ss, p.data<float>() + lo,
@@ -165,13 +165,9 @@ void HybridAdam::update_in_memory(size_t i, const AdamStepScalars& s) {
   Tensor hp = on_gpu ? p.to(Device::cpu()) : p;
   if (gc.device().is_cuda()) gc = gc.to(Device::cpu());
   std::atomic<bool> non_finite{false};
-  for_each_decay_segment(
-      no_decay(i), 0, p.numel(), s, [&](int64_t lo, int64_t hi, const AdamStepScalars& ss) {
-        adam_update_parallel(isa_, ss, hp.data<float>() + lo,
-                             static_cast<const char*>(gc.raw_data()) + lo * esize, gc.dtype(),
-                             exp_avg_[i].data<float>() + lo, exp_avg_sq_[i].data<float>() + lo,
-                             hi - lo, &non_finite);
-      });
+  adam_update_ranged(isa_, s, no_decay(i), hp.data<float>(), gc.raw_data(), gc.dtype(),
+                     exp_avg_[i].data<float>(), exp_avg_sq_[i].data<float>(), p.numel(),
+                     &non_finite);
   if (non_finite && non_finite_param_ < 0) non_finite_param_ = static_cast<int64_t>(i);
   if (on_gpu) p.copy_(hp);
 }

@@ -150,10 +150,7 @@ class HybridAdam : public Optimizer {
   std::function<void()> update_offloaded_except_rows(size_t i, const Tensor& partial,
                                                      const std::vector<int64_t>& rows);
   void update_in_memory(size_t i, const AdamStepScalars& s);
-  const NoDecayRanges& no_decay(size_t i) const {
-    static const NoDecayRanges kNone;
-    return options_.no_decay.empty() ? kNone : options_.no_decay[i];
-  }
+  const NoDecayRanges& no_decay(size_t i) const { return no_decay_of(options_.no_decay, i); }
   Device state_device(size_t i) const;     // where parameter i's m and v are created
   std::vector<char> updated_in_backward_;  // per parameter, this step
   std::shared_ptr<char> alive_ = std::make_shared<char>(0);  // expires with the optimizer

@@ -40,15 +40,9 @@ void AdamW::step() {
     }
     Tensor gc = g.contiguous();
     p.bump_version();
-    const int64_t esize = dtype_size(gc.dtype());
-    for_each_decay_segment(no_decay_.empty() ? NoDecayRanges() : no_decay_[i], 0, p.numel(), s,
-                           [&](int64_t lo, int64_t hi, const AdamStepScalars& ss) {
-                             adam_update_parallel(
-                                 Isa::Scalar, ss, p.data<float>() + lo,
-                                 static_cast<const char*>(gc.raw_data()) + lo * esize, gc.dtype(),
-                                 exp_avg_[i].data<float>() + lo, exp_avg_sq_[i].data<float>() + lo,
-                                 hi - lo);
-                           });
+    adam_update_ranged(Isa::Scalar, s, no_decay_of(no_decay_, i), p.data<float>(), gc.raw_data(),
+                       gc.dtype(), exp_avg_[i].data<float>(), exp_avg_sq_[i].data<float>(),
+                       p.numel());
   }
 }
 

@@ -90,12 +90,13 @@ std::vector<SaveNeed> save_needs(const TrainOptions& o, const gpt2::Config& conf
   std::vector<SaveNeed> needs;
   if (o.eval_only || (o.comm && o.comm->rank() != 0)) return needs;
   const std::string resumed = resumed_checkpoint(o);
-  const int64_t model = plan_bytes::clamp_bytes(static_cast<double>(saved_model_bytes(config)) +
-                                                static_cast<double>(tokenizer_bytes(o, resumed)));
+  const auto tokenizer = static_cast<double>(tokenizer_bytes(o, resumed));
+  auto folder = [&](int64_t bytes_per_weight) {  // an HF folder: the weights and the tokenizer
+    return plan_bytes::clamp_bytes(
+        static_cast<double>(saved_model_bytes(config, bytes_per_weight)) + tokenizer);
+  };
   // --save and --save-best in --save-dtype (Note [Saving in bf16 or fp16]); checkpoints in f32.
-  const int64_t final_model = plan_bytes::clamp_bytes(
-      static_cast<double>(saved_model_bytes(config, dtype_size(o.save_dtype))) +
-      static_cast<double>(tokenizer_bytes(o, resumed)));
+  const int64_t model = folder(4), final_model = folder(dtype_size(o.save_dtype));
   const int64_t optimizer = saved_optimizer_bytes(config);
   const double checkpoint = static_cast<double>(model) + static_cast<double>(optimizer) + 16 * 1024;
   if (!o.save.empty())

@@ -41,7 +41,7 @@ std::vector<float> run(const Case& c, const std::vector<uint16_t>& A,
 }
 
 TEST(Bf16Gemm, ProductsAreTheDoubleProductWithinF32Accumulation) {
-  if (!ops::cpu_has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   set_num_threads(2);
   for (const Case c :
        {Case{1, 1, 1, false, false, false}, Case{7, 33, 5, false, true, false},
@@ -87,7 +87,7 @@ TEST(Bf16Gemm, ProductsAreTheDoubleProductWithinF32Accumulation) {
 }
 
 TEST(Bf16Gemm, AnyThreadCountGivesTheSameBits) {
-  if (!ops::cpu_has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   const Case c{70, 650, 777, false, true, false};
   const std::vector<uint16_t> A = random_bf16(c.M * c.K, 4), B = random_bf16(c.K * c.N, 5);
   const std::vector<float> C0(static_cast<size_t>(c.M * c.N));

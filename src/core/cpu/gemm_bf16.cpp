@@ -200,17 +200,6 @@ void tile(const Problem& q, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
 
 }  // namespace
 
-bool cpu_has_avx512_bf16() {
-  static const bool has = [] {  // CPUID once: in a VM each one traps to the hypervisor
-    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
-        !__builtin_cpu_supports("avx512vl"))
-      return false;
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1u << 5)) != 0;
-  }();
-  return has;
-}
-
 Bf16GemmKernel bf16_gemm_kernel() {
   static const Bf16GemmKernel chosen = [] {
     const char* env = std::getenv("MW_BF16_GEMM");

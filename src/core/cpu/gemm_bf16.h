@@ -5,10 +5,9 @@
 
 #include <cstdint>
 
-namespace mw::ops {
+#include "core/cpu_features.h"  // cpu_has_avx512_bf16
 
-// AVX512-BF16 (CPUID leaf 7, subleaf 1, EAX bit 5) with AVX512F, BW and VL.
-bool cpu_has_avx512_bf16();
+namespace mw::ops {
 
 // How bf16 x bf16 products run on the CPU: widened to f32 for sgemm, or by VDPBF16PS. Chosen once:
 // AVX512-BF16 where the CPU has it; MW_BF16_GEMM=widen|avx512bf16 picks one (so that each is
