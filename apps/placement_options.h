@@ -48,6 +48,10 @@ inline void declare_placement(cli::Parser& p) {
            "device while the current op computes, by a thread on sim, on a copy stream on cuda "
            "(docs/gemini.md); auto: on for sim when the machine has more cores than --threads, "
            "off on cuda");
+  p.option("chunk-copy-dtype", "auto",
+           "auto|fp32: --gemini with --precision bf16|fp16: the chunks of the blocks' weight "
+           "matrices go to the device in that dtype (half the bytes, the same results: "
+           "docs/gemini.md); fp32: every chunk copy in f32");
   p.option("host-capacity", "",
            "--gemini: host RAM for chunks and optimizer states; what does not fit goes to disk "
            "under --nvme-dir (three tiers)");
@@ -107,6 +111,7 @@ inline void parse_offload(const cli::Parser& p, train::TrainOptions& o, bool nvm
     g.copy_worker =
         worker == "on" || (worker == "auto" && policy != "static" && !o.device.is_cuda() &&
                            o.threads > 0 && o.threads < available_cores());
+    o.gemini_low_copies = p.choice("chunk-copy-dtype", {"auto", "fp32"}) == "auto";
     if (p.given("host-capacity")) {
       g.host_capacity_bytes = p.bytes("host-capacity");
       // Three tiers: a disk-homed chunk passes through RAM whole, so RAM in flight grows with the
@@ -121,7 +126,7 @@ inline void parse_offload(const cli::Parser& p, train::TrainOptions& o, bool nvm
   } else {
     for (const char* name :
          {"chunk-size", "offload-param-frac", "offload-optim-frac", "const-budget", "auto-margin",
-          "gpu-margin-mem-ratio", "host-capacity", "copy-worker"})
+          "gpu-margin-mem-ratio", "host-capacity", "copy-worker", "chunk-copy-dtype"})
       MW_CHECK_T(cli::UsageError, !p.given(name), "--", name, " needs --gemini");
   }
 }

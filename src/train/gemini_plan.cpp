@@ -26,6 +26,9 @@ struct ChunkBytes {
   int64_t first = 0;  // the chunk of wte (first in parameter order): the LM head's, at the peak
   int64_t widest_numel = 0;   // the largest tensor's elements
   std::vector<int64_t> each;  // in chunk order; empty past kListedLayers
+  // Note [16-bit copies]: each chunk's device copy when its 16-bit part travels in 16 bits (the
+  // same as `each` without 16-bit copies, and past kListedLayers).
+  std::vector<int64_t> copy;
   // Per op of a transformer block (a module: its weight and bias), the block and the chunks
   // holding the op's tensors (two where it straddles a chunk boundary); empty past
   // kListedLayers, where an op may straddle two.
@@ -81,21 +84,29 @@ ChunkBytes chunk_bytes(const PlanInputs& in) {
     int64_t bytes = round_up(capacity * in.dtype_bytes, kHostAlignment);
     if (total / bytes >= kMaxPlannedChunks)  // an absurd model: coarser chunks, planned in time
       bytes = round_up(total / kMaxPlannedChunks + 1, kHostAlignment);
-    ChunkBytes out{total, bytes, bytes, widest, {}, {}};
+    ChunkBytes out{total, bytes, bytes, widest, {}, {}, {}};
     for (int64_t done = 0; done < total; done += bytes)
       out.each.push_back(std::min(bytes, total - done));
+    out.copy = out.each;
     return out;
   }
   const std::vector<int> chunk_of = gemini::pack_chunks(sizes, capacity, alone);
-  std::vector<int64_t> chunk_numel;
+  const auto& g = in.gemini_options;
+  const std::vector<char> low =
+      g.low_copies != DType::F32 ? g.low_copy_tensors : std::vector<char>(sizes.size(), 0);
+  std::vector<int64_t> chunk_numel, low_numel;
   for (size_t i = 0; i < sizes.size(); ++i) {
     const auto c = static_cast<size_t>(chunk_of[i]);
-    if (chunk_numel.size() <= c) chunk_numel.resize(c + 1, 0);
+    if (chunk_numel.size() <= c) chunk_numel.resize(c + 1, 0), low_numel.resize(c + 1, 0);
     chunk_numel[c] += sizes[i];
+    if (low.at(i)) low_numel[c] += sizes[i];
   }
   ChunkBytes out;
-  for (int64_t numel : chunk_numel) {
-    out.each.push_back(round_up(numel * in.dtype_bytes, kHostAlignment));
+  for (size_t c = 0; c < chunk_numel.size(); ++c) {
+    out.each.push_back(round_up(chunk_numel[c] * in.dtype_bytes, kHostAlignment));
+    out.copy.push_back(round_up(
+        (chunk_numel[c] - low_numel[c]) * in.dtype_bytes + low_numel[c] * dtype_size(g.low_copies),
+        kHostAlignment));
     out.total += out.each.back();
   }
   out.largest = *std::max_element(out.each.begin(), out.each.end());
@@ -265,6 +276,22 @@ int64_t gathered_on_use(const PlanInputs& in, const Activations& a, const ChunkB
   return most;
 }
 
+// Note [16-bit copies]: the chunks as the device holds them, their gathered copies of chunks homed
+// in RAM (not sharded, not on disk) with their 16-bit part in 16 bits.
+ChunkBytes device_copies(const ChunkBytes& chunks, const GeminiHomes& h,
+                         const std::vector<bool>& on_disk) {
+  ChunkBytes out = chunks;
+  out.total = 0;
+  for (size_t c = 0; c < out.each.size(); ++c) {
+    if (h.params_off[c] && !h.tiers[c].sharded && !(c < on_disk.size() && on_disk[c]))
+      out.each[c] = chunks.copy[c];
+    out.total += out.each[c];
+  }
+  out.largest = *std::max_element(out.each.begin(), out.each.end());
+  out.first = out.each.front();
+  return out;
+}
+
 // The device's chunk bytes at its peak, and what they are.
 int64_t device_chunk_bytes(const PlanInputs& in, const Activations& a, const ChunkBytes& chunks,
                            const GeminiHomes& h, int64_t act_peak, std::string* chunk_note) {
@@ -418,8 +445,14 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, const Activations& a, int6
   const std::string dev = p.device_name;
   const size_t n = chunks.each.size();
   const GeminiHomes h = gemini_homes(in, chunks);
+  // Note [Three tiers] (docs/gemini.md), by Gemini's own arithmetic.
+  gemini::TierPlan t;
+  if (g.host_capacity_bytes > 0)
+    t = gemini::plan_tiers(h.tiers, g.host_capacity_bytes, in.nvme_fraction, in.nvme_window_bytes,
+                           in.nvme_slice_numel);
   std::string chunk_note;
-  const int64_t device_chunks = device_chunk_bytes(in, a, chunks, h, act_peak, &chunk_note);
+  const int64_t device_chunks =
+      device_chunk_bytes(in, a, device_copies(chunks, h, t.on_disk), h, act_peak, &chunk_note);
   add(p, "parameter chunks", dev, device_chunks, chunk_note);
   add(p, "Adam m, v", dev, h.device_states, "chunks whose states stay on the device");
   plan_device_gradients(p, in, chunks, h);
@@ -431,11 +464,6 @@ void plan_gemini(MemoryPlan& p, const PlanInputs& in, const Activations& a, int6
   add(p, "chunks moved: Adam m, v + a gradient buffer", dev, moved,
       "--gpu-margin-mem-ratio, after the warmup");
   add(p, "activations + head", dev, act_peak, "Note [Activation arithmetic]");
-  // Note [Three tiers] (docs/gemini.md), by Gemini's own arithmetic.
-  gemini::TierPlan t;
-  if (g.host_capacity_bytes > 0)
-    t = gemini::plan_tiers(h.tiers, g.host_capacity_bytes, in.nvme_fraction, in.nvme_window_bytes,
-                           in.nvme_slice_numel);
   // Note [Deferred updates] (offload/gemini/deferred.cpp): with --grad-clip/--grad-accum (and
   // under data parallel) every chunk's gradient buffer lives until step(), where its Adam states
   // are; those of disk-homed chunks go to disk (all but the newest, inside the reserve). Under

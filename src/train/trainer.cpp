@@ -83,7 +83,8 @@ bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Traine
   in.offload_activations = o.offload_activations;
   in.gemini = !o.gemini.empty();
   in.gemini_options = o.gemini_options;
-  if (o.sample_every > 0) {  // a text prompt has at most one token per byte
+  set_low_copies(o, config, in.gemini_options);  // Note [16-bit copies]
+  if (o.sample_every > 0) {                      // a text prompt has at most one token per byte
     in.sample_tokens = o.sample_tokens;
     const size_t prompt = !o.sample_prompt_ids.empty()
                               ? o.sample_prompt_ids.size()
@@ -231,6 +232,7 @@ void Trainer::build_model() {
     g.adam.nvme.window_bytes = o_.gemini_nvme_window_bytes;
     g.adam.nvme.dir = o_.gemini_options.nvme_dir;  // the states beside the chunks (--nvme-dir)
     g.tensor_decays = decayed_parameters();        // Note [Weight decay by ranges]
+    set_low_copies(o_, config_, g);                // Note [16-bit copies]
     g.keeps_gradients_until_step |= !o_.steps_in_backward();  // set_deferred_updates below
     if (o_.data_parallel()) {  // chunks that leave RAM as filled take rank 0's values first
       std::shared_ptr<dist::Communicator> comm = o_.comm;

@@ -96,6 +96,9 @@ struct TrainOptions {
   std::string gemini, trace;
   gemini::GeminiOptions gemini_options;
   int64_t gemini_nvme_window_bytes = 0;
+  // Note [16-bit copies] (offload/gemini): under --precision bf16|fp16, Gemini copies the chunks
+  // of the blocks' matrices to the device in that dtype (--chunk-copy-dtype auto); off: f32.
+  bool gemini_low_copies = true;
   // The memory plan (docs/reliability.md): print it and stop; run without checking it.
   bool plan_only = false, skip_memory_check = false;
   // Mixed precision (docs/precision.md): F32, or the autocast dtype BF16/F16 (F16: loss scaling).
@@ -193,6 +196,10 @@ struct BestVerdict {
 
 class DataParallel;
 struct ShardLayout;
+
+// Note [16-bit copies] (offload/gemini/low_copies.cpp): under --precision bf16|fp16 and
+// --chunk-copy-dtype auto, the tensors Gemini may copy to the device in 16 bits.
+void set_low_copies(const TrainOptions& o, const gpt2::Config& config, gemini::GeminiOptions& g);
 
 class Trainer {
  public:

@@ -1,6 +1,7 @@
 // Which elements the trainer's weight decay leaves alone, per tensor its optimizer steps (Note
 // [Weight decay by ranges], optim/decay_ranges.h). Gemini makes its chunks' ranges itself from
-// decayed_parameters() (GeminiOptions::tensor_decays).
+// decayed_parameters() (GeminiOptions::tensor_decays), and takes its other per-tensor flag, which
+// tensors may be copied to the device in 16 bits, from set_low_copies.
 #include "models/gpt2/spec.h"
 #include "train/data_parallel.h"
 #include "train/trainer.h"
@@ -30,6 +31,13 @@ std::vector<optim::NoDecayRanges> Trainer::optimizer_no_decay() const {
     for (size_t p = 0; p < params.size(); ++p) add(p, params[p].numel());
   }
   return out;
+}
+
+// Note [16-bit copies] (offload/gemini/low_copies.cpp): under --precision bf16|fp16.
+void set_low_copies(const TrainOptions& o, const gpt2::Config& config, gemini::GeminiOptions& g) {
+  if (!o.gemini_low_copies || o.precision == DType::F32) return;
+  g.low_copies = o.precision;
+  g.low_copy_tensors = gpt2::read_only_by_products(config);
 }
 
 }  // namespace mw::train

@@ -34,4 +34,14 @@ int64_t num_parameters(const Config& c) {
   return n;
 }
 
+bool read_only_by_products(const TensorSpec& spec) {
+  return spec.shape.size() == 2 && spec.name.rfind("transformer.h.", 0) == 0;
+}
+
+std::vector<char> read_only_by_products(const Config& config) {
+  std::vector<char> out;
+  for (const TensorSpec& spec : tensor_specs(config)) out.push_back(read_only_by_products(spec));
+  return out;
+}
+
 }  // namespace mw::gpt2

@@ -25,6 +25,11 @@ struct TensorSpec {
 
 // In HF's parameter order. The LM head is tied to transformer.wte.weight and has no entry.
 std::vector<TensorSpec> tensor_specs(const Config& config);
+// Whether only matrix products read the tensor (the blocks' four weight matrices; not the
+// embeddings, which the lookup reads in f32, nor biases and LayerNorms): under autocast it is
+// only ever read cast to 16 bits (Note [16-bit copies], offload/gemini/low_copies.cpp).
+bool read_only_by_products(const TensorSpec& spec);
+std::vector<char> read_only_by_products(const Config& config);  // per tensor_specs entry
 int64_t num_parameters(const Config& config);
 
 }  // namespace mw::gpt2

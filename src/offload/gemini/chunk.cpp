@@ -1,7 +1,11 @@
 // Note [Chunk homes] (chunk.h).
 #include "offload/gemini/chunk.h"
 
+#include <cstring>
+
 #include "core/allocator.h"
+#include "core/convert.h"
+#include "core/host_memory.h"
 
 namespace mw::gemini {
 
@@ -22,7 +26,44 @@ void Chunk::set_home(Device home) {
   host_home_ = home.is_cpu();
 }
 
-void Chunk::gather(Device device) {
+// Note [16-bit copies]: a member after f32_part() at element o of the home is at byte
+// 4 f32_part + 2 (o - f32_part) of a 16-bit copy, i.e. at 16-bit element o + f32_part.
+void Chunk::retype(DType dtype) {
+  copy_dtype_ = dtype;
+  for (size_t k = 0; k < views_.size(); ++k) {
+    const ChunkMember& m = members_[k];
+    if (m.offset < f32_part_) continue;
+    views_[k].impl()->dtype = dtype;
+    views_[k].impl()->offset = dtype == DType::F32 ? m.offset : m.offset + f32_part_;
+  }
+}
+
+void Chunk::gather(Device device, DType dtype) {
+  if (dtype != DType::F32) {  // Note [16-bit copies]: rounded on the host, then copied
+    MW_CHECK(is_low_precision(dtype) && host_home_ && !gathered() && !on_nvme_ && !sharded() &&
+                 views_.size() == members_.size(),
+             "chunk ", index_, ": a ", dtype_name(dtype), " copy needs an f32 chunk homed in RAM");
+    const int64_t n = copy_nbytes(dtype), head = f32_part_ * 4;
+    void* copy = allocator_for(device).allocate(n);  // throws OutOfMemory: nothing changed
+    void* host = storage_->take_bytes();
+    storage_->resize_uninitialized(n);
+    storage_->adopt_bytes(copy, device);
+    parked_ = host;
+    gathered_ = true;
+    retype(dtype);
+    try {
+      const auto* from = static_cast<const char*>(host);
+      AlignedBuffer staged(device.is_host_addressable() ? 0 : n);
+      auto* to = static_cast<char*>(device.is_host_addressable() ? copy : staged.data());
+      std::memcpy(to, from, static_cast<size_t>(head));
+      convert_floats(DType::F32, from + head, dtype, to + head, numel_ - f32_part_);
+      if (!device.is_host_addressable()) copy_bytes(copy, device, to, Device::cpu(), n);
+    } catch (...) {
+      release_copy();
+      throw;
+    }
+    return;
+  }
   const GatherBytes b = gather_deferred(device);
   try {
     copy_bytes(b.device, device, b.host, Device::cpu(), nbytes());
@@ -47,6 +88,10 @@ Chunk::GatherBytes Chunk::gather_deferred(Device device) {
 void Chunk::release_copy() {
   MW_CHECK(gathered(), "chunk ", index_, ": release_copy of a chunk that is not gathered");
   storage_->release();
+  if (copy_dtype_ != DType::F32) {  // Note [16-bit copies]: the home's f32 bytes again
+    storage_->resize_uninitialized(nbytes());
+    retype(DType::F32);
+  }
   if (on_nvme_ || sharded())
     storage_->move_to(Device::cpu());  // released: only the home changes
   else

@@ -44,6 +44,18 @@ class Chunk {
   int index() const { return index_; }
   int64_t numel() const { return numel_; }
   int64_t nbytes() const { return numel_ * 4; }
+  // Note [16-bit copies] (low_copies.cpp): the members at elements [0, f32_part) stay f32 in every
+  // copy, those after it may be copied in 16 bits: the dtype of that part while gathered (F32
+  // otherwise), and the bytes of a copy with `dtype` there.
+  void set_f32_part(int64_t numel) { f32_part_ = numel; }
+  int64_t f32_part() const { return f32_part_; }
+  DType copy_dtype() const { return copy_dtype_; }
+  int64_t copy_nbytes(DType dtype) const {
+    return f32_part_ * 4 + (numel_ - f32_part_) * dtype_size(dtype);
+  }
+  int64_t copy_nbytes() const { return copy_nbytes(copy_dtype_); }
+  // The members' tensors, whose dtype follows the copy's (attach() sets them).
+  void set_views(std::vector<Tensor> views) { views_ = std::move(views); }
   const std::vector<ChunkMember>& members() const { return members_; }
   const std::shared_ptr<Storage>& storage() const { return storage_; }
   // [numel] f32 over the whole chunk: the parameter the optimizer steps.
@@ -59,8 +71,10 @@ class Chunk {
   // Moves the home bytes to `home` (before training; device homes stay there for good).
   void set_home(Device home);
   // Offloaded chunk: copies the host bytes to a new device copy and parks the host bytes.
-  // Throws OutOfMemory (the chunk is unchanged) when the device has no room.
-  void gather(Device device);
+  // Throws OutOfMemory (the chunk is unchanged) when the device has no room. A BF16 or F16
+  // `dtype` rounds the members after f32_part() to it in the copy, and makes their views that
+  // dtype until release_copy (Note [16-bit copies]).
+  void gather(Device device, DType dtype = DType::F32);
   // The same without the copy: allocates the device copy and parks the host bytes; the caller
   // copies `host` to `device` before anything reads the parameters (Note [Copy worker]).
   struct GatherBytes {
@@ -121,6 +135,10 @@ class Chunk {
   bool host_home_ = true;
   bool on_nvme_ = false;
   bool gathered_ = false;
+  DType copy_dtype_ = DType::F32;
+  int64_t f32_part_ = 0;
+  std::vector<Tensor> views_;
+  void retype(DType dtype);
   void* parked_ = nullptr;  // host bytes while gathered (RAM-homed chunks)
   Tensor shard_;            // Note [Sharded parameters]
   bool shard_on_nvme_ = false;

@@ -6,14 +6,11 @@
 
 #include "autograd/autograd.h"
 #include "core/allocator.h"
+#include "core/convert.h"
 #include "nn/layers.h"
 #include "offload/gemini/use_order.h"
 
 namespace mw::gemini {
-
-namespace {
-double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
-}  // namespace
 
 // Note [Auto margin]: auto lets chunks use capacity x (1 - margin) minus the coming period's
 // non-model reserve. ColossalAI keeps 10% on CUDA, where the caching allocator's fragmentation and
@@ -81,19 +78,27 @@ void Gemini::layout(const std::vector<std::pair<std::string, Shape>>& tensors) {
   if (options_.chunk_numel > 0) search_.wasted_numel = packing_waste(sizes, capacity);
   const std::vector<int> chunk_of = pack_chunks(sizes, capacity, alone);
   const int nchunks = sizes.empty() ? 0 : *std::max_element(chunk_of.begin(), chunk_of.end()) + 1;
-  // Members and offsets, in packing order within each chunk.
+  // Members and offsets, in packing order within each chunk; those that may be copied in 16 bits
+  // after the others (Note [16-bit copies]).
+  const std::vector<char> low = low_copy_flags();
   std::vector<std::vector<ChunkMember>> members(static_cast<size_t>(nchunks));
-  std::vector<int64_t> used(static_cast<size_t>(nchunks), 0);
+  std::vector<int64_t> used(static_cast<size_t>(nchunks), 0), f32_part;
   chunk_of_.assign(sizes.size(), 0);
-  for (size_t j = 0; j < sizes.size(); ++j) {
-    const auto c = static_cast<size_t>(chunk_of[j]);
-    members[c].push_back({order[j], used[c], sizes[j]});
-    used[c] += sizes[j];
-    chunk_of_[order[j]] = c;
+  for (char pass : {0, 1}) {
+    for (size_t j = 0; j < sizes.size(); ++j) {
+      if (low[order[j]] != pass) continue;
+      const auto c = static_cast<size_t>(chunk_of[j]);
+      members[c].push_back({order[j], used[c], sizes[j]});
+      used[c] += sizes[j];
+      chunk_of_[order[j]] = c;
+    }
+    if (pass == 0) f32_part = used;
   }
-  for (int c = 0; c < nchunks; ++c)
-    chunks_.push_back(
-        std::make_unique<Chunk>(c, members[static_cast<size_t>(c)], used[static_cast<size_t>(c)]));
+  for (int c = 0; c < nchunks; ++c) {
+    const auto k = static_cast<size_t>(c);
+    chunks_.push_back(std::make_unique<Chunk>(c, members[k], used[k]));
+    chunks_.back()->set_f32_part(f32_part[k]);
+  }
   filled_.assign(chunks_.size(), 0);
   states_ = TensorStates(names_);
   in_use_.assign(names_.size(), 0);
@@ -119,6 +124,7 @@ void Gemini::layout(const std::vector<std::pair<std::string, Shape>>& tensors) {
   }
   to_disk_.assign(chunks_.size(), false);
   if (options_.host_capacity_bytes > 0) plan_tiers(adam_options_);
+  choose_low_chunks();  // Note [16-bit copies]
   if (options_.verbose) std::printf("%s\n", search_.log_line().c_str());
 }
 
@@ -191,6 +197,7 @@ void Gemini::attach(nn::Module& model) {
              " has ", filled_[c], " of its ", chunks_[c]->members().size(), " tensors");
   for (size_t i = 0; i < names_.size(); ++i) states_.set(i, TensorState::kHold);
   params_ = model.parameters();
+  set_chunk_views();  // Note [16-bit copies]
   // What HybridAdam steps: each chunk, or this rank's piece of it (Note [Sharded optimizer
   // states], shard.cpp), with its states where the chunk's go.
   std::vector<Tensor> stepped;
@@ -268,25 +275,26 @@ void Gemini::track_host(int64_t delta) {
   if (trace_out_) trace_out_->counter("host chunks", now_us(), host_chunk_bytes_);
 }
 
-void Gemini::gather(Chunk& c, const std::string& why) {
+void Gemini::gather(Chunk& c, const std::string& why, DType dtype) {
   close_interval();  // Note [Non-model memory]
   const double t0 = now_us();
   Allocator& a = allocator_for(options_.device);
   AllocatorStats st = a.stats();
+  const int64_t bytes = c.numel() * dtype_size(dtype);
   const auto short_by = [&] {
-    return st.capacity_bytes > 0 ? st.current_bytes + c.nbytes() - st.capacity_bytes : 0;
+    return st.capacity_bytes > 0 ? st.current_bytes + bytes - st.capacity_bytes : 0;
   };
   if (short_by() > 0 && relieve_pressure(short_by()))
     st = a.stats();  // Note [Memory pressure]: copies no running op pins made room
   if (short_by() > 0)
     throw OutOfMemory(
-        str("Gemini: ", why, " needs chunk ", c.index(), " (", c.nbytes(), " bytes) on ",
+        str("Gemini: ", why, " needs chunk ", c.index(), " (", bytes, " bytes) on ",
             options_.device.str(), ", but only ", st.capacity_bytes - st.current_bytes,
             " bytes are free of a ", st.capacity_bytes, "-byte capacity (chunks hold ",
             device_model_bytes(), ", non-model data ", st.current_bytes - device_model_bytes(),
             "). Raise the capacity, lower the batch, enable checkpointing, or pass a smaller "
             "--chunk-size"),
-        c.nbytes(), st.capacity_bytes - st.current_bytes, st.capacity_bytes);
+        bytes, st.capacity_bytes - st.current_bytes, st.capacity_bytes);
   if (c.sharded()) {
     gather_shard(c, options_.device);  // Note [Sharded parameters]: from every rank
   } else if (c.on_nvme()) {            // Note [NVMe-homed chunks]: disk -> device copy
@@ -301,12 +309,12 @@ void Gemini::gather(Chunk& c, const std::string& why) {
     iter_.nvme_read_bytes += c.nbytes();
     run_.nvme_read_bytes += c.nbytes();
   } else {
-    c.gather(options_.device);
-    iter_.h2d_bytes += c.nbytes();
-    run_.h2d_bytes += c.nbytes();
+    c.gather(options_.device, dtype);
+    iter_.h2d_bytes += bytes;
+    run_.h2d_bytes += bytes;
   }
   gathered_.push_back(c.index());
-  gathered_bytes_ += c.nbytes();
+  gathered_bytes_ += c.copy_nbytes();
   ++iter_.gathers;
   ++run_.gathers;
   if (trace_out_) {
@@ -315,10 +323,10 @@ void Gemini::gather(Chunk& c, const std::string& why) {
   }
 }
 
-void Gemini::forget_gathered(Chunk& c) {
+void Gemini::forget_gathered(Chunk& c, int64_t copy_bytes) {
   close_interval();  // Note [Non-model memory]
   gathered_.erase(std::find(gathered_.begin(), gathered_.end(), c.index()));
-  gathered_bytes_ -= c.nbytes();
+  gathered_bytes_ -= copy_bytes;
 }
 
 void Gemini::release(Chunk& c, bool eviction) {
@@ -333,8 +341,9 @@ void Gemini::release(Chunk& c, bool eviction) {
     it->second.join();  // never free bytes a read or copy is filling; its error dies with it
     inflight_.erase(it);
   }
+  const int64_t copy_bytes = c.copy_nbytes();
   c.release_copy();
-  forget_gathered(c);
+  forget_gathered(c, copy_bytes);
   if (eviction) {
     ++iter_.evictions;
     ++run_.evictions;
@@ -388,8 +397,10 @@ void Gemini::pre_op(nn::Module& m, bool backward) {
                         allocator_for(options_.device).stats().current_bytes);
   for (int c : need) {
     Chunk& chunk = *chunks_[static_cast<size_t>(c)];
+    const DType dtype = copy_dtype_for(chunk, backward);
+    if (chunk.gathered() && chunk.copy_dtype() != dtype) release(chunk, false);
     if (!chunk.gathered())
-      gather(chunk, str(info.name, backward ? " backward" : " forward"));
+      gather(chunk, str(info.name, backward ? " backward" : " forward"), dtype);
     else
       wait_inflight(chunk);
   }
@@ -420,7 +431,7 @@ void Gemini::make_room(const std::vector<int>& need, int64_t t) {
   int64_t need_bytes = 0;
   for (int c : need)
     if (!chunks_[static_cast<size_t>(c)]->gathered())
-      need_bytes += chunks_[static_cast<size_t>(c)]->nbytes();
+      need_bytes += planned_copy_bytes(*chunks_[static_cast<size_t>(c)]);
   std::vector<int64_t> bytes;
   for (auto& c : chunks_) bytes.push_back(c->nbytes());
   for (int c : choose_evictions(gathered_, keep, bytes, gathered_bytes_, need_bytes,
@@ -472,6 +483,7 @@ void Gemini::on_grad_ready(size_t i) {
     if (mm.tensor == i) member = &mm;
   Tensor g = grad(params_[i]);
   if (g.defined()) {
+    if (low_chunk_[chunk_of_[i]]) g = widened_gradient(g, grad_device);  // Note [16-bit copies]
     MW_CHECK_T(ShapeError, g.numel() == member->numel && g.dtype() == DType::F32,
                "Gemini: gradient of '", names_[i], "' is ", g.desc(), ", expected f32 with ",
                member->numel, " elements");
@@ -511,42 +523,6 @@ void Gemini::finish_chunk(Chunk& c) {
     const double w0 = now_us();
     while (pending_.size() > 1) settle_pending(0, /*block=*/true);
     if (trace_out_) trace_out_->slice("wait for chunk updates", "wait", w0, now_us() - w0);
-  }
-}
-
-void Gemini::build_plan() {
-  next_ = std::make_unique<NextUse>(trace_, static_cast<int>(chunks_.size()));
-  const int64_t n = static_cast<int64_t>(trace_.size());
-  const int64_t capacity = allocator_for(options_.device).stats().capacity_bytes;
-  avail_.assign(static_cast<size_t>(n), INT64_MAX);
-  lower_bound_bytes_ = 0;
-  for (int64_t t = 0; t < n; ++t) {
-    int64_t own = 0;
-    for (int c : trace_[static_cast<size_t>(t)].chunks)
-      own += chunks_[static_cast<size_t>(c)]->nbytes();
-    if (options_.policy == Policy::kConst) {
-      avail_[static_cast<size_t>(t)] = options_.const_budget_bytes;
-    } else {
-      const int64_t reserve = nonmodel_.at(static_cast<size_t>(t));
-      const int64_t resident = device_home_bytes_ + device_state_bytes_;
-      lower_bound_bytes_ = std::max(lower_bound_bytes_, reserve + own + resident);
-      if (capacity > 0)
-        avail_[static_cast<size_t>(t)] =
-            static_cast<int64_t>(static_cast<double>(capacity) * (1.0 - margin_)) - reserve -
-            resident;
-    }
-  }
-  if (options_.verbose && options_.policy == Policy::kAuto) {
-    std::vector<int64_t> bytes;
-    for (auto& c : chunks_) bytes.push_back(c->nbytes());
-    const PlanResult plan = plan_opt(trace_, bytes, avail_);
-    std::printf(
-        "gemini auto: %lld ops recorded; lower bound %.1f MiB (largest op's non-model memory + "
-        "its chunks) of %.1f MiB capacity, margin %.0f%%; plan: %.1f MiB host->device per "
-        "iteration, %lld evictions%s\n",
-        static_cast<long long>(n), mib(lower_bound_bytes_), mib(capacity), 100 * margin_,
-        mib(plan.load_bytes), static_cast<long long>(plan.evictions),
-        plan.fits ? "" : " (some ops exceed the reserve: minimal residency there)");
   }
 }
 

@@ -88,6 +88,12 @@ struct GeminiOptions {
   // Per tensor (the layout's order), whether the weight decay applies to it; empty: to all. The
   // chunks' and pieces' ranges follow (Note [Weight decay by ranges], optim/decay_ranges.h).
   std::vector<char> tensor_decays;
+  // Note [16-bit copies]: BF16 or F16 (autocast's dtype of the run) gathers the chunks that hold
+  // only tensors flagged in low_copy_tensors (per tensor, the layout's order: weights that only
+  // autocast's products read), homed in RAM and not sharded, as 16-bit device copies whenever
+  // the forward that needs them runs under that autocast; F32: every copy f32.
+  DType low_copies = DType::F32;
+  std::vector<char> low_copy_tensors;
   // Three tiers (Note [Three tiers] in gemini.cpp): host RAM for chunks and optimizer states;
   // 0 = unlimited. What does not fit goes to disk under nvme_dir ("" = a private directory).
   int64_t host_capacity_bytes = 0;
@@ -279,7 +285,15 @@ class Gemini : public optim::Optimizer {
   void end_use(nn::Module& m, TensorState after);
   void on_grad_ready(size_t tensor);
   void finish_chunk(Chunk& c);
-  void gather(Chunk& c, const std::string& why);
+  void gather(Chunk& c, const std::string& why, DType dtype = DType::F32);
+  // Note [16-bit copies]: the dtype an op's use of chunk c wants, and the device bytes a gather
+  // of c takes under the plan (the run's training forward).
+  DType copy_dtype_for(Chunk& c, bool backward);
+  int64_t planned_copy_bytes(const Chunk& c) const;
+  Tensor widened_gradient(const Tensor& g, Device grad_device);
+  std::vector<char> low_copy_flags() const;  // per tensor, checked
+  void choose_low_chunks();
+  void set_chunk_views();
   void release(Chunk& c, bool eviction);
   void make_room(const std::vector<int>& need, int64_t t);
   // Note [Memory pressure] (pressure.cpp).
@@ -308,7 +322,7 @@ class Gemini : public optim::Optimizer {
   void throttle_updates(uint64_t ticket);  // tiers.cpp, Note [Three tiers]
   void write_back_stepped();               // abandon.cpp
   bool settle_pending(size_t k, bool block);
-  void forget_gathered(Chunk& c);
+  void forget_gathered(Chunk& c, int64_t copy_bytes);
   void prefetch_after(int64_t t);
   void wait_inflight(Chunk& c);
   double await_copy(Chunk& c, const std::function<void()>& wait);
@@ -370,6 +384,8 @@ class Gemini : public optim::Optimizer {
   std::unordered_map<std::string, size_t> index_of_;
   std::vector<int64_t> filled_;  // per chunk: members with their values
   std::vector<bool> params_off_, to_disk_, shard_params_;
+  std::vector<bool> low_chunk_;      // Note [16-bit copies]: may be gathered in 16 bits
+  std::vector<DType> forward_copy_;  // per chunk: the dtype its forward use gathered
   int64_t sharded_param_bytes_ = 0, sharded_numel_ = 0;
   optim::HybridAdamOptions adam_options_;
   std::vector<size_t> chunk_of_;  // tensor -> chunk

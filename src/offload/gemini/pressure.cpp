@@ -81,7 +81,7 @@ bool Gemini::relieve_pressure(int64_t nbytes) {
   for (int c : candidates) {
     if (freed >= nbytes) break;
     Chunk& chunk = *chunks_[static_cast<size_t>(c)];
-    freed += chunk.nbytes();
+    freed += chunk.copy_nbytes();
     release(chunk, true);
     ++iter_.pressure_evictions;
     ++run_.pressure_evictions;

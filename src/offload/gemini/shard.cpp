@@ -506,7 +506,7 @@ void Gemini::plan_shard_prefetch() {
   for (size_t t = 0; t < trace_.size(); ++t) {
     const std::vector<int>& own = trace_[t].chunks;
     double bytes = options_.policy == Policy::kConst ? 0.0 : static_cast<double>(nonmodel_.at(t));
-    for (int c : own) bytes += chunks_[static_cast<size_t>(c)]->nbytes();
+    for (int c : own) bytes += planned_copy_bytes(*chunks_[static_cast<size_t>(c)]);
     if (t + 1 < trace_.size())
       for (int c : trace_[t + 1].chunks)
         if (chunks_[static_cast<size_t>(c)]->sharded() &&

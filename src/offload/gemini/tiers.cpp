@@ -232,7 +232,9 @@ void Gemini::prefetch_after(int64_t t) {
     room = std::min(room, avail_[static_cast<size_t>(u)]);
     for (int c : trace_[static_cast<size_t>(u)].chunks) {
       Chunk& chunk = *chunks_[static_cast<size_t>(c)];
-      if (chunk.gathered() || chunk.sharded() || !(chunk.on_nvme() || options_.copy_worker))
+      // Note [16-bit copies]: a 16-bit copy is rounded as it is gathered, not by the worker.
+      if (chunk.gathered() || chunk.sharded() || low_chunk_[static_cast<size_t>(c)] ||
+          !(chunk.on_nvme() || options_.copy_worker))
         continue;
       if (gathered_bytes_ + chunk.nbytes() > room) return;
       if (st.capacity_bytes > 0 &&
@@ -311,7 +313,7 @@ double Gemini::await_copy(Chunk& c, const std::function<void()>& wait) {
     wait();
   } catch (...) {
     c.release_copy();
-    forget_gathered(c);
+    forget_gathered(c, c.nbytes());  // disk reads and all_gathers fill f32 copies
     throw;
   }
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
@@ -334,7 +336,7 @@ void Gemini::wait_inflight(Chunk& c) {
 void Gemini::bring_home(Chunk& c) {
   wait_inflight(c);
   if (c.bring_home_to_ram()) {
-    forget_gathered(c);
+    forget_gathered(c, c.nbytes());
   } else {
     swap_->read(str("chunk.", c.index()), c.storage()->data()).wait();
     iter_.nvme_read_bytes += c.nbytes();
