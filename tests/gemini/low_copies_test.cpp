@@ -203,12 +203,16 @@ TEST(SixteenBitCopies, TrainingIsBitwiseThePlainAutocastRunWithFewerBytes) {
     for (Policy policy : {Policy::kStatic, Policy::kAuto, Policy::kConst}) {
       const std::string what = std::string(dtype_name(low)) + " " + policy_name(policy);
       const CopiesRun plain = train(low, nullptr);
-      const GeminiOptions o16 = options(policy, low);
+      GeminiOptions o16 = options(policy, low);
+      o16.copy_worker = policy != Policy::kStatic;  // Note [Copy worker]: rounded on its thread
       GeminiOptions o32 = o16;
       o32.low_copies = DType::F32;
       const CopiesRun r16 = train(low, &o16), r32 = train(low, &o32);
       expect_bitwise(plain, r16, what + ", 16-bit copies");
       expect_bitwise(plain, r32, what + ", f32 copies");
+      if (o16.copy_worker) {
+        EXPECT_GT(r16.stats.prefetches, 0) << what;
+      }
       // The blocks' matrices are 12 x 64^2 of each block's 12.6k elements: the copies of the
       // chunks holding them shrink by about a third of their bytes. Each step gathers every chunk
       // in f32 once more for the f32 forward, which the f32 copies also do.

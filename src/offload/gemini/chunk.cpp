@@ -39,50 +39,48 @@ void Chunk::retype(DType dtype) {
 }
 
 void Chunk::gather(Device device, DType dtype) {
-  if (dtype != DType::F32) {  // Note [16-bit copies]: rounded on the host, then copied
-    MW_CHECK(is_low_precision(dtype) && host_home_ && !gathered() && !on_nvme_ && !sharded() &&
-                 views_.size() == members_.size(),
-             "chunk ", index_, ": a ", dtype_name(dtype), " copy needs an f32 chunk homed in RAM");
-    const int64_t n = copy_nbytes(dtype), head = f32_part_ * 4;
-    void* copy = allocator_for(device).allocate(n);  // throws OutOfMemory: nothing changed
-    void* host = storage_->take_bytes();
-    storage_->resize_uninitialized(n);
-    storage_->adopt_bytes(copy, device);
-    parked_ = host;
-    gathered_ = true;
-    retype(dtype);
-    try {
-      const auto* from = static_cast<const char*>(host);
-      AlignedBuffer staged(device.is_host_addressable() ? 0 : n);
-      auto* to = static_cast<char*>(device.is_host_addressable() ? copy : staged.data());
-      std::memcpy(to, from, static_cast<size_t>(head));
-      convert_floats(DType::F32, from + head, dtype, to + head, numel_ - f32_part_);
-      if (!device.is_host_addressable()) copy_bytes(copy, device, to, Device::cpu(), n);
-    } catch (...) {
-      release_copy();
-      throw;
-    }
-    return;
-  }
-  const GatherBytes b = gather_deferred(device);
+  const GatherBytes b = gather_deferred(device, dtype);
   try {
-    copy_bytes(b.device, device, b.host, Device::cpu(), nbytes());
+    if (dtype == DType::F32) {
+      copy_bytes(b.device, device, b.host, Device::cpu(), nbytes());
+    } else if (device.is_host_addressable()) {
+      fill_copy(b.device);
+    } else {  // Note [16-bit copies]: rounded on the host, then copied
+      AlignedBuffer staged(copy_nbytes());
+      fill_copy(staged.data());
+      copy_bytes(b.device, device, staged.data(), Device::cpu(), copy_nbytes());
+    }
   } catch (...) {
     release_copy();
     throw;
   }
 }
 
-Chunk::GatherBytes Chunk::gather_deferred(Device device) {
+Chunk::GatherBytes Chunk::gather_deferred(Device device, DType dtype) {
   MW_CHECK(host_home_ && !gathered() && !on_nvme_ && !sharded(), "chunk ", index_,
            ": gather of a chunk that is ",
            host_home_ ? "gathered, on disk or sharded" : "homed on the device");
-  void* copy = allocator_for(device).allocate(nbytes());  // throws OutOfMemory: nothing changed
+  MW_CHECK(dtype == DType::F32 || (is_low_precision(dtype) && views_.size() == members_.size()),
+           "chunk ", index_, ": a ", dtype_name(dtype), " copy needs the members' views");
+  const int64_t n = copy_nbytes(dtype);
+  void* copy = allocator_for(device).allocate(n);  // throws OutOfMemory: nothing changed
   void* host = storage_->take_bytes();
+  if (n != nbytes()) storage_->resize_uninitialized(n);
   storage_->adopt_bytes(copy, device);
   parked_ = host;
   gathered_ = true;
+  if (dtype != DType::F32) retype(dtype);
   return {copy, host};
+}
+
+void Chunk::fill_copy(void* to) const {
+  MW_CHECK(gathered_ && parked_, "chunk ", index_, ": fill_copy needs a gathered RAM-homed chunk");
+  const auto* from = static_cast<const char*>(parked_);
+  auto* out = static_cast<char*>(to);
+  const int64_t head = copy_dtype_ == DType::F32 ? nbytes() : f32_part_ * 4;
+  std::memcpy(out, from, static_cast<size_t>(head));
+  if (copy_dtype_ != DType::F32)
+    convert_floats(DType::F32, from + head, copy_dtype_, out + head, numel_ - f32_part_);
 }
 
 void Chunk::release_copy() {

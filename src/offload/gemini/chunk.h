@@ -76,12 +76,16 @@ class Chunk {
   // dtype until release_copy (Note [16-bit copies]).
   void gather(Device device, DType dtype = DType::F32);
   // The same without the copy: allocates the device copy and parks the host bytes; the caller
-  // copies `host` to `device` before anything reads the parameters (Note [Copy worker]).
+  // fills the copy (fill_copy: `host` itself for an f32 copy) before anything reads the
+  // parameters (Note [Copy worker]).
   struct GatherBytes {
     void* device = nullptr;
     const void* host = nullptr;
   };
-  GatherBytes gather_deferred(Device device);
+  GatherBytes gather_deferred(Device device, DType dtype = DType::F32);
+  // The copy_nbytes() bytes of the copy, from the parked home, into host memory at `to` (the
+  // device copy on sim, a staging buffer for a GPU). Only reads the home: any thread.
+  void fill_copy(void* to) const;
   // Offloaded chunk: drops the device copy and takes the parked host bytes back.
   void release_copy();
   // Note [NVMe-homed chunks]. set_on_nvme: the bytes were written to disk; frees them in RAM.

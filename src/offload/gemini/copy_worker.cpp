@@ -13,8 +13,8 @@ namespace mw::gemini {
 struct CopyWorker::Job {
   // sim: the copy the thread runs, and its completion.
   void* dst = nullptr;
-  const void* src = nullptr;
   int64_t n = 0;
+  Fill fill;
   std::mutex mutex;
   std::condition_variable finished;
   bool done = false;
@@ -74,12 +74,16 @@ CopyWorker::~CopyWorker() {
 }
 
 CopyWorker::Handle CopyWorker::copy(void* dst, const void* src, int64_t n) {
-  if (stream_) return copy_on_stream(dst, src, n);
+  return copy(dst, n, [src, n](void* to) { std::memcpy(to, src, static_cast<size_t>(n)); });
+}
+
+CopyWorker::Handle CopyWorker::copy(void* dst, int64_t n, Fill fill) {
+  if (stream_) return copy_on_stream(dst, n, fill);
   Handle h;
   h.job_ = std::make_shared<Job>();
   h.job_->dst = dst;
-  h.job_->src = src;
   h.job_->n = n;
+  h.job_->fill = std::move(fill);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(h.job_);
@@ -89,13 +93,13 @@ CopyWorker::Handle CopyWorker::copy(void* dst, const void* src, int64_t n) {
 }
 
 // Note [Copy worker], CUDA: staged through pinned memory, ordered behind the compute stream.
-CopyWorker::Handle CopyWorker::copy_on_stream(void* dst, const void* src, int64_t n) {
+CopyWorker::Handle CopyWorker::copy_on_stream(void* dst, int64_t n, const Fill& fill) {
   Handle h;
   h.job_ = std::make_shared<Job>();
   Job& job = *h.job_;
   job.device_index = device_.index;
   job.staging.emplace(n);
-  copy_bytes(job.staging->data(), Device::cpu(), src, Device::cpu(), n);
+  fill(job.staging->data());
   CudaEvent ready(device_.index);
   ready.record(CudaStream::borrow(device_.index, nullptr));
   stream_->wait(ready);
@@ -127,7 +131,7 @@ void CopyWorker::run() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
-    std::memcpy(job->dst, job->src, static_cast<size_t>(job->n));
+    job->fill(job->dst);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       copied_ += job->n;

@@ -22,6 +22,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -64,12 +65,17 @@ class CopyWorker {
   // Starts a copy of n bytes from host memory to `dst` on the device; `src` must stay unchanged
   // and `dst` alive until the handle is joined.
   Handle copy(void* dst, const void* src, int64_t n);
+  // The same with the n bytes made by `fill` (Note [16-bit copies]: a chunk's copy rounded as it
+  // is written): on sim it writes `dst` on the worker's thread, on CUDA the staging buffer on the
+  // calling thread. What it reads must stay unchanged until the handle is joined.
+  using Fill = std::function<void(void* to)>;
+  Handle copy(void* dst, int64_t n, Fill fill);
   // Bytes copied so far, for tests.
   int64_t bytes_copied() const;
 
  private:
   void run();
-  Handle copy_on_stream(void* dst, const void* src, int64_t n);
+  Handle copy_on_stream(void* dst, int64_t n, const Fill& fill);
 
   Device device_;
   mutable std::mutex mutex_;

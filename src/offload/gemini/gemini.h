@@ -454,7 +454,7 @@ class Gemini : public optim::Optimizer {
   // Note [Prefetch]: disk reads of chunks gathered ahead of their op, by chunk.
   std::unordered_map<int, DiskRead> inflight_;
   std::unique_ptr<CopyWorker> copier_;  // Note [Copy worker]
-  void start_prefetch(Chunk& c);
+  void start_prefetch(Chunk& c, DType dtype);
   // Note [Pieces on disk] (shard.cpp): disk-homed pieces read ahead of their gather, by chunk.
   std::unordered_map<int, io::IoHandle> piece_reads_;
 

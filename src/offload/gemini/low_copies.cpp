@@ -24,8 +24,9 @@ namespace mw::gemini {
 //    gathers 16 bits, any other (a sample, which runs in f32 at every precision) f32, and a
 //    chunk gathered in the other dtype is released and gathered again. Backward gathers what
 //    the chunk's forward did, since the graph saved views of that dtype.
-//  - Rounded on the compute thread as the chunk is gathered (on a GPU, into a host buffer that
-//    is then copied), so the copy worker does not prefetch these chunks (Note [Copy worker]).
+//  - Rounded as the copy is written (Chunk::fill_copy): by the compute thread for a gather when
+//    the op starts, by the copy worker's thread for a prefetch on sim; on a GPU into a host
+//    buffer (the copy worker's pinned staging buffer), which is then copied.
 std::vector<char> Gemini::low_copy_flags() const {
   if (options_.low_copies == DType::F32) return std::vector<char>(names_.size(), 0);
   MW_CHECK_T(

@@ -232,18 +232,19 @@ void Gemini::prefetch_after(int64_t t) {
     room = std::min(room, avail_[static_cast<size_t>(u)]);
     for (int c : trace_[static_cast<size_t>(u)].chunks) {
       Chunk& chunk = *chunks_[static_cast<size_t>(c)];
-      // Note [16-bit copies]: a 16-bit copy is rounded as it is gathered, not by the worker.
-      if (chunk.gathered() || chunk.sharded() || low_chunk_[static_cast<size_t>(c)] ||
-          !(chunk.on_nvme() || options_.copy_worker))
+      if (chunk.gathered() || chunk.sharded() || !(chunk.on_nvme() || options_.copy_worker))
         continue;
-      if (gathered_bytes_ + chunk.nbytes() > room) return;
+      // Note [16-bit copies]: in the dtype op u's use will want.
+      const DType dtype = copy_dtype_for(chunk, !evaluating_ && trace_keys_[u].second);
+      const int64_t bytes = chunk.copy_nbytes(dtype);
+      if (gathered_bytes_ + bytes > room) return;
       if (st.capacity_bytes > 0 &&
-          allocator_for(options_.device).stats().current_bytes + chunk.nbytes() > st.capacity_bytes)
+          allocator_for(options_.device).stats().current_bytes + bytes > st.capacity_bytes)
         return;
       const double t0 = now_us();
-      start_prefetch(chunk);
+      start_prefetch(chunk, dtype);
       gathered_.push_back(c);
-      gathered_bytes_ += chunk.nbytes();
+      gathered_bytes_ += chunk.copy_nbytes();
       ++iter_.gathers;
       ++run_.gathers;
       ++iter_.prefetches;
@@ -254,7 +255,7 @@ void Gemini::prefetch_after(int64_t t) {
 }
 
 // The read or copy of one chunk gathered ahead (Note [Prefetch]), with its traffic.
-void Gemini::start_prefetch(Chunk& c) {
+void Gemini::start_prefetch(Chunk& c, DType dtype) {
   if (c.on_nvme()) {
     void* bytes = c.gather_uninitialized(options_.device);
     inflight_[c.index()] = start_disk_read(c, bytes);
@@ -263,16 +264,17 @@ void Gemini::start_prefetch(Chunk& c) {
     return;
   }
   if (!copier_) copier_ = std::make_unique<CopyWorker>(options_.device);
-  const Chunk::GatherBytes b = c.gather_deferred(options_.device);
+  const Chunk::GatherBytes b = c.gather_deferred(options_.device, dtype);
   try {  // a failed start (cuda: no pinned memory) leaves the chunk as it was
-    inflight_[c.index()].copy = copier_->copy(b.device, b.host, c.nbytes());
+    inflight_[c.index()].copy =
+        copier_->copy(b.device, c.copy_nbytes(), [&c](void* to) { c.fill_copy(to); });
   } catch (...) {
     inflight_.erase(c.index());
     c.release_copy();
     throw;
   }
-  iter_.h2d_bytes += c.nbytes();
-  run_.h2d_bytes += c.nbytes();
+  iter_.h2d_bytes += c.copy_nbytes();
+  run_.h2d_bytes += c.copy_nbytes();
 }
 
 // Note [Disk reads through the host]: the io engine reads with O_DIRECT, which lands in memory the
