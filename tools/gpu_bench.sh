@@ -19,6 +19,8 @@
 # (host states), chunks updated in the last micro-batch's backward against all at the step.
 # `bash tools/gpu_bench.sh copystream`: GPT-2 medium B2 T128 on a GPU capped to 768 MiB under Gemini
 # auto, --copy-worker off against on (Note [Copy worker]: chunks copied ahead on a copy stream).
+# `bash tools/gpu_bench.sh copies`: the same model and GPU in bf16, --chunk-copy-dtype fp32 against
+# auto (Note [16-bit copies]: the blocks' matrices copied to the device in bf16).
 # `bash tools/gpu_bench.sh paths`: GPT-2 small B8 T1024, 6 steps each, plain against Gemini auto
 # (with --gpu-margin-mem-ratio 0, 0.5, 1), fp16 and bf16, gradient accumulation (plain and Gemini
 # static on the host), activation offload, Gemini static with host states (parameters on the GPU, then
@@ -120,14 +122,17 @@ $(grep -o '[0-9.]* of [0-9]* chunks per step updated' "$runs/$m-$name-$i.txt")")
   printf '%s\n' "${summary[@]}"
   exit 0
 fi
-if [[ ${1:-} == copystream ]]; then  # Note [Copy worker] on a GPU: a model larger than the capped
-  # device (every step gathers its chunks), chunks copied ahead on the copy stream against gathers
-  # on the compute stream; alternated, twice each; the losses must be equal
+if [[ ${1:-} == copystream || ${1:-} == copies ]]; then  # a model larger than the capped device
+  # (every step gathers its chunks). copystream (Note [Copy worker]): chunks copied ahead on the
+  # copy stream against gathers on the compute stream. copies (Note [16-bit copies]): in bf16, the
+  # blocks' matrices copied in f32 against bf16. Alternated, twice each; the losses must be equal.
   medium=(--model medium --batch 2 --seq 128 --steps 5 --dropout 0 --device cuda:768MiB \
     --gemini auto --checkpoint-activations)
+  if [[ $1 == copystream ]]; then flag=--copy-worker; values=(off on)
+  else flag=--chunk-copy-dtype; values=(fp32 auto); medium+=(--precision bf16); fi
   for i in 1 2; do
-    for w in off on; do
-      run "copy-$w-$i" 300 "$train" "${medium[@]}" --copy-worker "$w"
+    for w in "${values[@]}"; do
+      run "copy-$w-$i" 300 "$train" "${medium[@]}" "$flag" "$w"
       summary+=("copy-$w-$i rc=$? $(grep -o 'median step: [0-9.]* ms' "$runs/copy-$w-$i.txt") \
 $(grep -o 'cuda:0 peak [0-9]* MiB' "$runs/copy-$w-$i.txt" | tail -1) \
 $(grep -o '^\[[0-9]\] loss: [0-9.]*' "$runs/copy-$w-$i.txt" | grep -o '[0-9.]*$' | tr '\n' ' ') \
