@@ -5,7 +5,6 @@
 
 #include "core/allocator.h"
 #include "core/convert.h"
-#include "core/host_memory.h"
 
 namespace mw::gemini {
 

@@ -6,7 +6,6 @@
 
 #include "autograd/autograd.h"
 #include "core/allocator.h"
-#include "core/convert.h"
 #include "nn/layers.h"
 #include "offload/gemini/use_order.h"
 
