@@ -4,6 +4,7 @@
 // rotating; medians of per-round ratios, losses equal bit for bit. The comparison and its report
 // are bench/step_compare.h.
 
+#include "autograd/autocast.h"
 #include "bench/step_compare.h"
 #include "cli.h"
 #include "core/parallel.h"
@@ -17,8 +18,9 @@ int run(const cli::Parser& p) {
   const cli::RunShape s = cli::run_shape(p, limits);
   const int64_t capacity = p.bytes("capacity");
   set_num_threads(s.threads);
-  const bool same = bench::compare_gemini_steps({s.model, s.config, s.batch, s.seq, s.steps},
-                                                capacity, cli::print);
+  bench::StepCompareShape shape{s.model, s.config, s.batch, s.seq, s.steps};
+  shape.precision = parse_precision(p.choice("precision", {"fp32", "bf16", "fp16"}));
+  const bool same = bench::compare_gemini_steps(shape, capacity, cli::print);
   return same ? 0 : 1;
 }
 
@@ -32,6 +34,9 @@ int main(int argc, char** argv) {
                     "process.");
   mw::cli::declare_run_shape(p, {"8", "steps per model (the first two are excluded from medians)"});
   p.option("capacity", "768MiB", "capacity of each Gemini model's sim device");
+  p.option("precision", "fp32",
+           "fp32|bf16|fp16: every model's forward under autocast to it; Gemini's with 16-bit "
+           "copies of the blocks' matrices (docs/gemini.md)");
   return mw::cli::run_main(p, "gemini_step_bench", argc, argv,
                            [](const mw::cli::Parser& q) { return mw::run(q); });
 }

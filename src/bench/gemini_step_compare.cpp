@@ -4,6 +4,7 @@
 #include <cstring>
 #include <memory>
 
+#include "autograd/autocast.h"
 #include "autograd/functions.h"
 #include "bench/step_compare.h"
 #include "core/allocator.h"
@@ -12,6 +13,7 @@
 #include "core/random.h"
 #include "data/random_tokens.h"
 #include "models/gpt2/model.h"
+#include "models/gpt2/spec.h"
 #include "offload/gemini/gemini.h"
 #include "optim/hybrid_adam.h"
 
@@ -32,13 +34,16 @@ struct Contender {
   float loss = 0;
 };
 
-double train_step(Contender& c, const std::vector<int32_t>& tokens, int64_t B, int64_t T) {
+double train_step(Contender& c, const std::vector<int32_t>& tokens, int64_t B, int64_t T,
+                  DType precision) {
   Tensor ids = Tensor::from_vector(tokens, {B, T}, c.device);
   const auto t0 = clock_type::now();
   c.opt->zero_grad();
-  Tensor logits = (*c.model)(ids);
-  Tensor loss = shifted_cross_entropy(logits, ids);
-  logits = Tensor();
+  Tensor loss;
+  {
+    AutocastGuard autocast(precision);
+    loss = shifted_cross_entropy((*c.model)(ids), ids);
+  }
   backward(loss);
   c.opt->step();
   const auto t1 = clock_type::now();
@@ -49,7 +54,8 @@ double train_step(Contender& c, const std::vector<int32_t>& tokens, int64_t B, i
 // [0] plain on sim:1 (unlimited), [1] Gemini auto on sim:0, [2] Gemini static cpu on sim:2,
 // [3] Gemini auto with the copy worker on sim:3.
 constexpr int kContenders = 4;
-std::vector<Contender> make_contenders(const gpt2::Config& config, int64_t capacity) {
+std::vector<Contender> make_contenders(const gpt2::Config& config, int64_t capacity,
+                                       DType precision) {
   std::vector<Contender> all(kContenders);
   all[0].name = "plain";
   all[0].device = Device::sim(1);
@@ -71,6 +77,10 @@ std::vector<Contender> make_contenders(const gpt2::Config& config, int64_t capac
     o.offload_param_frac = o.offload_optim_frac = 1.0;
     o.search.interval_numel = config.n_embd;
     o.verbose = i == 1;
+    if (precision != DType::F32) {  // Note [16-bit copies], as gpt2_train sets them
+      o.low_copies = precision;
+      o.low_copy_tensors = gpt2::read_only_by_products(config);
+    }
     auto g = std::make_unique<gemini::Gemini>(*c.model, o);
     c.gem = g.get();
     c.opt = std::move(g);
@@ -89,7 +99,8 @@ std::vector<double> run_round(std::vector<Contender>& all, const StepCompareShap
   for (int k = 0; k < kContenders; ++k) {  // rotate the order each step
     const int i = static_cast<int>((k + step) % kContenders);
     default_generator().set_state(rng);
-    ms[static_cast<size_t>(i)] = train_step(all[static_cast<size_t>(i)], tokens, B, T);
+    ms[static_cast<size_t>(i)] =
+        train_step(all[static_cast<size_t>(i)], tokens, B, T, shape.precision);
   }
   std::string line = strprintf(
       "[%lld] loss %.6f | plain %.0f ms | auto %.0f ms (%.3f) | static cpu %.0f ms (%.3f) | "
@@ -114,12 +125,13 @@ std::vector<double> run_round(std::vector<Contender>& all, const StepCompareShap
 }  // namespace
 
 bool compare_gemini_steps(const StepCompareShape& shape, int64_t capacity, const LineSink& log) {
-  std::vector<Contender> all = make_contenders(shape.config, capacity);
+  std::vector<Contender> all = make_contenders(shape.config, capacity, shape.precision);
   log(strprintf(
       "gemini_step_bench: GPT-2 %s, B%lld T%lld, %lld steps each, rotating, threads %d, "
-      "Gemini devices sim:%lld MiB\n",
+      "Gemini devices sim:%lld MiB, precision %s\n",
       shape.model.c_str(), static_cast<long long>(shape.batch), static_cast<long long>(shape.seq),
-      static_cast<long long>(shape.steps), num_threads(), static_cast<long long>(capacity >> 20)));
+      static_cast<long long>(shape.steps), num_threads(), static_cast<long long>(capacity >> 20),
+      precision_name(shape.precision)));
   std::vector<int32_t> tokens(static_cast<size_t>(shape.batch * shape.seq));
   std::vector<double> auto_ratio, static_ratio, worker_ratio;
   bool same = true;

@@ -29,6 +29,9 @@ struct StepCompareShape {
   gpt2::Config config;
   int64_t batch = 4, seq = 128, steps = 3;
   bool fio = true;  // compare_nvme_steps: fio measures the disk floor (Note [Disk floor]), 2 x 2 GB
+  // compare_gemini_steps: autocast's dtype (F32: off); BF16/F16 give Gemini's models 16-bit
+  // copies of the blocks' matrices (Note [16-bit copies], offload/gemini/low_copies.cpp).
+  DType precision = DType::F32;
 };
 
 // Every line goes to `log` as it is known; true when the losses were bitwise equal.
