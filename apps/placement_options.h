@@ -112,6 +112,9 @@ inline void parse_offload(const cli::Parser& p, train::TrainOptions& o, bool nvm
         worker == "on" || (worker == "auto" && policy != "static" && !o.device.is_cuda() &&
                            o.threads > 0 && o.threads < available_cores());
     o.gemini_low_copies = p.choice("chunk-copy-dtype", {"auto", "fp32"}) == "auto";
+    MW_CHECK_T(cli::UsageError, !p.given("chunk-copy-dtype") || p.str("precision") != "fp32",
+               "--chunk-copy-dtype picks the dtype of chunk copies under --precision bf16|fp16; "
+               "under fp32 every copy is f32: drop it, or pass --precision bf16");
     if (p.given("host-capacity")) {
       g.host_capacity_bytes = p.bytes("host-capacity");
       // Three tiers: a disk-homed chunk passes through RAM whole, so RAM in flight grows with the

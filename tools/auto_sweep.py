@@ -353,14 +353,14 @@ def main():
                 failures += check_dp(args.binary, rng, work, max(2, args.ranks))
             elif args.check == "bitwise":
                 a = draw_training(rng) + draw_decay(rng)
-                failures += check_bitwise(launch, args.binary, a, draw_gemini(rng), work)
+                failures += check_bitwise(launch, args.binary, a, draw_gemini(rng, a), work)
             elif args.check == "const":
                 failures += check_const(launch, args.binary, draw_auto(rng, args.ranks), rng, work)
             elif args.check == "dpbitwise":
                 failures += check_dpbitwise(args.binary, rng, work)
             elif args.check == "finetune":
                 a = draw_training(rng)
-                failures += check_finetune(launch, args.binary, a, draw_gemini(rng), rng, work)
+                failures += check_finetune(launch, args.binary, a, draw_gemini(rng, a), rng, work)
             elif args.check == "optim":
                 a = draw_training(rng)
                 knobs, p = draw_optim(rng, a)

@@ -77,6 +77,7 @@ def pool(w):
         ("--save-optimizer", [os.path.join(w, "o.bin"), os.path.join(ro, "o")]),
         ("--load-optimizer", [trunc]),
         ("--copy-worker", ["on", "off", "auto", "maybe"]),
+        ("--chunk-copy-dtype", ["auto", "fp32", "bf16"]),
         ("--threads", ["1", "2"]),
     ]
 

@@ -55,7 +55,8 @@ def draw_auto(rng, ranks):
     return a
 
 
-def draw_gemini(rng):
+def draw_gemini(rng, a=()):
+    """A Gemini placement; `a`: the run's other options (--precision draws the copies' dtype)."""
     policy = rng.choice(["static", "auto", "const"])
     g = ["--gemini", policy]
     if policy == "static":
@@ -69,6 +70,8 @@ def draw_gemini(rng):
         g += ["--chunk-size", str(rng.choice([20000, 50000, 300000]))]
     if rng.random() < 0.3:
         g += ["--host-capacity", rng.choice(["24MiB", "64MiB"]), "--nvme-window", "1MiB"]
+    if "--precision" in a and rng.random() < 0.3:  # Note [16-bit copies] off (on by default)
+        g += ["--chunk-copy-dtype", "fp32"]
     return g
 
 
@@ -120,7 +123,7 @@ def draw_optim(rng, a):
               "--nvme-window", rng.choice(["1MiB", "32MiB"])]
         p += ["--nvme-borrow", "on"] if rng.random() < 0.5 else []
     if where == "gemini":
-        p += draw_gemini(rng)
+        p += draw_gemini(rng, a)
         if (p[p.index("--gemini") + 1] == "auto" and "--host-capacity" not in p
                 and rng.random() < 0.6):  # the ratio refuses three tiers (a usage error)
             p += ["--gpu-margin-mem-ratio", rng.choice(["0.5", "1"])]

@@ -97,7 +97,10 @@ ChunkBytes chunk_bytes(const PlanInputs& in) {
   std::vector<int64_t> chunk_numel, low_numel;
   for (size_t i = 0; i < sizes.size(); ++i) {
     const auto c = static_cast<size_t>(chunk_of[i]);
-    if (chunk_numel.size() <= c) chunk_numel.resize(c + 1, 0), low_numel.resize(c + 1, 0);
+    if (chunk_numel.size() <= c) {
+      chunk_numel.resize(c + 1, 0);
+      low_numel.resize(c + 1, 0);
+    }
     chunk_numel[c] += sizes[i];
     if (low.at(i)) low_numel[c] += sizes[i];
   }

@@ -249,6 +249,11 @@ TEST(Gpt2Train, GeminiSixteenBitCopiesSaveTheSameModelWithFewerBytes) {
         << device;
     EXPECT_LT(h2d(tmp.file("a.jsonl")), 0.9 * h2d(tmp.file("f.jsonl"))) << device;
   }
+  // Under fp32 every copy is f32: the option would do nothing, so it is refused.
+  Result f32 =
+      run(std::string(kTiny) + "--steps 1 --device sim --gemini auto --chunk-copy-dtype fp32");
+  EXPECT_EQ(f32.exit_code, 2) << f32.output;
+  EXPECT_NE(f32.output.find("--precision bf16"), std::string::npos) << f32.output;
 }
 
 TEST(Gpt2Train, ReadsAnLlmcTokenShard) {

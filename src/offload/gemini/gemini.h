@@ -88,10 +88,11 @@ struct GeminiOptions {
   // Per tensor (the layout's order), whether the weight decay applies to it; empty: to all. The
   // chunks' and pieces' ranges follow (Note [Weight decay by ranges], optim/decay_ranges.h).
   std::vector<char> tensor_decays;
-  // Note [16-bit copies]: BF16 or F16 (autocast's dtype of the run) gathers the chunks that hold
-  // only tensors flagged in low_copy_tensors (per tensor, the layout's order: weights that only
-  // autocast's products read), homed in RAM and not sharded, as 16-bit device copies whenever
-  // the forward that needs them runs under that autocast; F32: every copy f32.
+  // Note [16-bit copies]: BF16 or F16 (autocast's dtype of the run): the tensors flagged in
+  // low_copy_tensors (per tensor, the layout's order: weights that only autocast's products
+  // read) go after the others in each chunk, and a chunk homed in RAM and not sharded has them in
+  // that dtype in its device copy whenever the forward that needs it runs under that autocast;
+  // F32: every copy f32.
   DType low_copies = DType::F32;
   std::vector<char> low_copy_tensors;
   // Three tiers (Note [Three tiers] in gemini.cpp): host RAM for chunks and optimizer states;

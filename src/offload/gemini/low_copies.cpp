@@ -16,8 +16,10 @@ namespace mw::gemini {
 // device and on the way there; the masters stay f32 at the chunk's home, where the optimizer
 // steps them.
 //  - The weights that qualify are the caller's to say (GeminiOptions::low_copy_tensors; for
-//    GPT-2 the four matrices of each block, 95% of GPT-2 xl's parameters). They are packed into
-//    chunks of their own (pack_chunks' kinds), since a chunk's copy has one dtype.
+//    GPT-2 the four matrices of each block, 95% of GPT-2 xl's parameters). Each chunk puts them
+//    after its f32 members (Chunk::f32_part), so that a copy is the f32 part as it is and then the
+//    16-bit part; which tensors share a chunk does not change (chunks of one kind each made
+//    static's minimal residency release a block's matrices at every LayerNorm: docs/gemini.md).
 //  - Only chunks homed in RAM and not sharded: a disk-homed chunk is read straight into its
 //    device copy, and a sharded one is all_gathered into it, in f32.
 //  - The dtype follows the forward that needs the chunk: a forward under the run's autocast
