@@ -5,6 +5,7 @@
 
 #include "core/allocator.h"
 #include "core/convert.h"
+#include "core/cuda_stream.h"
 
 namespace mw::gemini {
 
@@ -44,8 +45,8 @@ void Chunk::gather(Device device, DType dtype) {
       copy_bytes(b.device, device, b.host, Device::cpu(), nbytes());
     } else if (device.is_host_addressable()) {
       fill_copy(b.device);
-    } else {  // Note [16-bit copies]: rounded on the host, then copied
-      AlignedBuffer staged(copy_nbytes());
+    } else {  // Note [16-bit copies]: rounded on the host (pinned, cached), then copied
+      PinnedHostBuffer staged(copy_nbytes());
       fill_copy(staged.data());
       copy_bytes(b.device, device, staged.data(), Device::cpu(), copy_nbytes());
     }
