@@ -280,13 +280,14 @@ int64_t gathered_on_use(const PlanInputs& in, const Activations& a, const ChunkB
 }
 
 // Note [16-bit copies]: the chunks as the device holds them, their gathered copies of chunks homed
-// in RAM (not sharded, not on disk) with their 16-bit part in 16 bits.
+// in RAM (not on disk) and of sharded chunks (Note [16-bit gathers]) with their 16-bit part in 16
+// bits (a 16-bit gather's slots pad each rank's run by at most the chunk's f32 part).
 ChunkBytes device_copies(const ChunkBytes& chunks, const GeminiHomes& h,
                          const std::vector<bool>& on_disk) {
   ChunkBytes out = chunks;
   out.total = 0;
   for (size_t c = 0; c < out.each.size(); ++c) {
-    if (h.params_off[c] && !h.tiers[c].sharded && !(c < on_disk.size() && on_disk[c]))
+    if (h.tiers[c].sharded || (h.params_off[c] && !(c < on_disk.size() && on_disk[c])))
       out.each[c] = chunks.copy[c];
     out.total += out.each[c];
   }

@@ -6,6 +6,7 @@
 #include "core/allocator.h"
 #include "core/numbers.h"
 #include "core/parallel.h"
+#include "train/data_parallel.h"
 #include "train/progress.h"
 #include "train/trainer.h"
 
@@ -165,6 +166,14 @@ json::Value Trainer::take_offload_step_stats() {
     rec.set("adam_nvme_read_bytes", st.bytes_read - nvme_read_logged_);
     rec.set("adam_nvme_write_bytes", st.bytes_written - nvme_written_logged_);
     nvme_read_logged_ = st.bytes_read, nvme_written_logged_ = st.bytes_written;
+  }
+  if (dp_) {  // wire bytes this rank sent in the step's parameter and gradient collectives
+    const dist::CommStats c = dp_->stats().comm;
+    const int64_t gather = c.wire_bytes[static_cast<size_t>(dist::Collective::kAllGather)];
+    const int64_t scatter = c.wire_bytes[static_cast<size_t>(dist::Collective::kReduceScatter)];
+    rec.set("all_gather_bytes", gather - all_gather_logged_);
+    rec.set("reduce_scatter_bytes", scatter - reduce_scatter_logged_);
+    all_gather_logged_ = gather, reduce_scatter_logged_ = scatter;
   }
   if (!gem_) return rec;
   const gemini::GeminiStats g = gem_->take_step_stats();

@@ -345,6 +345,7 @@ class Trainer {
   gemini::Gemini* gem_ = nullptr;
   optim::HybridAdam* hybrid_ = nullptr;
   int64_t nvme_read_logged_ = 0, nvme_written_logged_ = 0;  // take_offload_step_stats's totals
+  int64_t all_gather_logged_ = 0, reduce_scatter_logged_ = 0;
   std::unique_ptr<gemini::Trace> trace_;
   std::unique_ptr<offload::ActivationOffloader> offloader_;
   std::unique_ptr<optim::DynamicLossScaler> scaler_;  // fp16 only

@@ -246,11 +246,14 @@ std::string Trainer::data_parallel_report() const {
   const double steps = static_cast<double>(std::max<int64_t>(1, s.steps));
   const int64_t n = dp_->size();
   const int64_t psi = model_->num_parameters();
-  // ZeRO 3 gathers the parameters twice (forward, backward); under Gemini only its sharded chunks
+  // ZeRO 3 gathers the parameters twice (forward, backward); under Gemini only its sharded chunks,
+  // in place of their gathers after the update (the 16-bit parts in 2 B: Note [16-bit gathers])
   const int64_t sharded_numel = gem_ ? gem_->sharded_numel() : 0;
-  const double times = dp_->shards_parameters()
-                           ? 3.0
-                           : 2.0 + static_cast<double>(sharded_numel) / static_cast<double>(psi);
+  const double gathered = gem_ ? static_cast<double>(gem_->sharded_gather_bytes()) / 4.0 : 0.0;
+  const double times =
+      dp_->shards_parameters()
+          ? 3.0
+          : 2.0 + (2.0 * gathered - static_cast<double>(sharded_numel)) / static_cast<double>(psi);
   const double formula =
       times * static_cast<double>(psi) * 4.0 * static_cast<double>(n - 1) / static_cast<double>(n);
   std::string out =

@@ -12,8 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "../data/temp_dir.h"
 #include "data/json.h"
 #include "data/safetensors.h"
+#include "data/token_shard.h"
 #include "mpi_launch.h"
 
 namespace mw::testing::dist_train {
@@ -88,6 +90,28 @@ inline void expect_same_run(const std::string& a_dir, const std::string& b_dir,
 #define SKIP_WITHOUT_MPI()                                               \
   if (::mw::testing::is_mpi_worker()) GTEST_SKIP() << "inside a worker"; \
   if (auto why = ::mw::testing::mpi_unavailable(); !why.empty()) GTEST_SKIP() << why
+
+// A validation shard in `tmp` and the options that evaluate on it and sample greedily at steps 2
+// and 4.
+inline std::string eval_and_sample(const data::testing::TempDir& tmp) {
+  std::vector<uint16_t> tokens(4000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7) % 97);
+  data::write_token_shard(tmp.path() + "/val_000000.bin", tokens);
+  return "--val-data " + tmp.path() +
+         " --eval-every 2 --eval-batches 2 --sample-every 2 --sample-tokens 6 "
+         "--sample-temperature 0 ";
+}
+
+// b printed a's validation losses and samples (eval_and_sample's steps).
+inline void expect_same_evals_and_samples(const AppResult& a, const AppResult& b) {
+  for (const char* line :
+       {"[2] val loss: ", "[4] val loss: ", "[2] sample ids:", "[4] sample ids:"}) {
+    const size_t at = a.output.find(line);
+    ASSERT_NE(at, std::string::npos) << a.output;
+    const std::string expected = a.output.substr(at, a.output.find('\n', at) - at);
+    EXPECT_NE(b.output.find(expected), std::string::npos) << expected << "\n" << b.output;
+  }
+}
 
 inline std::string outputs(const std::string& dir) {
   std::filesystem::create_directories(dir);

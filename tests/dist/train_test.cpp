@@ -10,7 +10,6 @@
 #include <regex>
 
 #include "../data/temp_dir.h"
-#include "data/token_shard.h"
 #include "dist_train.h"
 
 namespace mw {
@@ -295,28 +294,6 @@ TEST(DataParallelGeminiZero2, CheckpointsMoveBetweenRankCounts) {
       << r.output;
   expect_same_run(one, two);
   expect_resumes_across_rank_counts(tmp, args, "--zero 2 ", one, two);
-}
-
-// A validation shard in `tmp` and the options that evaluate on it and sample greedily at steps 2
-// and 4.
-std::string eval_and_sample(const TempDir& tmp) {
-  std::vector<uint16_t> tokens(4000);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7) % 97);
-  data::write_token_shard(tmp.path() + "/val_000000.bin", tokens);
-  return "--val-data " + tmp.path() +
-         " --eval-every 2 --eval-batches 2 --sample-every 2 --sample-tokens 6 "
-         "--sample-temperature 0 ";
-}
-
-// b printed a's validation losses and samples (eval_and_sample's steps).
-void expect_same_evals_and_samples(const AppResult& a, const AppResult& b) {
-  for (const char* line :
-       {"[2] val loss: ", "[4] val loss: ", "[2] sample ids:", "[4] sample ids:"}) {
-    const size_t at = a.output.find(line);
-    ASSERT_NE(at, std::string::npos) << a.output;
-    const std::string expected = a.output.substr(at, a.output.find('\n', at) - at);
-    EXPECT_NE(b.output.find(expected), std::string::npos) << expected << "\n" << b.output;
-  }
 }
 
 // Note [Sharded parameters]: with Gemini's chunks sharded (13 chunks here), evaluation and

@@ -87,7 +87,7 @@ void Chunk::release_copy() {
   MW_CHECK(gathered(), "chunk ", index_, ": release_copy of a chunk that is not gathered");
   storage_->release();
   if (copy_dtype_ != DType::F32) {  // Note [16-bit copies]: the home's f32 bytes again
-    storage_->resize_uninitialized(nbytes());
+    storage_->resize_uninitialized(sharded() ? shard_gather_nbytes_ : nbytes());
     retype(DType::F32);
   }
   if (on_nvme_ || sharded())
@@ -109,7 +109,8 @@ void Chunk::set_sharded(Tensor shard, int64_t gathered_numel) {
   MW_CHECK(!gathered_ && !on_nvme_ && !sharded() && host_home_ && gathered_numel >= numel_,
            "chunk ", index_, ": set_sharded of a gathered, disk-homed or sharded chunk");
   storage_->release();
-  storage_->resize_uninitialized(gathered_numel * 4);
+  shard_gather_nbytes_ = gathered_numel * 4;
+  storage_->resize_uninitialized(shard_gather_nbytes_);
   shard_ = std::move(shard);
   host_home_ = shard_.device().is_cpu();
 }
@@ -133,17 +134,26 @@ void Chunk::keep_shard_in_ram() {
   shard_on_nvme_ = false;
 }
 
-void* Chunk::gather_uninitialized(Device device) {
+void* Chunk::gather_uninitialized(Device device, DType dtype, int64_t nbytes) {
   MW_CHECK((on_nvme_ || sharded()) && !gathered_ && storage_->is_released(), "chunk ", index_,
            ": gather_uninitialized needs a chunk on disk or sharded");
+  const bool low = dtype != DType::F32;
+  MW_CHECK(!low || (sharded() && views_.size() == members_.size() && nbytes >= copy_nbytes(dtype) &&
+                    nbytes <= shard_gather_nbytes_),
+           "chunk ", index_, ": a ", dtype_name(dtype), " gather of ", nbytes,
+           " bytes needs a sharded chunk with its members' views and room for ", copy_nbytes(dtype),
+           " bytes");
+  if (low) storage_->resize_uninitialized(nbytes);
   storage_->move_to(device);
   try {
     storage_->materialize();
   } catch (...) {  // OutOfMemory: back home, still released
     storage_->move_to(Device::cpu());
+    if (low) storage_->resize_uninitialized(shard_gather_nbytes_);
     throw;
   }
   gathered_ = true;
+  if (low) retype(dtype);
   return storage_->data();
 }
 

@@ -91,8 +91,14 @@ class Chunk {
   // Note [NVMe-homed chunks]. set_on_nvme: the bytes were written to disk; frees them in RAM.
   void set_on_nvme();
   // Allocates the device copy (uninitialised) for a read from disk, or for a sharded chunk's
-  // all_gather, and returns its bytes.
-  void* gather_uninitialized(Device device);
+  // all_gather, and returns its bytes. A sharded chunk may take a BF16 or F16 `dtype`, with
+  // `nbytes` for the all_gather (Note [16-bit gathers], low_copies.cpp).
+  void* gather_uninitialized(Device device, DType dtype = DType::F32, int64_t nbytes = 0);
+  // Byte `element` starts at in a copy with `dtype` after f32_part() (Note [16-bit copies]).
+  int64_t copy_byte(int64_t element, DType dtype) const {
+    return element <= f32_part_ ? element * 4
+                                : f32_part_ * 4 + (element - f32_part_) * dtype_size(dtype);
+  }
   // Gives the chunk RAM bytes for its update: copied from the device copy (then dropped) if
   // gathered, returning true; else uninitialised (the caller reads them from disk), false.
   bool bring_home_to_ram();
@@ -143,8 +149,9 @@ class Chunk {
   int64_t f32_part_ = 0;
   std::vector<Tensor> views_;
   void retype(DType dtype);
-  void* parked_ = nullptr;  // host bytes while gathered (RAM-homed chunks)
-  Tensor shard_;            // Note [Sharded parameters]
+  void* parked_ = nullptr;           // host bytes while gathered (RAM-homed chunks)
+  Tensor shard_;                     // Note [Sharded parameters]
+  int64_t shard_gather_nbytes_ = 0;  // an f32 all_gather's: ranks x stride x 4
   bool shard_on_nvme_ = false;
 };
 

@@ -279,7 +279,7 @@ void Gemini::gather(Chunk& c, const std::string& why, DType dtype) {
   const double t0 = now_us();
   Allocator& a = allocator_for(options_.device);
   AllocatorStats st = a.stats();
-  const int64_t bytes = c.numel() * dtype_size(dtype);
+  const int64_t bytes = dtype == DType::F32 ? c.nbytes() : planned_copy_bytes(c);
   const auto short_by = [&] {
     return st.capacity_bytes > 0 ? st.current_bytes + bytes - st.capacity_bytes : 0;
   };
@@ -295,8 +295,8 @@ void Gemini::gather(Chunk& c, const std::string& why, DType dtype) {
             "--chunk-size"),
         bytes, st.capacity_bytes - st.current_bytes, st.capacity_bytes);
   if (c.sharded()) {
-    gather_shard(c, options_.device);  // Note [Sharded parameters]: from every rank
-  } else if (c.on_nvme()) {            // Note [NVMe-homed chunks]: disk -> device copy
+    gather_shard(c, options_.device, dtype);  // Note [Sharded parameters]: from every rank
+  } else if (c.on_nvme()) {                   // Note [NVMe-homed chunks]: disk -> device copy
     void* bytes = c.gather_uninitialized(options_.device);
     try {
       DiskRead read = start_disk_read(c, bytes);

@@ -90,9 +90,9 @@ struct GeminiOptions {
   std::vector<char> tensor_decays;
   // Note [16-bit copies]: BF16 or F16 (autocast's dtype of the run): the tensors flagged in
   // low_copy_tensors (per tensor, the layout's order: weights that only autocast's products
-  // read) go after the others in each chunk, and a chunk homed in RAM and not sharded has them in
-  // that dtype in its device copy whenever the forward that needs it runs under that autocast;
-  // F32: every copy f32.
+  // read) go after the others in each chunk, and a chunk homed in RAM, or sharded (all_gathered
+  // in 16 bits: Note [16-bit gathers]), has them in that dtype in its device copy whenever the
+  // forward that needs it runs under that autocast; F32: every copy f32.
   DType low_copies = DType::F32;
   std::vector<char> low_copy_tensors;
   // Three tiers (Note [Three tiers] in gemini.cpp): host RAM for chunks and optimizer states;
@@ -189,6 +189,9 @@ class Gemini : public optim::Optimizer {
   bool shards_parameters() const { return sharded_param_bytes_ > 0; }
   int64_t sharded_param_bytes() const { return sharded_param_bytes_; }
   int64_t sharded_numel() const { return sharded_numel_; }
+  // The bytes one all_gather of every sharded chunk moves into a rank's copies in a training
+  // op: 4 per element, or the 16-bit gathers' slots (Note [16-bit gathers], low_copies.cpp).
+  int64_t sharded_gather_bytes() const;
   bool warmed_up() const { return !recording_; }
   // auto, after warmup: the least device memory any schedule needs (the largest, over ops, of
   // that op's non-model memory plus its chunks, plus the chunks homed on the device).
@@ -295,6 +298,10 @@ class Gemini : public optim::Optimizer {
   std::vector<char> low_copy_flags() const;  // per tensor, checked
   void choose_low_chunks();
   void set_chunk_views();
+  // Note [16-bit gathers] (low_copies.cpp): the bytes each rank sends for a sharded chunk's
+  // 16-bit all_gather, and the collective started.
+  int64_t low_gather_slot(const Chunk& c, DType dtype) const;
+  std::function<void()> start_low_shard_gather(Chunk& c, DType dtype);
   void release(Chunk& c, bool eviction);
   void make_room(const std::vector<int>& need, int64_t t);
   // Note [Memory pressure] (pressure.cpp).
@@ -368,10 +375,11 @@ class Gemini : public optim::Optimizer {
   void drop_kept_pieces();
   void start_piece_read(Chunk& c);
   void settle_piece_reads();
-  void gather_shard(Chunk& c, Device where);
+  void gather_shard(Chunk& c, Device where, DType dtype = DType::F32);
   void stream_sharded(const std::function<void(const Touch& touch)>& fn,
                       const std::function<void(Chunk& c)>& local);
-  std::function<void()> start_shard_gather(Chunk& c, Device where, int64_t op);
+  std::function<void()> start_shard_gather(Chunk& c, Device where, int64_t op,
+                                           DType dtype = DType::F32);
   void plan_shard_prefetch();
   void prefetch_shards(int64_t t);
   void join_shard_gather(Chunk& c);

@@ -1,4 +1,7 @@
 // Note [16-bit copies] (gemini.h): chunks copied to the device in bf16 or fp16.
+#include <algorithm>
+#include <cstring>
+
 #include "autograd/autocast.h"
 #include "core/convert.h"
 #include "offload/gemini/gemini.h"
@@ -20,8 +23,10 @@ namespace mw::gemini {
 //    after its f32 members (Chunk::f32_part), so that a copy is the f32 part as it is and then the
 //    16-bit part; which tensors share a chunk does not change (chunks of one kind each made
 //    static's minimal residency release a block's matrices at every LayerNorm: docs/gemini.md).
-//  - Only chunks homed in RAM and not sharded: a disk-homed chunk is read straight into its
-//    device copy, and a sharded one is all_gathered into it, in f32.
+//  - Chunks homed in RAM, and sharded chunks wherever their pieces live (Note [16-bit
+//    gathers]); not a replicated chunk homed on disk, which is read straight into its device copy
+//    in f32 (rounding it would take a pass through RAM, and its update takes its f32 bytes from
+//    the copy while it is still gathered, saving a read).
 //  - The dtype follows the forward that needs the chunk: a forward under the run's autocast
 //    gathers 16 bits, any other (a sample, which runs in f32 at every precision) f32, and a
 //    chunk gathered in the other dtype is released and gathered again. Backward gathers what
@@ -47,7 +52,7 @@ void Gemini::choose_low_chunks() {
   forward_copy_.assign(chunks_.size(), DType::F32);
   if (options_.low_copies == DType::F32) return;
   for (size_t c = 0; c < chunks_.size(); ++c)
-    low_chunk_[c] = params_off_[c] && !to_disk_[c] && !shard_params_[c] &&
+    low_chunk_[c] = (shard_params_[c] || (params_off_[c] && !to_disk_[c])) &&
                     chunks_[c]->f32_part() < chunks_[c]->numel();
 }
 
@@ -68,8 +73,72 @@ DType Gemini::copy_dtype_for(Chunk& c, bool backward) {
 }
 
 int64_t Gemini::planned_copy_bytes(const Chunk& c) const {
-  return low_chunk_[static_cast<size_t>(c.index())] ? c.copy_nbytes(options_.low_copies)
-                                                    : c.nbytes();
+  if (!low_chunk_[static_cast<size_t>(c.index())]) return c.nbytes();
+  return c.sharded() ? options_.shard_ranks * low_gather_slot(c, options_.low_copies)
+                     : c.copy_nbytes(options_.low_copies);
+}
+
+int64_t Gemini::sharded_gather_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& c : chunks_)
+    if (c->sharded()) bytes += planned_copy_bytes(*c);
+  return bytes;
+}
+
+// Note [16-bit gathers]: a sharded chunk's 16-bit copy is all_gathered in 16 bits, halving the
+// bytes of ZeRO-3's two parameter gathers per step where DeepSpeed and ColossalAI gather their
+// fp16 parameters. Rank r's piece, elements [a, b) of the chunk, is bytes [copy_byte(a),
+// copy_byte(b)) of the copy (its f32 members in 4 bytes, the others in 2), one contiguous run,
+// but of a length that differs between ranks whose pieces meet the f32 part, where all_gather
+// takes the same count from each. So each rank sends its run in a slot of the longest run's bytes
+// (rounded up to 4: the communicator moves f32 elements, and bytes are bytes), rounding its f32
+// piece where the plain run's autocast would, and after the collective each rank's run moves
+// down from its slot at r x slot to copy_byte(a). The runs before it are no longer than their
+// slots, so copy_byte(a) <= r x slot: moved in rank order, no run overwrites one not yet moved
+// (a device that is not host memory receives into a buffer of its own and copies out of it).
+// The masters, the gradients' reduce_scatter and the Adam states stay f32; the chunk's storage
+// holds ranks x slot bytes while gathered, its f32 all_gather's size otherwise.
+int64_t Gemini::low_gather_slot(const Chunk& c, DType dtype) const {
+  int64_t most = 0;
+  for (int r = 0; r < options_.shard_ranks; ++r) {
+    const ChunkPiece p = chunk_piece(c.numel(), r, options_.shard_ranks);
+    most = std::max(most, c.copy_byte(p.offset + p.numel, dtype) - c.copy_byte(p.offset, dtype));
+  }
+  return (most + 3) / 4 * 4;
+}
+
+std::function<void()> Gemini::start_low_shard_gather(Chunk& c, DType dtype) {
+  const int ranks = options_.shard_ranks;
+  const int64_t slot = low_gather_slot(c, dtype);
+  const ChunkPiece p = piece(c);
+  const Device home = c.shard().device(), where = c.where();
+  const int64_t f32 = std::clamp<int64_t>(c.f32_part() - p.offset, 0, p.numel);
+  Tensor in = Tensor::zeros({slot / 4}, DType::F32, home);
+  copy_bytes(in.raw_data(), home, c.shard().raw_data(), home, f32 * 4);
+  if (f32 < p.numel) {  // rounded to nearest even, as autocast's cast
+    const Tensor low = c.shard().narrow(0, f32, p.numel - f32).to(dtype);
+    copy_bytes(static_cast<char*>(in.raw_data()) + f32 * 4, home, low.raw_data(), home,
+               low.nbytes());
+  }
+  const Tensor out = where.is_host_addressable()
+                         ? Tensor::from_storage(c.storage(), 0, {ranks * slot / 4}, {1}, DType::F32)
+                         : Tensor::empty({ranks * slot / 4}, DType::F32, where);
+  std::function<void()> wait = reduction_.all_gather(in, out).wait;
+  return [&c, in, out, wait, ranks, slot, dtype, where] {
+    wait();
+    auto* to = static_cast<char*>(c.storage()->data());
+    const auto* from = static_cast<const char*>(out.raw_data());
+    for (int r = 0; r < ranks; ++r) {
+      const ChunkPiece q = chunk_piece(c.numel(), r, ranks);
+      const int64_t at = c.copy_byte(q.offset, dtype);
+      const int64_t n = c.copy_byte(q.offset + q.numel, dtype) - at;
+      if (n == 0 || to + at == from + r * slot) continue;
+      if (where.is_host_addressable())
+        std::memmove(to + at, from + r * slot, static_cast<size_t>(n));
+      else
+        copy_bytes(to + at, where, from + r * slot, where, n);
+    }
+  };
 }
 
 // A 16-bit gradient crosses to the buffer's device in 16 bits and is widened there (exact).

@@ -329,7 +329,7 @@ void Gemini::shard_chunk(Chunk& c) {
 // Every rank's piece into the chunk's storage on `where` (the device for an op, the host for
 // with_parameters_readable and saving). Collective: every rank gathers the same chunk. Returns
 // the wait, which throws the communicator's error.
-std::function<void()> Gemini::start_shard_gather(Chunk& c, Device where, int64_t op) {
+std::function<void()> Gemini::start_shard_gather(Chunk& c, Device where, int64_t op, DType dtype) {
   MW_CHECK(static_cast<bool>(reduction_.all_gather), "Gemini: chunk ", c.index(),
            " is sharded across ranks, but no all_gather was given (set_gradient_reduction)");
   const ChunkPiece p = piece(c);
@@ -337,8 +337,10 @@ std::function<void()> Gemini::start_shard_gather(Chunk& c, Device where, int64_t
     if (!c.shard_in_ram() || piece_reads_.count(c.index()) > 0) read_piece(c);
     if (where == options_.device && keeps_piece_for_update(op)) c.piece_kept = true;
   }
+  const bool low = dtype != DType::F32;  // Note [16-bit gathers] (low_copies.cpp)
   try {
-    c.gather_uninitialized(where);
+    c.gather_uninitialized(where, dtype,
+                           low ? options_.shard_ranks * low_gather_slot(c, dtype) : 0);
   } catch (...) {
     drop_piece_if_idle(c);
     throw;
@@ -346,7 +348,8 @@ std::function<void()> Gemini::start_shard_gather(Chunk& c, Device where, int64_t
   try {
     const Tensor whole =
         Tensor::from_storage(c.storage(), 0, {p.stride * options_.shard_ranks}, {1}, DType::F32);
-    std::function<void()> wait = reduction_.all_gather(c.shard(), whole).wait;
+    std::function<void()> wait =
+        low ? start_low_shard_gather(c, dtype) : reduction_.all_gather(c.shard(), whole).wait;
     if (!c.shard_on_nvme()) return wait;
     // Freed once gathered, unwritten; after a failure the collective may still read it: kept.
     return [this, &c, wait] {
@@ -453,7 +456,7 @@ void Gemini::drop_kept_pieces() {
 void Gemini::piece_into_ram(Chunk& c) {
   if (piece_reads_.count(c.index()) > 0) return read_piece(c);
   if (c.shard_in_ram()) return;
-  if (!c.gathered()) return read_piece(c);
+  if (!c.gathered() || c.copy_dtype() != DType::F32) return read_piece(c);
   const ChunkPiece p = piece(c);
   c.bring_shard_to_ram();
   track_host(c.shard().nbytes());
@@ -467,9 +470,9 @@ void Gemini::piece_into_ram(Chunk& c) {
   }
 }
 
-void Gemini::gather_shard(Chunk& c, Device where) {
+void Gemini::gather_shard(Chunk& c, Device where, DType dtype) {
   const auto t0 = std::chrono::steady_clock::now();
-  std::function<void()> wait = start_shard_gather(c, where, op_ - 1);
+  std::function<void()> wait = start_shard_gather(c, where, op_ - 1, dtype);
   try {
     wait();
   } catch (...) {
@@ -528,9 +531,10 @@ void Gemini::prefetch_shards(int64_t t) {
     Chunk& chunk = *chunks_[static_cast<size_t>(c)];
     if (!chunk.sharded() || chunk.gathered()) continue;
     const double t0 = now_us();
-    shard_inflight_[c] = start_shard_gather(chunk, options_.device, t + 1);
+    const DType dtype = copy_dtype_for(chunk, trace_keys_[static_cast<size_t>(t + 1)].second);
+    shard_inflight_[c] = start_shard_gather(chunk, options_.device, t + 1, dtype);
     gathered_.push_back(c);
-    gathered_bytes_ += chunk.nbytes();
+    gathered_bytes_ += chunk.copy_nbytes();
     ++iter_.gathers;
     ++run_.gathers;
     if (trace_out_) trace_out_->slice(str("prefetch chunk ", c), "move", t0, now_us() - t0, 1);

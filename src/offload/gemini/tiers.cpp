@@ -314,8 +314,9 @@ double Gemini::await_copy(Chunk& c, const std::function<void()>& wait) {
   try {
     wait();
   } catch (...) {
+    const int64_t copy_bytes = c.copy_nbytes();  // f32, or a 16-bit all_gather's
     c.release_copy();
-    forget_gathered(c, c.nbytes());  // disk reads and all_gathers fill f32 copies
+    forget_gathered(c, copy_bytes);
     throw;
   }
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
