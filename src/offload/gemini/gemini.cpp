@@ -340,6 +340,7 @@ void Gemini::release(Chunk& c, bool eviction) {
     it->second.join();  // never free bytes a read or copy is filling; its error dies with it
     inflight_.erase(it);
   }
+  forget_spill(c);  // Note [Memory pressure]
   const int64_t copy_bytes = c.copy_nbytes();
   c.release_copy();
   forget_gathered(c, copy_bytes);

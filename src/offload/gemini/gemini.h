@@ -309,7 +309,11 @@ class Gemini : public optim::Optimizer {
   void remove_pressure_handler();
   void arm_pressure(bool armed);
   bool relieve_pressure(int64_t nbytes);
-  struct PressurePause {  // Gemini's own code runs with the handler off, then `then`
+  // A sharded chunk's copy moved to the host for pressure, and back for its op.
+  void spill_shard(Chunk& c);
+  void unspill_shard(Chunk& c);
+  void forget_spill(Chunk& c);  // before releasing a spilled copy
+  struct PressurePause {        // Gemini's own code runs with the handler off, then `then`
     Gemini& g;
     bool then;
     PressurePause(Gemini& gemini, bool armed_after) : g(gemini), then(armed_after) {
@@ -513,6 +517,7 @@ class Gemini : public optim::Optimizer {
   // ahead, and the waits of those all_gathers in flight, by chunk.
   bool prefetch_shards_ = false;
   std::unordered_map<int, std::function<void()>> shard_inflight_;
+  std::vector<int> spilled_;  // Note [Memory pressure]: sharded copies on the host
   // Note [Evaluation forward]: the warmup's forward ops, their next uses, and the counters the
   // evaluation interrupted.
   bool evaluating_ = false;

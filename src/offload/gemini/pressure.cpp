@@ -17,8 +17,17 @@
 // first op to step(), and never inside Gemini's own hooks (PressurePause: gathers make their own
 // room, and gradient buffers, updates and the deferred pass keep their OutOfMemory). Other threads
 // (the offloader's worker, whose prefetches are dropped when they do not fit) see the allocator's
-// OutOfMemory as before. Sharded chunks are never released for pressure: gathering one again is an
-// all_gather, a collective that every rank would have to join.
+// OutOfMemory as before.
+//
+// A sharded chunk is not released for pressure: gathering it again is an all_gather, a collective
+// that every rank would have to join, and memory pressure is one rank's. The gathered sharded
+// chunk no running op pins is the next op's, all_gathered ahead (Note [Shard prefetch]), which
+// every rank decided after the warmup from the warmup's non-model memory. So its copy goes to the
+// host instead (spill_shard: its all_gather completed first, then moved; it stays gathered on
+// every rank), and the op that needs it moves it back (unspill_shard), making room as a gather
+// does. Only that rank moves bytes; the collectives are unchanged, and so are the bits. (The
+// prefetch itself is allocated when the op before it starts, after that op's room was made: a
+// rank without room even then still stops with OutOfMemory, which no sweep or test has met.)
 #include <algorithm>
 #include <thread>
 
@@ -66,8 +75,9 @@ void Gemini::arm_pressure(bool armed) {
 
 bool Gemini::relieve_pressure(int64_t nbytes) {
   std::vector<int> candidates;
-  for (int c : gathered_)  // a sharded chunk's gather is a collective every rank must join
-    if (!pinned(*chunks_[static_cast<size_t>(c)]) && !chunks_[static_cast<size_t>(c)]->sharded())
+  for (int c : gathered_)  // a sharded copy already on the host frees nothing more
+    if (!pinned(*chunks_[static_cast<size_t>(c)]) &&
+        std::find(spilled_.begin(), spilled_.end(), c) == spilled_.end())
       candidates.push_back(c);
   if (candidates.empty()) return false;
   if (planned()) {  // farthest next use first, as OPT would (Note [OPT eviction])
@@ -82,11 +92,52 @@ bool Gemini::relieve_pressure(int64_t nbytes) {
     if (freed >= nbytes) break;
     Chunk& chunk = *chunks_[static_cast<size_t>(c)];
     freed += chunk.copy_nbytes();
-    release(chunk, true);
+    if (chunk.sharded())
+      spill_shard(chunk);
+    else
+      release(chunk, true);
     ++iter_.pressure_evictions;
     ++run_.pressure_evictions;
   }
   return true;
+}
+
+void Gemini::spill_shard(Chunk& c) {
+  join_shard_gather(c);  // its all_gather, started by every rank, lands first
+  const int64_t bytes = c.copy_nbytes();
+  c.storage()->move_to(Device::cpu());
+  spilled_.push_back(c.index());
+  forget_gathered(c, bytes);
+  gathered_.push_back(c.index());  // still gathered, on the host
+  track_host(bytes);
+  iter_.d2h_bytes += bytes;
+  run_.d2h_bytes += bytes;
+  if (trace_out_) trace_out_->counter("device chunks", now_us(), device_model_bytes());
+}
+
+// Before its op (pre_op) or its release: back on the device, or (release) just forgotten.
+void Gemini::unspill_shard(Chunk& c) {
+  auto it = std::find(spilled_.begin(), spilled_.end(), c.index());
+  if (it == spilled_.end()) return;
+  const int64_t bytes = c.copy_nbytes();
+  Allocator& a = allocator_for(options_.device);
+  const AllocatorStats st = a.stats();
+  if (st.capacity_bytes > 0 && st.current_bytes + bytes > st.capacity_bytes)
+    relieve_pressure(st.current_bytes + bytes - st.capacity_bytes);
+  c.storage()->move_to(options_.device);  // throws OutOfMemory: the op cannot run
+  spilled_.erase(it);
+  track_host(-bytes);
+  gathered_bytes_ += bytes;
+  iter_.h2d_bytes += bytes;
+  run_.h2d_bytes += bytes;
+}
+
+void Gemini::forget_spill(Chunk& c) {
+  auto it = std::find(spilled_.begin(), spilled_.end(), c.index());
+  if (it == spilled_.end()) return;
+  spilled_.erase(it);
+  track_host(-c.copy_nbytes());
+  gathered_bytes_ += c.copy_nbytes();  // as if on the device: release() forgets them
 }
 
 }  // namespace mw::gemini

@@ -514,7 +514,7 @@ void Gemini::plan_shard_prefetch() {
       for (int c : trace_[t + 1].chunks)
         if (chunks_[static_cast<size_t>(c)]->sharded() &&
             std::find(own.begin(), own.end(), c) == own.end())
-          bytes += chunks_[static_cast<size_t>(c)]->nbytes();
+          bytes += planned_copy_bytes(*chunks_[static_cast<size_t>(c)]);
     if (bytes > room) fits = false;
   }
   prefetch_shards_ = reduction_.sum_over_ranks(fits ? 0.0 : 1.0) == 0.0;
@@ -531,7 +531,8 @@ void Gemini::prefetch_shards(int64_t t) {
     Chunk& chunk = *chunks_[static_cast<size_t>(c)];
     if (!chunk.sharded() || chunk.gathered()) continue;
     const double t0 = now_us();
-    const DType dtype = copy_dtype_for(chunk, trace_keys_[static_cast<size_t>(t + 1)].second);
+    const DType dtype =
+        copy_dtype_for(chunk, !evaluating_ && trace_keys_[static_cast<size_t>(t + 1)].second);
     shard_inflight_[c] = start_shard_gather(chunk, options_.device, t + 1, dtype);
     gathered_.push_back(c);
     gathered_bytes_ += chunk.copy_nbytes();

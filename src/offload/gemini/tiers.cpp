@@ -323,7 +323,10 @@ double Gemini::await_copy(Chunk& c, const std::function<void()>& wait) {
 }
 
 void Gemini::wait_inflight(Chunk& c) {
-  if (c.sharded()) return join_shard_gather(c);  // Note [Shard prefetch]
+  if (c.sharded()) {  // Note [Shard prefetch], Note [Memory pressure]
+    join_shard_gather(c);
+    return unspill_shard(c);
+  }
   auto it = inflight_.find(c.index());
   if (it == inflight_.end()) return;
   DiskRead read = std::move(it->second);
