@@ -115,29 +115,30 @@ void Gemini::spill_shard(Chunk& c) {
   if (trace_out_) trace_out_->counter("device chunks", now_us(), device_model_bytes());
 }
 
-// Before its op (pre_op) or its release: back on the device, or (release) just forgotten.
+// For its op (pre_op, through wait_inflight): the copy back on the device, room made first as a
+// gather makes it (which may move another unpinned sharded copy out).
 void Gemini::unspill_shard(Chunk& c) {
-  auto it = std::find(spilled_.begin(), spilled_.end(), c.index());
-  if (it == spilled_.end()) return;
+  if (std::find(spilled_.begin(), spilled_.end(), c.index()) == spilled_.end()) return;
   const int64_t bytes = c.copy_nbytes();
   Allocator& a = allocator_for(options_.device);
   const AllocatorStats st = a.stats();
   if (st.capacity_bytes > 0 && st.current_bytes + bytes > st.capacity_bytes)
     relieve_pressure(st.current_bytes + bytes - st.capacity_bytes);
   c.storage()->move_to(options_.device);  // throws OutOfMemory: the op cannot run
-  spilled_.erase(it);
+  spilled_.erase(std::find(spilled_.begin(), spilled_.end(), c.index()));
   track_host(-bytes);
   gathered_bytes_ += bytes;
   iter_.h2d_bytes += bytes;
   run_.h2d_bytes += bytes;
 }
 
+// Before release() frees a spilled copy: its bytes as if on the device, which release() forgets.
 void Gemini::forget_spill(Chunk& c) {
   auto it = std::find(spilled_.begin(), spilled_.end(), c.index());
   if (it == spilled_.end()) return;
   spilled_.erase(it);
   track_host(-c.copy_nbytes());
-  gathered_bytes_ += c.copy_nbytes();  // as if on the device: release() forgets them
+  gathered_bytes_ += c.copy_nbytes();
 }
 
 }  // namespace mw::gemini
