@@ -263,10 +263,12 @@ std::string Trainer::data_parallel_report() const {
     if (s.comm.calls[k] > 0 && s.comm.wire_bytes[k] > 0)
       out += str(" ", dist::collective_name(static_cast<dist::Collective>(k)), " ",
                  format_fixed(mib(s.comm.wire_bytes[k]) / steps, 2), " MiB");
-  out +=
-      str(" = ", format_fixed(mib(s.comm.total_wire_bytes()) / steps, 2), " MiB; formula ",
-          format_fixed(times, times == std::floor(times) ? 0 : 3),
-          " Psi (N-1)/N x 4 B = ", format_fixed(mib(static_cast<int64_t>(formula)), 2), " MiB\n");
+  out += str(" = ", format_fixed(mib(s.comm.total_wire_bytes()) / steps, 2), " MiB; formula ",
+             format_fixed(times, times == std::floor(times) ? 0 : 3),
+             " Psi (N-1)/N x 4 B = ", format_fixed(mib(static_cast<int64_t>(formula)), 2), " MiB",
+             gathered < static_cast<double>(sharded_numel)
+                 ? " (sharded chunks' 16-bit parts gathered in 2 B)\n"
+                 : "\n");
   out += str("Data parallel: collectives busy ", format_fixed(s.comm.busy_ms / steps, 1),
              " ms/step, waited after backward ", format_fixed(s.backward_end_wait_ms / steps, 1),
              " ms/step (exposed), parameter all_gather ",

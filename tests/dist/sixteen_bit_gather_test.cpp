@@ -64,6 +64,8 @@ TEST(DataParallelGeminiZero3, SixteenBitGathersTrainBitForBitAsReplicatedChunks)
   ASSERT_EQ(c.exit_code, 0) << c.output;
   EXPECT_NE(c.output.find("13 chunks (0.1 MiB) sharded across 4 ranks"), std::string::npos);
   EXPECT_NE(c.output.find("gemini: sharded chunks gathered one op ahead"), std::string::npos);
+  EXPECT_NE(c.output.find("(sharded chunks' 16-bit parts gathered in 2 B)"), std::string::npos);
+  EXPECT_EQ(b.output.find("16-bit parts gathered"), std::string::npos);
   expect_bitwise(replicated, a, low, c, "--zero 3, 16-bit gathers");
   // f32 gathers: the same bits, but the chunks' members in f32's order, so the pieces' squares
   // are summed in other groups; the losses and the model are the same.
