@@ -50,9 +50,12 @@ class Chunk {
   void set_f32_part(int64_t numel) { f32_part_ = numel; }
   int64_t f32_part() const { return f32_part_; }
   DType copy_dtype() const { return copy_dtype_; }
-  int64_t copy_nbytes(DType dtype) const {
-    return f32_part_ * 4 + (numel_ - f32_part_) * dtype_size(dtype);
+  // The byte at which `element` starts in a copy with `dtype` after f32_part().
+  int64_t copy_byte(int64_t element, DType dtype) const {
+    return element <= f32_part_ ? element * 4
+                                : f32_part_ * 4 + (element - f32_part_) * dtype_size(dtype);
   }
+  int64_t copy_nbytes(DType dtype) const { return copy_byte(numel_, dtype); }
   int64_t copy_nbytes() const { return copy_nbytes(copy_dtype_); }
   // The members' tensors, whose dtype follows the copy's (attach() sets them).
   void set_views(std::vector<Tensor> views) { views_ = std::move(views); }
@@ -94,11 +97,6 @@ class Chunk {
   // all_gather, and returns its bytes. A sharded chunk may take a BF16 or F16 `dtype`, with
   // `nbytes` for the all_gather (Note [16-bit gathers], low_copies.cpp).
   void* gather_uninitialized(Device device, DType dtype = DType::F32, int64_t nbytes = 0);
-  // Byte `element` starts at in a copy with `dtype` after f32_part() (Note [16-bit copies]).
-  int64_t copy_byte(int64_t element, DType dtype) const {
-    return element <= f32_part_ ? element * 4
-                                : f32_part_ * 4 + (element - f32_part_) * dtype_size(dtype);
-  }
   // Gives the chunk RAM bytes for its update: copied from the device copy (then dropped) if
   // gathered, returning true; else uninitialised (the caller reads them from disk), false.
   bool bring_home_to_ram();

@@ -277,15 +277,9 @@ void Gemini::track_host(int64_t delta) {
 void Gemini::gather(Chunk& c, const std::string& why, DType dtype) {
   close_interval();  // Note [Non-model memory]
   const double t0 = now_us();
-  Allocator& a = allocator_for(options_.device);
-  AllocatorStats st = a.stats();
   const int64_t bytes = dtype == DType::F32 ? c.nbytes() : planned_copy_bytes(c);
-  const auto short_by = [&] {
-    return st.capacity_bytes > 0 ? st.current_bytes + bytes - st.capacity_bytes : 0;
-  };
-  if (short_by() > 0 && relieve_pressure(short_by()))
-    st = a.stats();  // Note [Memory pressure]: copies no running op pins made room
-  if (short_by() > 0)
+  const AllocatorStats st = make_device_room(bytes);
+  if (st.capacity_bytes > 0 && st.current_bytes + bytes > st.capacity_bytes)
     throw OutOfMemory(
         str("Gemini: ", why, " needs chunk ", c.index(), " (", bytes, " bytes) on ",
             options_.device.str(), ", but only ", st.capacity_bytes - st.current_bytes,

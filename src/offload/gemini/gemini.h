@@ -47,6 +47,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/allocator.h"
 #include "nn/module.h"
 #include "offload/gemini/chunk.h"
 #include "offload/gemini/chunk_search.h"
@@ -309,6 +310,7 @@ class Gemini : public optim::Optimizer {
   void remove_pressure_handler();
   void arm_pressure(bool armed);
   bool relieve_pressure(int64_t nbytes);
+  AllocatorStats make_device_room(int64_t bytes);
   // A sharded chunk's copy moved to the host for pressure, and back for its op.
   void spill_shard(Chunk& c);
   void unspill_shard(Chunk& c);

@@ -102,13 +102,22 @@ bool Gemini::relieve_pressure(int64_t nbytes) {
   return true;
 }
 
+// The device's stats after room for `bytes` more was made where it was short: copies no running
+// op pins go (Note [Memory pressure]). The caller sees whether that sufficed.
+AllocatorStats Gemini::make_device_room(int64_t bytes) {
+  Allocator& a = allocator_for(options_.device);
+  const AllocatorStats st = a.stats();
+  const int64_t short_by = st.capacity_bytes > 0 ? st.current_bytes + bytes - st.capacity_bytes : 0;
+  return short_by > 0 && relieve_pressure(short_by) ? a.stats() : st;
+}
+
 void Gemini::spill_shard(Chunk& c) {
   join_shard_gather(c);  // its all_gather, started by every rank, lands first
   const int64_t bytes = c.copy_nbytes();
   c.storage()->move_to(Device::cpu());
+  close_interval();  // Note [Non-model memory]; still gathered (every rank's view), on the host
   spilled_.push_back(c.index());
-  forget_gathered(c, bytes);
-  gathered_.push_back(c.index());  // still gathered, on the host
+  gathered_bytes_ -= bytes;
   track_host(bytes);
   iter_.d2h_bytes += bytes;
   run_.d2h_bytes += bytes;
@@ -120,10 +129,7 @@ void Gemini::spill_shard(Chunk& c) {
 void Gemini::unspill_shard(Chunk& c) {
   if (std::find(spilled_.begin(), spilled_.end(), c.index()) == spilled_.end()) return;
   const int64_t bytes = c.copy_nbytes();
-  Allocator& a = allocator_for(options_.device);
-  const AllocatorStats st = a.stats();
-  if (st.capacity_bytes > 0 && st.current_bytes + bytes > st.capacity_bytes)
-    relieve_pressure(st.current_bytes + bytes - st.capacity_bytes);
+  make_device_room(bytes);
   c.storage()->move_to(options_.device);  // throws OutOfMemory: the op cannot run
   spilled_.erase(std::find(spilled_.begin(), spilled_.end(), c.index()));
   track_host(-bytes);

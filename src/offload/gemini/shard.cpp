@@ -346,10 +346,13 @@ std::function<void()> Gemini::start_shard_gather(Chunk& c, Device where, int64_t
     throw;
   }
   try {
-    const Tensor whole =
-        Tensor::from_storage(c.storage(), 0, {p.stride * options_.shard_ranks}, {1}, DType::F32);
     std::function<void()> wait =
-        low ? start_low_shard_gather(c, dtype) : reduction_.all_gather(c.shard(), whole).wait;
+        low ? start_low_shard_gather(c, dtype)
+            : reduction_
+                  .all_gather(c.shard(), Tensor::from_storage(c.storage(), 0,
+                                                              {p.stride * options_.shard_ranks},
+                                                              {1}, DType::F32))
+                  .wait;
     if (!c.shard_on_nvme()) return wait;
     // Freed once gathered, unwritten; after a failure the collective may still read it: kept.
     return [this, &c, wait] {
