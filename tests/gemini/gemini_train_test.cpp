@@ -10,6 +10,7 @@
 
 #include "autograd/functions.h"
 #include "core/allocator.h"
+#include "core/cuda_stream.h"
 #include "core/random.h"
 #include "data/random_tokens.h"
 #include "dir_entries.h"
@@ -48,6 +49,7 @@ struct Variant {
   // Note [Memory pressure]: device bytes held from the first c_fc forward after the warmup to the
   // end of the step, which the warmup never saw (as activation offload's late copies).
   int64_t unexpected_bytes = 0;
+  bool cuda = false;  // cuda:0 instead of the sim device, capped by limit_cuda_memory
 };
 
 struct TrainRun {
@@ -99,8 +101,11 @@ GeminiOptions gemini_options(const Variant& v, const optim::AdamHyper& hyper, De
 
 TrainRun train(const Variant& v, int steps = 4) {
   const gpt2::Config config = test_config();
-  const Device sim = Device::sim(kSim);
-  set_sim_capacity(kSim, v.capacity_bytes);
+  const Device sim = v.cuda ? Device::cuda(0) : Device::sim(kSim);
+  if (v.cuda)
+    limit_cuda_memory(0, v.capacity_bytes);
+  else
+    set_sim_capacity(kSim, v.capacity_bytes);
   allocator_for(sim).reset_peak();
   gpt2::GPT2 model(config, 21, DType::F32, v.gemini ? Device::cpu() : sim);
   optim::AdamHyper hyper;
@@ -162,7 +167,10 @@ TrainRun train(const Variant& v, int steps = 4) {
     r.illegal = gem->illegal_transitions();
     r.lower_bound_bytes = gem->lower_bound_bytes();
   }
-  set_sim_capacity(kSim, 0);
+  if (v.cuda)
+    limit_cuda_memory(0, 0);
+  else
+    set_sim_capacity(kSim, 0);
   return r;
 }
 
@@ -304,6 +312,23 @@ TEST(GeminiTrain, AutoGivesBackChunksWhenAStepNeedsMoreThanTheWarmup) {
   EXPECT_EQ(cpu_run.unexpected_steps, 3);
   const TrainRun run = train(v);
   expect_bitwise(plain, run, "auto with the unexpected bytes");
+  EXPECT_GT(run.stats.pressure_evictions, 0);
+  EXPECT_LE(run.sim_peak_bytes, v.capacity_bytes);
+}
+
+// The same on a GPU: the CUDA caching allocator calls the handler, and the bits are the plain
+// CUDA run's.
+TEST(GeminiTrain, OnCudaAutoGivesBackChunksWhenAStepNeedsMoreThanTheWarmup) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible (or a build without CUDA)";
+  Variant plain_v, cpu_v = static_cpu();
+  plain_v.cuda = cpu_v.cuda = true;
+  const TrainRun plain = train(plain_v);
+  const TrainRun cpu = train(cpu_v);
+  Variant v = auto_between(plain, cpu);
+  v.cuda = true;
+  v.unexpected_bytes = (v.capacity_bytes - cpu.sim_peak_bytes) / 4096 * 4096;
+  const TrainRun run = train(v);
+  expect_bitwise(plain, run, "auto on cuda with the unexpected bytes");
   EXPECT_GT(run.stats.pressure_evictions, 0);
   EXPECT_LE(run.sim_peak_bytes, v.capacity_bytes);
 }

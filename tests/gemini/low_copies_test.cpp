@@ -3,6 +3,7 @@
 // run's, with fewer bytes on the device and on the way there.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -70,6 +71,48 @@ void expect_chunk_copy(DType low) {
 TEST(SixteenBitCopies, AChunkCopyRoundsItsSixteenBitPartOnlyAndReleaseRestoresTheViews) {
   expect_chunk_copy(DType::BF16);
   expect_chunk_copy(DType::F16);
+}
+
+// Note [Staged copies] (chunk.cpp): a copy filled in slices, by the thread pool or by one thread,
+// is the home's f32 part as it is and the rest rounded, whatever the slices' bounds (across the
+// f32 part's end too); in f32 it is the home. Large enough for the pool to split every slice.
+TEST(SixteenBitCopies, ACopyFilledInSlicesIsTheCopyFilledAtOnce) {
+  const Device sim = Device::sim(kSim);
+  const int64_t numel = int64_t{1} << 21, f32_part = 300001;
+  for (DType low : {DType::F32, DType::BF16, DType::F16}) {
+    Chunk c(0, {{0, 0, f32_part}, {1, f32_part, numel - f32_part}}, numel);
+    c.storage()->materialize();
+    std::vector<float> home(static_cast<size_t>(numel));
+    for (size_t i = 0; i < home.size(); ++i)
+      home[i] = 3.0f * std::sin(0.001f * static_cast<float>(i));
+    std::memcpy(c.storage()->data(), home.data(), sizeof(float) * home.size());
+    c.set_f32_part(f32_part);
+    std::vector<Tensor> views;
+    for (const ChunkMember& m : c.members())
+      views.push_back(Tensor::from_storage(c.storage(), m.offset, {m.numel}, {1}, DType::F32));
+    c.set_views(views);
+    c.gather(sim, low);
+    const int64_t n = c.copy_nbytes();
+    std::vector<char> want(static_cast<size_t>(n));
+    const int64_t head = low == DType::F32 ? numel : f32_part;
+    std::memcpy(want.data(), home.data(), static_cast<size_t>(4 * head));
+    for (int64_t i = head; i < numel; ++i) {
+      const float f = home[static_cast<size_t>(i)];
+      const uint16_t bits = low == DType::BF16 ? float_to_bf16(f) : float_to_half(f);
+      std::memcpy(want.data() + 4 * head + 2 * (i - head), &bits, 2);
+    }
+    for (int64_t slice : {int64_t{4096}, (int64_t{1} << 20) + 12, n})
+      for (bool parallel : {false, true}) {
+        std::vector<char> out(static_cast<size_t>(n), 0);
+        for (int64_t b = 0; b < n; b += slice)
+          c.fill_copy(out.data() + b, b, std::min(n, b + slice), parallel);
+        EXPECT_EQ(std::memcmp(out.data(), want.data(), want.size()), 0)
+            << dtype_name(low) << ", slices of " << slice << " bytes, "
+            << (parallel ? "by the pool" : "on one thread");
+      }
+    EXPECT_EQ(std::memcmp(c.storage()->data(), want.data(), want.size()), 0) << "the gather's";
+    c.release_copy();
+  }
 }
 
 TEST(SixteenBitCopies, AGatherThatDoesNotFitLeavesTheChunkAsItWas) {

@@ -87,8 +87,14 @@ class Chunk {
   };
   GatherBytes gather_deferred(Device device, DType dtype = DType::F32);
   // The copy_nbytes() bytes of the copy, from the parked home, into host memory at `to` (the
-  // device copy on sim, a staging buffer for a GPU). Only reads the home: any thread.
-  void fill_copy(void* to) const;
+  // device copy on sim, a staging buffer for a GPU). Only reads the home: any thread. `parallel`:
+  // split over the thread pool (the compute thread's gathers; a worker thread's copy runs beside
+  // the compute and stays on its own thread).
+  void fill_copy(void* to, bool parallel = false) const;
+  // Bytes [begin, end) of the copy to `to` (multiples of 4, or end = copy_nbytes()).
+  void fill_copy(void* to, int64_t begin, int64_t end, bool parallel) const;
+  // Note [Staged copies] (chunk.cpp): the copy to `dst` on a CUDA device, through pinned slices.
+  void copy_staged(void* dst, Device device) const;
   // Offloaded chunk: drops the device copy and takes the parked host bytes back.
   void release_copy();
   // Note [NVMe-homed chunks]. set_on_nvme: the bytes were written to disk; frees them in RAM.

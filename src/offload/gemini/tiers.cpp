@@ -266,8 +266,10 @@ void Gemini::start_prefetch(Chunk& c, DType dtype) {
   if (!copier_) copier_ = std::make_unique<CopyWorker>(options_.device);
   const Chunk::GatherBytes b = c.gather_deferred(options_.device, dtype);
   try {  // a failed start (cuda: no pinned memory) leaves the chunk as it was
-    inflight_[c.index()].copy =
-        copier_->copy(b.device, c.copy_nbytes(), [&c](void* to) { c.fill_copy(to); });
+    inflight_[c.index()].copy = copier_->copy(b.device, c.copy_nbytes(), [&c, this](void* to) {
+      // on cuda the staging is filled on this thread (Note [Copy worker]): the pool's work
+      c.fill_copy(to, options_.device.is_cuda());
+    });
   } catch (...) {
     inflight_.erase(c.index());
     c.release_copy();
