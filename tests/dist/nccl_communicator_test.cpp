@@ -1,7 +1,8 @@
 // The NCCL communicator (src/dist/nccl/, docs/distributed.md "NCCL"). Without a GPU, as on the
 // machine this was written on, only the loader's errors and the tensor checks run; the collectives
 // on CUDA tensors (NcclWorker.*, run inside `mpirun -np 1` and `-np 2` by the DistNccl.* tests)
-// skip, saying why. They have never run: no GPU was lent to this work.
+// skip, saying why. DistNccl.OneRank passed on an H200 (session 34); TwoRanks needs two GPUs and
+// has never run.
 #include <gtest/gtest.h>
 
 #include <cstdlib>

@@ -3,8 +3,8 @@
 // is a one-element ncclAllReduce), bootstrapped through MPI: rank 0's ncclUniqueId reaches the
 // other ranks by MPI_Bcast. Loaded with dlopen only for --dist nccl (Note [Backend module],
 // loader.cpp), so nothing else links libnccl.so; it links MPI, NCCL and cudart, nothing of
-// memwall. Compiled against CUDA 13 and NCCL 2.28; it has never run on a GPU
-// (docs/distributed.md, "NCCL").
+// memwall. Compiled against CUDA 13 and NCCL 2.28; one rank ran on an H200 (session 34: every
+// collective on CUDA tensors), two ranks never have (docs/distributed.md, "NCCL").
 //
 // Invariants: only the communicator's progress thread calls in (backend_abi.h), and it makes this
 // rank's device current in init and before every call that enqueues work. Each collective is
