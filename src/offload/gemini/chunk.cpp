@@ -79,16 +79,18 @@ void Chunk::fill_copy(void* to, int64_t begin, int64_t end, bool parallel) const
   auto* out = static_cast<char*>(to);
   const int64_t head = copy_dtype_ == DType::F32 ? nbytes() : f32_part_ * 4;
   const int64_t size = dtype_size(copy_dtype_);
-  constexpr int64_t kGrainBytes = 1 << 20;  // a piece per task well past the loop's overhead
-  const int64_t grain = parallel ? kGrainBytes : end - begin + 1;
+  // The pool's pieces read about 1 MiB each (well past a task's overhead); else one piece, here.
+  auto loop = [parallel](int64_t n, int64_t piece, const auto& f) {
+    parallel_for(n, parallel ? piece : n + 1, f);
+  };
   const int64_t copied = std::max<int64_t>(0, std::min(end, head) - begin);
-  parallel_for(copied, grain, [&](int64_t b, int64_t e) {
+  loop(copied, 1 << 20, [&](int64_t b, int64_t e) {
     std::memcpy(out + b, from + begin + b, static_cast<size_t>(e - b));
   });
   if (end <= head) return;
   const int64_t first = (std::max(begin, head) - head) / size;  // of the rounded elements
   char* rounded = out + copied;
-  parallel_for((end - head) / size - first, grain / 4, [&](int64_t b, int64_t e) {
+  loop((end - head) / size - first, 1 << 18, [&](int64_t b, int64_t e) {
     convert_floats(DType::F32, from + head + 4 * (first + b), copy_dtype_, rounded + size * b,
                    e - b);
   });
