@@ -101,20 +101,23 @@ GeminiOptions gemini_options(const Variant& v, const optim::AdamHyper& hyper, De
 
 TrainRun train(const Variant& v, int steps = 4) {
   const gpt2::Config config = test_config();
-  const Device sim = v.cuda ? Device::cuda(0) : Device::sim(kSim);
-  if (v.cuda)
-    limit_cuda_memory(0, v.capacity_bytes);
-  else
-    set_sim_capacity(kSim, v.capacity_bytes);
-  allocator_for(sim).reset_peak();
-  gpt2::GPT2 model(config, 21, DType::F32, v.gemini ? Device::cpu() : sim);
+  const Device device = v.cuda ? Device::cuda(0) : Device::sim(kSim);
+  auto set_capacity = [&](int64_t bytes) {
+    if (v.cuda)
+      limit_cuda_memory(0, bytes);
+    else
+      set_sim_capacity(kSim, bytes);
+  };
+  set_capacity(v.capacity_bytes);
+  allocator_for(device).reset_peak();
+  gpt2::GPT2 model(config, 21, DType::F32, v.gemini ? Device::cpu() : device);
   optim::AdamHyper hyper;
   hyper.lr = 1e-2f;
   hyper.weight_decay = 0.01f;
   std::unique_ptr<optim::Optimizer> opt;
   Gemini* gem = nullptr;
   if (v.gemini) {
-    auto g = std::make_unique<Gemini>(model, gemini_options(v, hyper, sim));
+    auto g = std::make_unique<Gemini>(model, gemini_options(v, hyper, device));
     gem = g.get();
     opt = std::move(g);
   } else {
@@ -134,7 +137,7 @@ TrainRun train(const Variant& v, int steps = 4) {
   }
   if (gem && v.before_training) v.before_training(*gem);
   Unexpected unexpected;
-  if (v.unexpected_bytes > 0) hold_unexpected(model, v.unexpected_bytes, sim, unexpected);
+  if (v.unexpected_bytes > 0) hold_unexpected(model, v.unexpected_bytes, device, unexpected);
   TrainRun r;
   default_generator().manual_seed(5);
   model.train();
@@ -142,7 +145,7 @@ TrainRun train(const Variant& v, int steps = 4) {
     unexpected.step = step;
     std::vector<int32_t> tokens(4 * 32);
     data::random_tokens(9, step, 4, 32, config.vocab_size, tokens.data());
-    Tensor ids = Tensor::from_vector(tokens, {4, 32}, sim);
+    Tensor ids = Tensor::from_vector(tokens, {4, 32}, device);
     opt->zero_grad();
     Tensor logits = model(ids);
     Tensor loss = shifted_cross_entropy(logits, ids);
@@ -161,16 +164,13 @@ TrainRun train(const Variant& v, int steps = 4) {
     gem->with_parameters_readable(read_weights);
   else
     read_weights();
-  r.sim_peak_bytes = allocator_for(sim).stats().peak_bytes;
+  r.sim_peak_bytes = allocator_for(device).stats().peak_bytes;
   if (gem) {
     r.stats = gem->run_stats();
     r.illegal = gem->illegal_transitions();
     r.lower_bound_bytes = gem->lower_bound_bytes();
   }
-  if (v.cuda)
-    limit_cuda_memory(0, 0);
-  else
-    set_sim_capacity(kSim, 0);
+  set_capacity(0);
   return r;
 }
 

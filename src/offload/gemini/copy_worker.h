@@ -11,12 +11,12 @@
 //    it; with every core computing it takes its time from the GEMMs instead (docs/gemini.md), so
 //    gpt2_train starts it by default only when the machine has more cores than --threads.
 //  - On CUDA (Note [Copy stream and events], core/cuda_stream.h), a copy stream: the bytes go
-//    from the host home into a pinned staging buffer (memcpy on the calling thread: a copy from
-//    pageable memory would make the host wait for the stream), then cudaMemcpyAsync on the copy
-//    stream, after an event that orders it behind the compute stream's work so far (the device
-//    block may be a recycled one that queued kernels still read). The op that needs the chunk
-//    makes the compute stream wait on the copy's event (the host does not block); a release
-//    synchronises the host on it before the device block or the staging buffer is reused.
+//    from the host home into a pinned staging buffer (filled on the calling thread, by the pool:
+//    a copy from pageable memory would make the host wait for the stream), then cudaMemcpyAsync
+//    on the copy stream, after an event that orders it behind the compute stream's work so far
+//    (the device block may be a recycled one that queued kernels still read). The op that needs
+//    the chunk makes the compute stream wait on the copy's event (the host does not block); a
+//    release synchronises the host on it before the device block or the staging buffer is reused.
 #pragma once
 
 #include <condition_variable>

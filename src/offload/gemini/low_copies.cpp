@@ -31,9 +31,10 @@ namespace mw::gemini {
 //    gathers 16 bits, any other (a sample, which runs in f32 at every precision) f32, and a
 //    chunk gathered in the other dtype is released and gathered again. Backward gathers what
 //    the chunk's forward did, since the graph saved views of that dtype.
-//  - Rounded as the copy is written (Chunk::fill_copy): by the compute thread for a gather when
-//    the op starts, by the copy worker's thread for a prefetch on sim; on a GPU into a host
-//    buffer (the copy worker's pinned staging buffer), which is then copied.
+//  - Rounded as the copy is written (Chunk::fill_copy): by the thread pool for a gather when the
+//    op starts (on a GPU into pinned slices, Note [Staged copies], chunk.cpp), by the copy
+//    worker's thread for a prefetch on sim, and by the pool into the copy worker's pinned
+//    staging buffer for a prefetch on a GPU.
 std::vector<char> Gemini::low_copy_flags() const {
   if (options_.low_copies == DType::F32) return std::vector<char>(names_.size(), 0);
   MW_CHECK_T(
