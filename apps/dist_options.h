@@ -14,8 +14,8 @@ namespace mw {
 
 inline void declare_dist(cli::Parser& p) {
   p.option("dist", "auto",
-           "auto|local|mpi: the communicator; auto = MPI when launched by mpirun, else this "
-           "process alone (docs/distributed.md)");
+           "auto|local|mpi|nccl: the communicator; auto = under mpirun NCCL for --device cuda "
+           "and MPI otherwise, else this process alone (docs/distributed.md)");
   p.option("dist-timeout", "300",
            "seconds a collective may wait for the other ranks before the run stops with an error");
   p.option("zero", "0",
@@ -29,7 +29,16 @@ inline void declare_dist(cli::Parser& p) {
 // made by main(), which must be able to abandon it on an error (Note [Collective timeouts]).
 inline dist::CommOptions parse_dist(const cli::Parser& p, train::TrainOptions& o) {
   dist::CommOptions c;
-  c.backend = p.choice("dist", {"auto", "local", "mpi"});
+  c.backend = p.choice("dist", {"auto", "local", "mpi", "nccl"});
+  // Note [Buckets on CUDA] (train/data_parallel.cpp): CUDA tensors go over NCCL, host ones MPI.
+  if (c.backend == "auto" && o.device.is_cuda() && dist::launcher_world_size() > 1)
+    c.backend = "nccl";
+  MW_CHECK_T(cli::UsageError, c.backend != "nccl" || o.device.is_cuda(), "--dist nccl takes ",
+             "CUDA tensors, but --device is ", o.device.str(),
+             ": pass --device cuda, or --dist mpi (or leave --dist out) for cpu and sim");
+  MW_CHECK_T(cli::UsageError, c.backend != "mpi" || !o.device.is_cuda(),
+             "--dist mpi takes host tensors (cpu, sim), but --device is ", o.device.str(),
+             ": pass --dist nccl (or leave --dist out) to train on CUDA devices");
   c.timeout_ms = 1000.0 * p.real("dist-timeout", 0.001, 1e7);
   o.zero_stage = static_cast<int>(p.integer("zero", 0, 3));
   if (p.given("shard-param-frac")) o.shard_param_frac = p.real("shard-param-frac", 0, 1);
@@ -59,7 +68,7 @@ inline std::vector<std::string> one_process_dist_warnings(const cli::Parser& p,
   if (o.zero_stage > 0)
     w.push_back(str("--zero ", o.zero_stage, " in one process shards across that one rank, which ",
                     "saves no memory; launch under mpirun -np N to shard across N ranks"));
-  else
+  else if (!o.comm || o.comm->cuda_device() < 0)  // one NCCL rank: its collectives are real
     for (const char* name : {"bucket-mb", "dist-timeout"})
       if (p.given(name))
         w.push_back(str("--", name, " has no effect in one process (no collectives); launch under ",

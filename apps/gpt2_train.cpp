@@ -295,8 +295,8 @@ void declare_tokenizer_sampling_and_checks(cli::Parser& p) {
 cli::Parser make_parser() {
   cli::Parser p(
       "gpt2_train",
-      "Trains GPT-2 on the CPU (or the simulated accelerator) with HybridAdam; prints the\n"
-      "ColossalAI documents' lines (Model numel, [i] loss, Time, Mem usage).");
+      "Trains GPT-2 on the CPU, a CUDA GPU or the simulated accelerator, alone or under mpirun;\n"
+      "prints the ColossalAI documents' lines (Model numel, [i] loss, Time, Mem usage).");
   declare_model_and_loop(p);
   declare_memory_data_and_outputs(p);
   declare_placement(p);

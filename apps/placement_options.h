@@ -6,8 +6,10 @@
 #include <string>
 
 #include "cli.h"
+#include "core/cuda_stream.h"
 #include "core/numbers.h"
 #include "core/parallel.h"
+#include "dist/communicator.h"
 #include "offload/gemini/gemini.h"
 #include "train/trainer.h"
 
@@ -156,6 +158,11 @@ inline void parse_device_option(const cli::Parser& p, train::TrainOptions& o) {
       capacity(dev.substr(last + 1));
       spec = dev.substr(0, last);
     }
+    // Under a launcher, plain "cuda" is this rank's GPU, as the NCCL backend picks it (its local
+    // rank modulo the devices it sees): no rank touches another's (a context costs memory).
+    if (spec == "cuda" && dist::launcher_world_size() > 1 && dist::launcher_local_rank() >= 0 &&
+        cuda_device_count() > 0)
+      spec = str("cuda:", dist::launcher_local_rank() % cuda_device_count());
     o.device = cli::cuda_device(spec, dev);
   } else if (dev != "cpu") {
     throw cli::UsageError(str("--device '", dev,

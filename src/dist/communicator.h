@@ -115,6 +115,9 @@ struct CommOptions {
 bool launched_by_mpi();
 // The number of processes the launcher started (its environment), 0 when it does not say.
 int launcher_world_size();
+// This process's place among those the launcher started on its host (OMPI_COMM_WORLD_LOCAL_RANK,
+// MPI_LOCALRANKID, MV2_COMM_WORLD_LOCAL_RANK), -1 when it does not say.
+int launcher_local_rank();
 std::shared_ptr<Communicator> make_communicator(const CommOptions& options);
 
 // The element type of a collective; InvalidArgument naming `what` for any other dtype, a

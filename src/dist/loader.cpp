@@ -121,6 +121,13 @@ int launcher_world_size() {
   return 0;
 }
 
+int launcher_local_rank() {
+  for (const char* name :
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK"})
+    if (const char* v = std::getenv(name)) return std::max(0, std::atoi(v));
+  return -1;
+}
+
 std::shared_ptr<Communicator> make_communicator(const CommOptions& options) {
   const std::string& b = options.backend;
   MW_CHECK_T(InvalidArgument, b == "auto" || b == "local" || b == "mpi" || b == "nccl", "--dist '",

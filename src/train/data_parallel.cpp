@@ -10,6 +10,8 @@
 
 #include "autograd/autograd.h"
 #include "core/numbers.h"
+#include "core/ops.h"
+#include "optim/grad_norm.h"
 
 namespace mw::train {
 
@@ -22,6 +24,10 @@ double ms_since(clock::time_point t) {
 }
 
 void scale_(const Tensor& t, float factor) {
+  if (t.device().is_cuda()) {  // on its device, by the compute stream (Note [Buckets on CUDA])
+    Tensor(t).copy_(ops::affine_scalar(t, factor, 0.0));
+    return;
+  }
   float* x = t.data<float>();
   for (int64_t i = 0, n = t.numel(); i < n; ++i) x[i] *= factor;
 }
@@ -34,18 +40,37 @@ DataParallel::DataParallel(std::shared_ptr<dist::Communicator> comm, std::vector
   MW_CHECK_T(InvalidArgument, zero_stage_ >= 0 && zero_stage_ <= 2, "--zero ", zero_stage_,
              ": expected 0, 1 or 2 here; stage 3 builds the model into its buckets (the layout "
              "constructor)");
-  for (const Tensor& p : params_)
-    MW_CHECK_T(InvalidArgument,
-               p.dtype() == DType::F32 && p.is_contiguous() && !p.device().is_cuda(),
-               "data parallel training takes contiguous f32 parameters in host memory (cpu or "
-               "sim); found ",
-               p.desc(),
-               " (CUDA tensors need the NCCL backend, not implemented "
-               "yet)");
+  for (const Tensor& p : params_) {
+    MW_CHECK_T(InvalidArgument, p.dtype() == DType::F32 && p.is_contiguous(),
+               "data parallel training takes contiguous f32 parameters; found ", p.desc());
+    check_device(p.device());
+  }
   for (const Tensor& p : params_) numels_.push_back(p.numel());
   if (!params_.empty()) device_ = params_[0].device();
   build_buckets(bucket_bytes);
   install_gradient_hooks();
+}
+
+// Note [Buckets on CUDA]: the NCCL backend takes tensors on its rank's CUDA device only, so there
+// the buckets, the gradient pieces and the all_gather buffers live beside the parameters, and
+// scaling, zeroing and copying them are the device's ops, queued on the compute stream: a
+// collective starts behind them (Note [NCCL stream order]) and a kernel queued after its wait()
+// reads its result. On cpu and sim they are host memory, read by these loops, as the memory plan
+// counts them. The embedding's split reduction reads rows on the host: on CUDA its gradient takes
+// the whole-gradient path (the rows-ready hook declines a device buffer).
+void DataParallel::check_device(const Device& d) const {
+  const int cuda = comm_->cuda_device();
+  MW_CHECK_T(InvalidArgument, d.is_cuda() == (cuda >= 0) && (!d.is_cuda() || d.index == cuda),
+             "data parallel over the ", comm_->backend(), " backend takes ",
+             cuda >= 0 ? str("tensors on cuda:", cuda, " (this rank's NCCL device)")
+                       : std::string("tensors in host memory (cpu or sim)"),
+             "; found one on ", d.str(),
+             d.is_cuda() ? " (on CUDA, pass --dist nccl)" : " (NCCL takes CUDA tensors)");
+}
+
+Tensor DataParallel::buffer(int64_t numel, bool zeroed) const {
+  const Device d = comm_device();
+  return zeroed ? Tensor::zeros({numel}, DType::F32, d) : Tensor::empty({numel}, DType::F32, d);
 }
 
 void DataParallel::install_gradient_hooks() {
@@ -109,11 +134,11 @@ void DataParallel::build_buckets(int64_t bucket_bytes) {
     b.piece = b.padded / n;
     b.filled.assign(b.members.size(), 0);
     if (zero_stage_ == 0) {
-      b.buffer = Tensor::zeros({b.padded});
+      b.buffer = buffer(b.padded, true);
       continue;
     }
-    if (zero_stage_ == 1) b.buffer = Tensor::zeros({b.padded});
-    b.shard_grad = Tensor::zeros({b.piece});
+    if (zero_stage_ == 1) b.buffer = buffer(b.padded, true);
+    b.shard_grad = buffer(b.piece, true);
     b.segments = segments_of(b, r);
     // Stage 3: filled by shard_parameters; zeros past the last member (the padding).
     if (zero_stage_ == 3) b.param_shard = Tensor::zeros({b.piece}, DType::F32, device_);
@@ -187,7 +212,7 @@ void DataParallel::on_rows_ready(size_t param, const Tensor& partial,
     return;
   Bucket& b = buckets_[bucket_of_[param]];
   const Member& m = b.members[member_of_[param]];
-  if (!b.buffer.defined()) b.buffer = Tensor::zeros({b.padded});  // stage 2: a fresh buffer
+  if (!b.buffer.defined()) b.buffer = buffer(b.padded, true);  // stage 2: a fresh buffer
   b.buffer.narrow(0, m.offset, m.numel).view(partial.shape()).copy_(partial);
   const int64_t C = partial.size(1);
   float* p = partial.data<float>();
@@ -212,7 +237,7 @@ void DataParallel::on_grad_ready(size_t param) {
   }
   Bucket& b = buckets_[bucket_of_[param]];
   const Member& m = b.members[member_of_[param]];
-  if (!b.buffer.defined()) b.buffer = Tensor::zeros({b.padded});  // stage 2: a fresh buffer
+  if (!b.buffer.defined()) b.buffer = buffer(b.padded, true);  // stage 2: a fresh buffer
   const Tensor g = grad(params_[param]);
   b.buffer.narrow(0, m.offset, m.numel).view(g.shape()).copy_(g);
   set_grad(params_[param], Tensor());  // the bucket holds it now
@@ -257,7 +282,7 @@ void DataParallel::finish_gradients() {
   // Parameters that got no gradient count zero; their buckets start now, in bucket order.
   for (Bucket& b : buckets_) {
     if (b.launched) continue;
-    if (!b.buffer.defined()) b.buffer = Tensor::zeros({b.padded});
+    if (!b.buffer.defined()) b.buffer = buffer(b.padded, true);
     for (size_t j = 0; j < b.members.size(); ++j)
       if (!b.filled[j]) b.buffer.narrow(0, b.members[j].offset, b.members[j].numel).zero_();
     launch(b);
@@ -345,12 +370,12 @@ void DataParallel::gather_parameters() {
   };
   const int64_t r = comm_->rank();
   for (Bucket& b : buckets_) {
-    Tensor piece = Tensor::zeros({b.piece});
+    Tensor piece = buffer(b.piece, true);
     for (const Segment& s : b.segments)
       piece.narrow(0, s.piece_offset, s.numel)
           .copy_(flat_param(s.param).narrow(0, s.param_offset, s.numel));
     (void)r;
-    Tensor full = zero_stage_ == 1 ? b.buffer : Tensor::empty({b.padded});
+    Tensor full = zero_stage_ == 1 ? b.buffer : buffer(b.padded, false);
     flight.push_back({&b, full, comm_->all_gather(piece, full)});
     if (flight.size() > 2) {
       complete(flight.front());
@@ -361,26 +386,38 @@ void DataParallel::gather_parameters() {
   stats_.gather_ms += ms_since(t0);
 }
 
+Device DataParallel::comm_device() const {
+  const int cuda = comm_->cuda_device();
+  return cuda >= 0 ? Device::cuda(cuda) : Device::cpu();
+}
+
+double DataParallel::sum_over_ranks(double value) const {
+  Tensor t = Tensor::full({1}, value, DType::F64, comm_device());
+  comm_->all_reduce(t).wait();
+  return t.item();
+}
+
 double DataParallel::mean_over_ranks(double value) {
   if (comm_->size() == 1) return value;
-  Tensor t = Tensor::full({1}, value, DType::F64);
-  comm_->all_reduce(t).wait();
-  return t.item() / static_cast<double>(comm_->size());
+  return sum_over_ranks(value) / static_cast<double>(comm_->size());
 }
 
 double DataParallel::grad_norm() const {
   double sum_sq = 0;
+  std::vector<double> parts;
   for (const Tensor& p : optimizer_params_) {
     const Tensor g = grad(p);
     if (!g.defined()) continue;
+    if (g.device().is_cuda()) {  // reduced on the device, its block partials added in order
+      parts.clear();
+      optim::append_block_squares(g.contiguous(), parts);
+      sum_sq = optim::add_in_order(sum_sq, parts);
+      continue;
+    }
     const float* x = g.data<float>();
     for (int64_t i = 0, n = g.numel(); i < n; ++i) sum_sq += static_cast<double>(x[i]) * x[i];
   }
-  if (zero_stage_ > 0 && comm_->size() > 1) {
-    Tensor t = Tensor::full({1}, sum_sq, DType::F64);
-    comm_->all_reduce(t).wait();
-    sum_sq = t.item();
-  }
+  if (zero_stage_ > 0 && comm_->size() > 1) sum_sq = sum_over_ranks(sum_sq);
   return std::sqrt(sum_sq);
 }
 

@@ -137,6 +137,10 @@ class DataParallel {
   void gather_parameters();
   // The mean of `value` over ranks (the step's loss).
   double mean_over_ranks(double value);
+  // The sum of `value` over ranks (in a tensor on the communicator's device: NCCL's on CUDA).
+  double sum_over_ranks(double value) const;
+  // Where the collectives' tensors live: the NCCL rank's CUDA device, else cpu.
+  Device comm_device() const;
   // The global L2 norm of the averaged gradients (stages 1-2: summed over the ranks' pieces).
   double grad_norm() const;
   // Leaves out of stats() the collectives since `before` (a checkpoint's, Note [ZeRO checkpoints]),
@@ -201,6 +205,10 @@ class DataParallel {
   void release(Bucket& b);
   void end_iteration();
   void build_buckets(int64_t bucket_bytes);
+  // Note [Buckets on CUDA]: parameters on the communicator's memory (host, or NCCL's device), and
+  // a bucket-sized buffer there (cpu for the host backends).
+  void check_device(const Device& d) const;
+  Tensor buffer(int64_t numel, bool zeroed) const;
   static std::vector<Segment> segments_of(const Bucket& b, int64_t rank);  // rank's piece of b
   void on_grad_ready(size_t param);
   // Note [Split embedding reduction].

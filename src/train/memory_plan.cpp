@@ -77,13 +77,14 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // one being filled, three buckets at most. Stage 3 reduces gradients as stage 2; its
 // parameters stay counted whole, an upper bound: a rank holds its pieces (Psi/N) and the buckets
 // in use (Note [ZeRO stage 3], train/zero3.cpp), which the plan does not lay out.
-// The buckets and shards are host memory whatever the device (train/data_parallel.cpp: the
+// The buckets and shards are host memory on cpu and sim (train/data_parallel.cpp: MPI's
 // collectives run on host buffers); on sim they were once counted on the device, 475 MiB too much
-// there and too little on the host for GPT-2 small at 2 ranks. Sizes come from the buckets
-// themselves (bucket_numels): a parameter larger than --bucket-mb is a bucket of its own (GPT-2's
-// wte, 147 MiB), so stage 2's buckets are the three largest, not 3 x --bucket-mb. (Planned as two
-// until session 23, when the reductions were not bounded: a 5-block 512-wide model at 2 ranks,
-// --zero 3, measured 161 MiB of host against 144.3 planned.)
+// there and too little on the host for GPT-2 small at 2 ranks. On CUDA, over NCCL, they are device
+// memory (Note [Buckets on CUDA]; those rows have not been measured on a GPU). Sizes come from the
+// buckets themselves (bucket_numels): a parameter larger than --bucket-mb is a bucket of its own
+// (GPT-2's wte, 147 MiB), so stage 2's buckets are the three largest, not 3 x --bucket-mb. (Planned
+// as two until session 23, when the reductions were not bounded: a 5-block 512-wide model at 2
+// ranks, --zero 3, measured 161 MiB of host against 144.3 planned.)
 // Stages 1 and 2 then rebuild the parameters after the update by all_gathers of three buckets at
 // a time, each from a host piece into a host buffer of the whole bucket (stage 1's is the kept
 // bucket): a moment after backward, so only what it holds beyond backward's host extras (the
@@ -110,18 +111,20 @@ void plan_gradient_buckets(MemoryPlan& p, const PlanInputs& in, int64_t params,
     return sum;
   };
   const int64_t piece = ceil_div(params, in.ranks);
+  // Note [Buckets on CUDA] (data_parallel.cpp): NCCL's buckets are on the device.
+  const std::string where = in.device.is_cuda() ? p.device_name : "host";
   if (in.zero_stage < 2)
-    add(p, "gradient buckets", "host", params, "data parallel: every bucket kept");
+    add(p, "gradient buckets", where, params, "data parallel: every bucket kept");
   if (in.zero_stage >= 1)
-    add(p, "gradient shard", "host", piece, str("ZeRO ", in.zero_stage, ": 1/", in.ranks));
+    add(p, "gradient shard", where, piece, str("ZeRO ", in.zero_stage, ": 1/", in.ranks));
   const int64_t in_flight = in.zero_stage >= 2 ? largest(3, [](int64_t b) { return b; }) : 0;
   if (in.zero_stage >= 2)
-    add(p, "gradient buckets in flight", "host", in_flight,
+    add(p, "gradient buckets in flight", where, in_flight,
         "the three largest: two reduced, one filled");
   if (in.zero_stage == 1 || in.zero_stage == 2) {
     const int64_t gather =
         largest(3, [&](int64_t b) { return ceil_div(b, in.ranks) + (in.zero_stage == 2 ? b : 0); });
-    add(p, "all_gather buffers beyond backward's", "host",
+    add(p, "all_gather buffers beyond backward's", where,
         std::max<int64_t>(0, gather - in_flight - host_activations),
         "three buckets at a time, after the update");
   }

@@ -76,7 +76,21 @@ void Trainer::check_data_parallel_options() const {
              "--zero 1 with --gemini: pass --zero 2. Gemini reduces each chunk's gradient as "
              "backward completes it, so sharding its Adam states shards the reduced gradient "
              "too, at no cost (stage 1 would keep it whole for nothing)");
-  refuse_not_implemented(o_.device.is_cuda(), "--device cuda with several ranks (NCCL backend)");
+  // Note [Buckets on CUDA] (data_parallel.cpp): plain data parallel and ZeRO 1-2 over NCCL.
+  const int cuda = o_.comm->cuda_device();
+  MW_CHECK_T(InvalidArgument, o_.device.is_cuda() == (cuda >= 0),
+             o_.device.is_cuda()
+                 ? str("--device ", o_.device.str(), " with ", n, " ranks over the ",
+                       o_.comm->backend(), " backend, which takes host tensors: pass --dist nccl")
+                 : str("the ", o_.comm->backend(), " backend takes CUDA tensors, but --device is ",
+                       o_.device.str(), ": pass --device cuda, or --dist mpi"));
+  MW_CHECK_T(InvalidArgument, cuda < 0 || o_.device.index == cuda, "--device ", o_.device.str(),
+             ": this rank's NCCL communicator is on cuda:", cuda,
+             " (its place on its host modulo the GPUs it sees); pass --device cuda and each rank "
+             "takes its own");
+  refuse_not_implemented(cuda >= 0 && !o_.gemini.empty(), "--gemini with --device cuda over NCCL");
+  refuse_not_implemented(cuda >= 0 && o_.zero_stage == 3,
+                         "--zero 3 with --device cuda over NCCL (--zero 0, 1 and 2 run there)");
 }
 
 // ZeRO 3 builds the model into its buckets (Note [ZeRO stage 3]): the DataParallel comes first.

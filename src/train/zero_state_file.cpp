@@ -106,6 +106,8 @@ class ShardStates {
       const Tensor& t = memory_state(k, which);
       if (!t.defined())
         std::fill(out, out + n, 0.f);
+      else if (t.device().is_cuda())  // Note [Buckets on CUDA]: ZeRO 1-2 over NCCL
+        std::memcpy(out, t.view({-1}).narrow(0, off, n).to(Device::cpu()).raw_data(), 4 * n);
       else
         std::memcpy(out, static_cast<const float*>(t.raw_data()) + off, 4 * n);
       return;
@@ -175,8 +177,9 @@ std::vector<int64_t> agreed_steps(DataParallel& dp, const std::vector<FileSegmen
       lohi[2 * s + 1] = std::max(lohi[2 * s + 1], hi);
     }
   }
-  Tensor all = Tensor::empty({dp.size() * 2 * count}, DType::I64);
-  dp.comm().all_gather(mine, all).wait();
+  Tensor all = Tensor::empty({dp.size() * 2 * count}, DType::I64, dp.comm_device());
+  dp.comm().all_gather(mine.to(dp.comm_device()), all).wait();
+  all = all.to(Device::cpu());
   const int64_t* every = all.data<int64_t>();
   std::vector<int64_t> steps(segments.size());
   for (int64_t s = 0; s < count; ++s) {
@@ -217,6 +220,7 @@ class OrderedSink {
       Tensor buf = Tensor::empty({take});
       if (dp_.rank() == run.rank)
         states_.read(run.piece, off + done, take, which, buf.data<float>());
+      buf = buf.to(dp_.comm_device());  // NCCL's on CUDA (Note [Buckets on CUDA])
       flight_.push_back({buf, dp_.comm().broadcast(buf, run.rank)});
       drain(2);
     }
@@ -224,7 +228,7 @@ class OrderedSink {
   void drain(size_t keep) {  // until at most `keep` broadcasts are in flight
     while (flight_.size() > keep) {
       flight_.front().second.wait();
-      const Tensor& buf = flight_.front().first;
+      const Tensor buf = flight_.front().first.to(Device::cpu());
       if (writer_) writer_->put(buf.raw_data(), buf.nbytes());
       flight_.pop_front();
     }

@@ -15,12 +15,15 @@
 #include "core/ops.h"
 #include "dist/communicator.h"
 #include "mpi_launch.h"
+#include "nccl_launch.h"
 
 namespace mw {
 namespace {
 
 using dist::Communicator;
 using dist::Work;
+using testing::nccl_module;
+using testing::nccl_unavailable;
 
 // Sets an environment variable for one test and restores it afterwards.
 class ScopedEnv {
@@ -190,20 +193,6 @@ TEST(NcclWorker, EveryCollectiveOnCudaTensors) {
 }
 
 // ---- the launchers ----
-
-std::string nccl_module() { return std::string(MW_BINARY_DIR) + "/src/dist/libmw_dist_nccl.so"; }
-
-// Empty when `ranks` NCCL workers can run here; else why not.
-std::string nccl_unavailable(int ranks) {
-  if (testing::is_mpi_worker()) return "inside a worker";
-  if (cuda_device_count() < ranks)
-    return "no CUDA device: " + std::to_string(ranks) + " GPU(s) needed, " +
-           std::to_string(cuda_device_count()) +
-           " visible (or a build without CUDA); the NCCL backend has not run here";
-  if (!std::filesystem::exists(nccl_module()))
-    return "the NCCL backend module was not built (cmake: 'memwall: NCCL backend OFF')";
-  return testing::mpi_unavailable();
-}
 
 void run_nccl_workers(int ranks) {
   auto r = testing::run_mpi_workers(ranks, "NcclWorker.*", 300);
