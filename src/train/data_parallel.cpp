@@ -57,7 +57,10 @@ DataParallel::DataParallel(std::shared_ptr<dist::Communicator> comm, std::vector
 // collective starts behind them (Note [NCCL stream order]) and a kernel queued after its wait()
 // reads its result. On cpu and sim they are host memory, read by these loops, as the memory plan
 // counts them. The embedding's split reduction reads rows on the host: on CUDA its gradient takes
-// the whole-gradient path (the rows-ready hook declines a device buffer).
+// the whole-gradient path (the rows-ready hook declines a device buffer). ZeRO 3 keeps its pieces
+// and gathers its buckets on the device too (zero3.cpp): a released bucket's memory returns to
+// the caching allocator while kernels that read it may still be queued, and a later gather may
+// get it; NCCL writes it only after everything queued on the compute stream (the same Note).
 void DataParallel::check_device(const Device& d) const {
   const int cuda = comm_->cuda_device();
   MW_CHECK_T(InvalidArgument, d.is_cuda() == (cuda >= 0) && (!d.is_cuda() || d.index == cuda),

@@ -88,9 +88,9 @@ void Trainer::check_data_parallel_options() const {
              ": this rank's NCCL communicator is on cuda:", cuda,
              " (its place on its host modulo the GPUs it sees); pass --device cuda and each rank "
              "takes its own");
-  refuse_not_implemented(cuda >= 0 && !o_.gemini.empty(), "--gemini with --device cuda over NCCL");
-  refuse_not_implemented(cuda >= 0 && o_.zero_stage == 3,
-                         "--zero 3 with --device cuda over NCCL (--zero 0, 1 and 2 run there)");
+  refuse_not_implemented(cuda >= 0 && !o_.gemini.empty(),
+                         "--gemini with --device cuda over NCCL (plain data parallel and --zero "
+                         "1-3 run there)");
 }
 
 // ZeRO 3 builds the model into its buckets (Note [ZeRO stage 3]): the DataParallel comes first.

@@ -57,9 +57,7 @@ DataParallel::DataParallel(std::shared_ptr<dist::Communicator> comm,
                            const std::vector<std::pair<std::string, Shape>>& layout,
                            int64_t bucket_bytes, Device device)
     : comm_(std::move(comm)), zero_stage_(3), device_(device) {
-  MW_CHECK_T(InvalidArgument, !device.is_cuda(),
-             "ZeRO 3 takes parameters in host memory (cpu or sim); CUDA tensors need the NCCL "
-             "backend, not implemented yet");
+  check_device(device);  // Note [Buckets on CUDA]: NCCL's device, or host memory for MPI
   for (const auto& [name, shape] : layout) {
     index_of_.emplace(name, names_.size());
     names_.push_back(name);
@@ -237,13 +235,12 @@ void DataParallel::end_iteration() {
 void DataParallel::stream_parameters(const std::function<void(const Touch& touch)>& write) {
   MW_CHECK(shards_parameters() && !uses_.empty(), "stream_parameters: ZeRO 3 after adopt");
   UncountedScope uncounted(this);
-  Tensor next = Tensor::empty({1}, DType::I64);
   gemini::Rank0Stream s;
   s.root = comm_->rank() == 0;
-  s.from_rank0 = [&](int64_t k) {
-    next.data<int64_t>()[0] = k;
+  s.from_rank0 = [&](int64_t k) {  // in the communicator's memory (NCCL: the device)
+    Tensor next = Tensor::full({1}, static_cast<double>(k), DType::I64).to(comm_device());
     comm_->broadcast(next, 0).wait();
-    return next.data<int64_t>()[0];
+    return next.to(Device::cpu()).data<int64_t>()[0];
   };
   s.gather = [&](int64_t k) {
     Bucket& b = buckets_[static_cast<size_t>(k)];
