@@ -155,4 +155,50 @@ std::shared_ptr<Communicator> make_local_communicator() {
   return std::make_shared<LocalCommunicator>();
 }
 
+// Note [Staged collectives].
+void StagedWork::wait() {
+  work_.wait();
+  if (out_.defined() && out_.raw_data() != staged_.raw_data()) out_.copy_(staged_);
+  staged_ = out_ = Tensor();  // once
+}
+
+Tensor in_comm_memory(const Communicator& comm, const Tensor& t) {
+  const std::optional<Device> m = comm.required_memory();
+  return !m || t.device() == *m ? t : t.to(*m);
+}
+
+namespace {
+
+// An output in the communicator's memory: itself when it is there, else an empty one there.
+Tensor staged_output(const Communicator& comm, const Tensor& out) {
+  const std::optional<Device> m = comm.required_memory();
+  return !m || out.device() == *m ? out : Tensor::empty(out.shape(), out.dtype(), *m);
+}
+
+}  // namespace
+
+StagedWork staged_all_reduce(Communicator& comm, const Tensor& t) {
+  Tensor s = in_comm_memory(comm, t);
+  return {comm.all_reduce(s), s, t};
+}
+
+StagedWork staged_broadcast(Communicator& comm, const Tensor& t, int root) {
+  Tensor s = in_comm_memory(comm, t);
+  return {comm.broadcast(s, root), s, t};
+}
+
+StagedWork staged_reduce_scatter(Communicator& comm, const Tensor& input, const Tensor& output) {
+  Tensor in = in_comm_memory(comm, input);
+  // In place (output = input's front, the same bytes): the staged output is the staged input's.
+  const bool in_place = output.raw_data() == input.raw_data();
+  Tensor out = in_place && in.raw_data() != input.raw_data() ? in.narrow(0, 0, output.numel())
+                                                             : staged_output(comm, output);
+  return {comm.reduce_scatter(in, out), out, output};
+}
+
+StagedWork staged_all_gather(Communicator& comm, const Tensor& input, const Tensor& output) {
+  Tensor out = staged_output(comm, output);
+  return {comm.all_gather(in_comm_memory(comm, input), out), out, output};
+}
+
 }  // namespace mw::dist

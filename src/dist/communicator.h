@@ -21,6 +21,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/error.h"
@@ -81,6 +82,12 @@ class Communicator {
   // The CUDA device whose tensors the collectives take (NCCL: chosen by this rank's place on its
   // host, so the caller puts its model there); -1 for the backends of host tensors.
   virtual int cuda_device() const { return -1; }
+  // Where every collective's tensors must be (Note [Staged collectives]): cuda:cuda_device() on
+  // NCCL; none on the backends of host tensors (cpu and sim alike).
+  virtual std::optional<Device> required_memory() const {
+    if (cuda_device() < 0) return std::nullopt;
+    return Device::cuda(cuda_device());
+  }
   // Sum over ranks, in place.
   virtual Work all_reduce(const Tensor& t) = 0;
   // input: size() * k elements; output: k elements, this rank's piece of the sum. output may be
@@ -100,6 +107,34 @@ class Communicator {
   // at once with its error and the launcher stops the others.
   virtual void abandon() = 0;
 };
+
+// Note [Staged collectives]: the NCCL backend takes tensors on its rank's GPU only, but some
+// callers hold theirs elsewhere (Gemini's chunks live in RAM, on disk and on the device). A staged
+// collective runs on copies of the tensors in the communicator's memory (cuda_device()), made on
+// the compute stream before it starts (so it reads them: Note [NCCL stream order]); wait() then
+// copies the result back into the caller's output. Where the tensors are already there (or on the
+// host backends, whose memory is the host's) it is the collective itself, without a copy. The
+// copies are transients of the collective's size on the device, beside what the caller planned.
+class StagedWork {
+ public:
+  StagedWork() = default;
+  StagedWork(Work work, Tensor staged_out, Tensor out)
+      : work_(std::move(work)), staged_(std::move(staged_out)), out_(std::move(out)) {}
+  // Waits for the collective (throwing its error) and copies its result into the output.
+  void wait();
+  bool done() const { return work_.done(); }
+
+ private:
+  Work work_;
+  Tensor staged_, out_;  // the collective's output and the caller's, when they differ
+};
+
+// `t` in the communicator's memory: itself when it is there, else a copy.
+Tensor in_comm_memory(const Communicator& comm, const Tensor& t);
+StagedWork staged_all_reduce(Communicator& comm, const Tensor& t);
+StagedWork staged_broadcast(Communicator& comm, const Tensor& t, int root);
+StagedWork staged_reduce_scatter(Communicator& comm, const Tensor& input, const Tensor& output);
+StagedWork staged_all_gather(Communicator& comm, const Tensor& input, const Tensor& output);
 
 // The single-process communicator (size 1, no library): every collective is a copy or nothing.
 std::shared_ptr<Communicator> make_local_communicator();

@@ -390,8 +390,7 @@ void DataParallel::gather_parameters() {
 }
 
 Device DataParallel::comm_device() const {
-  const int cuda = comm_->cuda_device();
-  return cuda >= 0 ? Device::cuda(cuda) : Device::cpu();
+  return comm_->required_memory().value_or(Device::cpu());
 }
 
 double DataParallel::sum_over_ranks(double value) const {

@@ -234,10 +234,10 @@ void Trainer::build_model() {
     g.tensor_decays = decayed_parameters();        // Note [Weight decay by ranges]
     set_low_copies(o_, config_, g);                // Note [16-bit copies]
     g.keeps_gradients_until_step |= !o_.steps_in_backward();  // set_deferred_updates below
-    if (o_.data_parallel()) {  // chunks that leave RAM as filled take rank 0's values first
-      std::shared_ptr<dist::Communicator> comm = o_.comm;
-      g.broadcast_from_rank0 = [comm](const Tensor& t) { comm->broadcast(t, 0).wait(); };
-    }
+    if (o_.data_parallel())  // chunks that leave RAM as filled take rank 0's values first
+      g.broadcast_from_rank0 = [comm = o_.comm](const Tensor& t) {  // Note [Staged collectives]
+        dist::staged_broadcast(*comm, t, 0).wait();
+      };
     if (o_.data_parallel() && o_.zero_stage >= 2) {  // Note [Sharded optimizer states]
       g.shard_rank = o_.comm->rank();
       g.shard_ranks = o_.comm->size();

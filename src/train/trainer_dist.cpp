@@ -25,11 +25,6 @@ namespace {
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
-void refuse_not_implemented(bool given, const char* what) {
-  MW_CHECK_T(InvalidArgument, !given, what,
-             " is not implemented yet (issue #15); run without it, or with one process");
-}
-
 // The per-rank memory line under Gemini (Notes [Sharded optimizer states], [Sharded parameters]).
 std::string gemini_memory_text(gemini::Gemini& gem, int64_t psi) {
   const int64_t sharded_numel = gem.sharded_numel();
@@ -88,9 +83,6 @@ void Trainer::check_data_parallel_options() const {
              ": this rank's NCCL communicator is on cuda:", cuda,
              " (its place on its host modulo the GPUs it sees); pass --device cuda and each rank "
              "takes its own");
-  refuse_not_implemented(cuda >= 0 && !o_.gemini.empty(),
-                         "--gemini with --device cuda over NCCL (plain data parallel and --zero "
-                         "1-3 run there)");
 }
 
 // ZeRO 3 builds the model into its buckets (Note [ZeRO stage 3]): the DataParallel comes first.
@@ -141,44 +133,49 @@ void Trainer::setup_data_parallel() {
 
 // Note [Gemini under data parallel] (offload/gemini/deferred.cpp): rank 0's chunks to every rank,
 // then each chunk's gradient summed over the ranks when backward completes it, scaled to the mean.
+// Over NCCL, Gemini's chunks in RAM go through copies on the device (Note [Staged collectives],
+// dist/communicator.h); on the host backends these are the collectives themselves.
 void Trainer::connect_gemini() {
   std::shared_ptr<dist::Communicator> comm = o_.comm;
   gemini::Gemini::GradientReduction r;
-  auto waiter = [](dist::Work w) {
-    auto work = std::make_shared<dist::Work>(std::move(w));
+  auto waiter = [](dist::StagedWork w) {
+    auto work = std::make_shared<dist::StagedWork>(std::move(w));
     return std::function<void()>([work] { work->wait(); });
   };
   if (gem_->options().shard_ranks > 1) {  // Note [Sharded optimizer states]
-    auto started = [](dist::Work w) {
-      auto work = std::make_shared<dist::Work>(std::move(w));
+    auto started = [](dist::StagedWork w) {
+      auto work = std::make_shared<dist::StagedWork>(std::move(w));
       return gemini::Gemini::GradientReduction::Started{[work] { work->wait(); },
                                                         [work] { return work->done(); }};
     };
     r.reduce_scatter = [comm, started](const Tensor& in, const Tensor& out) {
-      return started(comm->reduce_scatter(in, out));
+      return started(dist::staged_reduce_scatter(*comm, in, out));
     };
     r.all_gather = [comm, started](const Tensor& in, const Tensor& out) {
-      return started(comm->all_gather(in, out));
+      return started(dist::staged_all_gather(*comm, in, out));
     };
     r.sum_over_ranks = [comm](double x) {
       Tensor t = Tensor::full({1}, x, DType::F64);
-      comm->all_reduce(t).wait();
+      dist::staged_all_reduce(*comm, t).wait();
       return t.data<double>()[0];
     };
     r.from_rank0 = [comm](int64_t x) {  // Note [Sharded parameters]: saving
       Tensor t = Tensor::full({1}, static_cast<double>(x), DType::I64);
-      comm->broadcast(t, 0).wait();
+      dist::staged_broadcast(*comm, t, 0).wait();
       return t.data<int64_t>()[0];
     };
   } else {
-    r.start = [comm, waiter](const Tensor& grad) { return waiter(comm->all_reduce(grad)); };
+    r.start = [comm, waiter](const Tensor& grad) {
+      return waiter(dist::staged_all_reduce(*comm, grad));
+    };
   }
   r.scale = 1.f / static_cast<float>(comm->size());
   gem_->set_gradient_reduction(std::move(r));
   // Rank 0's chunks to every rank (sharded and disk-homed chunks took theirs as they were filled).
-  std::vector<dist::Work> works;
+  std::vector<dist::StagedWork> works;
   for (const auto& c : gem_->chunks())
-    if (!c->sharded() && !c->on_nvme()) works.push_back(o_.comm->broadcast(c->flat(), 0));
+    if (!c->sharded() && !c->on_nvme())
+      works.push_back(dist::staged_broadcast(*comm, c->flat(), 0));
   for (auto& w : works) w.wait();
   o_.comm->reset_stats();  // the broadcast is not a training step's communication
 }
