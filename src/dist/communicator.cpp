@@ -155,6 +155,55 @@ std::shared_ptr<Communicator> make_local_communicator() {
   return std::make_shared<LocalCommunicator>();
 }
 
+namespace {
+
+class MemoryRequiringCommunicator : public Communicator {
+ public:
+  MemoryRequiringCommunicator(std::shared_ptr<Communicator> inner, Device memory)
+      : inner_(std::move(inner)), memory_(memory) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string backend() const override { return inner_->backend(); }
+  std::optional<Device> required_memory() const override { return memory_; }
+  Work all_reduce(const Tensor& t) override {
+    check(t, "all_reduce");
+    return inner_->all_reduce(t);
+  }
+  Work reduce_scatter(const Tensor& in, const Tensor& out) override {
+    check(in, "reduce_scatter"), check(out, "reduce_scatter");
+    return inner_->reduce_scatter(in, out);
+  }
+  Work all_gather(const Tensor& in, const Tensor& out) override {
+    check(in, "all_gather"), check(out, "all_gather");
+    return inner_->all_gather(in, out);
+  }
+  Work broadcast(const Tensor& t, int root) override {
+    check(t, "broadcast");
+    return inner_->broadcast(t, root);
+  }
+  Work barrier() override { return inner_->barrier(); }
+  CommStats stats() const override { return inner_->stats(); }
+  void reset_stats() override { inner_->reset_stats(); }
+  void set_timeout_ms(double ms) override { inner_->set_timeout_ms(ms); }
+  void abandon() override { inner_->abandon(); }
+
+ private:
+  void check(const Tensor& t, const char* what) const {
+    MW_CHECK_T(InvalidArgument, t.defined() && t.device() == memory_, what, ": ", t.desc(),
+               " is not on ", memory_.str(),
+               ", the memory this communicator requires (Note [Device ",
+               "memory on the CPU]: NCCL would refuse it too)");
+  }
+  std::shared_ptr<Communicator> inner_;
+  Device memory_;
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> require_memory(std::shared_ptr<Communicator> inner, Device memory) {
+  return std::make_shared<MemoryRequiringCommunicator>(std::move(inner), memory);
+}
+
 // Note [Staged collectives].
 void StagedWork::wait() {
   work_.wait();

@@ -155,6 +155,14 @@ int launcher_world_size();
 int launcher_local_rank();
 std::shared_ptr<Communicator> make_communicator(const CommOptions& options);
 
+// Note [Device memory on the CPU]: NCCL's rule, every collective's tensors on the rank's device,
+// checked without a GPU. `inner` (MPI, local) with required_memory() = `memory` (sim): each
+// collective refuses a tensor elsewhere, so a caller that would hand NCCL a host tensor fails
+// here as it would there, and the buckets, pieces and staging copies go to that device.
+// make_communicator returns one when $MW_DIST_DEVICE_MEMORY=sim (the end-to-end tests'
+// stand-in for NCCL, docs/distributed.md).
+std::shared_ptr<Communicator> require_memory(std::shared_ptr<Communicator> inner, Device memory);
+
 // The element type of a collective; InvalidArgument naming `what` for any other dtype, a
 // non-contiguous tensor, or one in the wrong memory: cuda_device < 0 (local, MPI) takes host
 // tensors only, cuda_device >= 0 (NCCL) tensors on cuda:cuda_device only.

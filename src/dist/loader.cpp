@@ -145,7 +145,12 @@ std::shared_ptr<Communicator> make_communicator(const CommOptions& options) {
   const std::string why = b == "mpi" ? std::string("--dist mpi")
                                      : str("this process was started by an MPI launcher (", var,
                                            "=", std::getenv(var.c_str()), ") and");
-  return std::make_shared<AsyncCommunicator>(load_backend(kMpiModule, why), options.timeout_ms);
+  auto mpi = std::make_shared<AsyncCommunicator>(load_backend(kMpiModule, why), options.timeout_ms);
+  const char* memory = std::getenv("MW_DIST_DEVICE_MEMORY");  // Note [Device memory on the CPU]
+  if (memory == nullptr || *memory == '\0') return mpi;
+  MW_CHECK_T(InvalidArgument, std::string(memory) == "sim", "MW_DIST_DEVICE_MEMORY='", memory,
+             "': expected sim (or unset)");
+  return require_memory(mpi, Device::sim());
 }
 
 }  // namespace mw::dist

@@ -56,17 +56,17 @@ DataParallel::DataParallel(std::shared_ptr<dist::Communicator> comm, std::vector
 // scaling, zeroing and copying them are the device's ops, queued on the compute stream: a
 // collective starts behind them (Note [NCCL stream order]) and a kernel queued after its wait()
 // reads its result. On cpu and sim they are host memory, read by these loops, as the memory plan
-// counts them. The embedding's split reduction reads rows on the host: on CUDA its gradient takes
-// the whole-gradient path (the rows-ready hook declines a device buffer). ZeRO 3 keeps its pieces
+// counts them. The embedding's split reduction reads rows on the host: over device memory its
+// gradient takes the whole-gradient path (the rows-ready hook declines). ZeRO 3 keeps its pieces
 // and gathers its buckets on the device too (zero3.cpp): a released bucket's memory returns to
 // the caching allocator while kernels that read it may still be queued, and a later gather may
 // get it; NCCL writes it only after everything queued on the compute stream (the same Note).
 void DataParallel::check_device(const Device& d) const {
-  const int cuda = comm_->cuda_device();
-  MW_CHECK_T(InvalidArgument, d.is_cuda() == (cuda >= 0) && (!d.is_cuda() || d.index == cuda),
-             "data parallel over the ", comm_->backend(), " backend takes ",
-             cuda >= 0 ? str("tensors on cuda:", cuda, " (this rank's NCCL device)")
-                       : std::string("tensors in host memory (cpu or sim)"),
+  const std::optional<Device> m = comm_->required_memory();
+  MW_CHECK_T(InvalidArgument, m ? d == *m : !d.is_cuda(), "data parallel over the ",
+             comm_->backend(), " backend takes ",
+             m ? str("tensors on ", m->str(), m->is_cuda() ? " (this rank's NCCL device)" : "")
+               : std::string("tensors in host memory (cpu or sim)"),
              "; found one on ", d.str(),
              d.is_cuda() ? " (on CUDA, pass --dist nccl)" : " (NCCL takes CUDA tensors)");
 }
@@ -209,9 +209,11 @@ void DataParallel::broadcast_parameters() {
 
 void DataParallel::on_rows_ready(size_t param, const Tensor& partial,
                                  const std::vector<int64_t>& rows) {
-  // An earlier micro-batch accumulates in place; an unusual buffer takes the whole-gradient path.
+  // An earlier micro-batch accumulates in place; an unusual buffer takes the whole-gradient path,
+  // as every buffer does over a communicator of device memory (NCCL: Note [Buckets on CUDA]).
   if (!armed_ || partial.dtype() != DType::F32 || !partial.is_contiguous() ||
-      !partial.device().is_host_addressable() || partial.shape() != params_[param].shape())
+      !partial.device().is_host_addressable() || partial.shape() != params_[param].shape() ||
+      comm_->required_memory())
     return;
   Bucket& b = buckets_[bucket_of_[param]];
   const Member& m = b.members[member_of_[param]];
