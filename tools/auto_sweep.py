@@ -32,7 +32,8 @@ Eleven checks of promises the tests make on a few cases only, drawn over many
           its --nvme-dir empty.
   dp      #15's "losses match a single process on the same global batch": `mpirun -np 2` (or
           --ranks N, the batch a multiple of N) at a drawn ZeRO stage (plain or Gemini,
-          --shard-param-frac drawn) against one plain process, fp32 at lr 1e-2, every loss
+          --shard-param-frac drawn; half the runs under MW_DIST_DEVICE_MEMORY=sim, NCCL's
+          memory rule) against one plain process, fp32 at lr 1e-2, every loss
           within 1e-4 (tests/dist/dist_train.h: the summation order differs by ~1 ulp; a
           missed or doubled update moves a loss by 1e-3 or more). Refused combinations print
           EXIT.
@@ -248,10 +249,16 @@ def check_dp(binary, rng, work, ranks):
         g += ["--shard-param-frac", rng.choice(["0.3", "0.5"])]
     if g:
         g = ["--device", "sim:4GiB"] + g
+    # Note [Device memory on the CPU]: half the runs under NCCL's rule (every collective's tensors
+    # on the device), the sim device standing in for the rank's GPU.
+    memory = rng.random() < 0.5
+    if memory and not g:
+        g = ["--device", "sim:4GiB"]
+    env = dict(os.environ, MW_DIST_DEVICE_MEMORY="sim") if memory else None
     one, two = os.path.join(work, "one.jsonl"), os.path.join(work, "two.jsonl")
     r1 = run([binary] + a + ["--log", one])
-    r2 = run(mpirun(ranks) + [binary] + a + g + ["--zero", zero, "--log", two])
-    what = " ".join(a + g + ["--zero", zero])
+    r2 = run(mpirun(ranks) + [binary] + a + g + ["--zero", zero, "--log", two], env=env)
+    what = " ".join(a + g + ["--zero", zero]) + (" [MW_DIST_DEVICE_MEMORY=sim]" if memory else "")
     if r1.returncode or r2.returncode:
         return refused("EXIT", r2 if r2.returncode else r1, what)
     la = [json.loads(l)["loss"] for l in open(one)]
