@@ -79,20 +79,21 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // in use (Note [ZeRO stage 3], train/zero3.cpp), which the plan does not lay out.
 // The buckets and shards are host memory on cpu and sim (train/data_parallel.cpp: MPI's
 // collectives run on host buffers); on sim they were once counted on the device, 475 MiB too much
-// there and too little on the host for GPT-2 small at 2 ranks. On CUDA, over NCCL, they are device
-// memory (Note [Buckets on CUDA]; those rows have not been measured on a GPU). Sizes come from the
-// buckets themselves (bucket_numels): a parameter larger than --bucket-mb is a bucket of its own
-// (GPT-2's wte, 147 MiB), so stage 2's buckets are the three largest, not 3 x --bucket-mb. (Planned
-// as two until session 23, when the reductions were not bounded: a 5-block 512-wide model at 2
-// ranks, --zero 3, measured 161 MiB of host against 144.3 planned.)
-// Stages 1 and 2 then rebuild the parameters after the update by all_gathers of three buckets at
-// a time, each from a host piece into a host buffer of the whole bucket (stage 1's is the kept
-// bucket): a moment after backward, so only what it holds beyond backward's host extras (the
-// buckets in flight, the activations when they are on the host) is added. Measured on sim, 26.8M
-// parameters (wte a bucket of 73.6 MiB), 2 ranks: host peaks 307 / 293 MiB at stages 1 / 2 against
-// 255.7 / 203.4 planned without these two corrections.
-// The f32 bytes of the data-parallel buckets (bucket_numels over the parameters in registration
-// order), largest first.
+// there and too little on the host for GPT-2 small at 2 ranks. Over NCCL they are device memory
+// (Note [Buckets on CUDA]): measured on sim under NCCL's rule (Note [Device memory on the CPU]),
+// within 0.2% at stages 0 and 1, upper bounds at 2 and 3 (+11%, +33%: the buckets in flight are
+// counted beside the activations' peak, which they do not reach); not measured on a GPU. Sizes come
+// from the buckets themselves (bucket_numels): a parameter larger than --bucket-mb is a bucket of
+// its own (GPT-2's wte, 147 MiB), so stage 2's buckets are the three largest, not 3 x --bucket-mb.
+// (Planned as two until session 23, when the reductions were not bounded: a 5-block 512-wide model
+// at 2 ranks, --zero 3, measured 161 MiB of host against 144.3 planned.) Stages 1 and 2 then
+// rebuild the parameters after the update by all_gathers of three buckets at a time, each from a
+// host piece into a host buffer of the whole bucket (stage 1's is the kept bucket): a moment after
+// backward, so only what it holds beyond backward's host extras (the buckets in flight, the
+// activations when they are on the host) is added. Measured on sim, 26.8M parameters (wte a bucket
+// of 73.6 MiB), 2 ranks: host peaks 307 / 293 MiB at stages 1 / 2 against 255.7 / 203.4 planned
+// without these two corrections. The f32 bytes of the data-parallel buckets (bucket_numels over the
+// parameters in registration order), largest first.
 std::vector<int64_t> bucket_bytes_largest_first(const PlanInputs& in) {
   std::vector<int64_t> numels;
   for (const auto& spec : gpt2::tensor_specs(in.config)) numels.push_back(shape_numel(spec.shape));
@@ -112,7 +113,7 @@ void plan_gradient_buckets(MemoryPlan& p, const PlanInputs& in, int64_t params,
   };
   const int64_t piece = ceil_div(params, in.ranks);
   // Note [Buckets on CUDA] (data_parallel.cpp): NCCL's buckets are on the device.
-  const std::string where = in.device.is_cuda() ? p.device_name : "host";
+  const std::string where = in.collectives_on_device ? p.device_name : "host";
   if (in.zero_stage < 2)
     add(p, "gradient buckets", where, params, "data parallel: every bucket kept");
   if (in.zero_stage >= 1)
@@ -289,7 +290,10 @@ void plan_gradients(MemoryPlan& p, const PlanInputs& in, const Activations& a, i
   const bool on_device = !in.device.is_cpu();
   const std::string& dev = p.device_name;
   const bool data_parallel = in.ranks > 1 || in.zero_stage > 0;
-  if (data_parallel) plan_gradient_buckets(p, in, params, on_device ? 0 : device_act);
+  // What backward's moment holds beside the buffers where they are: the device's activations
+  // (a cpu run's are host memory), none on the host for host buffers beside a device.
+  if (data_parallel)
+    plan_gradient_buckets(p, in, params, !on_device || in.collectives_on_device ? device_act : 0);
   if (in.micro_batches > 1) {
     // The gradients of the micro-batches so far stay through the next one's forward and
     // backward, beside its activations (measured: GPT-2 small B2 T128 --grad-accum 2 on sim,

@@ -71,6 +71,9 @@ struct PlanInputs {
   int zero_stage = 0;  // 1: Adam states sharded; 2: gradients too; 3: parameters too
   int64_t bucket_bytes = int64_t{25} << 20;
   int64_t ranks_on_host = 1;
+  // The communicator takes tensors on the device only (NCCL; Note [Device memory on the CPU]):
+  // the buckets and shards are there (Note [Buckets on CUDA], train/data_parallel.cpp).
+  bool collectives_on_device = false;
 };
 
 struct PlanRow {

@@ -97,6 +97,7 @@ bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Traine
     in.gemini_options.shard_param_frac = o.gemini_shard_param_frac();
     in.bucket_bytes = o.bucket_bytes;
     in.ranks_on_host = ranks_on_this_host(in.ranks);
+    in.collectives_on_device = o.comm->required_memory().has_value();
   }
   const MemoryPlan plan = plan_memory(in);
   const AvailableMemory avail = available_memory(in.nvme_dir);
