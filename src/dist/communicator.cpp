@@ -191,8 +191,8 @@ class MemoryRequiringCommunicator : public Communicator {
   void check(const Tensor& t, const char* what) const {
     MW_CHECK_T(InvalidArgument, t.defined() && t.device() == memory_, what, ": ", t.desc(),
                " is not on ", memory_.str(),
-               ", the memory this communicator requires (Note [Device ",
-               "memory on the CPU]: NCCL would refuse it too)");
+               ", the memory this communicator requires (NCCL would refuse it too: Note "
+               "[Device memory on the CPU])");
   }
   std::shared_ptr<Communicator> inner_;
   Device memory_;
