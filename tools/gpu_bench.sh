@@ -11,6 +11,8 @@
 #    Gemini auto and static (parameters and states on the host), HF save then --init-from.
 # Everything goes to $OUT/bench.log; the last lines printed are a summary table.
 # `bash tools/gpu_bench.sh quick`: only the comparison of GPT-2 small B8 T1024 and medium B4 T1024.
+# `bash tools/gpu_bench.sh nccl`: the NCCL tests (one GPU runs the one-rank ones), then GPT-2 small
+# B8 T1024 on one NCCL rank at ZeRO 0-3 and under Gemini against the plain run: steps and losses.
 # `bash tools/gpu_bench.sh bf16`: small B8 T1024 in fp32, then small and medium with autocast bf16
 # on both sides.
 # `bash tools/gpu_bench.sh tiers`: GPT-2 medium B2 T128 with Gemini's three tiers on the GPU capped to
@@ -153,6 +155,27 @@ if [[ ${1:-} == tiers ]]; then  # issue #10's three tiers on a GPU capped to 768
 $(grep -o 'cuda:0 peak [0-9]* MiB' "$runs/$name.txt" | tail -1) losses \
 $(grep -o '^\[[0-9]\] loss: [0-9.]*' "$runs/$name.txt" | grep -o '[0-9.]*$' | tr '\n' ' ')"
   done
+  exit 0
+fi
+if [[ ${1:-} == nccl ]]; then  # data parallel over NCCL (session 35, written without a GPU): the
+  # tests first, then GPT-2 small on one NCCL rank at each stage and under Gemini against the plain
+  # run (same losses within the data-parallel tolerance; the step's cost of the collectives)
+  run nccl-tests 400 ctest --test-dir build-gpu -j2 -R 'Nccl|BucketsDevice|StagedCollectives'
+  summary+=("nccl tests: $(grep -E 'tests passed|Failed|Skipped' "$runs/nccl-tests.txt" | tr '\n' ' ')")
+  small=(--device cuda --model small --batch 8 --seq 1024 --steps 6 --dropout 0)
+  run plain 150 "$train" "${small[@]}"
+  summary+=("plain $(grep -o 'median step: [0-9.]* ms' "$runs/plain.txt") \
+$(grep -o '^\[[0-9]\] loss: [0-9.]*' "$runs/plain.txt" | grep -o '[0-9.]*$' | tr '\n' ' ')")
+  for v in "z0:--zero 0" "z1:--zero 1" "z2:--zero 2" "z3:--zero 3" "gemini-auto-z0:--gemini auto" \
+           "gemini-host-z2:--gemini static --offload-param-frac 1 --offload-optim-frac 1 --zero 2"; do
+    name=${v%%:*}; read -r -a extra <<<"${v#*:}"
+    run "nccl-$name" 200 mpirun --allow-run-as-root -np 1 "$train" "${small[@]}" --dist nccl \
+      "${extra[@]}"
+    summary+=("nccl-$name rc=$? $(grep -o 'median step: [0-9.]* ms' "$runs/nccl-$name.txt") \
+$(grep -o 'cuda:0 peak [0-9]* MiB' "$runs/nccl-$name.txt" | tail -1) \
+$(grep -o '^\[[0-9]\] loss: [0-9.]*' "$runs/nccl-$name.txt" | grep -o '[0-9.]*$' | tr '\n' ' ')")
+  done
+  printf '%s\n' "${summary[@]}"
   exit 0
 fi
 if [[ ${1:-} == bf16 ]]; then  # autocast bf16 against torch.autocast, with fp32 small as the anchor
