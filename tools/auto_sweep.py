@@ -39,7 +39,8 @@ Eleven checks of promises the tests make on a few cases only, drawn over many
           EXIT.
   dpbitwise Gemini under data parallel: at 2 ranks, a drawn ZeRO stage (0, 2, 3, sharded
           parameters drawn) and one chunk size, a drawn policy (fractions, budgets, copy worker,
-          three tiers) trains bit for bit as static cpu placement (losses, norms, saved bytes).
+          three tiers; half of them under MW_DIST_DEVICE_MEMORY=sim, NCCL's memory rule) trains
+          bit for bit as static cpu placement (losses, norms, saved bytes).
   finetune a user's fine-tune: a model trained and saved, then `--init-from` it on 1-3 shards
           of tokens (--data, --shuffle drawn), plain and in a drawn Gemini placement (three
           tiers drawn: the loader streams each tensor into its chunk): the same losses, norms
