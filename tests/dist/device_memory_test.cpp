@@ -64,11 +64,14 @@ TEST_P(DeviceMemoryRanks, MatchOneProcessAndTheirCheckpointResumesThere) {
   const Case c = GetParam();
   TempDir tmp;
   const std::string args = kTiny + "--steps 4 " + c.options + " ";
+  // Evaluation and sampling (collective forwards at ZeRO 3) and the best model (an agreement of
+  // the ranks) under the rule too.
+  const std::string evals = eval_and_sample(tmp) + "--save-best " + tmp.path() + "/best ";
   const std::string one = tmp.path() + "/one", two = tmp.path() + "/two";
-  AppResult a = train(0, args + outputs(one));
+  AppResult a = train(0, args + evals + outputs(one));
   ASSERT_EQ(a.exit_code, 0) << a.output;
   AppResult b = train(2,
-                      args + "--zero " + std::to_string(c.zero) +
+                      args + evals + "--zero " + std::to_string(c.zero) +
                           " --checkpoint-every 2 --checkpoint-dir " + two + "/ckpt" + outputs(two),
                       120, "MW_DIST_DEVICE_MEMORY=sim");
   ASSERT_EQ(b.exit_code, 0) << b.output;
@@ -80,6 +83,7 @@ TEST_P(DeviceMemoryRanks, MatchOneProcessAndTheirCheckpointResumesThere) {
             std::string::npos)
       << b.output;
   expect_same_run(one, two);
+  expect_same_evals_and_samples(a, b);
   const std::string resumed = tmp.path() + "/resumed";
   AppResult r = train(0, args + outputs(resumed) + "--resume " + two + "/ckpt/step_000002");
   ASSERT_EQ(r.exit_code, 0) << r.output;
