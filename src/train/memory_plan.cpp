@@ -103,6 +103,37 @@ std::vector<int64_t> bucket_bytes_largest_first(const PlanInputs& in) {
   return bytes;
 }
 
+// Stages 2-3 over device memory (Note [Buckets on CUDA]): the embedding's gradient is reduced
+// whole, so its bucket starts at the very end of backward, when the engine still holds the
+// gradient it was copied from and two more buckets may be in flight, beside what little is left
+// of the activations; at the activations' peak (the LM head's backward) no bucket is in flight yet.
+// So the row is what that moment holds beyond the activations' peak, and at least the three
+// largest other buckets (filled as the activations go). Measured under NCCL's rule on sim (the
+// 26.8M model at 2 ranks, wte's bucket 73.6 MiB): stage 2 329 MiB against 329.3 planned (366.5
+// with the three largest beside the peak), stage 3 312 against 340.1 (413.8; still an upper
+// bound: the other buckets counted beside the peak are filled only as the activations go).
+int64_t device_buckets_in_flight(const PlanInputs& in, int64_t device_activations) {
+  std::vector<int64_t> numels;
+  for (const auto& spec : gpt2::tensor_specs(in.config)) numels.push_back(shape_numel(spec.shape));
+  std::vector<int64_t> bytes;
+  for (int64_t n : bucket_numels(numels, in.bucket_bytes)) bytes.push_back(4 * n);
+  if (bytes.empty()) return 0;
+  const int64_t embedding = bytes.back();  // the first parameters registered: wte's bucket
+  bytes.pop_back();
+  std::sort(bytes.rbegin(), bytes.rend());
+  int64_t two = 0, three = 0;
+  for (size_t i = 0; i < bytes.size() && i < 3; ++i) (i < 2 ? two : three) += bytes[i];
+  three += two;
+  // Stage 3's parameters row counts two gathered buckets beside the peak (plan_parameters); the
+  // embedding's backward gathers none (it reads only the ids).
+  int64_t gathered = 0;
+  if (in.zero_stage == 3 && in.ranks > 1) {
+    const std::vector<int64_t> all = bucket_bytes_largest_first(in);
+    for (size_t i = 0; i < 2 && i < all.size(); ++i) gathered += all[i];
+  }
+  return std::max(three, 2 * embedding + two - device_activations - gathered);
+}
+
 void plan_gradient_buckets(MemoryPlan& p, const PlanInputs& in, int64_t params,
                            int64_t host_activations) {
   const std::vector<int64_t> bytes = bucket_bytes_largest_first(in);
@@ -118,10 +149,14 @@ void plan_gradient_buckets(MemoryPlan& p, const PlanInputs& in, int64_t params,
     add(p, "gradient buckets", where, params, "data parallel: every bucket kept");
   if (in.zero_stage >= 1)
     add(p, "gradient shard", where, piece, str("ZeRO ", in.zero_stage, ": 1/", in.ranks));
-  const int64_t in_flight = in.zero_stage >= 2 ? largest(3, [](int64_t b) { return b; }) : 0;
+  int64_t in_flight = in.zero_stage >= 2 ? largest(3, [](int64_t b) { return b; }) : 0;
+  if (in.zero_stage >= 2 && in.collectives_on_device)
+    in_flight = device_buckets_in_flight(in, host_activations);
   if (in.zero_stage >= 2)
     add(p, "gradient buckets in flight", where, in_flight,
-        "the three largest: two reduced, one filled");
+        in.collectives_on_device ? "beyond the activations: the embedding's, reduced whole at the "
+                                   "end of backward, and two more"
+                                 : "the three largest: two reduced, one filled");
   if (in.zero_stage == 1 || in.zero_stage == 2) {
     const int64_t gather =
         largest(3, [&](int64_t b) { return ceil_div(b, in.ranks) + (in.zero_stage == 2 ? b : 0); });

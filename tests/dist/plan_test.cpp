@@ -98,16 +98,17 @@ TEST(DataParallelPlanOnSim, EachRanksDeviceAndHostPeaksAreWithinTheBarOfItsPlan)
 
 // Under NCCL's memory rule (Note [Device memory on the CPU]: every collective's tensors on the
 // device, sim standing in for the GPU) the buckets, the gradient shard and the all_gather buffers
-// are device memory (Note [Buckets on CUDA]): 315.4 / 366.6 MiB planned against 315 / 366 at
-// stages 0 / 1 (the all_gathers after the update once counted beside the activations: +14%).
-// Stages 2 and 3 are upper bounds, +11% / +33% here: the buckets in flight (and at stage 3 the
-// gathered ones) are counted beside the activations' peak, at the LM head's backward, which they
-// do not reach (the embedding's bucket, the largest, is reduced whole at the end of backward).
+// are device memory (Note [Buckets on CUDA]): 315.4 / 366.6 / 329.3 MiB planned against 315 / 366
+// / 329 at stages 0 / 1 / 2. Before: the all_gathers after the update counted beside the
+// activations (stage 1 +14%), and the three largest buckets in flight beside the activations'
+// peak, where none is yet (stage 2 +11%); the embedding's bucket, reduced whole at the end of
+// backward beside the gradient it was copied from, is what stage 2 holds. Stage 3 is an upper
+// bound, +9%: 340.1 planned against 312 (+33% before).
 TEST(DataParallelPlanOnSim, UnderNcclsMemoryRuleTheBucketsAreDeviceMemory) {
   if (testing::is_mpi_worker()) GTEST_SKIP() << "inside a worker";
   if (auto why = testing::mpi_unavailable(); !why.empty()) GTEST_SKIP() << why;
   for (const auto& [zero, accum, over] : std::vector<std::tuple<int, int, double>>{
-           {0, 1, 0.10}, {0, 2, 0.10}, {1, 1, 0.10}, {2, 1, 0.15}, {3, 1, 0.35}})
+           {0, 1, 0.10}, {0, 2, 0.10}, {1, 1, 0.10}, {2, 1, 0.10}, {3, 1, 0.15}})
     expect_plan_holds_at_two_ranks(
         str(" --model small --n-layer 4 --n-embd 384 --n-head 6 --batch 4 --seq 64 --steps 2 "
             "--dropout 0 --threads 1 --device sim:16GiB --zero ",
