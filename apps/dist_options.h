@@ -68,7 +68,7 @@ inline std::vector<std::string> one_process_dist_warnings(const cli::Parser& p,
   if (o.zero_stage > 0)
     w.push_back(str("--zero ", o.zero_stage, " in one process shards across that one rank, which ",
                     "saves no memory; launch under mpirun -np N to shard across N ranks"));
-  else if (!o.comm || o.comm->cuda_device() < 0)  // one NCCL rank: its collectives are real
+  else if (!o.comm || !o.comm->required_memory())  // one NCCL rank: its collectives are real
     for (const char* name : {"bucket-mb", "dist-timeout"})
       if (p.given(name))
         w.push_back(str("--", name, " has no effect in one process (no collectives); launch under ",

@@ -127,9 +127,10 @@ struct TrainOptions {
     return shard_param_frac >= 0 ? shard_param_frac : zero_stage == 3 ? 1.0 : 0.0;
   }
   int64_t bucket_bytes = int64_t{25} << 20;
-  // Several ranks, a ZeRO stage, or NCCL (its one rank's collectives are real ones too).
+  // Several ranks, a ZeRO stage, or NCCL (its one rank's collectives are real ones too; and its
+  // stand-in, Note [Device memory on the CPU]).
   bool data_parallel() const {
-    return comm && (comm->size() > 1 || zero_stage > 0 || comm->cuda_device() >= 0);
+    return comm && (comm->size() > 1 || zero_stage > 0 || comm->required_memory().has_value());
   }
 
   // True when parameters are updated after backward (Note [Updates after backward]); fp16 too: a

@@ -97,5 +97,33 @@ INSTANTIATE_TEST_SUITE_P(Stages, DeviceMemoryRanks,
                                            Case{3, kChunksInRam}, Case{2, kThreeTiers},
                                            Case{3, kPiecesOnDisk}));
 
+// One rank under the rule takes the data-parallel path, as one NCCL rank does
+// (nccl_train_test.cpp's DataParallelNcclOneRank, the same placements, on a GPU): the same
+// losses and weights as one plain process.
+class DeviceMemoryOneRank : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DeviceMemoryOneRank, MatchesOneProcess) {
+  SKIP_WITHOUT_MPI();
+  const Case c = GetParam();
+  TempDir tmp;
+  const std::string args = kTiny + "--steps 4 " + c.options + " ";
+  const std::string one = tmp.path() + "/one", rank = tmp.path() + "/rank";
+  AppResult a = train(0, args + outputs(one));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  AppResult b = train(1, args + "--dist mpi --zero " + std::to_string(c.zero) + outputs(rank), 120,
+                      "MW_DIST_DEVICE_MEMORY=sim");
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(b.output.find("Data parallel: 1 rank (mpi), ZeRO stage " + std::to_string(c.zero)),
+            std::string::npos)
+      << b.output;
+  expect_same_run(one, rank);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, DeviceMemoryOneRank,
+                         ::testing::Values(Case{0, kPlain}, Case{1, kPlain}, Case{2, kPlain},
+                                           Case{3, kPlain}, Case{0, kChunksOnDevice},
+                                           Case{0, kChunksInRam}, Case{2, kChunksInRam},
+                                           Case{3, kChunksInRam}));
+
 }  // namespace
 }  // namespace mw
