@@ -80,25 +80,32 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // The buckets and shards are host memory on cpu and sim (train/data_parallel.cpp: MPI's
 // collectives run on host buffers); on sim they were once counted on the device, 475 MiB too much
 // there and too little on the host for GPT-2 small at 2 ranks. Over NCCL they are device memory
-// (Note [Buckets on CUDA]): measured on sim under NCCL's rule (Note [Device memory on the CPU]),
-// within 0.2% at stages 0 and 1, upper bounds at 2 and 3 (+11%, +33%: the buckets in flight are
-// counted beside the activations' peak, which they do not reach); not measured on a GPU. Sizes come
-// from the buckets themselves (bucket_numels): a parameter larger than --bucket-mb is a bucket of
-// its own (GPT-2's wte, 147 MiB), so stage 2's buckets are the three largest, not 3 x --bucket-mb.
-// (Planned as two until session 23, when the reductions were not bounded: a 5-block 512-wide model
-// at 2 ranks, --zero 3, measured 161 MiB of host against 144.3 planned.) Stages 1 and 2 then
-// rebuild the parameters after the update by all_gathers of three buckets at a time, each from a
-// host piece into a host buffer of the whole bucket (stage 1's is the kept bucket): a moment after
-// backward, so only what it holds beyond backward's host extras (the buckets in flight, the
-// activations when they are on the host) is added. Measured on sim, 26.8M parameters (wte a bucket
-// of 73.6 MiB), 2 ranks: host peaks 307 / 293 MiB at stages 1 / 2 against 255.7 / 203.4 planned
-// without these two corrections. The f32 bytes of the data-parallel buckets (bucket_numels over the
-// parameters in registration order), largest first.
-std::vector<int64_t> bucket_bytes_largest_first(const PlanInputs& in) {
+// (Note [Buckets on CUDA]; stages 2-3 there: device_buckets_in_flight), measured on sim under
+// NCCL's rule (Note [Device memory on the CPU]) within 0.2% at stages 0-2 and +9% at stage 3;
+// not measured on a GPU. Sizes come from the buckets themselves (bucket_numels): a parameter
+// larger than --bucket-mb is a bucket of its own (GPT-2's wte, 147 MiB), so stage 2's buckets are
+// the three largest, not 3 x --bucket-mb. (Planned as two until session 23, when the reductions
+// were not bounded: a 5-block 512-wide model at 2 ranks, --zero 3, measured 161 MiB of host
+// against 144.3 planned.)
+// Stages 1 and 2 then rebuild the parameters after the update by all_gathers of three buckets at
+// a time, each from a host piece into a host buffer of the whole bucket (stage 1's is the kept
+// bucket): a moment after backward, so only what it holds beyond backward's host extras (the
+// buckets in flight, the activations when they are on the host) is added. Measured on sim, 26.8M
+// parameters (wte a bucket of 73.6 MiB), 2 ranks: host peaks 307 / 293 MiB at stages 1 / 2 against
+// 255.7 / 203.4 planned without these two corrections.
+// The f32 bytes of the data-parallel buckets (bucket_numels over the parameters in registration
+// order), in bucket order: the last holds the first parameters registered (wte).
+std::vector<int64_t> bucket_bytes(const PlanInputs& in) {
   std::vector<int64_t> numels;
   for (const auto& spec : gpt2::tensor_specs(in.config)) numels.push_back(shape_numel(spec.shape));
   std::vector<int64_t> bytes;
   for (int64_t n : bucket_numels(numels, in.bucket_bytes)) bytes.push_back(4 * n);
+  return bytes;
+}
+
+// The same, largest first.
+std::vector<int64_t> bucket_bytes_largest_first(const PlanInputs& in) {
+  std::vector<int64_t> bytes = bucket_bytes(in);
   std::sort(bytes.rbegin(), bytes.rend());
   return bytes;
 }
@@ -113,24 +120,19 @@ std::vector<int64_t> bucket_bytes_largest_first(const PlanInputs& in) {
 // with the three largest beside the peak), stage 3 312 against 340.1 (413.8; still an upper
 // bound: the other buckets counted beside the peak are filled only as the activations go).
 int64_t device_buckets_in_flight(const PlanInputs& in, int64_t device_activations) {
-  std::vector<int64_t> numels;
-  for (const auto& spec : gpt2::tensor_specs(in.config)) numels.push_back(shape_numel(spec.shape));
-  std::vector<int64_t> bytes;
-  for (int64_t n : bucket_numels(numels, in.bucket_bytes)) bytes.push_back(4 * n);
+  std::vector<int64_t> bytes = bucket_bytes(in);
   if (bytes.empty()) return 0;
   const int64_t embedding = bytes.back();  // the first parameters registered: wte's bucket
-  bytes.pop_back();
+  // Stage 3's parameters row counts the two largest buckets gathered beside the peak
+  // (plan_parameters); the embedding's backward gathers none (it reads only the ids).
   std::sort(bytes.rbegin(), bytes.rend());
+  int64_t gathered = 0;
+  if (in.zero_stage == 3 && in.ranks > 1)
+    for (size_t i = 0; i < 2 && i < bytes.size(); ++i) gathered += bytes[i];
+  bytes.erase(std::find(bytes.begin(), bytes.end(), embedding));  // the others, largest first
   int64_t two = 0, three = 0;
   for (size_t i = 0; i < bytes.size() && i < 3; ++i) (i < 2 ? two : three) += bytes[i];
   three += two;
-  // Stage 3's parameters row counts two gathered buckets beside the peak (plan_parameters); the
-  // embedding's backward gathers none (it reads only the ids).
-  int64_t gathered = 0;
-  if (in.zero_stage == 3 && in.ranks > 1) {
-    const std::vector<int64_t> all = bucket_bytes_largest_first(in);
-    for (size_t i = 0; i < 2 && i < all.size(); ++i) gathered += all[i];
-  }
   return std::max(three, 2 * embedding + two - device_activations - gathered);
 }
 

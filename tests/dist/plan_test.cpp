@@ -116,6 +116,12 @@ TEST(DataParallelPlanOnSim, UnderNcclsMemoryRuleTheBucketsAreDeviceMemory) {
         over, "MW_DIST_DEVICE_MEMORY=sim");
 }
 
+// The Gemini plans' model: chunks of 2.5M elements of a model with a small vocabulary (so that
+// blocks' chunks, not wte's, are the largest, as in GPT-2 small).
+const std::string kGeminiModel =
+    " --model small --n-layer 4 --n-embd 384 --n-head 6 --vocab-size 1000 --chunk-size 2500000 "
+    "--batch 4 --seq 64 --steps 2 --dropout 0 --threads 1 --device sim:1GiB ";
+
 // Gemini under NCCL's memory rule: a chunk off the device is reduced and gathered through device
 // copies (Note [Staged collectives]), planned for static (sim peaks 34 / 34 / 46 MiB against 25.2 /
 // 24.5 / 31.8 planned at stages 0 / 2 / 3 before, 34.3 / 34.3 / 45.4 now); auto places its chunks
@@ -124,34 +130,27 @@ TEST(DataParallelPlanOnSim, UnderNcclsMemoryRuleTheBucketsAreDeviceMemory) {
 TEST(DataParallelPlanOnSim, GeminiUnderNcclsMemoryRuleCountsTheStagedCopies) {
   if (testing::is_mpi_worker()) GTEST_SKIP() << "inside a worker";
   if (auto why = testing::mpi_unavailable(); !why.empty()) GTEST_SKIP() << why;
-  const std::string model =
-      " --model small --n-layer 4 --n-embd 384 --n-head 6 --vocab-size 1000 --chunk-size 2500000 "
-      "--batch 4 --seq 64 --steps 2 --dropout 0 --threads 1 --device sim:1GiB ";
   for (const char* gemini :
        {"--gemini static --offload-param-frac 1 --offload-optim-frac 1 --zero 0",
         "--gemini static --offload-param-frac 1 --offload-optim-frac 1 --zero 2",
         "--gemini static --offload-param-frac 1 --offload-optim-frac 1 --zero 3",
         "--gemini auto --zero 2"})
-    expect_plan_holds_at_two_ranks(model + gemini, 0.15, "MW_DIST_DEVICE_MEMORY=sim");
+    expect_plan_holds_at_two_ranks(kGeminiModel + gemini, 0.15, "MW_DIST_DEVICE_MEMORY=sim");
 }
 
-// Gemini under data parallel, each rank's plan against its peaks, on chunks of 2.5M elements of a
-// model with a small vocabulary (so that blocks' chunks, not wte's, are the largest, as in GPT-2
-// small). Host: the updated pieces' all_gathers after the update, two chunks at a time (stage 2;
-// -15% when the plan had the backward's one buffer), two gradient buffers while one is reduced
-// (stage 3, -15%), and the gradient buffers of chunks whose states stay on the device (static,
-// -50%). Sim: a sharded chunk prefetched beside wte's at the LM head (-24%), and an op whose weight
-// and bias straddle two chunks holding both (static, -17%), the figures before each was planned.
+// Gemini under data parallel, each rank's plan against its peaks, on kGeminiModel. Host: the
+// updated pieces' all_gathers after the update, two chunks at a time (stage 2; -15% when the plan
+// had the backward's one buffer), two gradient buffers while one is reduced (stage 3, -15%), and
+// the gradient buffers of chunks whose states stay on the device (static, -50%). Sim: a sharded
+// chunk prefetched beside wte's at the LM head (-24%), and an op whose weight and bias straddle two
+// chunks holding both (static, -17%), the figures before each was planned.
 TEST(DataParallelPlanOnSim, GeminiRanksPeaksAreWithinTheBarOfTheirPlan) {
   if (testing::is_mpi_worker()) GTEST_SKIP() << "inside a worker";
   if (auto why = testing::mpi_unavailable(); !why.empty()) GTEST_SKIP() << why;
-  const std::string model =
-      " --model small --n-layer 4 --n-embd 384 --n-head 6 --vocab-size 1000 --chunk-size 2500000 "
-      "--batch 4 --seq 64 --steps 2 --dropout 0 --threads 1 --device sim:1GiB ";
   for (const char* gemini :
        {"--gemini auto --zero 2", "--gemini auto --zero 3",
         "--gemini static --offload-param-frac 1 --offload-optim-frac 1 --zero 3"})
-    expect_plan_holds_at_two_ranks(model + gemini);
+    expect_plan_holds_at_two_ranks(kGeminiModel + gemini);
   // Chunks of 20000 elements, smaller than a block's MLP weights (1M elements, each alone in its
   // chunk): the op after it (forward) or before it (backward) is gathered beside each op's own
   // chunks by the shard prefetch, 27 MiB against 22.8 planned (-15.6%) before they were counted.
@@ -177,7 +176,7 @@ TEST(DataParallelPlanOnSim, GeminiRanksPeaksAreWithinTheBarOfTheirPlan) {
   for (const char* gemini : {"--gemini static --offload-param-frac 1 --offload-optim-frac 1 "
                              "--zero 2 --shard-param-frac 0.5",
                              "--gemini static --zero 2"})
-    expect_plan_holds_at_two_ranks(model + gemini, 0.15);
+    expect_plan_holds_at_two_ranks(kGeminiModel + gemini, 0.15);
 }
 
 }  // namespace
