@@ -51,9 +51,9 @@ inline void declare_placement(cli::Parser& p) {
            "(docs/gemini.md); auto: on for sim when the machine has more cores than --threads, "
            "off on cuda");
   p.option("chunk-copy-dtype", "auto",
-           "auto|fp32: --gemini with --precision bf16|fp16: the chunks of the blocks' weight "
-           "matrices go to the device in that dtype (half the bytes, the same results: "
-           "docs/gemini.md); fp32: every chunk copy in f32");
+           "auto|fp32: --gemini or --zero 3 with --precision bf16|fp16: the blocks' weight "
+           "matrices go to the device, and ZeRO 3's all_gathers carry them, in that dtype (half "
+           "the bytes, the same results: docs/gemini.md, docs/distributed.md); fp32: in f32");
   p.option("host-capacity", "",
            "--gemini: host RAM for chunks and optimizer states; what does not fit goes to disk "
            "under --nvme-dir (three tiers)");
@@ -78,6 +78,15 @@ inline void parse_offload(const cli::Parser& p, train::TrainOptions& o, bool nvm
     o.nvme.record_timeline = !p.str("nvme-timeline").empty();
     o.nvme.borrow_gradient_slots = p.choice("nvme-borrow", {"on", "off"}) == "on";
   }
+  o.gemini_low_copies = p.choice("chunk-copy-dtype", {"auto", "fp32"}) == "auto";
+  MW_CHECK_T(cli::UsageError, !p.given("chunk-copy-dtype") || p.str("precision") != "fp32",
+             "--chunk-copy-dtype picks the dtype of chunk copies and parameter gathers under "
+             "--precision bf16|fp16; under fp32 every copy is f32: drop it, or pass --precision "
+             "bf16");
+  MW_CHECK_T(cli::UsageError,
+             !p.given("chunk-copy-dtype") || policy != "none" || p.integer("zero", 0, 3) == 3,
+             "--chunk-copy-dtype picks the dtype of Gemini's chunk copies and of ZeRO 3's "
+             "parameter gathers: it needs --gemini or --zero 3");
   if (policy != "none") {
     MW_CHECK_T(cli::UsageError, !o.device.is_cpu(),
                "--gemini needs a device to place chunks on: --device sim:CAPACITY");
@@ -113,10 +122,6 @@ inline void parse_offload(const cli::Parser& p, train::TrainOptions& o, bool nvm
     g.copy_worker =
         worker == "on" || (worker == "auto" && policy != "static" && !o.device.is_cuda() &&
                            o.threads > 0 && o.threads < available_cores());
-    o.gemini_low_copies = p.choice("chunk-copy-dtype", {"auto", "fp32"}) == "auto";
-    MW_CHECK_T(cli::UsageError, !p.given("chunk-copy-dtype") || p.str("precision") != "fp32",
-               "--chunk-copy-dtype picks the dtype of chunk copies under --precision bf16|fp16; "
-               "under fp32 every copy is f32: drop it, or pass --precision bf16");
     if (p.given("host-capacity")) {
       g.host_capacity_bytes = p.bytes("host-capacity");
       // Three tiers: a disk-homed chunk passes through RAM whole, so RAM in flight grows with the
@@ -131,7 +136,7 @@ inline void parse_offload(const cli::Parser& p, train::TrainOptions& o, bool nvm
   } else {
     for (const char* name :
          {"chunk-size", "offload-param-frac", "offload-optim-frac", "const-budget", "auto-margin",
-          "gpu-margin-mem-ratio", "host-capacity", "copy-worker", "chunk-copy-dtype"})
+          "gpu-margin-mem-ratio", "host-capacity", "copy-worker"})
       MW_CHECK_T(cli::UsageError, !p.given(name), "--", name, " needs --gemini");
   }
 }

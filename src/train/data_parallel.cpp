@@ -135,6 +135,7 @@ void DataParallel::build_buckets(int64_t bucket_bytes) {
   for (Bucket& b : buckets_) {
     b.padded = (b.numel + n - 1) / n * n;
     b.piece = b.padded / n;
+    if (!low_.tensors.empty()) put_f32_members_first(b);  // Note [16-bit parameter gathers]
     b.filled.assign(b.members.size(), 0);
     if (zero_stage_ == 0) {
       b.buffer = buffer(b.padded, true);
@@ -229,6 +230,10 @@ void DataParallel::on_rows_ready(size_t param, const Tensor& partial,
 }
 
 void DataParallel::on_grad_ready(size_t param) {
+  // Note [16-bit parameter gathers]: a weight read in 16 bits got a 16-bit gradient, widened as
+  // autocast's cast would have (exact); the next micro-batch's adds to it in f32.
+  if (const Tensor g = grad(params_[param]); g.defined() && g.dtype() != DType::F32)
+    set_grad(params_[param], g.to(DType::F32));
   if (!armed_) return;  // an earlier micro-batch: the gradient accumulates in place
   if (RowsGradient& rg = rows_grad_[param]; rg.early) {  // the embedding's rows alone
     const Tensor g = grad(params_[param]).contiguous();

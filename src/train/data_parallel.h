@@ -83,6 +83,14 @@ struct DataParallelStats {
   int64_t steps = 0;
 };
 
+// Note [16-bit parameter gathers] (zero3_low.cpp): `tensors` flags, per layout entry, those that
+// only autocast's products read; each stage-3 bucket puts them after its f32 members. Under an
+// autocast of `dtype` (bf16 or f16; F32: never) they are all_gathered in 2 bytes.
+struct LowGathers {
+  DType dtype = DType::F32;
+  std::vector<char> tensors;
+};
+
 class DataParallel {
  public:
   // Stages 0-2, over the parameters of a built model.
@@ -96,7 +104,7 @@ class DataParallel {
   // installs the hooks. Collective from the first parameter_ready on.
   DataParallel(std::shared_ptr<dist::Communicator> comm,
                const std::vector<std::pair<std::string, Shape>>& layout, int64_t bucket_bytes,
-               Device device);
+               Device device, LowGathers low = LowGathers());
   Tensor make_parameter(const std::string& name);
   void parameter_ready(const std::string& name);
   void adopt(nn::Module& model);
@@ -111,6 +119,10 @@ class DataParallel {
   // bucket beyond the pieces. Saving uses it (Note [Streaming save], models/gpt2/hf_io.cpp).
   using Touch = std::function<void(const std::string& name)>;
   void stream_parameters(const std::function<void(const Touch& touch)>& write);
+  // Stage 3: the bytes one gather of every bucket puts on the wire, summed over the ranks' sends
+  // (f32: the padded parameters x 4 B; Note [16-bit parameter gathers]: the 16-bit parts in 2 B).
+  int64_t gather_bytes(bool low) const;
+  DType low_gathers() const { return low_.dtype; }
 
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
@@ -181,6 +193,11 @@ class DataParallel {
     std::shared_ptr<Storage> params_full;
     enum class Residency { kReleased, kGathering, kGathered } residency = Residency::kReleased;
     dist::Work gather_work;
+    // Note [16-bit parameter gathers]: the members before f32_part are f32 ones; a 16-bit gather
+    // sends each rank's run in `slot` bytes, received in place (host) or into gather_out.
+    int64_t f32_part = 0, slot = 0;
+    DType gathered_dtype = DType::F32, forward_dtype = DType::F32;
+    Tensor gather_out;
     int pins = 0;   // ops using the parameters now
     int ready = 0;  // members built (construction)
   };
@@ -193,6 +210,7 @@ class DataParallel {
   struct Op {
     const nn::Module* module;
     bool backward;
+    DType autocast = DType::F32;  // a forward's autocast dtype
     bool operator==(const Op&) const = default;
   };
   void install_gradient_hooks();
@@ -200,8 +218,15 @@ class DataParallel {
   void pre_op(nn::Module& m, bool backward);
   void end_op(nn::Module& m, bool backward);
   bool next_op_uses(int64_t op, size_t bucket) const;
-  void start_gather(Bucket& b);
+  void start_gather(Bucket& b, DType dtype);
   void finish_gather(Bucket& b);
+  // Note [16-bit parameter gathers].
+  void put_f32_members_first(Bucket& b);
+  DType gather_dtype(const Bucket& b, bool backward, DType autocast) const;
+  int64_t copy_byte(const Bucket& b, int64_t element) const;
+  dist::Work start_low_gather(Bucket& b);
+  void place_low_runs(Bucket& b);
+  void retype(Bucket& b, DType dtype);
   void release(Bucket& b);
   void end_iteration();
   void build_buckets(int64_t bucket_bytes);
@@ -249,6 +274,7 @@ class DataParallel {
   std::vector<Shape> shapes_;
   std::unordered_map<std::string, size_t> index_of_;
   Device device_ = Device::cpu();
+  LowGathers low_;
 };
 
 // Evaluation, sampling or saving between steps: left out of the data-parallel report (a no-op

@@ -97,7 +97,8 @@ struct TrainOptions {
   gemini::GeminiOptions gemini_options;
   int64_t gemini_nvme_window_bytes = 0;
   // Note [16-bit copies] (offload/gemini): under --precision bf16|fp16, Gemini copies the chunks
-  // of the blocks' matrices to the device in that dtype (--chunk-copy-dtype auto); off: f32.
+  // of the blocks' matrices to the device in that dtype (--chunk-copy-dtype auto), and ZeRO 3
+  // gathers them in it (Note [16-bit parameter gathers], zero3_low.cpp); off: f32.
   bool gemini_low_copies = true;
   // The memory plan (docs/reliability.md): print it and stop; run without checking it.
   bool plan_only = false, skip_memory_check = false;

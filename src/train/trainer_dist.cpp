@@ -14,6 +14,7 @@
 
 #include "autograd/functions.h"
 #include "core/numbers.h"
+#include "models/gpt2/spec.h"
 #include "optim/adam_state_file.h"
 #include "train/data_parallel.h"
 #include "train/trainer.h"
@@ -24,6 +25,19 @@ namespace mw::train {
 namespace {
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+// A step's elements on the wire per rank, in units of Psi (N-1)/N: reduction 1 Psi, parameter
+// gathers 1 Psi after the update (stages 0-2), or twice around the ops (stage 3: forward,
+// backward). Plain ZeRO 3 under autocast sends the blocks' matrices in 2 B (Note [16-bit parameter
+// gathers]); under Gemini only its sharded chunks gather around the ops, `gathered` f32 elements
+// in place of their `sharded_numel` after the update (their 16-bit parts in 2 B too).
+double volume_in_psi(const DataParallel& dp, int64_t psi, double gathered, int64_t sharded_numel) {
+  const auto p = static_cast<double>(psi);
+  if (dp.shards_parameters() && dp.low_gathers() != DType::F32)
+    return 1.0 + static_cast<double>(dp.gather_bytes(true)) / 2.0 / p;
+  if (dp.shards_parameters()) return 3.0;
+  return 2.0 + (2.0 * gathered - static_cast<double>(sharded_numel)) / p;
+}
 
 // The per-rank memory line under Gemini (Notes [Sharded optimizer states], [Sharded parameters]).
 std::string gemini_memory_text(gemini::Gemini& gem, int64_t psi) {
@@ -89,7 +103,12 @@ void Trainer::check_data_parallel_options() const {
 std::unique_ptr<DataParallel> Trainer::make_zero3(gpt2::ParameterFactory& factory) {
   std::vector<std::pair<std::string, Shape>> tensors;
   for (const auto& spec : gpt2::tensor_specs(config_)) tensors.emplace_back(spec.name, spec.shape);
-  auto dp = std::make_unique<DataParallel>(o_.comm, tensors, o_.bucket_bytes, o_.device);
+  LowGathers low;  // Note [16-bit parameter gathers] (zero3_low.cpp)
+  if (o_.precision != DType::F32) {
+    low.dtype = o_.gemini_low_copies ? o_.precision : DType::F32;
+    low.tensors = gpt2::read_only_by_products(config_);
+  }
+  auto dp = std::make_unique<DataParallel>(o_.comm, tensors, o_.bucket_bytes, o_.device, low);
   DataParallel* raw = dp.get();
   factory.make = [raw](const gpt2::TensorSpec& spec) { return raw->make_parameter(spec.name); };
   factory.ready = [raw](const gpt2::TensorSpec& spec) { raw->parameter_ready(spec.name); };
@@ -257,14 +276,10 @@ std::string Trainer::data_parallel_report() const {
   const double steps = static_cast<double>(std::max<int64_t>(1, s.steps));
   const int64_t n = dp_->size();
   const int64_t psi = model_->num_parameters();
-  // ZeRO 3 gathers the parameters twice (forward, backward); under Gemini only its sharded chunks,
-  // in place of their gathers after the update (the 16-bit parts in 2 B: Note [16-bit gathers])
   const int64_t sharded_numel = gem_ ? gem_->sharded_numel() : 0;
   const double gathered = gem_ ? static_cast<double>(gem_->sharded_gather_bytes()) / 4.0 : 0.0;
-  const double times =
-      dp_->shards_parameters()
-          ? 3.0
-          : 2.0 + (2.0 * gathered - static_cast<double>(sharded_numel)) / static_cast<double>(psi);
+  const bool low_gathers = dp_->shards_parameters() && dp_->low_gathers() != DType::F32;
+  const double times = volume_in_psi(*dp_, psi, gathered, sharded_numel);
   const double formula =
       times * static_cast<double>(psi) * 4.0 * static_cast<double>(n - 1) / static_cast<double>(n);
   std::string out =
@@ -279,7 +294,8 @@ std::string Trainer::data_parallel_report() const {
              " Psi (N-1)/N x 4 B = ", format_fixed(mib(static_cast<int64_t>(formula)), 2), " MiB",
              gathered < static_cast<double>(sharded_numel)
                  ? " (sharded chunks' 16-bit parts gathered in 2 B)\n"
-                 : "\n");
+             : low_gathers ? " (the blocks' matrices gathered in 2 B)\n"
+                           : "\n");
   out += str("Data parallel: collectives busy ", format_fixed(s.comm.busy_ms / steps, 1),
              " ms/step, waited after backward ", format_fixed(s.backward_end_wait_ms / steps, 1),
              " ms/step (exposed), parameter all_gather ",
@@ -302,16 +318,17 @@ std::string Trainer::data_parallel_report() const {
   if (dp_->shards_parameters() && s.steps > 1) {  // Note [ZeRO stage 3]: step 1 is recorded
     const auto gather = static_cast<size_t>(dist::Collective::kAllGather);
     const double later = static_cast<double>(s.steps - 1);
-    out +=
-        str("Data parallel: stage 3 gathered parameter buckets ",
-            format_fixed(static_cast<double>(s.parameter_gathers - s.recorded_gathers) / later, 1),
-            " times per step after the first (recorded) step's ", s.recorded_gathers,
-            "; all_gather after it ",
-            format_fixed(
-                mib(s.comm.wire_bytes[gather] - s.recorded_comm.wire_bytes[gather]) / later, 2),
-            " MiB/step against 2 Psi (N-1)/N x 4 B = ",
-            format_fixed(mib(static_cast<int64_t>(formula * 2 / 3)), 2), " MiB; ops waited ",
-            format_fixed(s.parameter_wait_ms / steps, 1), " ms/step for parameters (exposed)\n");
+    out += str(
+        "Data parallel: stage 3 gathered parameter buckets ",
+        format_fixed(static_cast<double>(s.parameter_gathers - s.recorded_gathers) / later, 1),
+        " times per step after the first (recorded) step's ", s.recorded_gathers,
+        "; all_gather after it ",
+        format_fixed(mib(s.comm.wire_bytes[gather] - s.recorded_comm.wire_bytes[gather]) / later,
+                     2),
+        " MiB/step against ", format_fixed(times - 1, low_gathers ? 3 : 0), " Psi (N-1)/N x 4 B = ",
+        format_fixed(mib(static_cast<int64_t>(formula * (times - 1) / times)), 2),
+        " MiB; ops waited ", format_fixed(s.parameter_wait_ms / steps, 1),
+        " ms/step for parameters (exposed)\n");
   }
   const std::string params =
       dp_->shards_parameters()

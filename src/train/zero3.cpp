@@ -37,7 +37,9 @@
 #include <algorithm>
 #include <chrono>
 
+#include "autograd/autocast.h"
 #include "autograd/autograd.h"
+#include "core/convert.h"
 #include "core/numbers.h"
 #include "nn/layers.h"
 #include "offload/gemini/rank0_stream.h"
@@ -55,9 +57,16 @@ bool contains(const std::vector<size_t>& v, size_t x) {
 
 DataParallel::DataParallel(std::shared_ptr<dist::Communicator> comm,
                            const std::vector<std::pair<std::string, Shape>>& layout,
-                           int64_t bucket_bytes, Device device)
-    : comm_(std::move(comm)), zero_stage_(3), device_(device) {
+                           int64_t bucket_bytes, Device device, LowGathers low)
+    : comm_(std::move(comm)), zero_stage_(3), device_(device), low_(std::move(low)) {
   check_device(device);  // Note [Buckets on CUDA]: NCCL's device, or host memory for MPI
+  MW_CHECK_T(InvalidArgument,
+             (low_.dtype == DType::F32 || is_low_precision(low_.dtype)) &&
+                 (low_.tensors.empty() || low_.tensors.size() == layout.size()) &&
+                 (low_.dtype == DType::F32 || !low_.tensors.empty()),
+             "ZeRO 3: 16-bit gathers need a bf16 or f16 dtype and a flag per tensor (",
+             dtype_name(low_.dtype), ", ", low_.tensors.size(), " flags for ", layout.size(),
+             " tensors)");
   for (const auto& [name, shape] : layout) {
     index_of_.emplace(name, names_.size());
     names_.push_back(name);
@@ -141,16 +150,21 @@ void DataParallel::install_module_hooks(nn::Module& model) {
   }
 }
 
-void DataParallel::start_gather(Bucket& b) {
+void DataParallel::start_gather(Bucket& b, DType dtype) {
   if (b.residency != Bucket::Residency::kReleased) return;
+  b.gathered_dtype = dtype;
+  b.params_full->resize_uninitialized(dtype == DType::F32 ? b.padded * 4 : size() * b.slot);
   b.params_full->materialize();
   gathered_bytes_ += b.params_full->nbytes();
   if (uncounted_ == 0) {  // the steps' figures; gather_all holds every bucket by definition
     stats_.gathered_peak_bytes = std::max(stats_.gathered_peak_bytes, gathered_bytes_);
     ++stats_.parameter_gathers;
   }
-  b.gather_work = comm_->all_gather(
-      b.param_shard, Tensor::from_storage(b.params_full, 0, {b.padded}, {1}, DType::F32));
+  b.gather_work =
+      dtype != DType::F32
+          ? start_low_gather(b)
+          : comm_->all_gather(b.param_shard,
+                              Tensor::from_storage(b.params_full, 0, {b.padded}, {1}, DType::F32));
   b.residency = Bucket::Residency::kGathering;
 }
 
@@ -158,6 +172,7 @@ void DataParallel::finish_gather(Bucket& b) {
   if (b.residency != Bucket::Residency::kGathering) return;
   const auto t0 = std::chrono::steady_clock::now();
   b.gather_work.wait();
+  if (b.gathered_dtype != DType::F32) place_low_runs(b);
   if (uncounted_ == 0)
     stats_.parameter_wait_ms +=
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -167,6 +182,7 @@ void DataParallel::finish_gather(Bucket& b) {
 void DataParallel::release(Bucket& b) {
   if (b.residency == Bucket::Residency::kReleased) return;
   finish_gather(b);  // the collective writes into the bytes until it completes
+  if (b.gathered_dtype != DType::F32) retype(b, DType::F32);
   b.params_full->release();
   gathered_bytes_ -= b.params_full->nbytes();
   b.residency = Bucket::Residency::kReleased;
@@ -184,7 +200,7 @@ void DataParallel::pre_op(nn::Module& m, bool backward) {
   // A training iteration's op (backward runs without grad mode; a forward with it, recomputations
   // too): recorded, followed, or off the plan.
   if (backward || grad_enabled()) {
-    const Op op{&m, backward};
+    const Op op{&m, backward, backward ? DType::F32 : autocast_dtype()};
     if (recording_)
       ops_.push_back(op);
     else if (on_plan_ && cursor_ < ops_.size() && ops_[cursor_] == op)
@@ -195,14 +211,26 @@ void DataParallel::pre_op(nn::Module& m, bool backward) {
   if (use.op < 0)  // no plan: nothing gathered but what is in use
     for (size_t k = 0; k < buckets_.size(); ++k)
       if (buckets_[k].pins == 0 && !contains(use.buckets, k)) release(buckets_[k]);
-  for (size_t k : use.buckets) start_gather(buckets_[k]);
+  for (size_t k : use.buckets) {  // gathered in the dtype this op reads (a prefetch may differ)
+    Bucket& b = buckets_[k];
+    const DType dtype = gather_dtype(b, backward, autocast_dtype());
+    if (b.residency != Bucket::Residency::kReleased && b.gathered_dtype != dtype) {
+      MW_CHECK(b.pins == 0, "ZeRO 3: bucket ", k, " is in use in ", dtype_name(b.gathered_dtype),
+               " by another op, and this one reads it in ", dtype_name(dtype));
+      release(b);
+    }
+    if (!backward) b.forward_dtype = dtype;
+    start_gather(b, dtype);
+  }
   for (size_t k : use.buckets) {
     finish_gather(buckets_[k]);
     ++buckets_[k].pins;
   }
-  if (use.op >= 0 && static_cast<size_t>(use.op) + 1 < ops_.size())  // prefetch the next op's
-    for (size_t k : uses_.at(ops_[static_cast<size_t>(use.op) + 1].module).buckets)
-      start_gather(buckets_[k]);
+  if (use.op >= 0 && static_cast<size_t>(use.op) + 1 < ops_.size()) {  // prefetch the next op's
+    const Op& next = ops_[static_cast<size_t>(use.op) + 1];
+    for (size_t k : uses_.at(next.module).buckets)
+      start_gather(buckets_[k], gather_dtype(buckets_[k], next.backward, next.autocast));
+  }
 }
 
 void DataParallel::end_op(nn::Module& m, bool backward) {
@@ -242,9 +270,10 @@ void DataParallel::stream_parameters(const std::function<void(const Touch& touch
     comm_->broadcast(next, 0).wait();
     return next.to(Device::cpu()).data<int64_t>()[0];
   };
-  s.gather = [&](int64_t k) {
+  s.gather = [&](int64_t k) {  // in f32: the masters' values
     Bucket& b = buckets_[static_cast<size_t>(k)];
-    start_gather(b);
+    if (b.gathered_dtype != DType::F32) release(b);
+    start_gather(b, DType::F32);
     finish_gather(b);
   };
   s.release = [&](int64_t k) { release(buckets_[static_cast<size_t>(k)]); };

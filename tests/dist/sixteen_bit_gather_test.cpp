@@ -89,5 +89,59 @@ TEST(DataParallelGeminiZero3, SixteenBitGathersTrainBitForBitAsReplicatedChunks)
   EXPECT_TRUE(std::filesystem::is_empty(nvme));
 }
 
+// Note [16-bit parameter gathers] (train/zero3_low.cpp): plain ZeRO 3's buckets, under bf16
+// with two micro-batches, gather the blocks' matrices in 2 bytes and train bit for bit as --zero 2
+// (same reductions at 2 ranks: one addition per element, whatever its place in the bucket). The
+// f32 gathers (--chunk-copy-dtype fp32) have the same layout, so the same gradient norms too.
+// Under NCCL's memory rule the slots are received in a buffer of their own and copied out, the
+// device's path. Its checkpoint resumes at --zero 2, whose pieces are in the parameters' order.
+// Measured mutations: the runs left in their slots, or the 16-bit gradients not widened before
+// the next micro-batch, change the losses.
+TEST(DataParallelZero3, SixteenBitGathersTrainBitForBitAsStage2) {
+  SKIP_WITHOUT_MPI();
+  TempDir tmp;
+  const std::string args = kTiny +
+                           "--steps 4 --precision bf16 --grad-clip 100 --grad-accum 2 "
+                           "--device sim:64MiB " +
+                           eval_and_sample(tmp);
+  const std::string z2 = tmp.path() + "/z2", f32 = tmp.path() + "/f32", low = tmp.path() + "/low",
+                    rule = tmp.path() + "/rule", resumed = tmp.path() + "/resumed";
+  const AppResult a = train(2, args + "--zero 2" + outputs(z2));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const AppResult b = train(2, args + "--zero 3 --chunk-copy-dtype fp32" + outputs(f32));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  const std::string ck = " --checkpoint-dir " + tmp.path() + "/ck --checkpoint-every 2";
+  const AppResult c = train(2, args + "--zero 3" + ck + outputs(low));
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  const AppResult d = train(2, args + "--zero 3" + outputs(rule), 60, "MW_DIST_DEVICE_MEMORY=sim");
+  ASSERT_EQ(d.exit_code, 0) << d.output;
+  EXPECT_NE(c.output.find("(the blocks' matrices gathered in 2 B)"), std::string::npos) << c.output;
+  EXPECT_EQ(b.output.find("gathered in 2 B"), std::string::npos) << b.output;
+  for (const auto& [dir, run] : {std::pair{low, &c}, std::pair{rule, &d}}) {
+    SCOPED_TRACE(dir);
+    EXPECT_EQ(per_step(z2 + "/log.jsonl", "loss"), per_step(dir + "/log.jsonl", "loss"));
+    EXPECT_TRUE(file_bytes(z2 + "/model/model.safetensors") ==
+                file_bytes(dir + "/model/model.safetensors"))
+        << "the saved models differ";
+    expect_same_evals_and_samples(a, *run);
+  }
+  expect_bitwise(f32, b, low, c, "plain --zero 3, 16-bit against f32 gathers");
+  // The blocks' matrices are 24,576 of the tiny model's 29,600 parameters: twice a step in 2 bytes
+  // instead of 4 is 0.58 of f32's bytes; the slots' padding and the embedding's rows (f32 in both)
+  // make it 0.64 (measured).
+  const double f32_bytes = all_gather_bytes(f32), low_bytes = all_gather_bytes(low);
+  EXPECT_GT(f32_bytes, 0);
+  EXPECT_LT(low_bytes, 0.66 * f32_bytes) << low_bytes << " bytes against f32's " << f32_bytes;
+  const AppResult e =
+      train(2, args + "--zero 2 --resume " + tmp.path() + "/ck/step_000002" + outputs(resumed));
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  const auto all = per_step(z2 + "/log.jsonl", "loss");
+  EXPECT_EQ(std::vector<double>(all.begin() + 2, all.end()),
+            per_step(resumed + "/log.jsonl", "loss"));
+  EXPECT_TRUE(file_bytes(z2 + "/model/model.safetensors") ==
+              file_bytes(resumed + "/model/model.safetensors"))
+      << "the saved models differ";
+}
+
 }  // namespace
 }  // namespace mw
