@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Promises of Gemini, data parallel, resumption and failing disks, on random configurations.
 
-Eleven checks of promises the tests make on a few cases only, drawn over many
+Twelve checks of promises the tests make on a few cases only, drawn over many
 (docs/reliability.md):
 
   auto    #10's "auto never fails where static with everything offloaded would fit": each
@@ -41,6 +41,10 @@ Eleven checks of promises the tests make on a few cases only, drawn over many
           parameters drawn) and one chunk size, a drawn policy (fractions, budgets, copy worker,
           three tiers; half of them under MW_DIST_DEVICE_MEMORY=sim, NCCL's memory rule) trains
           bit for bit as static cpu placement (losses, norms, saved bytes).
+  zero3low plain ZeRO 3's 16-bit gathers (Note [16-bit parameter gathers]): at 2 ranks under
+          bf16 or fp16 (bucket size, accumulation, clipping, recomputation, decay drawn; half
+          the runs under MW_DIST_DEVICE_MEMORY=sim) bit for bit as the f32 gathers
+          (--chunk-copy-dtype fp32): losses, norms, saved bytes, and no more all_gather bytes.
   finetune a user's fine-tune: a model trained and saved, then `--init-from` it on 1-3 shards
           of tokens (--data, --shuffle drawn), plain and in a drawn Gemini placement (three
           tiers drawn: the loader streams each tensor into its chunk): the same losses, norms
@@ -307,6 +311,43 @@ def check_dpbitwise(binary, rng, work):
     return 0 if ok else 1
 
 
+def check_zero3low(binary, rng, work):
+    """Note [16-bit parameter gathers]: plain ZeRO 3 at 2 ranks under bf16 or fp16 (bucket size,
+    accumulation, clipping, recomputation, dropout, decay drawn; half the runs under
+    MW_DIST_DEVICE_MEMORY=sim, NCCL's memory rule and its receive buffers) gathers the blocks'
+    matrices in 2 bytes and trains bit for bit as its f32 gathers (--chunk-copy-dtype fp32, the
+    same layout): losses, norms and saved bytes, and no more all_gather bytes."""
+    a = [x for x in draw_training(rng) if x not in ("--precision", "bf16", "fp16")]
+    a += ["--precision", rng.choice(["bf16", "fp16"]), "--threads", "1", "--zero", "3",
+          "--bucket-mb", rng.choice(["0.01", "0.05", "25"])] + draw_decay(rng)
+    memory = rng.random() < 0.5
+    if memory:
+        a += ["--device", "sim:4GiB"]
+    runs = []
+    for name, extra in (("f32", ["--chunk-copy-dtype", "fp32"]), ("low", [])):
+        log, out = os.path.join(work, name + ".jsonl"), os.path.join(work, name)
+        # Both under the rule: it declines the embedding's split reduction (Note [Buckets on
+        # CUDA]), which sums wte's gradient in another order.
+        env = dict(os.environ, MW_DIST_DEVICE_MEMORY="sim") if memory else None
+        r = run(mpirun(2) + [binary] + a + extra + ["--log", log, "--save", out], env=env)
+        if r.returncode != 0:
+            return refused("EXIT", r, " ".join(a + extra))
+        with open(os.path.join(out, "model.safetensors"), "rb") as f:
+            runs.append(([(x["step"], x["loss"], x.get("grad_norm"), x.get("all_gather_bytes"))
+                          for x in map(json.loads, open(log))], f.read()))
+    same = [r[:3] for r in runs[0][0]] == [r[:3] for r in runs[1][0]]
+    # No more bytes; as many where a bucket's f32 part (embeddings, LayerNorms, biases) is over
+    # 1/2 of it, so that rank 0's slot is all f32 (a one-bucket model with a wide wpe).
+    sent = [sum(r[3] or 0 for r in runs[k][0]) for k in (0, 1)]
+    fewer = sent[1] <= sent[0]
+    ok = same and runs[0][1] == runs[1][1] and fewer
+    print("ok  " if ok else "FAIL", " ".join(a) + (" [MW_DIST_DEVICE_MEMORY=sim]" if memory else ""),
+          f"| all_gather {sent[1] / max(1, sent[0]):.3f}x f32's" if ok else
+          f"| {'losses' if not same else 'bytes' if not fewer else 'saved weights'}: "
+          f"{runs[0][0]} vs {runs[1][0]}", flush=True)
+    return 0 if ok else 1
+
+
 def check_ranks(binary, rng, work):
     """#15's "checkpoints written at N ranks load at M ranks": a 2-rank run (drawn ZeRO stage,
     plain or Gemini) checkpointed after step 2, resumed at 1 or 4 ranks, logs the 2-rank run's
@@ -344,7 +385,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("check",
                     choices=["auto", "bitwise", "dp", "resume", "fault", "const", "signal",
-                             "ranks", "finetune", "dpbitwise", "optim"])
+                             "ranks", "finetune", "dpbitwise", "optim", "zero3low"])
     ap.add_argument("--runs", type=int, default=40)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--ranks", type=int, default=1, help="auto, dp, fault: mpirun -np N")
@@ -371,6 +412,8 @@ def main():
                 failures += check_const(launch, args.binary, draw_auto(rng, args.ranks), rng, work)
             elif args.check == "dpbitwise":
                 failures += check_dpbitwise(args.binary, rng, work)
+            elif args.check == "zero3low":
+                failures += check_zero3low(args.binary, rng, work)
             elif args.check == "finetune":
                 a = draw_training(rng)
                 failures += check_finetune(launch, args.binary, a, draw_gemini(rng, a), rng, work)

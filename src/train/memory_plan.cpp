@@ -110,6 +110,32 @@ std::vector<int64_t> bucket_bytes_largest_first(const PlanInputs& in) {
   return bytes;
 }
 
+// What plain ZeRO 3 holds of each bucket while it is gathered, largest first: its f32 bytes, or
+// under autocast its 16-bit gather (Note [16-bit parameter gathers], train/zero3_low.cpp: the f32
+// members first, N slots of the longest rank's run). GPT-2 small at 2 ranks: 160.77 MiB at most
+// at once measured, 168.26 in f32.
+std::vector<int64_t> gathered_bucket_bytes(const PlanInputs& in) {
+  const gemini::GeminiOptions& g = in.gemini_options;
+  if (in.gemini || g.low_copies == DType::F32) return bucket_bytes_largest_first(in);
+  std::vector<int64_t> numels;
+  for (const auto& spec : gpt2::tensor_specs(in.config)) numels.push_back(shape_numel(spec.shape));
+  std::vector<int64_t> out;
+  size_t k = numels.size();  // buckets hold runs of the tensors, from the last registered
+  for (int64_t numel : bucket_numels(numels, in.bucket_bytes)) {
+    int64_t f32 = 0;
+    for (int64_t seen = 0; seen < numel; seen += numels[k])
+      f32 += g.low_copy_tensors[--k] ? 0 : numels[k];
+    const int64_t piece = ceil_div(numel, in.ranks);
+    auto byte = [&](int64_t e) { return e <= f32 ? 4 * e : 4 * f32 + 2 * (e - f32); };
+    int64_t slot = 0;
+    for (int64_t r = 0; r < in.ranks; ++r)
+      slot = std::max(slot, byte((r + 1) * piece) - byte(r * piece));
+    out.push_back(f32 == numel ? 4 * numel : in.ranks * ((slot + 3) / 4 * 4));
+  }
+  std::sort(out.rbegin(), out.rend());
+  return out;
+}
+
 // Stages 2-3 over device memory (Note [Buckets on CUDA]): the embedding's gradient is reduced
 // whole, so its bucket starts at the very end of backward, when the engine still holds the
 // gradient it was copied from and two more buckets may be in flight, beside what little is left
@@ -127,8 +153,10 @@ int64_t device_buckets_in_flight(const PlanInputs& in, int64_t device_activation
   // (plan_parameters); the embedding's backward gathers none (it reads only the ids).
   std::sort(bytes.rbegin(), bytes.rend());
   int64_t gathered = 0;
-  if (in.zero_stage == 3 && in.ranks > 1)
-    for (size_t i = 0; i < 2 && i < bytes.size(); ++i) gathered += bytes[i];
+  if (in.zero_stage == 3 && in.ranks > 1) {
+    const std::vector<int64_t> held = gathered_bucket_bytes(in);
+    for (size_t i = 0; i < 2 && i < held.size(); ++i) gathered += held[i];
+  }
   bytes.erase(std::find(bytes.begin(), bytes.end(), embedding));  // the others, largest first
   int64_t two = 0, three = 0;
   for (size_t i = 0; i < bytes.size() && i < 3; ++i) (i < 2 ? two : three) += bytes[i];
@@ -309,7 +337,7 @@ void plan_parameters(MemoryPlan& p, const PlanInputs& in, int64_t params, bool o
     // 18% under the sim peak (26.8M parameters, 2 ranks: 213.1 MiB planned, 260 measured), the
     // pieces on the device beside them. On the CPU the parameters stay counted whole (within 1%
     // there).
-    const std::vector<int64_t> bytes = bucket_bytes_largest_first(in);
+    const std::vector<int64_t> bytes = gathered_bucket_bytes(in);
     int64_t gathered = 0;
     for (size_t i = 0; i < 2 && i < bytes.size(); ++i) gathered += bytes[i];
     add(p, "parameters", dev, ceil_div(params, in.ranks) + gathered,

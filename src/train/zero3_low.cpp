@@ -25,10 +25,15 @@
 //    each run moves down from r x slot to copy_byte(r P), in rank order: the runs before it are no
 //    longer than their slots, so no run overwrites one not yet moved. On host memory the bucket's
 //    storage receives the slots itself; on NCCL's device a buffer of its own does (a device copy
-//    is not a memmove), and each run is copied out of it.
+//    is not a memmove), and each run is copied out of it into the bucket's storage, allocated
+//    then: the two exist together only for the copies.
 //    Worked: a bucket of 1000 elements whose first 100 are f32, over 4 ranks (P = 250): rank 0's
 //    run is 100 x 4 + 150 x 2 = 700 bytes, the others' 500; the slots are 700 bytes, the gather
-//    2800 bytes where an f32 one is 4000, and the storage holds 2800 while gathered.
+//    2800 bytes where an f32 one is 4000, and the storage holds 2800 while gathered. The slots
+//    are as long as the longest run, so a bucket whose f32 part is over 1/N of it saves less, and
+//    nothing once rank 0's piece is all f32 (a small model in one bucket, wte and wpe beside its
+//    blocks); with --bucket-mb 25 GPT-2's wte is a bucket of its own, and the LayerNorms and
+//    biases are under 1% of a block's bucket.
 //  - The dtype follows the op: a forward under the run's autocast gathers 16 bits, any other (a
 //    sample, which runs in f32; saving, which streams the masters) f32, and a bucket gathered in
 //    the other dtype is released and gathered again. Backward gathers what the bucket's forward
@@ -91,6 +96,7 @@ void DataParallel::place_low_runs(Bucket& b) {
   const int64_t n = size();
   const bool in_place = b.gather_out.storage() == b.params_full;
   const Device where = b.params_full->device();  // on CUDA, ordered on the compute stream
+  if (!in_place) b.params_full->materialize();   // the bucket's bytes from now on
   auto* to = static_cast<char*>(b.params_full->data());
   for (int64_t r = 0; r < n; ++r) {
     const int64_t at = copy_byte(b, r * b.piece), bytes = copy_byte(b, (r + 1) * b.piece) - at;
