@@ -107,12 +107,13 @@ struct WorkerRun {
 };
 
 // The worker's result.txt: the losses, then "pressure_evictions N" and "sim peak N".
-WorkerRun run_workers(const std::string& dir, int64_t capacity, int64_t hold, bool bf16) {
+WorkerRun run_workers(const std::string& dir, int64_t capacity, int64_t hold, bool bf16,
+                      const std::string& env = "") {
   std::filesystem::create_directories(dir);
-  const AppResult r =
-      testing::run_mpi_workers(2, "ShardedPressureWorker.*", 120,
-                               str("MW_PRESSURE_DIR=", dir, " MW_PRESSURE_CAPACITY=", capacity,
-                                   " MW_PRESSURE_HOLD=", hold, " MW_PRESSURE_BF16=", bf16 ? 1 : 0));
+  const AppResult r = testing::run_mpi_workers(
+      2, "ShardedPressureWorker.*", 120,
+      str(env, " MW_PRESSURE_DIR=", dir, " MW_PRESSURE_CAPACITY=", capacity,
+          " MW_PRESSURE_HOLD=", hold, " MW_PRESSURE_BF16=", bf16 ? 1 : 0));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   WorkerRun w;
   w.output = r.output;
@@ -150,6 +151,30 @@ TEST(GeminiShardedPressure, APrefetchedShardMovesToTheHostAndTheBitsStay) {
     EXPECT_EQ(free.pressure_evictions, 0);
     EXPECT_GT(held.pressure_evictions, 0);
     EXPECT_LE(held.sim_peak, capacity);
+  }
+}
+
+// A prefetch the device refuses when the op before it starts (its room already made) lands in RAM
+// on that rank, as if spilled at once, and its op moves it to the device (Note [Memory pressure]).
+// MW_GEMINI_PREFETCH_OOM=1 refuses every one, as a full device would: the run is bit for bit the
+// free one, each landing counted. Without the landing the first prefetch stops the run with
+// OutOfMemory (until session 36, what a full device did).
+TEST(GeminiShardedPressure, APrefetchTheDeviceRefusesLandsInRamAndTheBitsStay) {
+  SKIP_WITHOUT_MPI();
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16, 16-bit gathers" : "fp32");
+    TempDir tmp;
+    const WorkerRun free = run_workers(tmp.path() + "/free", 0, 0, bf16);
+    const WorkerRun refused =
+        run_workers(tmp.path() + "/refused", 0, 0, bf16, "MW_GEMINI_PREFETCH_OOM=1");
+    EXPECT_NE(refused.output.find("gemini: sharded chunks gathered one op ahead"),
+              std::string::npos)
+        << refused.output;
+    EXPECT_EQ(std::count(refused.losses.begin(), refused.losses.end(), '\n'), 4);
+    EXPECT_EQ(free.losses, refused.losses);
+    EXPECT_TRUE(free.model == refused.model && !free.model.empty());
+    EXPECT_EQ(free.pressure_evictions, 0);
+    EXPECT_GT(refused.pressure_evictions, 0);
   }
 }
 

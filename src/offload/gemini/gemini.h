@@ -312,6 +312,7 @@ class Gemini : public optim::Optimizer {
   bool relieve_pressure(int64_t nbytes);
   AllocatorStats make_device_room(int64_t bytes);
   // A sharded chunk's copy moved to the host for pressure, and back for its op.
+  std::function<void()> start_prefetch_gather(Chunk& c, int64_t op, DType dtype);
   void spill_shard(Chunk& c);
   void unspill_shard(Chunk& c);
   void forget_spill(Chunk& c);  // before releasing a spilled copy

@@ -25,10 +25,17 @@
 // every rank decided after the warmup from the warmup's non-model memory. So its copy goes to the
 // host instead (spill_shard: its all_gather completed first, then moved; it stays gathered on
 // every rank), and the op that needs it moves it back (unspill_shard), making room as a gather
-// does. Only that rank moves bytes; the collectives are unchanged, and so are the bits. (The
-// prefetch itself is allocated when the op before it starts, after that op's room was made: a
-// rank without room even then still stops with OutOfMemory, which no sweep or test has met.)
+// does. Only that rank moves bytes; the collectives are unchanged, and so are the bits. The
+// prefetch itself is allocated when the op before it starts, after that op's room was made; a rank
+// whose device refuses it even then gathers it into RAM, as if spilled at once (every rank still
+// starts the same all_gather: the refusal comes before it), and its op moves it to the device.
+// Until session 36 that rank stopped with OutOfMemory; no sweep or test had met one, so
+// MW_GEMINI_PREFETCH_OOM=1 (tests) refuses every prefetch on the device as a full one would.
+// Under NCCL a RAM-homed copy's all_gather is staged through the device (Note [Staged
+// collectives]), which needs that room too: there the run still stops with OutOfMemory.
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "core/allocator.h"
@@ -109,6 +116,29 @@ AllocatorStats Gemini::make_device_room(int64_t bytes) {
   const AllocatorStats st = a.stats();
   const int64_t short_by = st.capacity_bytes > 0 ? st.current_bytes + bytes - st.capacity_bytes : 0;
   return short_by > 0 && relieve_pressure(short_by) ? a.stats() : st;
+}
+
+std::function<void()> Gemini::start_prefetch_gather(Chunk& c, int64_t op, DType dtype) {
+  static const bool refuse = [] {
+    const char* env = std::getenv("MW_GEMINI_PREFETCH_OOM");
+    return env != nullptr && std::string(env) == "1";
+  }();
+  std::function<void()> wait;
+  try {
+    if (refuse) throw OutOfMemory("MW_GEMINI_PREFETCH_OOM=1", c.copy_nbytes(dtype), 0, 0);
+    wait = start_shard_gather(c, options_.device, op, dtype);
+  } catch (const OutOfMemory&) {  // no collective started: into RAM, moved at its op
+    wait = start_shard_gather(c, Device::cpu(), op, dtype);
+    gathered_.push_back(c.index());
+    spilled_.push_back(c.index());
+    track_host(c.copy_nbytes());
+    ++iter_.pressure_evictions;
+    ++run_.pressure_evictions;
+    return wait;
+  }
+  gathered_.push_back(c.index());
+  gathered_bytes_ += c.copy_nbytes();
+  return wait;
 }
 
 void Gemini::spill_shard(Chunk& c) {

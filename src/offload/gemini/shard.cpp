@@ -536,9 +536,7 @@ void Gemini::prefetch_shards(int64_t t) {
     const double t0 = now_us();
     const DType dtype =
         copy_dtype_for(chunk, !evaluating_ && trace_keys_[static_cast<size_t>(t + 1)].second);
-    shard_inflight_[c] = start_shard_gather(chunk, options_.device, t + 1, dtype);
-    gathered_.push_back(c);
-    gathered_bytes_ += chunk.copy_nbytes();
+    shard_inflight_[c] = start_prefetch_gather(chunk, t + 1, dtype);  // Note [Memory pressure]
     ++iter_.gathers;
     ++run_.gathers;
     if (trace_out_) trace_out_->slice(str("prefetch chunk ", c), "move", t0, now_us() - t0, 1);
