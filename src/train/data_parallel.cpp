@@ -198,7 +198,11 @@ std::string DataParallel::describe() const {
   return str("Data parallel: ", comm_->size(), comm_->size() == 1 ? " rank (" : " ranks (",
              comm_->backend(), "), ZeRO stage ", zero_stage_, ": ", what[zero_stage_], "; ",
              buckets_.size(), " buckets of ", format_thousands(total),
-             " parameters; this rank steps ", format_thousands(shard_numel()));
+             " parameters; this rank steps ", format_thousands(shard_numel()),
+             low_.dtype == DType::F32
+                 ? ""
+                 : str("; under autocast the weights only matmuls read are gathered in ",
+                       dtype_name(low_.dtype), " (Note [16-bit parameter gathers])"));
 }
 
 void DataParallel::broadcast_parameters() {
