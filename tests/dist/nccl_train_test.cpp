@@ -94,6 +94,24 @@ TEST_P(DataParallelNcclOneRank, MatchesOneProcessAndItsCheckpointResumesThere) {
 
 INSTANTIATE_TEST_SUITE_P(Zero, DataParallelNcclOneRank, ::testing::ValuesIn(kCases));
 
+// Note [16-bit parameter gathers] (train/zero3_low.cpp) on the device: under bf16 one NCCL rank's
+// ZeRO 3 gathers the blocks' matrices in 2 bytes into a receive buffer on the GPU and copies the
+// runs out on the compute stream; it must train as one plain CUDA process under bf16.
+TEST(DataParallelNcclOneRankBf16, ZeroThreeGathersInSixteenBitsAsOneProcess) {
+  if (auto why = nccl_unavailable(1); !why.empty()) GTEST_SKIP() << why;
+  TempDir tmp;
+  const std::string one = tmp.path() + "/one", nccl = tmp.path() + "/nccl";
+  const std::string bf16 = kCuda + "--precision bf16 ";
+  AppResult a = train(0, bf16 + outputs(one));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  AppResult b = train(1, bf16 + "--dist nccl --zero 3" + outputs(nccl), 120);
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(b.output.find("are gathered in bf16 (Note [16-bit parameter gathers])"),
+            std::string::npos)
+      << b.output;
+  expect_same_run(one, nccl);
+}
+
 // Two GPUs: under mpirun --device cuda picks NCCL and each rank its own GPU.
 TEST(DataParallelNcclTwoRanks, MatchOneProcessAtEveryStage) {
   if (auto why = nccl_unavailable(2); !why.empty()) GTEST_SKIP() << why;
