@@ -341,7 +341,9 @@ void plan_parameters(MemoryPlan& p, const PlanInputs& in, int64_t params, bool o
     int64_t gathered = 0;
     for (size_t i = 0; i < 2 && i < bytes.size(); ++i) gathered += bytes[i];
     add(p, "parameters", dev, ceil_div(params, in.ranks) + gathered,
-        "ZeRO 3: this rank's pieces and two buckets gathered");
+        in.gemini || in.gemini_options.low_copies == DType::F32
+            ? "ZeRO 3: this rank's pieces and two buckets gathered"
+            : "ZeRO 3: this rank's pieces and two buckets gathered, matrices in 16 bits");
   } else {
     add(p, "parameters", dev, params, "");
   }
