@@ -40,7 +40,7 @@
 //    did, since the graph saved views of that dtype; a prefetch follows the recorded op's.
 // GPT-2's 16-bit weights are the blocks' four matrices (gpt2::read_only_by_products): 68% of
 // GPT-2 small's parameters, 95% of xl's; the two parameter gathers of a step carry about 0.66x
-// (small) to 0.5x (xl) of f32's bytes.
+// (small) to 0.53x (xl) of f32's bytes.
 #include <algorithm>
 #include <cstring>
 
