@@ -34,6 +34,11 @@ std::string gemini_line(const gemini::GeminiStats& g, int64_t illegal_transition
              g.pressure_evictions > 0  // Note [Memory pressure]
                  ? str(" (", g.pressure_evictions, " for memory the plan did not expect)")
                  : std::string(),
+             g.landed_prefetches > 0  // Note [Memory pressure]
+                 ? str(", ", g.landed_prefetches,
+                       " sharded prefetches landed in RAM (the device "
+                       "refused them)")
+                 : std::string(),
              ", host chunk peak ", format_fixed(mib(g.host_chunk_peak_bytes), 1), " MiB, ",
              illegal_transitions, " illegal state transitions\n");
 }
@@ -184,6 +189,7 @@ json::Value Trainer::take_offload_step_stats() {
   rec.set("nvme_write_bytes", g.nvme_write_bytes);
   rec.set("evictions", g.evictions);
   rec.set("pressure_evictions", g.pressure_evictions);  // Note [Memory pressure]
+  if (gem_->shards_parameters()) rec.set("landed_prefetches", g.landed_prefetches);
   rec.set("prefetches", g.prefetches);
   rec.set("prefetch_wait_ms", g.prefetch_wait_ms);
   if (gem_->shards_parameters()) rec.set("shard_gather_ms", g.shard_gather_ms);

@@ -88,8 +88,9 @@ TEST(ShardedPressureWorker, Trains) {
   }
   t.flush();
   const gemini::GeminiStats& s = t.gemini()->run_stats();
-  result += str("pressure_evictions ", s.pressure_evictions, "\nsim peak ",
-                allocator_for(o.device).stats().peak_bytes, "\n");
+  result +=
+      str("pressure_evictions ", s.pressure_evictions, "\nlanded_prefetches ", s.landed_prefetches,
+          "\nsim peak ", allocator_for(o.device).stats().peak_bytes, "\n");
   t.save_model(dir + "/model");
   if (o.comm->rank() == 0) std::ofstream(dir + "/result.txt") << result;
 }
@@ -101,12 +102,13 @@ std::string file_text(const std::string& path) {
 
 struct WorkerRun {
   std::string losses;  // one per line, every digit
-  int64_t pressure_evictions = -1, sim_peak = -1;
+  int64_t pressure_evictions = -1, landed_prefetches = -1, sim_peak = -1;
   std::string model;  // model.safetensors' bytes
   std::string output;
 };
 
-// The worker's result.txt: the losses, then "pressure_evictions N" and "sim peak N".
+// The worker's result.txt: the losses, then "pressure_evictions N", "landed_prefetches N" and
+// "sim peak N".
 WorkerRun run_workers(const std::string& dir, int64_t capacity, int64_t hold, bool bf16,
                       const std::string& env = "") {
   std::filesystem::create_directories(dir);
@@ -121,6 +123,8 @@ WorkerRun run_workers(const std::string& dir, int64_t capacity, int64_t hold, bo
   for (std::string line; std::getline(in, line);) {
     if (line.rfind("pressure_evictions ", 0) == 0)
       w.pressure_evictions = std::stoll(line.substr(19));
+    else if (line.rfind("landed_prefetches ", 0) == 0)
+      w.landed_prefetches = std::stoll(line.substr(18));
     else if (line.rfind("sim peak ", 0) == 0)
       w.sim_peak = std::stoll(line.substr(9));
     else
@@ -173,8 +177,9 @@ TEST(GeminiShardedPressure, APrefetchTheDeviceRefusesLandsInRamAndTheBitsStay) {
     EXPECT_EQ(std::count(refused.losses.begin(), refused.losses.end(), '\n'), 4);
     EXPECT_EQ(free.losses, refused.losses);
     EXPECT_TRUE(free.model == refused.model && !free.model.empty());
-    EXPECT_EQ(free.pressure_evictions, 0);
-    EXPECT_GT(refused.pressure_evictions, 0);
+    EXPECT_EQ(free.landed_prefetches, 0);
+    EXPECT_GT(refused.landed_prefetches, 0);
+    EXPECT_EQ(refused.pressure_evictions, 0);  // nothing else moved for it
   }
 }
 

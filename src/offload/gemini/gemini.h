@@ -154,6 +154,7 @@ struct GeminiStats {
   int64_t off_plan = 0;             // iterations (or evaluations) whose ops left the recorded plan
   int64_t updated_in_backward = 0;  // chunks (Note [Updates as reductions complete])
   int64_t pressure_evictions = 0;   // of `evictions`: for a refused allocation (pressure.cpp)
+  int64_t landed_prefetches = 0;    // sharded prefetches the device refused, gathered into RAM
 };
 
 // Note [Deferred updates]: a later micro-batch's gradient on another device than its chunk's

@@ -132,8 +132,8 @@ std::function<void()> Gemini::start_prefetch_gather(Chunk& c, int64_t op, DType 
     gathered_.push_back(c.index());
     spilled_.push_back(c.index());
     track_host(c.copy_nbytes());
-    ++iter_.pressure_evictions;
-    ++run_.pressure_evictions;
+    ++iter_.landed_prefetches;
+    ++run_.landed_prefetches;
     return wait;
   }
   gathered_.push_back(c.index());
