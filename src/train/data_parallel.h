@@ -90,6 +90,12 @@ struct LowGathers {
   DType dtype = DType::F32;
   std::vector<char> tensors;
 };
+// The byte at which element `element` of a 16-bit gathered bucket starts, its first `f32_part`
+// elements f32; and the slot every rank sends its run of `piece` elements in, over `ranks`.
+inline int64_t low_copy_byte(int64_t f32_part, int64_t element) {
+  return element <= f32_part ? element * 4 : f32_part * 4 + (element - f32_part) * 2;
+}
+int64_t low_gather_slot(int64_t f32_part, int64_t piece, int64_t ranks);
 
 class DataParallel {
  public:
@@ -119,9 +125,10 @@ class DataParallel {
   // bucket beyond the pieces. Saving uses it (Note [Streaming save], models/gpt2/hf_io.cpp).
   using Touch = std::function<void(const std::string& name)>;
   void stream_parameters(const std::function<void(const Touch& touch)>& write);
-  // Stage 3: the bytes one gather of every bucket puts on the wire, summed over the ranks' sends
-  // (f32: the padded parameters x 4 B; Note [16-bit parameter gathers]: the 16-bit parts in 2 B).
-  int64_t gather_bytes(bool low) const;
+  // Stage 3: the bytes one gather of every bucket under the run's autocast puts on the wire,
+  // summed over the ranks' sends (f32: the padded parameters x 4 B; Note [16-bit parameter
+  // gathers]: the 16-bit parts in 2 B).
+  int64_t gather_bytes() const;
   DType low_gathers() const { return low_.dtype; }
 
   int rank() const { return comm_->rank(); }
@@ -223,7 +230,9 @@ class DataParallel {
   // Note [16-bit parameter gathers].
   void put_f32_members_first(Bucket& b);
   DType gather_dtype(const Bucket& b, bool backward, DType autocast) const;
-  int64_t copy_byte(const Bucket& b, int64_t element) const;
+  static int64_t copy_byte(const Bucket& b, int64_t element) {
+    return low_copy_byte(b.f32_part, element);
+  }
   dist::Work start_low_gather(Bucket& b);
   void place_low_runs(Bucket& b);
   void retype(Bucket& b, DType dtype);

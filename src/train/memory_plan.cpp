@@ -114,9 +114,13 @@ std::vector<int64_t> bucket_bytes_largest_first(const PlanInputs& in) {
 // under autocast its 16-bit gather (Note [16-bit parameter gathers], train/zero3_low.cpp: the f32
 // members first, N slots of the longest rank's run). GPT-2 small at 2 ranks: 160.77 MiB at most
 // at once measured, 168.26 in f32.
+bool plans_low_gathers(const PlanInputs& in) {
+  return !in.gemini && in.gemini_options.low_copies != DType::F32;
+}
+
 std::vector<int64_t> gathered_bucket_bytes(const PlanInputs& in) {
   const gemini::GeminiOptions& g = in.gemini_options;
-  if (in.gemini || g.low_copies == DType::F32) return bucket_bytes_largest_first(in);
+  if (!plans_low_gathers(in)) return bucket_bytes_largest_first(in);
   std::vector<int64_t> numels;
   for (const auto& spec : gpt2::tensor_specs(in.config)) numels.push_back(shape_numel(spec.shape));
   std::vector<int64_t> out;
@@ -125,15 +129,20 @@ std::vector<int64_t> gathered_bucket_bytes(const PlanInputs& in) {
     int64_t f32 = 0;
     for (int64_t seen = 0; seen < numel; seen += numels[k])
       f32 += g.low_copy_tensors[--k] ? 0 : numels[k];
-    const int64_t piece = ceil_div(numel, in.ranks);
-    auto byte = [&](int64_t e) { return e <= f32 ? 4 * e : 4 * f32 + 2 * (e - f32); };
-    int64_t slot = 0;
-    for (int64_t r = 0; r < in.ranks; ++r)
-      slot = std::max(slot, byte((r + 1) * piece) - byte(r * piece));
-    out.push_back(f32 == numel ? 4 * numel : in.ranks * ((slot + 3) / 4 * 4));
+    out.push_back(f32 == numel
+                      ? 4 * numel
+                      : in.ranks * low_gather_slot(f32, ceil_div(numel, in.ranks), in.ranks));
   }
   std::sort(out.rbegin(), out.rend());
   return out;
+}
+
+// Stage 3's parameters row counts the two largest buckets gathered (the op's and the next's).
+int64_t two_gathered_buckets(const PlanInputs& in) {
+  const std::vector<int64_t> bytes = gathered_bucket_bytes(in);
+  int64_t gathered = 0;
+  for (size_t i = 0; i < 2 && i < bytes.size(); ++i) gathered += bytes[i];
+  return gathered;
 }
 
 // Stages 2-3 over device memory (Note [Buckets on CUDA]): the embedding's gradient is reduced
@@ -152,11 +161,7 @@ int64_t device_buckets_in_flight(const PlanInputs& in, int64_t device_activation
   // Stage 3's parameters row counts the two largest buckets gathered beside the peak
   // (plan_parameters); the embedding's backward gathers none (it reads only the ids).
   std::sort(bytes.rbegin(), bytes.rend());
-  int64_t gathered = 0;
-  if (in.zero_stage == 3 && in.ranks > 1) {
-    const std::vector<int64_t> held = gathered_bucket_bytes(in);
-    for (size_t i = 0; i < 2 && i < held.size(); ++i) gathered += held[i];
-  }
+  const int64_t gathered = in.zero_stage == 3 && in.ranks > 1 ? two_gathered_buckets(in) : 0;
   bytes.erase(std::find(bytes.begin(), bytes.end(), embedding));  // the others, largest first
   int64_t two = 0, three = 0;
   for (size_t i = 0; i < bytes.size() && i < 3; ++i) (i < 2 ? two : three) += bytes[i];
@@ -337,13 +342,10 @@ void plan_parameters(MemoryPlan& p, const PlanInputs& in, int64_t params, bool o
     // 18% under the sim peak (26.8M parameters, 2 ranks: 213.1 MiB planned, 260 measured), the
     // pieces on the device beside them. On the CPU the parameters stay counted whole (within 1%
     // there).
-    const std::vector<int64_t> bytes = gathered_bucket_bytes(in);
-    int64_t gathered = 0;
-    for (size_t i = 0; i < 2 && i < bytes.size(); ++i) gathered += bytes[i];
-    add(p, "parameters", dev, ceil_div(params, in.ranks) + gathered,
-        in.gemini || in.gemini_options.low_copies == DType::F32
-            ? "ZeRO 3: this rank's pieces and two buckets gathered"
-            : "ZeRO 3: this rank's pieces and two buckets gathered, matrices in 16 bits");
+    add(p, "parameters", dev, ceil_div(params, in.ranks) + two_gathered_buckets(in),
+        plans_low_gathers(in)
+            ? "ZeRO 3: this rank's pieces and two buckets gathered, matrices in 16 bits"
+            : "ZeRO 3: this rank's pieces and two buckets gathered");
   } else {
     add(p, "parameters", dev, params, "");
   }

@@ -36,8 +36,7 @@ std::string gemini_line(const gemini::GeminiStats& g, int64_t illegal_transition
                  : std::string(),
              g.landed_prefetches > 0  // Note [Memory pressure]
                  ? str(", ", g.landed_prefetches,
-                       " sharded prefetches landed in RAM (the device "
-                       "refused them)")
+                       " sharded prefetches landed in RAM (the device refused them)")
                  : std::string(),
              ", host chunk peak ", format_fixed(mib(g.host_chunk_peak_bytes), 1), " MiB, ",
              illegal_transitions, " illegal state transitions\n");

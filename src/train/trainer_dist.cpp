@@ -34,7 +34,7 @@ double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0
 double volume_in_psi(const DataParallel& dp, int64_t psi, double gathered, int64_t sharded_numel) {
   const auto p = static_cast<double>(psi);
   if (dp.shards_parameters() && dp.low_gathers() != DType::F32)
-    return 1.0 + static_cast<double>(dp.gather_bytes(true)) / 2.0 / p;
+    return 1.0 + static_cast<double>(dp.gather_bytes()) / 2.0 / p;
   if (dp.shards_parameters()) return 3.0;
   return 2.0 + (2.0 * gathered - static_cast<double>(sharded_numel)) / p;
 }

@@ -59,15 +59,15 @@ void DataParallel::put_f32_members_first(Bucket& b) {
     at += m.numel;
     if (!low_.tensors[m.param]) b.f32_part = at;
   }
-  const int64_t n = size();
-  int64_t most = 0;
-  for (int64_t r = 0; r < n; ++r)
-    most = std::max(most, copy_byte(b, (r + 1) * b.piece) - copy_byte(b, r * b.piece));
-  b.slot = (most + 3) / 4 * 4;
+  b.slot = low_gather_slot(b.f32_part, b.piece, size());
 }
 
-int64_t DataParallel::copy_byte(const Bucket& b, int64_t element) const {
-  return element <= b.f32_part ? element * 4 : b.f32_part * 4 + (element - b.f32_part) * 2;
+int64_t low_gather_slot(int64_t f32_part, int64_t piece, int64_t ranks) {
+  int64_t most = 0;
+  for (int64_t r = 0; r < ranks; ++r)
+    most = std::max(most,
+                    low_copy_byte(f32_part, (r + 1) * piece) - low_copy_byte(f32_part, r * piece));
+  return (most + 3) / 4 * 4;
 }
 
 DType DataParallel::gather_dtype(const Bucket& b, bool backward, DType autocast) const {
@@ -122,11 +122,10 @@ void DataParallel::retype(Bucket& b, DType dtype) {
   }
 }
 
-int64_t DataParallel::gather_bytes(bool low) const {
+int64_t DataParallel::gather_bytes() const {
   int64_t bytes = 0;
   for (const Bucket& b : buckets_)
-    bytes +=
-        low && gather_dtype(b, false, low_.dtype) != DType::F32 ? size() * b.slot : b.padded * 4;
+    bytes += gather_dtype(b, false, low_.dtype) != DType::F32 ? size() * b.slot : b.padded * 4;
   return bytes;
 }
 
