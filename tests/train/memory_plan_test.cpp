@@ -313,9 +313,12 @@ TEST(MemoryPlan, SmallIshOnSimWithHalfTheAdamStatesOnNvme) {
 // every offloaded activation of this model is prefetched back from the head's backward on, so the
 // device peak is the plain run's; with a 4 MiB window the device holds the logits, the head's
 // gradients and the window (the in-flight bound is timing-dependent, within the bar here: -4%).
+// Whether the logits' copy to the host starts before the loss's backward cancels it is timing too
+// (the host 61.9 MiB against 65.9 planned in 98 of 200 runs on a loaded machine), so the plan may
+// count it and the run not.
 void check_offloaded(const PlanInputs& in) {
   set_host_max_cached_bytes(0);
-  check(in);
+  check(in, true, in.batch * in.seq * in.config.vocab_size * 4);
   set_host_max_cached_bytes(int64_t{4} << 30);  // the cpu allocator's default (allocator.cpp)
 }
 
