@@ -25,6 +25,10 @@ Tensor affine_scalar(const Tensor& a, double alpha, double beta);
 Tensor sum_to_shape(const Tensor& grad, const Shape& shape);
 // y += alpha * x (same shape, y contiguous). Bumps y's version.
 void axpy_(Tensor& y, const Tensor& x, double alpha = 1.0);
+// x *= alpha in place (contiguous f32/f64), on x's device: a CUDA buffer by a kernel on the compute
+// stream, never read by the host (a gradient bucket or chunk scaled to the mean). Bumps x's
+// version.
+void scale_(Tensor& x, double alpha);
 
 // ---- reductions ----
 Tensor sum_all(const Tensor& x);  // shape []

@@ -20,6 +20,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
 Tensor affine_scalar(const Tensor& a, double alpha, double beta);
 Tensor sum_to_shape(const Tensor& grad, const Shape& shape);
 void axpy_(Tensor& y, const Tensor& x, double alpha);
+void scale_(Tensor& x, double alpha);
 Tensor sum_all(const Tensor& x);
 Tensor sum_dim(const Tensor& x, int64_t dim, bool keepdim);
 Tensor expand_dim(const Tensor& g, const Shape& shape, int64_t dim, bool keepdim);

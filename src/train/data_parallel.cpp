@@ -23,15 +23,6 @@ double ms_since(clock::time_point t) {
   return std::chrono::duration<double, std::milli>(clock::now() - t).count();
 }
 
-void scale_(const Tensor& t, float factor) {
-  if (t.device().is_cuda()) {  // on its device, by the compute stream (Note [Buckets on CUDA])
-    Tensor(t).copy_(ops::affine_scalar(t, factor, 0.0));
-    return;
-  }
-  float* x = t.data<float>();
-  for (int64_t i = 0, n = t.numel(); i < n; ++i) x[i] *= factor;
-}
-
 }  // namespace
 
 DataParallel::DataParallel(std::shared_ptr<dist::Communicator> comm, std::vector<Tensor> params,
@@ -312,12 +303,12 @@ void DataParallel::finish_gradients() {
     b.launched = false, b.pending = 0;
     std::fill(b.filled.begin(), b.filled.end(), 0);
     if (zero_stage_ == 0) {
-      if (comm_->size() > 1) scale_(b.buffer, inv);
+      if (comm_->size() > 1) ops::scale_(b.buffer, inv);  // on its device (Note [Buckets on CUDA])
       for (const Member& m : b.members)
         set_grad(params_[m.param],
                  b.buffer.narrow(0, m.offset, m.numel).view(params_[m.param].shape()));
     } else {
-      if (comm_->size() > 1) scale_(b.shard_grad, inv);
+      if (comm_->size() > 1) ops::scale_(b.shard_grad, inv);
     }
   }
   if (zero_stage_ > 0) {

@@ -97,6 +97,12 @@ TEST(CudaOps, AffineAxpyAndReductions) {
   ops::axpy_(y, x, 0.5);
   ops::axpy_(yd, x.to(gpu()), 0.5);
   MW_EXPECT_CLOSE("axpy_", yd, y, kFmaAtol, kFmaRtol);
+  // scale_ in place: one rounded product per element on both devices, so bitwise equal (the
+  // data-parallel buckets and Gemini's gradient chunks are scaled to the mean by it).
+  Tensor s = a.clone(), sd = a.to(gpu());
+  ops::scale_(s, 1.0 / 3.0);
+  ops::scale_(sd, 1.0 / 3.0);
+  expect_bitwise_equal("scale_", sd, s);
   // sum_to_shape adds in element order on both devices, in the same precision: bitwise equal.
   expect_bitwise_equal("sum_to_shape [6,1]", ops::sum_to_shape(a.to(gpu()), {6, 1}),
                        ops::sum_to_shape(a, {6, 1}));

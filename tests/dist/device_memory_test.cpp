@@ -50,6 +50,10 @@ constexpr const char* kChunksInRam =
     "--device sim:64MiB --gemini static --offload-param-frac 1 --offload-optim-frac 1 "
     "--chunk-size 4096 --grad-clip 0.5";
 constexpr const char* kChunksOnDevice = "--device sim:64MiB --gemini auto --chunk-size 4096";
+// Static's default fractions: chunks, gradient buffers and Adam states all on the device, so each
+// chunk's reduced gradient is scaled and measured there (on a GPU by its kernels).
+constexpr const char* kStatesOnDevice =
+    "--device sim:64MiB --gemini static --chunk-size 4096 --grad-clip 0.5";
 // Three tiers (train_test.cpp's): 9 of 13 chunks on disk; at --zero 3 some pieces on disk.
 constexpr const char* kThreeTiers =
     "--device sim:64MiB --gemini auto --chunk-size 4096 --host-capacity 220KiB --nvme-window 64KiB "
@@ -122,6 +126,7 @@ TEST_P(DeviceMemoryOneRank, MatchesOneProcess) {
 INSTANTIATE_TEST_SUITE_P(Stages, DeviceMemoryOneRank,
                          ::testing::Values(Case{0, kPlain}, Case{1, kPlain}, Case{2, kPlain},
                                            Case{3, kPlain}, Case{0, kChunksOnDevice},
+                                           Case{0, kStatesOnDevice}, Case{2, kStatesOnDevice},
                                            Case{0, kChunksInRam}, Case{2, kChunksInRam},
                                            Case{3, kChunksInRam}));
 

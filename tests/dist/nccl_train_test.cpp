@@ -49,6 +49,9 @@ TEST(DataParallelNccl, MpiRefusesCuda) {
 // Gemini's chunks in RAM (static with everything offloaded) take the staged collectives (Note
 // [Staged collectives], dist/communicator.h); auto on this tiny model keeps them on the device.
 const char* kHostChunks = "--gemini static --offload-param-frac 1 --offload-optim-frac 1 ";
+// Static's default fractions: chunks, gradient buffers and Adam states on the GPU, each chunk's
+// reduced gradient scaled and measured by kernels there (the host once read them: a crash).
+const char* kDeviceStates = "--gemini static ";
 
 struct Case {
   const char* zero;
@@ -57,9 +60,16 @@ struct Case {
 
 void PrintTo(const Case& c, std::ostream* os) { *os << "--zero " << c.zero << " " << c.gemini; }
 
-const Case kCases[] = {
-    {"0", ""},          {"1", ""},          {"2", ""},         {"3", ""}, {"0", "--gemini auto "},
-    {"0", kHostChunks}, {"2", kHostChunks}, {"3", kHostChunks}};
+const Case kCases[] = {{"0", ""},
+                       {"1", ""},
+                       {"2", ""},
+                       {"3", ""},
+                       {"0", "--gemini auto "},
+                       {"0", kDeviceStates},
+                       {"2", kDeviceStates},
+                       {"0", kHostChunks},
+                       {"2", kHostChunks},
+                       {"3", kHostChunks}};
 
 // One NCCL rank goes through the data-parallel path (buckets on the device, their all_reduce or
 // reduce_scatter and all_gather by NCCL, ZeRO 3's gathers around each op into device buckets,

@@ -129,6 +129,19 @@ void axpy_(Tensor& y, const Tensor& x_in, double alpha) {
   });
 }
 
+void scale_(Tensor& x, double alpha) {
+  MW_CHECK_T(ShapeError, x.is_contiguous(), "scale_: ", x.desc(), " must be contiguous");
+  if (x.device().is_cuda()) return cuda::scale_(x, alpha);
+  x.bump_version();
+  dispatch_float(x.dtype(), "scale_", [&]<typename T>() {
+    T* p = x.template data<T>();
+    const T al = static_cast<T>(alpha);
+    parallel_for(x.numel(), kGrain, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) p[i] *= al;
+    });
+  });
+}
+
 Tensor sum_to_shape(const Tensor& grad_in, const Shape& shape) {
   if (mixed::any_low({&grad_in})) return mixed::sum_to_shape(grad_in, shape);
   if (grad_in.shape() == shape) return grad_in;

@@ -46,6 +46,11 @@ __global__ void axpy_kernel(T* y, const T* x, int64_t n, T alpha) {
 }
 
 template <typename T>
+__global__ void scale_kernel(T* x, int64_t n, T alpha) {
+  MW_GRID_STRIDE(i, n) x[i] *= alpha;
+}
+
+template <typename T>
 __global__ void sum_to_shape_kernel(const T* grad, StridedShape to_out, StridedShape walk,
                                     int64_t walk_numel, T* out, int64_t out_numel) {
   MW_GRID_STRIDE(o, out_numel) {
@@ -179,6 +184,13 @@ void axpy(T* y, const T* x, int64_t n, double alpha) {
 }
 
 template <typename T>
+void scale(T* x, int64_t n, double alpha) {
+  if (n == 0) return;
+  scale_kernel<T><<<grid_for(n), kThreads>>>(x, n, static_cast<T>(alpha));
+  check_kernel_launch("scale_");
+}
+
+template <typename T>
 void sum_to_shape(const T* grad, StridedShape to_out, StridedShape walk, T* out,
                   int64_t out_numel) {
   if (out_numel == 0) return;
@@ -265,6 +277,7 @@ void fill(void* dst, StridedShape dv, int dt, double value, int64_t n) {
   template void binary<T>(int, const T*, StridedShape, const T*, StridedShape, T*, int64_t); \
   template void affine<T>(const T*, T*, int64_t, double, double);                            \
   template void axpy<T>(T*, const T*, int64_t, double);                                      \
+  template void scale<T>(T*, int64_t, double);                                               \
   template void sum_to_shape<T>(const T*, StridedShape, StridedShape, T*, int64_t);          \
   template void sum_all<T>(const T*, int64_t, T*);                                           \
   template void sum_dim<T>(const T*, int64_t, int64_t, int64_t, T*);                         \

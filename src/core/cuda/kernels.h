@@ -35,6 +35,9 @@ template <typename T>
 void affine(const T* a, T* out, int64_t n, double alpha, double beta);
 template <typename T>
 void axpy(T* y, const T* x, int64_t n, double alpha);
+// x[i] *= alpha, in place (no + 0: a -0 stays -0, as on the CPU).
+template <typename T>
+void scale(T* x, int64_t n, double alpha);
 // out[o] = sum of grad over the elements that broadcast to o, in element order. grad is
 // contiguous with shape grad_shape; out_view holds out's strides aligned to grad_shape (0 where
 // broadcast), reduce_view the shape/strides (in grad) of the broadcast dims, for a walk.

@@ -93,6 +93,13 @@ void axpy_(Tensor& y, const Tensor& x_in, double alpha) {
   });
 }
 
+void scale_(Tensor& x, double alpha) {
+  use_device_of("scale_", x);
+  x.bump_version();
+  dispatch_float(x.dtype(), "scale_",
+                 [&]<typename T>() { cuda_kernels::scale<T>(mptr<T>(x), x.numel(), alpha); });
+}
+
 Tensor sum_to_shape(const Tensor& grad_in, const Shape& shape) {
   use_device_of("sum_to_shape", grad_in);
   Tensor grad = grad_in.contiguous();

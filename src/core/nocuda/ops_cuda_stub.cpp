@@ -18,6 +18,7 @@ Tensor binary(BinaryOp, const Tensor&, const Tensor&) { no_cuda("binary op"); }
 Tensor affine_scalar(const Tensor&, double, double) { no_cuda("scalar op"); }
 Tensor sum_to_shape(const Tensor&, const Shape&) { no_cuda("sum_to_shape"); }
 void axpy_(Tensor&, const Tensor&, double) { no_cuda("axpy_"); }
+void scale_(Tensor&, double) { no_cuda("scale_"); }
 Tensor sum_all(const Tensor&) { no_cuda("sum"); }
 Tensor sum_dim(const Tensor&, int64_t, bool) { no_cuda("sum"); }
 Tensor expand_dim(const Tensor&, const Shape&, int64_t, bool) { no_cuda("expand"); }

@@ -194,8 +194,7 @@ void Gemini::settle_reduction(Chunk& c) {
     settle_piece(c);
     return;
   }
-  float* x = static_cast<float*>(c.grad.raw_data());
-  for (int64_t i = 0, n = c.grad.numel(); i < n; ++i) x[i] *= reduction_.scale;
+  ops::scale_(c.grad, reduction_.scale);  // on the buffer's device: a GPU's is not the host's
   take_norm_parts(c);
 }
 

@@ -75,8 +75,10 @@
 #include <cmath>
 
 #include "core/allocator.h"
+#include "core/ops.h"
 #include "offload/gemini/gemini.h"
 #include "offload/gemini/rank0_stream.h"
+#include "optim/grad_norm.h"
 
 namespace mw::gemini {
 
@@ -158,14 +160,23 @@ void Gemini::settle_piece(Chunk& c) {
   const ChunkPiece p = piece(c);
   reduced_[ci] = nullptr;
   piece_grads_[ci] = Tensor::empty({std::max<int64_t>(1, p.numel)}, DType::F32, c.grad.device());
-  float* x = static_cast<float*>(piece_grads_[ci].raw_data());
-  const float* sum = static_cast<const float*>(c.grad.raw_data());
-  double sum_sq = 0;
-  for (int64_t i = 0; i < p.numel; ++i) {
-    x[i] = sum[i] * reduction_.scale;
-    sum_sq += static_cast<double>(x[i]) * x[i];
+  if (c.grad.device().is_cuda()) {  // on the device, by its kernels: the host cannot read it
+    Tensor x = piece_grads_[ci].narrow(0, 0, p.numel);
+    x.copy_(c.grad.narrow(0, 0, p.numel));
+    ops::scale_(x, reduction_.scale);
+    std::vector<double> parts;
+    optim::append_block_squares(x, parts);
+    piece_norm_sq_[ci] = optim::add_in_order(0.0, parts);
+  } else {
+    float* x = static_cast<float*>(piece_grads_[ci].raw_data());
+    const float* sum = static_cast<const float*>(c.grad.raw_data());
+    double sum_sq = 0;
+    for (int64_t i = 0; i < p.numel; ++i) {
+      x[i] = sum[i] * reduction_.scale;
+      sum_sq += static_cast<double>(x[i]) * x[i];
+    }
+    piece_norm_sq_[ci] = sum_sq;
   }
-  piece_norm_sq_[ci] = sum_sq;
   if (c.grad.device().is_cpu()) track_host(-c.grad.nbytes());
   c.grad = Tensor();
   c.norm_taken = true;
