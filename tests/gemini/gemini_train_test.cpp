@@ -372,6 +372,8 @@ TEST(GeminiTrain, ConstBudgetIsBitwiseAndCapsGatheredChunks) {
   const TrainRun run = train(v);
   expect_bitwise(train({}), run, "const");
   EXPECT_GT(run.stats.evictions, 0) << "a three-chunk budget forces evictions";
+  EXPECT_GT(run.stats.gathered_peak_bytes, 0);
+  EXPECT_LE(run.stats.gathered_peak_bytes, v.const_budget_bytes) << "no op needs four chunks";
 }
 
 TEST(GeminiTrain, CheckpointedBlocksAreBitwiseToo) {

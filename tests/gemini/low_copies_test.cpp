@@ -269,6 +269,19 @@ TEST(SixteenBitCopies, TrainingIsBitwiseThePlainAutocastRunWithFewerBytes) {
     }
 }
 
+// Evictions free a 16-bit copy's bytes, not its f32 home's: a const budget of one f32 chunk
+// (80000 bytes) holds every op's own 16-bit copies (74496 at the most), so the gathered copies stay
+// within it. Crediting each eviction with the f32 bytes stopped evicting early: 108032 gathered.
+TEST(SixteenBitCopies, ConstBudgetCountsEachCopyInItsOwnBytes) {
+  GeminiOptions o = options(Policy::kConst, DType::BF16);
+  o.const_budget_bytes = 80000;
+  const CopiesRun r = train(DType::BF16, &o, 2);
+  EXPECT_GT(r.stats.evictions, 0);
+  EXPECT_GT(r.stats.gathered_peak_bytes, 0);
+  EXPECT_LE(r.stats.gathered_peak_bytes, o.const_budget_bytes);
+  expect_bitwise(train(DType::BF16, nullptr, 2), r, "const, one chunk's budget");
+}
+
 // Chunks that stay f32 (Note [16-bit copies]): homed on the device, or on disk, copy in f32; the
 // layout puts the 16-bit part after the f32 members in every chunk.
 TEST(SixteenBitCopies, TheSixteenBitPartFollowsTheF32MembersInEveryChunk) {

@@ -329,6 +329,7 @@ void Gemini::begin_eval() {
   saved_iter_ = iter_;
   iter_ = GeminiStats();
   iter_.host_chunk_peak_bytes = host_chunk_bytes_;
+  iter_.gathered_peak_bytes = gathered_bytes_;
   if (!recording_ && options_.policy != Policy::kStatic && !eval_next_) {
     std::vector<TraceOp> forward;
     for (size_t t = 0; t < trace_keys_.size() && !trace_keys_[t].second; ++t)

@@ -274,6 +274,12 @@ void Gemini::track_host(int64_t delta) {
   if (trace_out_) trace_out_->counter("host chunks", now_us(), host_chunk_bytes_);
 }
 
+void Gemini::track_gathered(int64_t delta) {
+  gathered_bytes_ += delta;
+  iter_.gathered_peak_bytes = std::max(iter_.gathered_peak_bytes, gathered_bytes_);
+  run_.gathered_peak_bytes = std::max(run_.gathered_peak_bytes, gathered_bytes_);
+}
+
 void Gemini::gather(Chunk& c, const std::string& why, DType dtype) {
   close_interval();  // Note [Non-model memory]
   const double t0 = now_us();
@@ -307,7 +313,7 @@ void Gemini::gather(Chunk& c, const std::string& why, DType dtype) {
     run_.h2d_bytes += bytes;
   }
   gathered_.push_back(c.index());
-  gathered_bytes_ += c.copy_nbytes();
+  track_gathered(c.copy_nbytes());
   ++iter_.gathers;
   ++run_.gathers;
   if (trace_out_) {
@@ -319,7 +325,7 @@ void Gemini::gather(Chunk& c, const std::string& why, DType dtype) {
 void Gemini::forget_gathered(Chunk& c, int64_t copy_bytes) {
   close_interval();  // Note [Non-model memory]
   gathered_.erase(std::find(gathered_.begin(), gathered_.end(), c.index()));
-  gathered_bytes_ -= copy_bytes;
+  track_gathered(-copy_bytes);
 }
 
 void Gemini::release(Chunk& c, bool eviction) {
@@ -426,8 +432,13 @@ void Gemini::make_room(const std::vector<int>& need, int64_t t) {
   for (int c : need)
     if (!chunks_[static_cast<size_t>(c)]->gathered())
       need_bytes += planned_copy_bytes(*chunks_[static_cast<size_t>(c)]);
+  // What releasing each gathered chunk takes off gathered_bytes_: its copy's bytes (a 16-bit
+  // copy's, not its f32 home's, which once let evictions stop early and the copies exceed the
+  // budget), none for a copy spilled to RAM.
   std::vector<int64_t> bytes;
-  for (auto& c : chunks_) bytes.push_back(c->nbytes());
+  for (auto& c : chunks_)
+    bytes.push_back(std::count(spilled_.begin(), spilled_.end(), c->index()) ? 0
+                                                                             : c->copy_nbytes());
   for (int c : choose_evictions(gathered_, keep, bytes, gathered_bytes_, need_bytes,
                                 avail_[static_cast<size_t>(t)], plan_next(), t))
     release(*chunks_[static_cast<size_t>(c)], true);
@@ -558,6 +569,7 @@ GeminiStats Gemini::take_step_stats() {
   GeminiStats s = iter_;
   iter_ = GeminiStats();
   iter_.host_chunk_peak_bytes = host_chunk_bytes_;
+  iter_.gathered_peak_bytes = gathered_bytes_;
   return s;
 }
 

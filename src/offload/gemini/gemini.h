@@ -151,6 +151,9 @@ struct GeminiStats {
   double shard_gather_ms =
       0;  // ops waiting for sharded chunks' all_gathers (Note [Sharded parameters])
   int64_t host_chunk_peak_bytes = 0;  // host bytes of chunks: homes, parked, gradient buffers
+  // Chunk copies gathered on the device at once, in their bytes (16-bit copies at 2 an element):
+  // what auto's available bytes and const's budget cap (beyond them only one op's own chunks).
+  int64_t gathered_peak_bytes = 0;
   int64_t off_plan = 0;             // iterations (or evaluations) whose ops left the recorded plan
   int64_t updated_in_backward = 0;  // chunks (Note [Updates as reductions complete])
   int64_t pressure_evictions = 0;   // of `evictions`: for a refused allocation (pressure.cpp)
@@ -344,6 +347,7 @@ class Gemini : public optim::Optimizer {
   double await_copy(Chunk& c, const std::function<void()>& wait);
   void refuse_if_failed() const;
   void track_host(int64_t delta);
+  void track_gathered(int64_t delta);  // gathered_bytes_ and its peaks
   bool planned() const;
   // auto's plan, and the prefetch of sharded chunks under any policy (Note [Shard prefetch]).
   bool samples_nonmodel() const { return options_.policy == Policy::kAuto || shards_parameters(); }

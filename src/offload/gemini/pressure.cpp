@@ -137,7 +137,7 @@ std::function<void()> Gemini::start_prefetch_gather(Chunk& c, int64_t op, DType 
     return wait;
   }
   gathered_.push_back(c.index());
-  gathered_bytes_ += c.copy_nbytes();
+  track_gathered(c.copy_nbytes());
   return wait;
 }
 
@@ -147,7 +147,7 @@ void Gemini::spill_shard(Chunk& c) {
   c.storage()->move_to(Device::cpu());
   close_interval();  // Note [Non-model memory]; still gathered (every rank's view), on the host
   spilled_.push_back(c.index());
-  gathered_bytes_ -= bytes;
+  track_gathered(-bytes);
   track_host(bytes);
   iter_.d2h_bytes += bytes;
   run_.d2h_bytes += bytes;
@@ -163,7 +163,7 @@ void Gemini::unspill_shard(Chunk& c) {
   c.storage()->move_to(options_.device);  // throws OutOfMemory: the op cannot run
   spilled_.erase(std::find(spilled_.begin(), spilled_.end(), c.index()));
   track_host(-bytes);
-  gathered_bytes_ += bytes;
+  track_gathered(bytes);
   iter_.h2d_bytes += bytes;
   run_.h2d_bytes += bytes;
 }
@@ -174,7 +174,7 @@ void Gemini::forget_spill(Chunk& c) {
   if (it == spilled_.end()) return;
   spilled_.erase(it);
   track_host(-c.copy_nbytes());
-  gathered_bytes_ += c.copy_nbytes();
+  track_gathered(c.copy_nbytes());
 }
 
 }  // namespace mw::gemini

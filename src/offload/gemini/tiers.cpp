@@ -244,7 +244,7 @@ void Gemini::prefetch_after(int64_t t) {
       const double t0 = now_us();
       start_prefetch(chunk, dtype);
       gathered_.push_back(c);
-      gathered_bytes_ += chunk.copy_nbytes();
+      track_gathered(chunk.copy_nbytes());
       ++iter_.gathers;
       ++run_.gathers;
       ++iter_.prefetches;
