@@ -192,6 +192,43 @@ TEST(Gpt2Train, GeminiThreeTiersOnCudaMatchSim) {
   expect_same_printed_losses(s, g, 3);
 }
 
+// A prefetch is optional (Note [Prefetch]): one whose memory is refused (on a GPU the allocator's
+// capacity is not what it has free, and pinned buffers run out) is skipped and the op gathers the
+// chunk itself. MW_GEMINI_PREFETCH_OOM=1 refuses every one, after the copy's device bytes are
+// taken: the chunk must be left as it was (a read's device copy left gathered and unlisted once
+// made the next release undefined), and the run is the same to every bit, with no prefetch.
+TEST(Gpt2Train, GeminiRefusedPrefetchesAreSkippedAndTheBitsStay) {
+  TempDir tmp;
+  const std::string args = std::string(kTiny) +
+                           "--steps 3 --dropout 0.1 --device sim:64MiB --gemini auto "
+                           "--chunk-size 4096 --host-capacity 160KiB --nvme-window 64KiB "
+                           "--copy-worker on --log ";
+  Result free = run(args + tmp.file("free.jsonl") + " --save " + tmp.file("free"));
+  ::setenv("MW_GEMINI_PREFETCH_OOM", "1", 1);  // the child's environment
+  Result refused = run(args + tmp.file("refused.jsonl") + " --save " + tmp.file("refused"));
+  ::unsetenv("MW_GEMINI_PREFETCH_OOM");
+  ASSERT_EQ(free.exit_code, 0) << free.output;
+  ASSERT_EQ(refused.exit_code, 0) << refused.output;
+  EXPECT_NE(free.output.find("homed on disk"), std::string::npos) << free.output;
+  std::ifstream a(tmp.file("free.jsonl")), b(tmp.file("refused.jsonl"));
+  int64_t ahead = 0, records = 0;
+  for (std::string la, lb; std::getline(a, la) && std::getline(b, lb); ++records) {
+    const json::Value va = json::parse(la, "free log"), vb = json::parse(lb, "refused log");
+    EXPECT_EQ(va.get_double("loss"), vb.get_double("loss")) << la << " vs " << lb;
+    EXPECT_EQ(vb.get_double("prefetches"), 0) << lb;
+    ahead += static_cast<int64_t>(va.get_double("prefetches"));
+  }
+  EXPECT_EQ(records, 3);
+  EXPECT_GT(ahead, 0) << "the free run prefetches, so the refused one had some to refuse";
+  auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string model = bytes(tmp.file("free") + "/model.safetensors");
+  EXPECT_FALSE(model.empty());
+  EXPECT_TRUE(model == bytes(tmp.file("refused") + "/model.safetensors"));
+}
+
 // Note [Copy worker] on CUDA: chunks copied ahead on the copy stream give the losses of gathers
 // on the compute stream, exactly (the JSON log's full-precision values), and do go ahead.
 TEST(Gpt2Train, GeminiCopyStreamOnCudaMatchesInlineGathers) {

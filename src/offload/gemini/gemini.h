@@ -317,6 +317,8 @@ class Gemini : public optim::Optimizer {
   AllocatorStats make_device_room(int64_t bytes);
   // A sharded chunk's copy moved to the host for pressure, and back for its op.
   std::function<void()> start_prefetch_gather(Chunk& c, int64_t op, DType dtype);
+  // MW_GEMINI_PREFETCH_OOM=1 (tests): every prefetch's memory refused, as a full device's would.
+  static bool refuses_prefetches();
   void spill_shard(Chunk& c);
   void unspill_shard(Chunk& c);
   void forget_spill(Chunk& c);  // before releasing a spilled copy

@@ -118,14 +118,19 @@ AllocatorStats Gemini::make_device_room(int64_t bytes) {
   return short_by > 0 && relieve_pressure(short_by) ? a.stats() : st;
 }
 
-std::function<void()> Gemini::start_prefetch_gather(Chunk& c, int64_t op, DType dtype) {
+bool Gemini::refuses_prefetches() {
   static const bool refuse = [] {
     const char* env = std::getenv("MW_GEMINI_PREFETCH_OOM");
     return env != nullptr && std::string(env) == "1";
   }();
+  return refuse;
+}
+
+std::function<void()> Gemini::start_prefetch_gather(Chunk& c, int64_t op, DType dtype) {
   std::function<void()> wait;
   try {
-    if (refuse) throw OutOfMemory("MW_GEMINI_PREFETCH_OOM=1", c.copy_nbytes(dtype), 0, 0);
+    if (refuses_prefetches())
+      throw OutOfMemory("MW_GEMINI_PREFETCH_OOM=1", c.copy_nbytes(dtype), 0, 0);
     wait = start_shard_gather(c, options_.device, op, dtype);
   } catch (const OutOfMemory&) {  // no collective started: into RAM, moved at its op
     wait = start_shard_gather(c, Device::cpu(), op, dtype);

@@ -242,7 +242,11 @@ void Gemini::prefetch_after(int64_t t) {
           allocator_for(options_.device).stats().current_bytes + bytes > st.capacity_bytes)
         return;
       const double t0 = now_us();
-      start_prefetch(chunk, dtype);
+      try {
+        start_prefetch(chunk, dtype);
+      } catch (const OutOfMemory&) {  // optional: the op gathers it, making room first (cuda's
+        return;                       // capacity is not what it has free; pinned memory runs out)
+      }
       gathered_.push_back(c);
       track_gathered(chunk.copy_nbytes());
       ++iter_.gathers;
@@ -258,7 +262,15 @@ void Gemini::prefetch_after(int64_t t) {
 void Gemini::start_prefetch(Chunk& c, DType dtype) {
   if (c.on_nvme()) {
     void* bytes = c.gather_uninitialized(options_.device);
-    inflight_[c.index()] = start_disk_read(c, bytes);
+    try {  // a failed start (cuda: no pinned buffer) leaves the chunk as it was
+      if (refuses_prefetches())
+        throw OutOfMemory("MW_GEMINI_PREFETCH_OOM=1 (the read's buffer)", c.nbytes(), 0, 0);
+      inflight_[c.index()] = start_disk_read(c, bytes);
+    } catch (...) {
+      inflight_.erase(c.index());
+      c.release_copy();
+      throw;
+    }
     iter_.nvme_read_bytes += c.nbytes();
     run_.nvme_read_bytes += c.nbytes();
     return;
@@ -266,6 +278,8 @@ void Gemini::start_prefetch(Chunk& c, DType dtype) {
   if (!copier_) copier_ = std::make_unique<CopyWorker>(options_.device);
   const Chunk::GatherBytes b = c.gather_deferred(options_.device, dtype);
   try {  // a failed start (cuda: no pinned memory) leaves the chunk as it was
+    if (refuses_prefetches())
+      throw OutOfMemory("MW_GEMINI_PREFETCH_OOM=1 (the copy's staging)", c.copy_nbytes(), 0, 0);
     inflight_[c.index()].copy = copier_->copy(b.device, c.copy_nbytes(), [&c, this](void* to) {
       // on cuda the staging is filled on this thread (Note [Copy worker]): the pool's work
       c.fill_copy(to, options_.device.is_cuda());
