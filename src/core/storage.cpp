@@ -87,4 +87,20 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   cuda_copy_bytes(dst, dst_device, src, src_device, nbytes);
 }
 
+void move_bytes_down(void* dst, const void* src, int64_t nbytes, Device device, bool host_memmove) {
+  MW_CHECK(dst <= src, "move_bytes_down: the destination is above the source");
+  if (nbytes == 0 || dst == src) return;
+  if (host_memmove && device.is_host_addressable()) {
+    std::memmove(dst, src, static_cast<size_t>(nbytes));
+    return;
+  }
+  if (static_cast<const char*>(src) - static_cast<const char*>(dst) >= nbytes) {
+    copy_bytes(dst, device, src, device, nbytes);
+    return;
+  }
+  Storage spare(nbytes, device);
+  copy_bytes(spare.data(), device, src, device, nbytes);
+  copy_bytes(dst, device, spare.data(), device, nbytes);
+}
+
 }  // namespace mw

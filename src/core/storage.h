@@ -66,4 +66,11 @@ class Storage {
 // Copies nbytes between any two devices (host memcpy for cpu/sim, CUDA copies otherwise).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, int64_t nbytes);
 
+// nbytes from src down to dst <= src in one device's memory, as memmove: the host's memmove where
+// it can (cpu, sim; unless `host_memmove` is false, which tests the other way on the host);
+// elsewhere a copy may not overlap (cudaMemcpy), so a run that overlaps its destination goes
+// through a temporary of nbytes on the device, and one that does not is copied directly.
+void move_bytes_down(void* dst, const void* src, int64_t nbytes, Device device,
+                     bool host_memmove = true);
+
 }  // namespace mw

@@ -201,10 +201,9 @@ class DataParallel {
     enum class Residency { kReleased, kGathering, kGathered } residency = Residency::kReleased;
     dist::Work gather_work;
     // Note [16-bit parameter gathers]: the members before f32_part are f32 ones; a 16-bit gather
-    // sends each rank's run in `slot` bytes, received in place (host) or into gather_out.
+    // sends each rank's run in `slot` bytes, received in place and moved down after the wait.
     int64_t f32_part = 0, slot = 0;
     DType gathered_dtype = DType::F32, forward_dtype = DType::F32;
-    Tensor gather_out;
     int pins = 0;   // ops using the parameters now
     int ready = 0;  // members built (construction)
   };

@@ -154,8 +154,7 @@ void DataParallel::start_gather(Bucket& b, DType dtype) {
   if (b.residency != Bucket::Residency::kReleased) return;
   b.gathered_dtype = dtype;
   b.params_full->resize_uninitialized(dtype == DType::F32 ? b.padded * 4 : size() * b.slot);
-  // Note [16-bit parameter gathers]: a receive buffer of its own holds the slots until the wait
-  if (dtype == DType::F32 || !comm_->required_memory()) b.params_full->materialize();
+  b.params_full->materialize();  // receives the collective (16 bits: the slots, Note [16-bit ...])
   gathered_bytes_ += b.params_full->nbytes();
   if (uncounted_ == 0) {  // the steps' figures; gather_all holds every bucket by definition
     stats_.gathered_peak_bytes = std::max(stats_.gathered_peak_bytes, gathered_bytes_);

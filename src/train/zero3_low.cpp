@@ -23,10 +23,11 @@
 //    all_gather takes one count from every rank. So each rank rounds its piece into a slot of the
 //    longest run's bytes (rounded up to 4: the collective moves f32 elements), and after the wait
 //    each run moves down from r x slot to copy_byte(r P), in rank order: the runs before it are no
-//    longer than their slots, so no run overwrites one not yet moved. On host memory the bucket's
-//    storage receives the slots itself; on NCCL's device a buffer of its own does (a device copy
-//    is not a memmove), and each run is copied out of it into the bucket's storage, allocated
-//    then: the two exist together only for the copies.
+//    longer than their slots, so no run overwrites one not yet moved. The bucket's storage
+//    receives the slots itself, on any device; on a GPU, whose copies may not overlap, a run that
+//    overlaps its place moves through a temporary of its bytes (move_bytes_down, core/storage.h).
+//    (Until session 37 NCCL's device received into a second buffer and the storage was allocated
+//    for the copies out of it: the two existed together then, a bucket's bytes more.)
 //    Worked: a bucket of 1000 elements whose first 100 are f32, over 4 ranks (P = 250): rank 0's
 //    run is 100 x 4 + 150 x 2 = 700 bytes, the others' 500; the slots are 700 bytes, the gather
 //    2800 bytes where an f32 one is 4000, and the storage holds 2800 while gathered. The slots
@@ -84,30 +85,17 @@ dist::Work DataParallel::start_low_gather(Bucket& b) {
   if (f32 < b.piece)  // rounded to nearest even, as autocast's cast
     Tensor::from_storage(in.storage(), 2 * f32, {b.piece - f32}, {1}, b.gathered_dtype)
         .copy_(b.param_shard.narrow(0, f32, b.piece - f32).to(b.gathered_dtype));
-  // In place on host memory; a buffer of its own where the communicator requires its memory
-  // (NCCL's device; sim under MW_DIST_DEVICE_MEMORY, which tests the device's path on the CPU).
-  b.gather_out = comm_->required_memory()
-                     ? buffer(n * b.slot / 4, false)
-                     : Tensor::from_storage(b.params_full, 0, {n * b.slot / 4}, {1}, DType::F32);
-  return comm_->all_gather(in, b.gather_out);
+  return comm_->all_gather(
+      in, Tensor::from_storage(b.params_full, 0, {n * b.slot / 4}, {1}, DType::F32));
 }
 
 void DataParallel::place_low_runs(Bucket& b) {
-  const int64_t n = size();
-  const bool in_place = b.gather_out.storage() == b.params_full;
   const Device where = b.params_full->device();  // on CUDA, ordered on the compute stream
-  if (!in_place) b.params_full->materialize();   // the bucket's bytes from now on
   auto* to = static_cast<char*>(b.params_full->data());
-  for (int64_t r = 0; r < n; ++r) {
-    const int64_t at = copy_byte(b, r * b.piece), bytes = copy_byte(b, (r + 1) * b.piece) - at;
-    if (bytes == 0 || (in_place && at == r * b.slot)) continue;
-    if (in_place)
-      std::memmove(to + at, to + r * b.slot, static_cast<size_t>(bytes));
-    else  // bytes, not a tensor op: the graph's saved views see no new version (as a gather's)
-      copy_bytes(to + at, where, static_cast<const char*>(b.gather_out.raw_data()) + r * b.slot,
-                 where, bytes);
+  for (int64_t r = 0; r < size(); ++r) {  // bytes, not a tensor op: saved views see no new version
+    const int64_t at = copy_byte(b, r * b.piece);
+    move_bytes_down(to + at, to + r * b.slot, copy_byte(b, (r + 1) * b.piece) - at, where);
   }
-  b.gather_out = Tensor();
   retype(b, b.gathered_dtype);
 }
 

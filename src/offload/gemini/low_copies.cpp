@@ -95,8 +95,10 @@ int64_t Gemini::sharded_gather_bytes() const {
 // (rounded up to 4: the communicator moves f32 elements, and bytes are bytes), rounding its f32
 // piece where the plain run's autocast would, and after the collective each rank's run moves
 // down from its slot at r x slot to copy_byte(a). The runs before it are no longer than their
-// slots, so copy_byte(a) <= r x slot: moved in rank order, no run overwrites one not yet moved
-// (a device that is not host memory receives into a buffer of its own and copies out of it).
+// slots, so copy_byte(a) <= r x slot: moved in rank order, no run overwrites one not yet moved.
+// On a GPU a copy may not overlap, so a run that overlaps its place moves through a temporary of
+// its bytes (move_bytes_down); until session 37 the collective there received into a second
+// buffer of the whole copy's size, beside the chunk's storage, which no plan or budget counted.
 // The masters, the gradients' reduce_scatter and the Adam states stay f32; the chunk's storage
 // holds ranks x slot bytes while gathered, its f32 all_gather's size otherwise.
 int64_t Gemini::low_gather_slot(const Chunk& c, DType dtype) const {
@@ -121,23 +123,16 @@ std::function<void()> Gemini::start_low_shard_gather(Chunk& c, DType dtype) {
     copy_bytes(static_cast<char*>(in.raw_data()) + f32 * 4, home, low.raw_data(), home,
                low.nbytes());
   }
-  const Tensor out = where.is_host_addressable()
-                         ? Tensor::from_storage(c.storage(), 0, {ranks * slot / 4}, {1}, DType::F32)
-                         : Tensor::empty({ranks * slot / 4}, DType::F32, where);
+  const Tensor out = Tensor::from_storage(c.storage(), 0, {ranks * slot / 4}, {1}, DType::F32);
   std::function<void()> wait = reduction_.all_gather(in, out).wait;
   return [&c, in, out, wait, ranks, slot, dtype, where] {
     wait();
-    auto* to = static_cast<char*>(c.storage()->data());
-    const auto* from = static_cast<const char*>(out.raw_data());
-    for (int r = 0; r < ranks; ++r) {
+    auto* bytes = static_cast<char*>(c.storage()->data());
+    for (int r = 0; r < ranks; ++r) {  // in rank order: each run lands at or below its slot
       const ChunkPiece q = chunk_piece(c.numel(), r, ranks);
       const int64_t at = c.copy_byte(q.offset, dtype);
-      const int64_t n = c.copy_byte(q.offset + q.numel, dtype) - at;
-      if (n == 0 || to + at == from + r * slot) continue;
-      if (where.is_host_addressable())
-        std::memmove(to + at, from + r * slot, static_cast<size_t>(n));
-      else
-        copy_bytes(to + at, where, from + r * slot, where, n);
+      move_bytes_down(bytes + at, bytes + r * slot, c.copy_byte(q.offset + q.numel, dtype) - at,
+                      where);
     }
   };
 }
