@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "../apps/run_app.h"
 #include "../data/temp_dir.h"
@@ -139,6 +140,28 @@ TEST(Generate, SamplerFrequenciesMatchTheDistribution) {
   t.temperature = 0.5;
   const double z = 0.25 + 0.09 + 0.0225 + 0.0025;
   expect_near(frequencies(t), {0.25 / z, 0.09 / z, 0.0225 / z, 0.0025 / z});
+}
+
+// A NaN logit would make the sort's order undefined, +Inf every probability NaN: both are refused
+// by name; -Inf is an id that is never drawn.
+TEST(Generate, SamplerRefusesNanAndInfiniteLogits) {
+  const float inf = std::numeric_limits<float>::infinity();
+  gpt2::SamplingOptions o;
+  o.seed = 3;
+  for (double temperature : {1.0, 0.0})
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), inf}) {
+      o.temperature = temperature;
+      gpt2::Sampler s(o);
+      try {
+        s.next({0.5f, bad, -1.f}, {});
+        ADD_FAILURE() << "expected an Error for " << bad;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("logit for id 1"), std::string::npos) << e.what();
+      }
+    }
+  o.temperature = 1;
+  gpt2::Sampler s(o);
+  for (int i = 0; i < 200; ++i) EXPECT_NE(s.next({-inf, 0.f, 1.f}, {}), 0);
 }
 
 // Note [Repetition penalty]: HF's rule, from its definition, on a loop of full forwards: every id

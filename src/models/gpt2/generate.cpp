@@ -163,6 +163,14 @@ double Sampler::uniform() {
 
 int32_t Sampler::next(const std::vector<float>& logits_in, const std::vector<int32_t>& context) {
   const int32_t V = static_cast<int32_t>(logits_in.size());
+  // A NaN has no place in the order the sort needs (its comparisons would make it undefined), and
+  // +Inf no probability: the weights have diverged or the forward overflowed. -Inf is an id never
+  // drawn.
+  for (int32_t i = 0; i < V; ++i)
+    if (std::isnan(logits_in[i]) || logits_in[i] == std::numeric_limits<float>::infinity())
+      throw Error(str("sampling: the model's logit for id ", i, " is ", logits_in[i],
+                      ", not finite: its weights have diverged or its forward overflowed (fp16: "
+                      "try bf16); nothing can be drawn from it"));
   const std::vector<float>* use = &logits_in;
   if (options_.repetition_penalty != 1) {  // Note [Repetition penalty]
     penalized_ = logits_in;
