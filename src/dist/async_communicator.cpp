@@ -118,6 +118,17 @@ void AsyncCommunicator::progress(Op& op) {
     op.send = op.recv = Tensor();
     op.state->finish(std::make_exception_ptr(error));
   };
+  // A collective given up (timed out, or this rank failing) may still be running and writing into
+  // its tensors, which the caller frees once its wait throws. A backend that can abort stops it
+  // first (NCCL: ncclCommAbort, without waiting for the other ranks); one that cannot (MPI) has
+  // its tensors kept until the communicator goes, at the process's end.
+  auto give_up = [&](auto error) {
+    if (backend_.abort)
+      backend_.abort();
+    else
+      given_up_.insert(given_up_.end(), {op.send, op.recv});
+    fail(error);
+  };
   if (broken_ || abandoned_) {
     fail(CommError(
         str(describe(op), " was not started: the communicator is broken (", broken_reason_, ")")));
@@ -147,7 +158,7 @@ void AsyncCommunicator::progress(Op& op) {
       break;
     }
     if (abandoned_) {
-      fail(CommError(str(describe(op), " was given up: this rank is failing")));
+      give_up(CommError(str(describe(op), " was given up: this rank is failing")));
       return;
     }
     if (done < 0) {
@@ -163,7 +174,7 @@ void AsyncCommunicator::progress(Op& op) {
     if (timeout_ms > 0 && elapsed_ms > timeout_ms) {
       broken_ = true;
       broken_reason_ = str(collective_name(op.kind), " #", op.sequence, " timed out");
-      fail(CommTimeout(str(
+      give_up(CommTimeout(str(
           describe(op), " did not complete within ", format_fixed(timeout_ms / 1000, 1),
           " s: another rank has died, stalled, or called its collectives in a different order. ",
           "If a rank is only slow (a busy machine, a long checkpoint), raise --dist-timeout")));

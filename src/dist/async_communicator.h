@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "dist/backend_abi.h"
 #include "dist/communicator.h"
@@ -61,6 +62,7 @@ class AsyncCommunicator : public Communicator {
   std::string start_error_, broken_reason_;
   double timeout_ms_;
   std::atomic<bool> abandoned_{false};
+  std::vector<Tensor> given_up_;  // progress thread: tensors a given-up MPI collective may write
   int64_t sequence_ = 0;
   struct StatsBox {
     std::mutex mutex;

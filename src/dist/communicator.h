@@ -15,7 +15,9 @@
 // fails with CommTimeout naming the collective, its size, this rank and the ranks taking part;
 // the communicator is then broken (every later collective fails at once) and is torn down without
 // MPI_Finalize (NCCL: with ncclCommAbort), so the process can exit with the error instead of
-// hanging on a rank that died or stalled. The launcher (mpirun) then stops the other ranks.
+// hanging on a rank that died or stalled. The launcher (mpirun) then stops the other ranks. The
+// collective given up may still be writing into its tensors: NCCL's is aborted at once, before
+// they are let go; MPI's cannot be, so its tensors are kept until the communicator goes.
 #pragma once
 
 #include <array>

@@ -97,6 +97,44 @@ TEST(AsyncCommunicator, TimeoutNamesTheCollectiveAndBreaksTheCommunicator) {
   EXPECT_THROW(comm.barrier().wait(), dist::CommError);
 }
 
+// A collective given up may still be writing into its tensors, which the caller drops once its
+// wait throws: a backend that can abort (NCCL) aborts before they go; one that cannot (MPI) has
+// them kept while the communicator lives.
+std::weak_ptr<Storage> g_watched;
+int g_aborts = 0;
+bool g_alive_at_abort = false;
+void fake_abort() {
+  ++g_aborts;
+  g_alive_at_abort = g_alive_at_abort || !g_watched.expired();
+}
+
+TEST(AsyncCommunicator, AGivenUpCollectiveIsAbortedBeforeItsTensorsGoOrKeepsThem) {
+  g_polls = -1;
+  auto time_out = [](dist::AsyncCommunicator& comm) {
+    Tensor t = Tensor::zeros({7});
+    g_watched = t.storage();
+    Work w = comm.all_reduce(t);
+    t = Tensor();  // the caller keeps nothing
+    EXPECT_THROW(w.wait(), dist::CommTimeout);
+  };
+  {
+    dist::AsyncCommunicator mpi_like(&kFake, 100);
+    time_out(mpi_like);
+    EXPECT_FALSE(g_watched.expired()) << "an MPI collective cannot be stopped: its bytes stay";
+  }
+  EXPECT_TRUE(g_watched.expired()) << "let go with the communicator";
+  g_aborts = 0;
+  g_alive_at_abort = false;
+  {
+    dist::AsyncCommunicator nccl_like(
+        mw_dist_backend_v2{kFake, MW_DIST_MEMORY_HOST, nullptr, fake_abort}, 100);
+    time_out(nccl_like);
+    EXPECT_GE(g_aborts, 1);
+    EXPECT_TRUE(g_alive_at_abort) << "aborted while the tensors were still held";
+    EXPECT_TRUE(g_watched.expired()) << "aborted, so let go at once";
+  }
+}
+
 TEST(MakeCommunicator, LocalUnlessLaunchedByMpi) {
   if (dist::launched_by_mpi()) GTEST_SKIP() << "running under mpirun";
   EXPECT_EQ(dist::make_communicator({})->backend(), "local");
