@@ -245,6 +245,12 @@ StagedWork staged_reduce_scatter(Communicator& comm, const Tensor& input, const 
   return {comm.reduce_scatter(in, out), out, output};
 }
 
+int64_t value_from_rank0(Communicator& comm, int64_t x) {
+  Tensor t = Tensor::full({1}, static_cast<double>(x), DType::I64);
+  staged_broadcast(comm, t, 0).wait();
+  return t.data<int64_t>()[0];
+}
+
 StagedWork staged_all_gather(Communicator& comm, const Tensor& input, const Tensor& output) {
   Tensor out = staged_output(comm, output);
   return {comm.all_gather(in_comm_memory(comm, input), out), out, output};

@@ -137,6 +137,8 @@ StagedWork staged_all_reduce(Communicator& comm, const Tensor& t);
 StagedWork staged_broadcast(Communicator& comm, const Tensor& t, int root);
 StagedWork staged_reduce_scatter(Communicator& comm, const Tensor& input, const Tensor& output);
 StagedWork staged_all_gather(Communicator& comm, const Tensor& input, const Tensor& output);
+// Rank 0's x on every rank: a staged broadcast of one element, waited for.
+int64_t value_from_rank0(Communicator& comm, int64_t x);
 
 // The single-process communicator (size 1, no library): every collective is a copy or nothing.
 std::shared_ptr<Communicator> make_local_communicator();

@@ -255,14 +255,11 @@ std::vector<int32_t> Trainer::sample_by_forwards() {
     const std::vector<float> last =
         logits.narrow(1, t - 1, 1).to(Device::cpu()).to(DType::F32).contiguous().to_vector<float>();
     int32_t id = sampler.next(last, context);
-    if (shards_parameters() && o_.comm && o_.comm->size() > 1) {
-      // Every rank draws the same id from the same logits, on equal machines. Where they differ
-      // (other GPUs, another GEMM algorithm) one id more or less would unmatch the forwards'
-      // gathers and hang the ranks at the end of text: rank 0's id is everyone's.
-      Tensor t = Tensor::full({1}, static_cast<double>(id), DType::I64);
-      dist::staged_broadcast(*o_.comm, t, 0).wait();
-      id = static_cast<int32_t>(t.data<int64_t>()[0]);
-    }
+    // Every rank draws the same id from the same logits, on equal machines. Where they differ
+    // (other GPUs, another GEMM algorithm) one id more or less would unmatch the forwards'
+    // gathers and hang the ranks at the end of text: rank 0's id is everyone's.
+    if (shards_parameters() && o_.comm && o_.comm->size() > 1)
+      id = static_cast<int32_t>(dist::value_from_rank0(*o_.comm, id));
     generated.push_back(id);
     if (tokenizer_ && id == tokenizer_->eot_id()) break;
     if (t >= config_.n_positions) break;  // the next token would have no position

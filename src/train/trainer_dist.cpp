@@ -179,9 +179,7 @@ void Trainer::connect_gemini() {
       return t.data<double>()[0];
     };
     r.from_rank0 = [comm](int64_t x) {  // Note [Sharded parameters]: saving
-      Tensor t = Tensor::full({1}, static_cast<double>(x), DType::I64);
-      dist::staged_broadcast(*comm, t, 0).wait();
-      return t.data<int64_t>()[0];
+      return dist::value_from_rank0(*comm, x);
     };
   } else {
     r.start = [comm, waiter](const Tensor& grad) {
