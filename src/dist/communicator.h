@@ -150,12 +150,11 @@ struct CommOptions {
   double timeout_ms = 300000;  // Note [Collective timeouts]
 };
 
-// True when an MPI launcher started this process (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK).
+// What the launcher's environment says (Note [Launchers], dist/launch.h): whether an MPI launcher
+// started this process; how many processes it started (0 when it does not say); this process's
+// place among them on its host (-1 when it does not say).
 bool launched_by_mpi();
-// The number of processes the launcher started (its environment), 0 when it does not say.
 int launcher_world_size();
-// This process's place among those the launcher started on its host (OMPI_COMM_WORLD_LOCAL_RANK,
-// MPI_LOCALRANKID, MV2_COMM_WORLD_LOCAL_RANK), -1 when it does not say.
 int launcher_local_rank();
 std::shared_ptr<Communicator> make_communicator(const CommOptions& options);
 

@@ -19,6 +19,7 @@
 
 #include "core/numbers.h"
 #include "dist/async_communicator.h"
+#include "dist/launch.h"
 
 #ifndef MW_DIST_MPI_MODULE_PATH
 #define MW_DIST_MPI_MODULE_PATH ""
@@ -54,9 +55,8 @@ const ModuleSpec kNcclModule = {
     "ON')"};
 
 std::string launcher_variable() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE"})
-    if (std::getenv(name)) return name;
-  return "";
+  const char* v = launch_from_environment().variable;
+  return v ? v : "";
 }
 
 // The variable, when set, is the only place looked at: a wrong path is an error, not a silent
@@ -115,18 +115,9 @@ mw_dist_backend_v2 load_backend(const ModuleSpec& spec, const std::string& why) 
 
 bool launched_by_mpi() { return !launcher_variable().empty(); }
 
-int launcher_world_size() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"})
-    if (const char* v = std::getenv(name)) return std::max(0, std::atoi(v));
-  return 0;
-}
+int launcher_world_size() { return launch_from_environment().world_size; }
 
-int launcher_local_rank() {
-  for (const char* name :
-       {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK"})
-    if (const char* v = std::getenv(name)) return std::max(0, std::atoi(v));
-  return -1;
-}
+int launcher_local_rank() { return launch_from_environment().local_rank; }
 
 std::shared_ptr<Communicator> make_communicator(const CommOptions& options) {
   const std::string& b = options.backend;
@@ -141,7 +132,16 @@ std::shared_ptr<Communicator> make_communicator(const CommOptions& options) {
     return std::make_shared<AsyncCommunicator>(nccl, options.timeout_ms);
   }
   const std::string var = launcher_variable();
-  if (b == "local" || (b == "auto" && var.empty())) return make_local_communicator();
+  if (b == "local") return make_local_communicator();
+  const Launch launch = launch_from_environment();  // Note [Launchers] (launch.h)
+  MW_CHECK_T(InvalidArgument, !var.empty() || launch.slurm_step_tasks < 2, "this process is task ",
+             launch.slurm_task, " of ", launch.slurm_step_tasks,
+             " in a Slurm step (SLURM_STEP_NUM_TASKS), started without an MPI wire-up (none of "
+             "OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK is set): each task would train alone and "
+             "write the same outputs. Start the step with srun --mpi=pmix (or pmi2; srun "
+             "--mpi=list shows them) or run mpirun inside the allocation; --dist local trains "
+             "each task alone on purpose");
+  if (b == "auto" && var.empty()) return make_local_communicator();
   const std::string why = b == "mpi" ? std::string("--dist mpi")
                                      : str("this process was started by an MPI launcher (", var,
                                            "=", std::getenv(var.c_str()), ") and");

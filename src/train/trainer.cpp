@@ -16,6 +16,7 @@
 #include "core/numbers.h"
 #include "core/parallel.h"
 #include "data/random_tokens.h"
+#include "dist/launch.h"
 #include "models/gpt2/hf_io.h"
 #include "models/gpt2/spec.h"
 #include "nn/checkpoint.h"
@@ -45,17 +46,11 @@ double process_cpu_ms() {
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
-// The ranks of this job on this machine, from the launcher (Open MPI's, MPICH's or Slurm's
-// variables); unknown: all of them, the safe answer for the host check on one machine.
+// The ranks of this job on this machine, from the launcher (Note [Launchers], dist/launch.h);
+// unknown: all of them, the safe answer for the host check on one machine.
 int64_t ranks_on_this_host(int64_t ranks) {
-  for (const char* name :
-       {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
-    if (const char* v = std::getenv(name)) {
-      char* end = nullptr;
-      const long long n = std::strtoll(v, &end, 10);
-      if (end != v && *end == 0 && n >= 1 && n <= ranks) return n;
-    }
-  return ranks;
+  const int64_t n = dist::launch_from_environment().local_size;
+  return n >= 1 && n <= ranks ? n : ranks;
 }
 
 // Prints the memory plan; stops before anything is allocated when it does not fit (Note

@@ -137,6 +137,30 @@ TEST(Reliability, DistLocalUnderALauncherOfSeveralProcessesWritesNothingTwice) {
   EXPECT_EQ(o.exit_code, 0) << o.output;
 }
 
+// `srun -n 2 gpt2_train` where srun starts no MPI wire-up (--mpi=none, the default on many
+// clusters): two runs alone, writing the same outputs, each believing it was rank 0. Refused
+// before anything is written, naming srun --mpi=pmix; --dist local runs alone on purpose, and a
+// step of one task is a plain run (Note [Launchers], dist/launch.h).
+TEST(Reliability, ASlurmStepWithoutAnMpiWireUpIsRefused) {
+  TempDir tmp;
+  const std::vector<std::string> args = tiny({"--steps", "1", "--save", tmp.file("m")});
+  const std::vector<std::string> step = {"SLURM_STEP_ID=0", "SLURM_PROCID=1",
+                                         "SLURM_STEP_NUM_TASKS=2", "SLURM_LOCALID=1"};
+  Outcome o = run_app(tmp, "gpt2_train", args, step);
+  EXPECT_EQ(o.exit_code, 1) << o.output;
+  EXPECT_NE(o.output.find("task 1 of 2 in a Slurm step"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("srun --mpi=pmix"), std::string::npos) << o.output;
+  EXPECT_FALSE(std::filesystem::exists(tmp.file("m")));
+  std::vector<std::string> alone = args;
+  alone.insert(alone.end(), {"--dist", "local"});
+  o = run_app(tmp, "gpt2_train", alone, step);
+  EXPECT_EQ(o.exit_code, 0) << o.output;
+  std::filesystem::remove_all(tmp.file("m"));
+  o = run_app(tmp, "gpt2_train", args,
+              {"SLURM_STEP_ID=0", "SLURM_PROCID=0", "SLURM_STEP_NUM_TASKS=1"});
+  EXPECT_EQ(o.exit_code, 0) << o.output;
+}
+
 // Note [One run per checkpoint folder]: a run started again without --resume into the folder of an
 // earlier run's checkpoints wrote its own among them, and a resume after a kill took the earlier
 // run's newest. Refused before the first step, naming --resume; the folder is left as it was.

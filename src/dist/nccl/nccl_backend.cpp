@@ -44,6 +44,7 @@
 #include <cstring>
 
 #include "dist/backend_abi.h"
+#include "dist/launch.h"
 
 namespace {
 
@@ -114,6 +115,15 @@ int start_mpi(char* err, int err_len) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
+    // A CUDA-aware MPI may open a CUDA context in MPI_Init_thread, on the current device: make
+    // it this rank's first (its launcher's local rank modulo the GPUs it sees, Note [Launchers]
+    // in dist/launch.h), not GPU 0 in every rank. pick_device decides again from MPI's own view of
+    // the host, which agrees; a failure here is reported there.
+    const int local_rank = mw::dist::launch_from_environment().local_rank;
+    int visible = 0;
+    if (local_rank >= 0 && cudaGetDeviceCount(&visible) == cudaSuccess && visible > 0)
+      cudaSetDevice(local_rank % visible);
+    cudaGetLastError();
     int provided = 0;
     if (mpi_failed(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided),
                    "MPI_Init_thread", err, err_len))
