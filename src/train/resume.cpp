@@ -277,10 +277,16 @@ void Trainer::resume_from(const std::string& path) {
   // Weights came in with the model (weights_from_); now the optimizer, the data and the RNG.
   load_optimizer_state((std::filesystem::path(path) / "optimizer.bin").string(),
                        &state.optimizer_layout);
-  // Under Gemini the states and their step count are its HybridAdam's.
+  // Under Gemini the states and their step count are its HybridAdam's. A step the fp16 loss
+  // scaler skipped counts in the run's steps (the schedule, the data) but not in the optimizer's
+  // (Adam's bias correction), as in torch's GradScaler: the two differ by the skips. Until session
+  // 38 this asked them to be equal, and every checkpoint after an fp16 run's first skip was
+  // refused.
   const int64_t loaded_step = hybrid_ ? hybrid_->step_count() : opt_->step_count();
-  MW_CHECK_T(FormatError, loaded_step == state.step, "checkpoint '", path,
+  const int64_t skipped = state.scaler.skipped_steps;
+  MW_CHECK_T(FormatError, loaded_step + skipped == state.step, "checkpoint '", path,
              "': optimizer.bin is at step ", loaded_step, " but trainer.json at step ", state.step,
+             skipped > 0 ? str(" with ", skipped, " skipped by the fp16 loss scaler") : "",
              "; the checkpoint is inconsistent, resume from another one");
   first_step_ = step_ = state.step;
   micro_ = state.micro_batch;

@@ -29,6 +29,9 @@ struct ResumeCase {
   // Note [Optimizer layouts]: the resumed run lays its optimizer out otherwise: 'p' plain
   // HybridAdam, 'g' Gemini auto with small chunks (several per block, padding between members).
   char resume_as = 0;
+  // fp16 from this loss scale: a scale that overflows skips the first steps (before the
+  // checkpoint), so the optimizer's step count trails the run's. 0: fp32.
+  double fp16_scale = 0;
 };
 
 class ExactResume : public ::testing::TestWithParam<ResumeCase> {};
@@ -56,11 +59,17 @@ TEST_P(ExactResume, ResumedRunEqualsTheUninterruptedOneBitForBit) {
   if (c.gemini) {
     on_gemini_auto(o);
   }
+  if (c.fp16_scale > 0) {
+    o.precision = DType::F16;
+    o.loss_scaler.initial_scale = c.fp16_scale;
+  }
   std::string printed;
+  int64_t skipped_before_checkpoint = 0;
   auto run = [&](TrainOptions opts, int64_t stop_after, std::vector<double>* losses) {
     Trainer t(opts, [&](const std::string& line) { printed += line; });
     for (int64_t i = 0; i < stop_after && !t.done(); ++i) {
       const StepResult r = t.train_step();
+      if (r.skipped && r.step < 2) ++skipped_before_checkpoint;
       losses->push_back(r.loss);
       if (t.eval_due()) t.evaluate();
       if (t.checkpoint_due()) t.save_checkpoint();
@@ -70,6 +79,7 @@ TEST_P(ExactResume, ResumedRunEqualsTheUninterruptedOneBitForBit) {
   };
   std::vector<double> full_losses, first_losses, resumed_losses;
   const auto full = run(o, 6, &full_losses);
+  if (c.fp16_scale > 0) ASSERT_GE(skipped_before_checkpoint, 1) << "no step was skipped";
   TrainOptions first = o;
   first.checkpoint_dir = tmp.file("ckpt");
   first.checkpoint_every = 2;
@@ -97,22 +107,27 @@ TEST_P(ExactResume, ResumedRunEqualsTheUninterruptedOneBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(
     Modes, ExactResume,
-    ::testing::Values(ResumeCase{"dropout", false, false, false, 1},
-                      ResumeCase{"nvme_dropout", true, false, false, 1},
-                      ResumeCase{"shuffle_accum_clip_nvme", true, true, true, 2},
-                      // Note [Updates in the last backward]: accumulation alone
-                      ResumeCase{"accum_nvme", true, false, false, 2},
-                      ResumeCase{"gemini_auto_accum_nvme", true, false, false, 2, true},
-                      ResumeCase{"gemini_auto_dropout", false, false, false, 1, true},
-                      ResumeCase{"gemini_auto_shuffle_accum_clip", false, true, true, 2, true},
-                      ResumeCase{"gemini_auto_accum_clip_nvme", true, false, true, 2, true},
-                      ResumeCase{"adamw_accum_clip_dropout", false, false, true, 2, false, true},
-                      ResumeCase{"gemini_resumed_plain_accum_clip", false, false, true, 2, true,
-                                 false, 'p'},
-                      ResumeCase{"plain_nvme_resumed_gemini_small_chunks", true, false, false, 1,
-                                 false, false, 'g'},
-                      ResumeCase{"gemini_resumed_gemini_small_chunks_nvme", true, false, false, 1,
-                                 true, false, 'g'}),
+    ::testing::Values(
+        ResumeCase{"dropout", false, false, false, 1},
+        ResumeCase{"nvme_dropout", true, false, false, 1},
+        ResumeCase{"shuffle_accum_clip_nvme", true, true, true, 2},
+        // Note [Updates in the last backward]: accumulation alone
+        ResumeCase{"accum_nvme", true, false, false, 2},
+        ResumeCase{"gemini_auto_accum_nvme", true, false, false, 2, true},
+        ResumeCase{"gemini_auto_dropout", false, false, false, 1, true},
+        ResumeCase{"gemini_auto_shuffle_accum_clip", false, true, true, 2, true},
+        ResumeCase{"gemini_auto_accum_clip_nvme", true, false, true, 2, true},
+        ResumeCase{"adamw_accum_clip_dropout", false, false, true, 2, false, true},
+        ResumeCase{"gemini_resumed_plain_accum_clip", false, false, true, 2, true, false, 'p'},
+        ResumeCase{"plain_nvme_resumed_gemini_small_chunks", true, false, false, 1, false, false,
+                   'g'},
+        ResumeCase{"gemini_resumed_gemini_small_chunks_nvme", true, false, false, 1, true, false,
+                   'g'},
+        // Steps the loss scaler skipped before the checkpoint: it was refused
+        // ("optimizer.bin is at step 0 but trainer.json at step 2") until session 38.
+        ResumeCase{"fp16_skipped_steps_dropout", false, false, false, 1, false, false, 0, 1e6},
+        ResumeCase{"fp16_skipped_steps_gemini_auto_accum", false, false, false, 2, true, false, 0,
+                   1e6}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // --load-optimizer of a file written without Gemini (the model's own layout, recognised by its
