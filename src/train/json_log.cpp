@@ -89,10 +89,13 @@ json::Value step_record(Trainer& t, const StepResult& r) {
 json::Value eval_record(int64_t step, const EvalResult& e) {
   json::Value rec = json::Value::object();
   rec.set("step", step);
-  rec.set("val_loss", e.loss);
   // exp(loss) overflows past a loss of 709 (a diverging run); JSON has no inf, and the dump's
   // refusal stopped the run with "JSON cannot represent the number inf", unsaved: null instead.
-  rec.set("val_ppl", std::isfinite(e.perplexity) ? json::Value(e.perplexity) : json::Value());
+  // The loss itself is NaN or inf where the weights are (a CUDA update is not checked, Note
+  // [Non-finite values]) or an fp16 forward overflows: null too, not a failed log line.
+  auto finite_or_null = [](double x) { return std::isfinite(x) ? json::Value(x) : json::Value(); };
+  rec.set("val_loss", finite_or_null(e.loss));
+  rec.set("val_ppl", finite_or_null(e.perplexity));
   return rec;
 }
 

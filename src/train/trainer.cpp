@@ -459,11 +459,14 @@ bool Trainer::measure_and_scale_gradients(StepResult& r) {
   if (gem_ && dp_) dp_->add_backward_end_wait_ms(ms_since(t_norm));
   // fp32 (no scaler): a non-finite gradient cannot be skipped as an overflow; stop before it
   // reaches the weights (Note [Non-finite values]).
+  // (Under --grad-accum alone the last micro-batch's backward has stepped already, Note [Updates
+  // in the last backward]: the weights hold it, and nothing is saved either.)
   MW_CHECK(scaler_ || std::isfinite(sum_norm), "the gradient norm is ", sum_norm, " at step ",
            step_,
            ": training diverged (lower --lr, set --grad-clip, check the data and "
-           "--init-from weights); stopped before the update, without saving; any earlier save is "
-           "kept");
+           "--init-from weights); stopped ",
+           o_.updates_in_last_backward() ? "after the update in backward" : "before the update",
+           ", without saving; any earlier save is kept");
   double divisor = static_cast<double>(o_.grad_accum);
   if (gem_ && scaler_) {
     if (!std::isfinite(sum_norm)) return false;

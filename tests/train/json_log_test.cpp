@@ -1,6 +1,6 @@
 // The --log writer (train/json_log.h): a value JSON cannot hold fails that line as a failed write
 // does (reported, the run goes on and exits 1), never the run; eval records log an overflowing
-// perplexity as null.
+// perplexity, and a NaN or infinite loss, as null.
 #include "train/json_log.h"
 
 #include <gtest/gtest.h>
@@ -30,6 +30,13 @@ TEST(JsonLog, AValueJsonCannotHoldFailsTheLineNotTheRun) {
   EXPECT_EQ(rec.dump(), "{\"step\":4,\"val_loss\":5000.0,\"val_ppl\":null}");
   log.write(rec, 4);
   EXPECT_EQ(read_bytes(tmp.file("log.jsonl")), rec.dump() + "\n");
+  e.loss = std::numeric_limits<double>::quiet_NaN();  // NaN weights (an unchecked CUDA update)
+  e.perplexity = std::exp(e.loss);
+  const json::Value nan_rec = eval_record(5, e);
+  EXPECT_EQ(nan_rec.dump(), "{\"step\":5,\"val_loss\":null,\"val_ppl\":null}");
+  JsonLog log2(tmp.file("log2.jsonl"), 0);
+  log2.write(nan_rec, 5);
+  EXPECT_FALSE(log2.failed()) << "a NaN validation loss failed the log line (and the run, exit 1)";
 }
 
 }  // namespace

@@ -281,6 +281,24 @@ TEST(Trainer, ANonFiniteGradientNormStopsTheStepBeforeTheUpdate) {
     }
     EXPECT_EQ(weights(t), before);
   }
+  // --grad-accum alone: the last micro-batch's backward stepped before the norm was known, and
+  // the message says so (it said "before the update" until session 38).
+  TrainOptions o = tiny(write_shard(tmp, "train.bin", 5), 2);
+  o.grad_accum = 2;
+  Trainer t(o, nullptr);
+  ASSERT_TRUE(o.updates_in_last_backward());
+  // The first micro-batch's gradient is kept (accumulated); the last one's is stepped and let go
+  // before this hook runs.
+  add_grad_ready_hook(t.model().parameters().back(), [](const Tensor& leaf) {
+    if (grad(leaf).defined()) grad(leaf).data<float>()[0] = std::numeric_limits<float>::infinity();
+  });
+  try {
+    t.train_step();
+    ADD_FAILURE() << "expected the step to stop";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("stopped after the update in backward"), std::string::npos)
+        << e.what();
+  }
 }
 
 // Note [Non-finite values]: where parameters are stepped during backward, with nothing measured
