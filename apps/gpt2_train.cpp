@@ -374,12 +374,7 @@ Options parse_options(const cli::Parser& p) {
   o.nvme_timeline = p.str("nvme-timeline");
   o.plan_only = p.has("plan");
   o.skip_memory_check = p.has("skip-memory-check");
-  o.precision = parse_precision(p.choice("precision", {"fp32", "bf16", "fp16"}));
-  if (p.given("initial-loss-scale")) {
-    MW_CHECK_T(cli::UsageError, o.precision == DType::F16,
-               "--initial-loss-scale needs --precision fp16");
-    o.loss_scaler.initial_scale = p.real("initial-loss-scale", 1, 1e30);
-  }
+  parse_precision_options(p, o);
   parse_tokenizer_and_sampling(p, o);
   check_combinations(o);
   return o;

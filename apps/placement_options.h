@@ -3,6 +3,7 @@
 // and parsed into the TrainOptions. A header of that one app, kept apart by concern.
 #pragma once
 
+#include <cmath>
 #include <string>
 
 #include "cli.h"
@@ -11,6 +12,7 @@
 #include "core/parallel.h"
 #include "dist/communicator.h"
 #include "offload/gemini/gemini.h"
+#include "optim/loss_scaler.h"
 #include "train/trainer.h"
 
 namespace mw {
@@ -62,8 +64,8 @@ inline void declare_placement(cli::Parser& p) {
            "fp32|bf16|fp16: matmuls and attention in bf16/fp16 with f32 masters (fp16 with a "
            "dynamic loss scaler, and updates after backward) (docs/precision.md)");
   p.option("initial-loss-scale", "",
-           "--precision fp16: the loss scale to start from (default 65536; halved after two "
-           "overflowing steps, doubled after 1000 good ones)");
+           "--precision fp16: the loss scale to start from, a power of two (default 65536; "
+           "halved after two overflowing steps, doubled after 1000 good ones)");
 }
 
 // --offload nvme (HybridAdam's states on disk) and --gemini (chunks between device, host, disk).
@@ -139,6 +141,23 @@ inline void parse_offload(const cli::Parser& p, train::TrainOptions& o, bool nvm
           "gpu-margin-mem-ratio", "host-capacity", "copy-worker"})
       MW_CHECK_T(cli::UsageError, !p.given(name), "--", name, " needs --gemini");
   }
+}
+
+// --precision, and fp16's --initial-loss-scale: a power of two (Note [Dynamic loss scaling]).
+inline void parse_precision_options(const cli::Parser& p, train::TrainOptions& o) {
+  o.precision = parse_precision(p.choice("precision", {"fp32", "bf16", "fp16"}));
+  if (!p.given("initial-loss-scale")) return;
+  MW_CHECK_T(cli::UsageError, o.precision == DType::F16,
+             "--initial-loss-scale needs --precision fp16");
+  o.loss_scaler.initial_scale = p.real("initial-loss-scale", 1, 1e30);
+  const int power = static_cast<int>(std::floor(std::log2(o.loss_scaler.initial_scale)));
+  auto two_to = [](int k) {  // whole digits up to 2^62, then the double's own form
+    return k < 63 ? str(int64_t{1} << k, " (2^", k, ")") : str(std::ldexp(1.0, k), " (2^", k, ")");
+  };
+  MW_CHECK_T(cli::UsageError, optim::is_power_of_two(o.loss_scaler.initial_scale),
+             "--initial-loss-scale ", p.str("initial-loss-scale"),
+             ": expected a power of two, such as ", two_to(power), " or ", two_to(power + 1),
+             ": unscaling by one is exact (Note [Dynamic loss scaling])");
 }
 
 // --device cpu | sim[:CAPACITY] | cuda[:N][:CAPACITY].

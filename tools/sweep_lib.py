@@ -19,10 +19,14 @@ def mpirun(ranks):
 
 
 def draw_numerics(rng, p_precision, p_accum, p_clip):
-    """bf16/fp16, --grad-accum 2 and --grad-clip 1, each drawn with its probability."""
+    """bf16/fp16, --grad-accum 2 and --grad-clip 1, each drawn with its probability. Half the fp16
+    runs start from a loss scale that overflows, so that the scaler skips steps (a checkpoint
+    after a skip was refused on resume until session 38)."""
     a = []
     if rng.random() < p_precision:
         a += ["--precision", rng.choice(["bf16", "fp16"])]
+        if a[-1] == "fp16" and rng.random() < 0.5:
+            a += ["--initial-loss-scale", rng.choice(["1048576", "1073741824"])]
     if rng.random() < p_accum:
         a += ["--grad-accum", "2"]
     if rng.random() < p_clip:

@@ -56,12 +56,23 @@ bool all_finite(const Tensor& g) {
 }
 }  // namespace
 
+bool is_power_of_two(double x) {
+  int exponent = 0;
+  return std::isfinite(x) && x > 0 && std::frexp(x, &exponent) == 0.5;
+}
+
 DynamicLossScaler::DynamicLossScaler(LossScalerOptions options) : options_(options) {
   MW_CHECK_T(InvalidArgument,
              options.initial_scale > 0 && options.growth >= 1 && options.backoff > 0 &&
                  options.backoff < 1 && options.growth_interval > 0 && options.hysteresis > 0,
              "loss scaler: expected initial_scale > 0, growth >= 1, 0 < backoff < 1, "
              "growth_interval > 0 and hysteresis > 0");
+  MW_CHECK_T(InvalidArgument,
+             is_power_of_two(options.initial_scale) && is_power_of_two(options.growth) &&
+                 is_power_of_two(options.backoff),
+             "loss scaler: the initial scale (", options.initial_scale, "), growth (",
+             options.growth, ") and backoff (", options.backoff,
+             ") must be powers of two (Note [Dynamic loss scaling])");
   state_.scale = options.initial_scale;
   state_.hysteresis_left = options.hysteresis;
 }

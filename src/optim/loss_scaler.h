@@ -13,6 +13,11 @@
 //    backoff, so further overflows back off at once until the scale grows again;
 //  - a good step: growth_tracker += 1; at growth_interval (1000): scale *= growth (2; not above
 //    max_scale), growth_tracker = 0, hysteresis_left = hysteresis.
+// The scale, growth and backoff are powers of two, so multiplying by the scale and dividing by it
+// are exact, and Gemini's one division by K x scale rounds as unscaling then dividing by K does
+// (Note [Loss scaling under Gemini], train/trainer.cpp). A start of 1e6 broke that: Gemini's
+// gradient norm differed from the plain run's in the 9th digit (tools/auto_sweep.py bitwise,
+// session 38), so a scale that is not a power of two is refused.
 // bf16 has f32's exponent range and needs no scaler.
 #pragma once
 
@@ -23,6 +28,9 @@
 #include "optim/optimizer.h"
 
 namespace mw::optim {
+
+// True when x is 2^k for an integer k (the scale and its factors must be).
+bool is_power_of_two(double x);
 
 struct LossScalerOptions {
   double initial_scale = 65536.0;

@@ -571,7 +571,8 @@ TEST(Gpt2Train, PrecisionBf16AndFp16TrainLikeFp32) {
   Result g = run(args + "--precision fp16 --gemini auto --device sim:64MiB");
   ASSERT_EQ(g.exit_code, 0) << g.output;
   EXPECT_EQ(loss_lines(g.output), hl) << g.output;
-  for (const char* bad : {"--precision fp8", "--initial-loss-scale 1024"}) {
+  for (const char* bad : {"--precision fp8", "--initial-loss-scale 1024",
+                          "--precision fp16 --initial-loss-scale 1e6"}) {
     Result r = run(std::string(kTiny) + bad);
     EXPECT_EQ(r.exit_code, 2) << bad << "\n" << r.output;
   }
