@@ -70,8 +70,11 @@ json::Value to_json(const TrainState& s) {
   if (s.best.step >= 0) {  // Note [Best model and early stopping]
     v.set("best_val_loss", s.best.loss);
     v.set("best_val_step", s.best.step);
-    v.set("evals_since_best", s.best.evals_since);
   }
+  // Also without a best: evaluations whose loss was not finite count towards --early-stop (they
+  // were lost on resume until session 38).
+  v.set("evals_since_best", s.best.evals_since);
+  if (s.last_eval_step >= 0) v.set("last_eval_step", s.last_eval_step);
   return v;
 }
 
@@ -95,8 +98,9 @@ TrainState train_state_from_json(const json::Value& v, const std::string& source
   if (v.find("best_val_step")) {  // absent before any evaluation, and in older checkpoints
     s.best.loss = v.get_double("best_val_loss");
     s.best.step = v.get_int("best_val_step");
-    s.best.evals_since = v.get_int("evals_since_best");
   }
+  if (v.find("evals_since_best")) s.best.evals_since = v.get_int("evals_since_best");
+  if (v.find("last_eval_step")) s.last_eval_step = v.get_int("last_eval_step");
   return s;
 }
 

@@ -54,6 +54,7 @@ struct TrainState {
   json::Value optimizer_layout;
   // --save-best and --early-stop (Note [Best model and early stopping], best_model.cpp).
   BestValidation best;
+  int64_t last_eval_step = -1;  // the step of the run's last evaluation; -1: none (or older)
 };
 
 json::Value to_json(const TrainState& s);

@@ -16,9 +16,26 @@ namespace mw::train {
 
 namespace {
 
-// Options that decide which tokens each update sees: a different value cannot resume.
-constexpr const char* kMustMatch[] = {"batch",   "seq",       "grad_accum", "data",
-                                      "shuffle", "data_seed", "seed"};
+// Options that decide which tokens each update sees: a different value cannot resume. --data is
+// not among them: the same shards staged to another path (a node's scratch) resume with a
+// warning, as do shards of another token count (open_inputs); the seeds are recorded only where
+// they decide the data (Note [Exact resume]).
+constexpr const char* kMustMatch[] = {"batch", "seq", "grad_accum", "shuffle", "data_seed", "seed"};
+
+// Recorded since session 38: absent from older checkpoints, which then say nothing about them.
+bool recorded_since_session_38(const std::string& key) {
+  return key == "layer_norm_epsilon" || key == "attn_pdrop" || key == "embd_pdrop" ||
+         key == "val_data" || key == "eval_batches";
+}
+
+// The same file or folder however it is spelled ("data/" through a link, "./data").
+bool same_path(const json::Value& a, const json::Value& b) {
+  if (!a.is_string() || !b.is_string()) return false;
+  std::error_code ec1, ec2;
+  const auto x = std::filesystem::weakly_canonical(a.as_string(), ec1);
+  const auto y = std::filesystem::weakly_canonical(b.as_string(), ec2);
+  return !ec1 && !ec2 && x == y;
+}
 
 // A fingerprint value as the user typed it: the float hyperparameters are stored widened to double
 // (0.001f is 0.0010000000474974513), so a number a float holds exactly prints as that float's
@@ -96,8 +113,12 @@ json::Value Trainer::run_fingerprint() const {
   // Set once the data is open: absent when check_fingerprint runs, checked in open_inputs.
   if (train_data_) r.set("data_tokens", train_data_->num_tokens());
   r.set("shuffle", o_.shuffle);
-  r.set("data_seed", std::to_string(o_.data_seed));
-  r.set("seed", std::to_string(o_.seed));
+  // The seeds where they decide the data: --data-seed the order under --shuffle, --seed the
+  // random tokens without --data (elsewhere it drew the first weights, replaced by the
+  // checkpoint's, and dropout's generator, restored from it). Until session 38 both were always
+  // compared, and the refusal asked for a --data-seed that needs --shuffle.
+  if (o_.shuffle) r.set("data_seed", std::to_string(o_.data_seed));
+  if (o_.data.empty()) r.set("seed", std::to_string(o_.seed));
   r.set("steps", total_steps_);
   r.set("lr_schedule", lr_schedule_name(o_.lr_schedule));
   r.set("lr", static_cast<double>(o_.hyper.lr));
@@ -111,6 +132,11 @@ json::Value Trainer::run_fingerprint() const {
   r.set("weight_decay", static_cast<double>(o_.hyper.weight_decay));
   r.set("weight_decay_on", o_.decay_on == optim::DecayOn::kAll ? "all" : "matrices");
   r.set("dropout", config_.resid_pdrop);
+  r.set("attn_pdrop", config_.attn_pdrop);
+  r.set("embd_pdrop", config_.embd_pdrop);
+  r.set("layer_norm_epsilon", config_.layer_norm_epsilon);  // a --config's
+  r.set("val_data", o_.val_data);  // what --save-best and --early-stop compare with
+  r.set("eval_batches", o_.eval_batches);
   r.set("optimizer", o_.gemini.empty() ? o_.optimizer : "gemini");
   return r;
 }
@@ -124,6 +150,9 @@ void Trainer::check_fingerprint(const json::Value& saved, const std::string& pat
     const std::string& key = now.key(i);
     const json::Value* before = saved.find(key);
     if (before && *before == now.value(i)) continue;
+    if (!before && recorded_since_session_38(key)) continue;
+    if (before && (key == "data" || key == "val_data") && same_path(*before, now.value(i)))
+      continue;
     // AdamW, HybridAdam and Gemini's HybridAdam make the same update bit for bit (docs/
     // architecture.md), so moving among them, a memory choice, keeps the uninterrupted run.
     if (before && key == "optimizer") continue;
@@ -147,7 +176,10 @@ void Trainer::check_fingerprint(const json::Value& saved, const std::string& pat
                                 "every step)"));
     print_(str("gpt2_train: warning: resuming '", path, "' with ", key, " = ",
                describe(&now.value(i)), " (the checkpoint's run had ", describe(before),
-               "): the run goes on, but it is no longer the uninterrupted run's\n"));
+               key == "data"
+                   ? "): the run goes on from the same batch index; it is the "
+                     "uninterrupted run's only if these are the same shards\n"
+                   : "): the run goes on, but it is no longer the uninterrupted run's\n"));
   }
 }
 
@@ -277,11 +309,13 @@ void Trainer::resume_from(const std::string& path) {
   // Weights came in with the model (weights_from_); now the optimizer, the data and the RNG.
   load_optimizer_state((std::filesystem::path(path) / "optimizer.bin").string(),
                        &state.optimizer_layout);
-  // Under Gemini the states and their step count are its HybridAdam's. A step the fp16 loss
-  // scaler skipped counts in the run's steps (the schedule, the data) but not in the optimizer's
-  // (Adam's bias correction), as in torch's GradScaler: the two differ by the skips. Until session
-  // 38 this asked them to be equal, and every checkpoint after an fp16 run's first skip was
-  // refused.
+  // Note [Skipped steps]: a step the fp16 loss scaler skipped counts in the run's steps (the
+  // schedule, the data, step_) but not in the optimizer's (Adam's bias correction), as in torch's
+  // GradScaler, so the two differ by the skips, and they do for good, whatever precision a later
+  // resume runs in: trainer.json's skipped_steps carries them in every precision. Until session
+  // 38 the counts had to be equal (every checkpoint after an fp16 run's first skip was refused),
+  // and then a run resumed in bf16 wrote skipped_steps 0 (its checkpoints were refused again).
+  // Under Gemini the states and their step count are its HybridAdam's.
   const int64_t loaded_step = hybrid_ ? hybrid_->step_count() : opt_->step_count();
   const int64_t skipped = state.scaler.skipped_steps;
   MW_CHECK_T(FormatError, loaded_step + skipped == state.step, "checkpoint '", path,
@@ -289,10 +323,23 @@ void Trainer::resume_from(const std::string& path) {
              skipped > 0 ? str(" with ", skipped, " skipped by the fp16 loss scaler") : "",
              "; the checkpoint is inconsistent, resume from another one");
   first_step_ = step_ = state.step;
+  skipped_steps_ = skipped;
   micro_ = state.micro_batch;
   default_generator().set_state(state.dropout_rng);
-  if (scaler_) scaler_->load_state(state.scaler);
+  // The scale goes on from the checkpoint's only where that run had one: an fp32 or bf16 run
+  // resumed in fp16 starts from --initial-loss-scale (it took the defaults written without one).
+  const json::Value* precision = state.run.find("precision");
+  if (scaler_ && precision && *precision == json::Value("fp16")) scaler_->load_state(state.scaler);
   best_ = state.best;
+  last_eval_step_ = state.last_eval_step;
+  // Note [Best model and early stopping]: a run that stopped early stays stopped (it trained on,
+  // and wrote over --save, when resumed by a requeued job); a larger --early-stop goes on.
+  if (o_.early_stop > 0 && best_.evals_since >= o_.early_stop && step_ < total_steps_) {
+    print_(str("The checkpoint's run had stopped early (--early-stop ", o_.early_stop, ": ",
+               best_.evals_since, " evaluations without a val loss below ",
+               format_fixed(best_.loss, 3), "); nothing to train: raise --early-stop to go on\n"));
+    total_steps_ = step_;
+  }
   print_(str("Resumed from ", path, " at step ", step_, " (", total_steps_ - step_,
              " steps to go)\n"));
 }
@@ -349,7 +396,9 @@ std::string Trainer::save_checkpoint() {
     s.micro_batch = micro_;
     s.dropout_rng = default_generator().state();
     if (scaler_) s.scaler = scaler_->state();
+    s.scaler.skipped_steps = skipped_steps_;  // Note [Skipped steps]: also without a scaler now
     s.best = best_;
+    s.last_eval_step = last_eval_step_;
     s.run = run_fingerprint();
     s.optimizer_layout = layout_json(optimizer_layout());
     const std::string written = write_checkpoint(

@@ -538,6 +538,7 @@ StepResult Trainer::train_step() {
     else
       opt_->zero_grad();
     r.skipped = true;
+    ++skipped_steps_;
   }
   if (scaler_) {
     scaler_->update(!finite);
@@ -556,7 +557,7 @@ StepResult Trainer::train_step() {
 }
 
 bool Trainer::eval_due() const {
-  if (!val_) return false;
+  if (!val_ || last_eval_step_ == step_) return false;  // done at this step (before a resume)
   return (o_.eval_every > 0 && step_ % o_.eval_every == 0) || step_ == total_steps_;
 }
 
@@ -565,6 +566,7 @@ EvalResult Trainer::evaluate() {
   // Evaluation draws no random numbers in eval mode; the generator is restored anyway, so that
   // evaluating can never change the training run (Note [Exact resume]).
   const RngState rng = default_generator().state();
+  last_eval_step_ = step_;
   UncountedScope uncounted(dp_.get());  // not a training step's communication (ZeRO 3 gathers)
   model_->eval();
   EvalResult r;

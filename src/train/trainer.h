@@ -343,6 +343,10 @@ class Trainer {
   std::string resumed_path_;
   TrainState resumed_state_;     // verified (verify_checkpoint) before the model is built
   BestValidation best_;          // Note [Best model and early stopping]
+  int64_t last_eval_step_ = -1;  // the step of the last evaluation (a resume does not repeat it)
+  // Steps the fp16 loss scaler skipped since the optimizer's step 0, in any precision since: the
+  // optimizer's step count is step_ minus these (Note [Skipped steps], resume.cpp).
+  int64_t skipped_steps_ = 0;
   std::string optimizer_saved_;  // save_optimizer_output's line once written
   std::unique_ptr<gemini::Gemini> gemini_owned_;
   std::unique_ptr<gpt2::GPT2> model_;

@@ -58,6 +58,21 @@ TEST(Checkpoint, RoundTripsTheTrainingState) {
   EXPECT_EQ(find_checkpoint(path), path);  // a step folder itself
 }
 
+// Evaluations without a best (their loss was not finite) still count towards --early-stop, and
+// the last evaluation's step is kept: both were lost (evals_since_best was written only with a
+// best) or absent until session 38.
+TEST(Checkpoint, EvaluationsWithoutABestAndTheLastEvaluationRoundTrip) {
+  TrainState s;
+  s.best.evals_since = 2;
+  s.last_eval_step = 5;
+  const TrainState back = train_state_from_json(to_json(s), "test");
+  EXPECT_EQ(back.best.step, -1);
+  EXPECT_EQ(back.best.evals_since, 2);
+  EXPECT_EQ(back.last_eval_step, 5);
+  json::Value older = to_json(TrainState{});  // a checkpoint from before: neither field
+  EXPECT_EQ(train_state_from_json(older, "test").last_eval_step, -1);
+}
+
 TEST(Checkpoint, TruncationAndCorruptionAreNamed) {
   TempDir tmp;
   const std::string path = save(tmp.file("ckpt"), 1);

@@ -29,8 +29,8 @@ struct ResumeCase {
   // Note [Optimizer layouts]: the resumed run lays its optimizer out otherwise: 'p' plain
   // HybridAdam, 'g' Gemini auto with small chunks (several per block, padding between members).
   char resume_as = 0;
-  // fp16 from this loss scale: a scale that overflows skips the first steps (before the
-  // checkpoint), so the optimizer's step count trails the run's. 0: fp32.
+  // fp16 from this loss scale (2^20 in the cases): a scale that overflows skips the first steps
+  // (before the checkpoint), so the optimizer's step count trails the run's. 0: fp32.
   double fp16_scale = 0;
 };
 
@@ -125,9 +125,9 @@ INSTANTIATE_TEST_SUITE_P(
                    'g'},
         // Steps the loss scaler skipped before the checkpoint: it was refused
         // ("optimizer.bin is at step 0 but trainer.json at step 2") until session 38.
-        ResumeCase{"fp16_skipped_steps_dropout", false, false, false, 1, false, false, 0, 1e6},
+        ResumeCase{"fp16_skipped_steps_dropout", false, false, false, 1, false, false, 0, 1048576},
         ResumeCase{"fp16_skipped_steps_gemini_auto_accum", false, false, false, 2, true, false, 0,
-                   1e6}),
+                   1048576}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // --load-optimizer of a file written without Gemini (the model's own layout, recognised by its
