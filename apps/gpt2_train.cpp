@@ -420,9 +420,9 @@ void warn_if_update_in_backward_is_inert(const cli::Parser& p, const Options& o)
 // writing that step's checkpoint). Under data parallel the ranks agree whether any of them was
 // asked to stop (Note [Stop signals]; docs/distributed.md), so that all of them stop after, and
 // checkpoint, the same step. `last`: --early-stop ends the run after this step.
-void checkpoint_or_stop(train::Trainer& t, const Options& o, int64_t step, bool tty,
-                        bool last = false) {
-  const int sig = t.stop_signal_of_any_rank(stop_signal());
+// `sig`: the stop signal the ranks agreed on after this step (Trainer::stop_signal_of_any_rank).
+void checkpoint_or_stop(train::Trainer& t, const Options& o, int64_t step, bool tty, int sig,
+                        bool last) {
   if (!t.checkpoint_due() && sig == 0 && !last) return;
   // Without --checkpoint-dir there is nothing to write: stop after the step. (The checkpoint
   // went to the current directory, where the signal interrupted its own first write.) After the
@@ -491,11 +491,14 @@ int run(const Options& o) {
       print(str(tty ? "\n" : "", "[", r.step, "] skipped: inf/nan gradients; weights unchanged, ",
                 "loss scale now ", r.loss_scale, "\n"));
     log.write(train::step_record(t, r), r.step);
-    // Under ZeRO 3 evaluating and sampling are collective: no rank may skip them on its own.
-    const bool go_on = stop_signal() == 0 || t.shards_parameters();
+    // Collective: ZeRO 3's evaluating and sampling, --save-best's and --early-stop's verdict. The
+    // ranks skip them on the signal they agree on (alone, one paired its agreement with their
+    // verdict: a worse model saved as the best, the checkpoint lost; until session 38).
+    const int sig = t.stop_signal_of_any_rank(stop_signal());
+    const bool go_on = sig == 0 || t.shards_parameters();
     const bool early = t.eval_due() && go_on && report_eval(t, log, tty);
     if (t.sample_due() && go_on) print(str(tty ? "\n" : "", t.sample()));
-    checkpoint_or_stop(t, o, r.step, tty, early);
+    checkpoint_or_stop(t, o, r.step, tty, sig, early);
     if (early) {
       const train::BestValidation& b = t.best_validation();
       print(str("Stopped early after step ", t.step(), " (--early-stop ", o.early_stop,

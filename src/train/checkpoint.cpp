@@ -183,6 +183,23 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   return out;
 }
 
+int remove_stale_checkpoint_temporaries(const std::string& dir) {
+  std::vector<std::string> steps;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();  // ".step_000004.tmp-1234"
+    const size_t dot = name.find('.', 1);
+    if (name.size() > 1 && name[0] == '.' && dot != std::string::npos &&
+        is_checkpoint_name(name.substr(1, dot - 1)))
+      steps.push_back(dir + "/" + name.substr(1, dot - 1));
+  }
+  std::sort(steps.begin(), steps.end());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  int removed = 0;
+  for (const std::string& step : steps) removed += data::remove_stale_temporaries(step);
+  return removed;
+}
+
 int prune_checkpoints(const std::string& dir, int64_t keep) {
   if (keep <= 0) return 0;
   const std::vector<std::string> all = list_checkpoints(dir);

@@ -73,6 +73,11 @@ std::string write_checkpoint(const std::string& dir, const TrainState& state,
 std::vector<std::string> list_checkpoints(const std::string& dir);
 // Removes all but the newest `keep` checkpoints (keep <= 0: none removed). Returns how many.
 int prune_checkpoints(const std::string& dir, int64_t keep);
+// The temporary folders of saves in `dir` whose process is gone (".step_N.tmp-PID", and
+// ".step_N.old-PID" put back where the save was killed between its renames), of every step: a save
+// removed only its own step's, so a save killed mid-write (mpirun killing rank 0 after another
+// rank's failure) left a checkpoint's bytes until that step was written again. Returns how many.
+int remove_stale_checkpoint_temporaries(const std::string& dir);
 // The newest checkpoint in `dir`, or `dir` itself when it is a checkpoint folder (it holds
 // manifest.json). IoError when there is none, saying what was looked for.
 std::string find_checkpoint(const std::string& dir);

@@ -371,9 +371,11 @@ void Trainer::save_model(const std::string& dir, DType dtype) {
 // (Before setup_data_parallel: the job's communicator says which rank this is.)
 void Trainer::lock_outputs() {
   if (o_.comm && o_.comm->rank() != 0) return;
-  if (!o_.checkpoint_dir.empty() && !o_.eval_only)
+  if (!o_.checkpoint_dir.empty() && !o_.eval_only) {
     output_locks_.emplace_back(o_.checkpoint_dir, true, "--checkpoint-dir",
                                "would overwrite and prune each other's checkpoints");
+    remove_stale_checkpoint_temporaries(o_.checkpoint_dir);  // no other run writes there now
+  }
   if (!o_.log.empty())
     output_locks_.emplace_back(o_.log, false, "--log", "would write over each other's lines");
 }

@@ -177,6 +177,7 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
     // Before its weights are read: a damaged checkpoint is named as such, with what to do.
     resumed_state_ = verify_checkpoint(resumed_path_);
     check_resumable(resumed_path_);  // before the model is built: the options it needs the same
+    check_ranks_resume_one_step();
     weights_from_ = (std::filesystem::path(resumed_path_) / "model").string();
   } else {
     weights_from_ = o_.init_from;
@@ -462,8 +463,7 @@ bool Trainer::measure_and_scale_gradients(StepResult& r) {
   // (Under --grad-accum alone the last micro-batch's backward has stepped already, Note [Updates
   // in the last backward]: the weights hold it, and nothing is saved either.)
   MW_CHECK(scaler_ || std::isfinite(sum_norm), "the gradient norm is ", sum_norm, " at step ",
-           step_,
-           ": training diverged (lower --lr, set --grad-clip, check the data and "
+           step_, ": training diverged (lower --lr, set --grad-clip, check the data and ",
            "--init-from weights); stopped ",
            o_.updates_in_last_backward() ? "after the update in backward" : "before the update",
            ", without saving; any earlier save is kept");

@@ -273,10 +273,11 @@ class Trainer {
   // Data parallel (trainer_dist.cpp): null for one process; rank 0 alone prints and writes.
   DataParallel* data_parallel() { return dp_.get(); }
   bool is_root() const;
-  // `local` (this rank's stop signal, 0 for none), or under data parallel with --checkpoint-dir
-  // the ranks' agreement (one 8-byte all_reduce: every rank must call it): a rank's own signal,
-  // or SIGTERM when another rank got one. So all of them write the checkpoint of the same step
-  // and stop together (at ZeRO stage 0 too: mpirun's SIGTERM reaches the ranks at other steps).
+  // `local` (this rank's stop signal, 0 for none), or under data parallel with --checkpoint-dir,
+  // --save-best or --early-stop the ranks' agreement (one 8-byte all_reduce: every rank must call
+  // it): a rank's own signal, or SIGTERM when another rank got one. So all of them skip the
+  // evaluation's collective verdict, write the checkpoint of the same step and stop together (at
+  // ZeRO stage 0 too: mpirun's SIGTERM reaches the ranks at other steps).
   int stop_signal_of_any_rank(int local);
   // Collective under data parallel: returns once rank 0 has written what it saves (a checkpoint,
   // --save, --save-optimizer), so that a rank stopping with 130/143 after it (Note [Stop
@@ -293,6 +294,7 @@ class Trainer {
   void build_optimizer();
   void build_recomputation();
   void check_resumable(const std::string& dir);  // --steps and the options the data depends on
+  void check_ranks_resume_one_step() const;      // under data parallel (trainer_dist.cpp)
   void resume_from(const std::string& dir);
   // HybridAdam's or AdamW's (one file format, Note [Optimizer checkpoint format]).
   void save_optimizer_state(const std::string& file);

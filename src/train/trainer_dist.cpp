@@ -232,8 +232,28 @@ void Trainer::save_sharded_optimizer_state(const std::string& file) {
                   one_process_layout(model_->parameters(), o_.nvme, hybrid_ != nullptr), file);
 }
 
+// Each rank resolves --resume DIR on its own view of the folder: node-local folders, or a copy out
+// of date, gave ranks different steps, which trained on mixed data positions and states (at ZeRO
+// 2 the next save blamed an NVMe failure). Each compares its step with rank 0's and the ranks
+// agree on the outcome, so that all stop with the error (none waits in the next collective).
+void Trainer::check_ranks_resume_one_step() const {
+  if (!o_.comm || o_.comm->size() == 1) return;
+  const int64_t root_step = dist::value_from_rank0(*o_.comm, resumed_state_.step);
+  Tensor off = Tensor::full({1}, root_step != resumed_state_.step ? 1.0 : 0.0, DType::F64);
+  dist::staged_all_reduce(*o_.comm, off).wait();
+  const auto ranks_off = static_cast<int64_t>(off.item());
+  MW_CHECK_T(InvalidArgument, ranks_off == 0, "--resume '", o_.resume, "': this rank took ",
+             resumed_path_, " (step ", resumed_state_.step, "), rank 0 a checkpoint at step ",
+             root_step, "; ", ranks_off, " of the ", o_.comm->size(),
+             " ranks see another newest checkpoint than rank 0. Each rank reads --resume itself: "
+             "put --checkpoint-dir on a file system every machine shares, or pass one step_NNNNNN "
+             "folder that every machine holds");
+}
+
 int Trainer::stop_signal_of_any_rank(int local) {
-  if (!dp_ || dp_->comm().size() == 1 || o_.checkpoint_dir.empty()) return local;
+  // Agreed where the ranks act on it together: a checkpoint, and an evaluation's verdict.
+  const bool together = !o_.checkpoint_dir.empty() || !o_.save_best.empty() || o_.early_stop > 0;
+  if (!dp_ || dp_->comm().size() == 1 || !together) return local;
   const dist::CommStats before = dp_->comm().stats();
   const double any = dp_->mean_over_ranks(local != 0 ? 1.0 : 0.0);
   dp_->exclude_comm_since(before);  // not the training step's communication

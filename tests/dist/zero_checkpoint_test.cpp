@@ -10,6 +10,7 @@
 #include <fstream>
 #include <ostream>
 #include <sstream>
+#include <vector>
 
 #include "../data/temp_dir.h"
 #include "dist_train.h"
@@ -263,6 +264,60 @@ TEST(ZeroSaves, ASignalToOneRankAfterTheLastStepLetsRankZeroFinishTheSaves) {
       << "the saved weights differ";
   EXPECT_TRUE(file_bytes(cut + "/opt.bin") == file_bytes(full + "/opt.bin"))
       << "the saved optimizer states differ";
+}
+
+// SIGTERM to rank 1 alone in step 4 (index 3) of a run evaluated after every step with
+// --save-best: the ranks agree to skip that step's evaluation, whose verdict is a collective, and
+// write the step-4 checkpoint. Until session 38 rank 1 skipped it alone: its agreement on the
+// signal was paired with rank 0's verdict (rank 0 then saved a worse model as the best, "[4] ...
+// best so far"), and the collectives after were off by one (step_000004 was never written; at
+// --zero 2 the save read garbage step counts). Found by a read-only review.
+TEST(ZeroSaves, ASignalToOneRankSkipsTheEvaluationOnEveryRank) {
+  SKIP_WITHOUT_MPI();
+  for (const char* zero : {"--zero 0 ", "--zero 2 "}) {
+    SCOPED_TRACE(zero);
+    TempDir tmp;
+    std::vector<uint16_t> tokens(4000);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 31) % 97);
+    data::write_token_shard(tmp.file("val.bin"), tokens);
+    const std::string options = kSixSteps + zero + "--val-data " + tmp.file("val.bin") +
+                                " --eval-every 1 --eval-batches 2 --save-best " + tmp.file("best") +
+                                " --checkpoint-every 2 --checkpoint-dir " + tmp.file("ckpt") + " ";
+    AppResult k =
+        train(2, options, 60, "MW_TEST_EXIT_RANK=1 MW_TEST_EXIT_STEP=3 MW_TEST_EXIT_HOW=sigterm");
+    EXPECT_NE(k.exit_code, 0) << k.output;
+    EXPECT_TRUE(std::filesystem::exists(tmp.file("ckpt/step_000004"))) << k.output;
+    EXPECT_NE(k.output.find("rank 0: interrupted by SIGTERM during step 3"), std::string::npos)
+        << k.output;
+    EXPECT_EQ(k.output.find("[4] val loss"), std::string::npos) << k.output;
+    AppResult b = train(2, options + "--resume " + tmp.file("ckpt"));
+    EXPECT_EQ(b.exit_code, 0) << b.output;
+  }
+}
+
+// Each rank reads --resume itself: ranks that see different newest checkpoints (node-local
+// folders, a copy out of date; here two step folders, one per rank, through mpirun's MPMD form)
+// are refused before the model is built, every rank naming what it took. Until session 38 they
+// trained on mixed data positions and states (found by a read-only review).
+TEST(ZeroSaves, RanksThatResumeDifferentStepsAreRefused) {
+  SKIP_WITHOUT_MPI();
+  TempDir tmp;
+  const std::string options = kSixSteps + "--zero 2 ";
+  ASSERT_EQ(train(2, options + checkpoints(tmp.path())).exit_code, 0);
+  const std::string app = std::string(MW_BINARY_DIR) + "/apps/gpt2_train ";
+  const AppResult r =
+      ::mw::testing::run_command(::mw::testing::mpirun_prefix(1, 60) + app + options + "--resume " +
+                                 tmp.file("ckpt/step_000003") + " : -np 1 " + app + options +
+                                 "--resume " + tmp.file("ckpt/step_000006") + " </dev/null");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 1: error: --resume '" + tmp.file("ckpt/step_000006") +
+                          "': this rank took"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("1 of the 2 ranks see another newest checkpoint than rank 0"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("Model numel"), std::string::npos) << r.output;
 }
 
 }  // namespace

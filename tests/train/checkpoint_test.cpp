@@ -3,6 +3,7 @@
 #include "train/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -99,6 +100,24 @@ TEST(Checkpoint, OnlyWholeFoldersCountAndKeepPrunesTheOldest) {
   EXPECT_FALSE(fs::exists(dir + "/step_000002"));
   EXPECT_TRUE(fs::exists(dir + "/step_000004"));
   EXPECT_THROW(find_checkpoint(tmp.file("none")), IoError);
+}
+
+// Saves killed mid-write leave ".step_N.tmp-PID" folders; they are removed for every step once
+// the folder is locked (they were removed only by a later save of the same step), and a live
+// process's, and anything not a checkpoint's, stay.
+TEST(Checkpoint, StaleTemporariesOfEveryStepAreRemoved) {
+  TempDir tmp;
+  const std::string dir = tmp.file("ckpt");
+  const std::string dead = "999999999";  // above any pid Linux gives (pid_max <= 2^22)
+  for (const std::string name :
+       {".step_000001.tmp-" + dead, ".step_000007.tmp-" + dead,
+        ".step_000002.tmp-" + std::to_string(::getpid()), ".other.tmp-" + dead})
+    fs::create_directories(dir + "/" + name);
+  EXPECT_EQ(remove_stale_checkpoint_temporaries(dir), 2);
+  EXPECT_FALSE(fs::exists(dir + "/.step_000001.tmp-" + dead));
+  EXPECT_FALSE(fs::exists(dir + "/.step_000007.tmp-" + dead));
+  EXPECT_TRUE(fs::exists(dir + "/.step_000002.tmp-" + std::to_string(::getpid())));
+  EXPECT_TRUE(fs::exists(dir + "/.other.tmp-" + dead));
 }
 
 TEST(Checkpoint, ChecksumDependsOnEveryByteAndTheLength) {
