@@ -38,7 +38,7 @@ gpt2::SamplingOptions sampling_options(const cli::Parser& p) {
   gpt2::SamplingOptions o;
   o.temperature = p.real("temperature", 0, 100);
   o.top_k = p.integer("top-k", 0, INT32_MAX);
-  o.top_p = p.real("top-p", 1e-9, 1);
+  o.top_p = p.real("top-p", 0, 1);
   o.seed = static_cast<uint64_t>(p.integer("seed", 0, INT64_MAX));
   o.repetition_penalty = p.real("repetition-penalty", 1e-3, 1e3);
   return o;
@@ -95,8 +95,11 @@ void sample_once(const gpt2::GPT2& model, const data::BpeTokenizer* tok,
   const auto generated = gpt2::generate(
       model, prompt, max_new, options,
       [&](int32_t id) {
+        // transformers' generate stops at the config's eos_token_id, ids or text (--print-ids
+        // sampled on past it until session 38).
+        if (id == model.config().eos_token_id || (tok && id == tok->eot_id()))
+          return end.end_of_text = true, false;
         if (print_ids) return true;
-        if (id == tok->eot_id()) return end.end_of_text = true, false;
         if (id >= tok->vocab_size()) return ++end.textless, true;
         print_text(stop.push(tok->token_bytes(id)));
         return !stop.stopped();
@@ -186,8 +189,12 @@ int main(int argc, char** argv) {
            "tokens to generate; past the model's context (n_positions) it slides, keeping the last "
            "half");
   p.option("temperature", "1.0", "softmax temperature; 0 is greedy (argmax)");
-  p.option("top-k", "0", "sample among the k most likely tokens (0: all)");
-  p.option("top-p", "1.0", "sample among the most likely tokens whose probability reaches p");
+  p.option("top-k", "0",
+           "sample among the k most likely tokens (0: all; transformers' generate(do_sample=True) "
+           "takes 50 unless told otherwise: pass --top-k 50 to match it)");
+  p.option("top-p", "1.0",
+           "sample among the most likely tokens whose probability reaches p (0: the most likely "
+           "alone)");
   p.option("seed", "0", "sampling seed (with --num-samples N, the samples' are S, S+1, ...)");
   p.option("repetition-penalty", "1.0",
            "> 1 makes tokens already in the text less likely (HF's repetition_penalty; 1.2 is "

@@ -478,7 +478,7 @@ MemoryPlan plan_memory(const PlanInputs& global) {
   if (in.nvme_fraction > 0) {
     add(p, "Adam m, v (NVMe)", "disk", on_disk, str("--fraction ", in.nvme_fraction));
     const Config& c = in.config;  // the largest parameter: wte, wpe or an MLP weight
-    const int64_t largest = std::max({c.vocab_size, c.n_positions, 4 * c.n_embd}) * c.n_embd;
+    const int64_t largest = std::max({c.vocab_size, c.n_positions, c.mlp_width()}) * c.n_embd;
     add(p, "NVMe window", "host",
         optim::staging_window_bytes(in.nvme_window_bytes, in.nvme_slice_numel, largest), "staging");
   }

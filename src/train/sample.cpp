@@ -261,12 +261,16 @@ std::vector<int32_t> Trainer::sample_by_forwards() {
     if (shards_parameters() && o_.comm && o_.comm->size() > 1)
       id = static_cast<int32_t>(dist::value_from_rank0(*o_.comm, id));
     generated.push_back(id);
-    if (tokenizer_ && id == tokenizer_->eot_id()) break;
+    if (ends_sample(id)) break;
     if (t >= config_.n_positions) break;  // the next token would have no position
     context.push_back(id);
   }
   model_->train();
   return generated;
+}
+
+bool Trainer::ends_sample(int32_t id) const {
+  return id == config_.eos_token_id || (tokenizer_ && id == tokenizer_->eot_id());
 }
 
 std::string Trainer::sample() {
@@ -277,7 +281,7 @@ std::string Trainer::sample() {
       (gem_ || o_.device.is_cuda() || shards_parameters())  // ZeRO 3: through the hooks
           ? sample_by_forwards()
           : gpt2::generate(*model_, sample_prompt_, o_.sample_tokens, o_.sampling,
-                           [&](int32_t id) { return !tokenizer_ || id != tokenizer_->eot_id(); });
+                           [&](int32_t id) { return !ends_sample(id); });
   if (!tokenizer_) {
     std::string line = str("[", step_, "] sample ids:");
     for (size_t i = 0; i < ids.size(); ++i) line += str(i ? "," : " ", ids[i]);

@@ -246,6 +246,10 @@ class Trainer {
   bool sample_due() const;
   // "[12] sample: <prompt><continuation>" (or "[12] sample ids: 5,17,..." without a tokenizer).
   std::string sample();
+  // A sampled id that ends the sample: the config's eos_token_id (as transformers' generate), or
+  // the tokenizer's <|endoftext|> (without a tokenizer the samples ran on past it until session
+  // 38).
+  bool ends_sample(int32_t id) const;
   const data::TokenizerFiles& tokenizer_files() const { return tokenizer_files_; }
   // Rank 0 writes the checkpoint; under data parallel every rank must call it (under ZeRO each
   // sends its optimizer states, Note [ZeRO checkpoints]; every rank then waits until rank 0 has

@@ -106,7 +106,7 @@ TEST(Generate, SamplingIsSeededAndStopsAtTheContext) {
   }
   EXPECT_EQ(gpt2::generate(*model, std::vector<int32_t>(32, 1), 5, a).size(), 1u);  // it fits
   gpt2::SamplingOptions bad;
-  bad.top_p = 0;
+  bad.top_p = -0.1;  // 0 is the most likely token alone (GenerateAsHf.TopPZero...)
   EXPECT_THROW(gpt2::Sampler{bad}, InvalidArgument);
 }
 

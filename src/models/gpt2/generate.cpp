@@ -79,7 +79,8 @@ KvCacheDecoder::KvCacheDecoder(const GPT2& model) : model_(model), config_(model
   h_.resize(C);
   qkv_.resize(3 * C);
   att_.resize(C);
-  fc_.resize(4 * C);
+  fc_.resize(
+      config_.mlp_width());  // n_inner (4C when unset): 4C read past the weights until session 38
   scores_.resize(config_.n_positions);
   logits_.resize(config_.vocab_size);
 }
@@ -113,7 +114,7 @@ void KvCacheDecoder::attention(Layer& layer, const float* qkv, float* out) {
 }
 
 const std::vector<float>& KvCacheDecoder::feed(int32_t token) {
-  const int64_t C = config_.n_embd, V = config_.vocab_size;
+  const int64_t C = config_.n_embd, V = config_.vocab_size, F = config_.mlp_width();
   MW_CHECK_T(InvalidArgument, token >= 0 && token < V, "token id ", token,
              " is outside the model's vocabulary [0, ", V, ")");
   MW_CHECK_T(InvalidArgument, position_ < config_.n_positions, "the context is full: the model ",
@@ -129,9 +130,9 @@ const std::vector<float>& KvCacheDecoder::feed(int32_t token) {
     attention(layer, qkv_.data(), att_.data());
     linear(att_.data(), layer.proj_w, layer.proj_b, C, C, x_.data(), /*accumulate=*/true);
     layer_norm(x_.data(), layer.ln2_w, layer.ln2_b, C, eps, h_.data());
-    linear(h_.data(), layer.fc_w, layer.fc_b, C, 4 * C, fc_.data());
+    linear(h_.data(), layer.fc_w, layer.fc_b, C, F, fc_.data());
     for (float& f : fc_) f = gelu_tanh(f);
-    linear(fc_.data(), layer.fc_proj_w, layer.fc_proj_b, 4 * C, C, x_.data(), /*accumulate=*/true);
+    linear(fc_.data(), layer.fc_proj_w, layer.fc_proj_b, F, C, x_.data(), /*accumulate=*/true);
   }
   layer_norm(x_.data(), lnf_w_, lnf_b_, C, eps, h_.data());
   // logits[V] = wte[V, C] @ h (the head tied to the token embedding).
@@ -145,8 +146,8 @@ Sampler::Sampler(SamplingOptions options) : options_(options), state_(options.se
   MW_CHECK_T(InvalidArgument, options.temperature >= 0 && std::isfinite(options.temperature),
              "temperature ", options.temperature, " must be >= 0 (0 is greedy)");
   MW_CHECK_T(InvalidArgument, options.top_k >= 0, "top_k ", options.top_k, " must be >= 0");
-  MW_CHECK_T(InvalidArgument, options.top_p > 0 && options.top_p <= 1, "top_p ", options.top_p,
-             " must be in (0, 1]");
+  MW_CHECK_T(InvalidArgument, options.top_p >= 0 && options.top_p <= 1, "top_p ", options.top_p,
+             " must be in [0, 1] (0 keeps the most likely token alone)");
   MW_CHECK_T(InvalidArgument,
              options.repetition_penalty > 0 && std::isfinite(options.repetition_penalty),
              "repetition penalty ", options.repetition_penalty, " must be > 0 (1 is none)");
@@ -196,6 +197,13 @@ int32_t Sampler::next(const std::vector<float>& logits_in, const std::vector<int
     kept = options_.top_k;
     std::partial_sort(candidates_.begin(), candidates_.begin() + kept, candidates_.end(),
                       more_likely);
+    // Every logit equal to the k-th stays, as transformers' TopKLogitsWarper removes only those
+    // below it (they were cut at k by id until session 38).
+    const float kth = candidates_[kept - 1].first;
+    const auto tied_end = std::partition(candidates_.begin() + kept, candidates_.end(),
+                                         [&](const auto& c) { return c.first == kth; });
+    std::sort(candidates_.begin() + kept, tied_end, more_likely);
+    kept = tied_end - candidates_.begin();
   } else {
     std::sort(candidates_.begin(), candidates_.end(), more_likely);
   }

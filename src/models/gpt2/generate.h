@@ -82,11 +82,11 @@ class Sampler {
 };
 
 // Note [Sliding context]: positions are absolute, so a model of n_positions cannot see more. With
-// a Slide, generation does not stop when the context is full (nanoGPT's generate crops its input
-// so): the KV cache is rebuilt from the last n_positions / 2 tokens (the prompt's and the
-// generated ones alike), which costs a forward of those each n_positions / 2 new tokens, and a
-// prompt longer than the context keeps its last n_positions tokens (HF's truncation from the
-// left). The repetition penalty still sees the whole text.
+// a Slide, generation does not stop when the context is full (an extension: transformers stops;
+// nanoGPT crops to the last n_positions tokens at every step): the KV cache is rebuilt from the
+// last n_positions / 2 tokens (the prompt's and the generated ones alike), which costs a forward
+// of those each n_positions / 2 new tokens, and a prompt longer than the context keeps its last
+// n_positions tokens. The repetition penalty still sees the whole text.
 struct Slide {
   int64_t slides = 0;          // times the context was rebuilt
   int64_t prompt_dropped = 0;  // tokens cut from the prompt's start

@@ -1,6 +1,7 @@
-// Stop strings for streamed generation (gpt2_generate --stop; HF generate's stop_strings, OpenAI's
-// `stop`, llama.cpp's reverse prompt): a sample ends as soon as its generated text contains one of
-// them, and the text printed is what came before it.
+// Stop strings for streamed generation (gpt2_generate --stop; as OpenAI's `stop` and llama.cpp's
+// reverse prompt: transformers' stop_strings also match one begun in the prompt, and keep it): a
+// sample ends as soon as its generated text contains one of them, and the text printed is what
+// came before it.
 //
 // Note [Stop strings]: the text is streamed token by token, and a token's text may hold the start
 // of a stop string whose end is still to come ("\n" of a stop "\nQ:"), or a stop string may start

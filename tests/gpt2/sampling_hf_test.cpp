@@ -1,0 +1,100 @@
+// Generation as transformers' generate() does it (session 38, a read-only review of the sampling
+// against transformers' logits warpers): the KV-cache decoder follows n_inner, top-k keeps the
+// logits tied with the k-th, top-p 0 keeps the most likely token, and ids stop at the config's
+// eos_token_id. Each failed before its fix.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "../apps/run_app.h"
+#include "../data/temp_dir.h"
+#include "models/gpt2/generate.h"
+#include "models/gpt2/hf_io.h"
+
+namespace mw {
+namespace {
+
+const std::string kFixture = std::string(MW_SOURCE_DIR) + "/tests/fixtures/gpt2_tiny";
+
+// An MLP of 48 (n_inner; 4C = 128): the decoder ran 4C wide, reading past the weights, and its
+// greedy ids differed from the full forward's (tolerance as KvCacheLogitsEqualTheFullForward...).
+TEST(GenerateAsHf, TheDecoderFollowsNInner) {
+  gpt2::Config config = gpt2::load_hf_config(kFixture);
+  config.n_inner = 48;
+  gpt2::GPT2 model(config);
+  model.eval();
+  gpt2::KvCacheDecoder decoder(model);
+  std::vector<int32_t> ids;
+  for (int32_t t = 0; t < 8; ++t) {
+    ids.push_back((t * 37 + 11) % 97);
+    const std::vector<float> got = decoder.feed(ids.back());
+    const int64_t T = static_cast<int64_t>(ids.size()), V = config.vocab_size;
+    const std::vector<float> all =
+        model.forward(Tensor::from_vector<int32_t>(ids, {1, T})).to_vector<float>();
+    float worst = 0;
+    for (int64_t i = 0; i < V; ++i)
+      worst = std::max(worst, std::abs(got[i] - all[(T - 1) * V + i]));
+    EXPECT_LT(worst, 1e-4f) << "position " << t;
+  }
+}
+
+std::vector<double> frequencies(const gpt2::SamplingOptions& o, const std::vector<float>& logits) {
+  gpt2::Sampler sampler(o);
+  std::vector<double> f(logits.size(), 0.0);
+  for (int i = 0; i < 30000; ++i) f[sampler.next(logits, {})] += 1.0 / 30000;
+  return f;
+}
+
+// transformers' TopKLogitsWarper removes the logits below the k-th (scores < topk[..., -1]):
+// three tied at the top with k = 2 all stay, each a third (ids 0 and 1 only, a half each, before).
+TEST(GenerateAsHf, TopKKeepsTheLogitsTiedWithTheKth) {
+  gpt2::SamplingOptions o;
+  o.seed = 4;
+  o.top_k = 2;
+  const std::vector<double> f = frequencies(o, {1.f, 1.f, 1.f, 0.f});
+  for (int id = 0; id < 3; ++id) EXPECT_NEAR(f[id], 1.0 / 3, 0.015) << "id " << id;  // ~4 sigma
+  EXPECT_EQ(f[3], 0.0);
+}
+
+// top_p 0 keeps the most likely token alone (TopPLogitsWarper keeps min_tokens_to_keep = 1); it
+// was refused.
+TEST(GenerateAsHf, TopPZeroKeepsTheMostLikelyToken) {
+  gpt2::SamplingOptions o;
+  o.seed = 4;
+  o.top_p = 0;
+  const std::vector<double> f = frequencies(o, {0.5f, 2.f, 1.9f, 0.f});
+  EXPECT_NEAR(f[1], 1.0, 1e-9);  // every draw (1/30000 summed 30000 times)
+}
+
+// --print-ids stops at the config's eos_token_id as generate() does; it sampled on past it.
+TEST(GenerateAsHf, PrintedIdsStopAtTheConfigsEos) {
+  auto model = std::make_unique<gpt2::GPT2>(gpt2::load_hf_config(kFixture));
+  gpt2::load_hf_weights(*model, kFixture);
+  model->eval();
+  gpt2::SamplingOptions greedy;
+  greedy.temperature = 0;
+  const std::vector<int32_t> want = gpt2::generate(*model, {5, 17, 42}, 8, greedy);
+  ASSERT_EQ(want.size(), 8u);
+  const int32_t eos = want[2];
+  data::testing::TempDir tmp;
+  std::filesystem::copy(kFixture, tmp.file("m"));
+  std::ifstream in(tmp.file("m/config.json"));
+  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  config.insert(config.find('{') + 1, "\n  \"eos_token_id\": " + std::to_string(eos) + ",");
+  std::ofstream(tmp.file("m/config.json"), std::ios::trunc) << config;
+  size_t first = 0;  // the first time the greedy ids reach eos
+  while (want[first] != eos) ++first;
+  std::string line = "ids: ";
+  for (size_t i = 0; i <= first; ++i) line += (i ? "," : "") + std::to_string(want[i]);
+  const auto r = testing::run_built_app(
+      "gpt2_generate", "--model " + tmp.file("m") +
+                           " --prompt-ids 5,17,42 --print-ids --max-new-tokens 8 --temperature 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(line + "\n"), std::string::npos) << r.output << "\nwant " << line;
+}
+
+}  // namespace
+}  // namespace mw
