@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <initializer_list>
+#include <utility>
 
 #include "core/allocator.h"
 #include "core/error.h"
@@ -62,6 +64,27 @@ DType parse_safetensors_dtype(const std::string& name) {
 }
 
 int64_t TensorRecord::numel() const { return checked_numel(shape); }
+
+std::string TensorRecord::dtype_text() const {
+  return unread_dtype.empty() ? safetensors_dtype_name(dtype) : unread_dtype;
+}
+
+namespace {
+// The other dtypes of the safetensors format, with their element sizes: listed, never read.
+int64_t unread_dtype_size(const std::string& name) {
+  for (const auto& [n, size] :
+       std::initializer_list<std::pair<const char*, int64_t>>{{"BOOL", 1},
+                                                              {"U8", 1},
+                                                              {"I8", 1},
+                                                              {"F8_E4M3", 1},
+                                                              {"F8_E5M2", 1},
+                                                              {"I16", 2},
+                                                              {"U32", 4},
+                                                              {"U64", 8}})
+    if (name == n) return size;
+  return 0;
+}
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Reader
@@ -159,10 +182,17 @@ TensorRecord read_record(const std::string& name, const json::Value& entry, cons
   rec.name = name;
   const json::Value& dtype = entry.at("dtype");
   if (!dtype.is_string()) throw bad(str("\"dtype\" must be a string, found ", dtype.describe()));
-  try {
-    rec.dtype = parse_safetensors_dtype(dtype.as_string());
-  } catch (const FormatError& e) {
-    throw bad(e.what());
+  int64_t element_bytes = unread_dtype_size(dtype.as_string());
+  if (element_bytes > 0) {
+    rec.dtype = DType::U16;  // meaningless: unread_dtype says what it is
+    rec.unread_dtype = dtype.as_string();
+  } else {
+    try {
+      rec.dtype = parse_safetensors_dtype(dtype.as_string());
+    } catch (const FormatError& e) {
+      throw bad(e.what());
+    }
+    element_bytes = dtype_size(rec.dtype);
   }
   const json::Value& shape = entry.at("shape");
   if (!shape.is_array()) throw bad(str("\"shape\" must be an array, found ", shape.describe()));
@@ -175,13 +205,13 @@ TensorRecord read_record(const std::string& name, const json::Value& entry, cons
   const auto [begin, end] = read_offsets(entry, bad);
   const int64_t numel = checked_numel(rec.shape);
   int64_t expected_bytes = 0;
-  if (numel < 0 || __builtin_mul_overflow(numel, dtype_size(rec.dtype), &expected_bytes)) {
+  if (numel < 0 || __builtin_mul_overflow(numel, element_bytes, &expected_bytes)) {
     throw bad(str("shape ", shape_text(rec.shape), " is too large to address"));
   }
   if (end - begin != expected_bytes) {
     throw bad(str("data_offsets [", begin, ", ", end, "] span ", end - begin, " bytes, but shape ",
                   shape_text(rec.shape), " of ", dtype.as_string(), " needs ", numel, " x ",
-                  dtype_size(rec.dtype), " = ", expected_bytes, " bytes"));
+                  element_bytes, " = ", expected_bytes, " bytes"));
   }
   if (end > x.data_bytes) {
     throw bad(str("data_offsets [", begin, ", ", end, "] run past the end of the data buffer, ",
@@ -254,13 +284,16 @@ const TensorRecord& SafeTensorsReader::at(const std::string& name) const {
 }
 
 void SafeTensorsReader::read(const TensorRecord& record, void* dst) const {
+  MW_CHECK_T(FormatError, record.unread_dtype.empty(), "safetensors file '", path(), "': tensor \"",
+             record.name, "\" is ", record.unread_dtype,
+             ", which memwall does not read (F32, F64, F16, BF16, I32, I64, U16)");
   file_.read_exact(dst, record.nbytes, record.file_offset);
 }
 
 std::vector<float> SafeTensorsReader::read_as_f32(const TensorRecord& record) const {
-  MW_CHECK_T(FormatError, is_floating(record.dtype), "safetensors file '", path(), "': tensor \"",
-             record.name, "\" is ", safetensors_dtype_name(record.dtype),
-             ", expected a floating dtype (F32, F64, F16, BF16)");
+  MW_CHECK_T(FormatError, record.unread_dtype.empty() && is_floating(record.dtype),
+             "safetensors file '", path(), "': tensor \"", record.name, "\" is ",
+             record.dtype_text(), ", expected a floating dtype (F32, F64, F16, BF16)");
   const int64_t numel = record.numel();
   std::vector<float> out(static_cast<size_t>(numel));
   if (record.dtype == DType::F32) {

@@ -40,7 +40,12 @@ struct TensorRecord {
   std::vector<int64_t> shape;  // [] for a scalar
   int64_t file_offset;         // absolute byte offset of the first element in the file
   int64_t nbytes;
+  // A dtype memwall does not read (BOOL, U8, I8, ...: the attention-mask buffers older transformers
+  // saved): its name in the file, and `dtype` is meaningless. Such a tensor is listed and its bytes
+  // bounds-checked; reading it is refused. (The whole file was refused until session 38.)
+  std::string unread_dtype;
   int64_t numel() const;
+  std::string dtype_text() const;  // the file's name of the dtype ("F32", "U8")
 };
 
 class SafeTensorsReader {

@@ -108,7 +108,14 @@ TEST(Gpt2Config, HonouredFieldsChangeTheModel) {
   expect_throw_with<FormatError>([] { parse_with(R"("n_inner": -4)"); },
                                  {"\"n_inner\"", "positive"});
   expect_throw_with<FormatError>([] { parse_with(R"("hidden_size": 32)"); }, {"n_embd"});
-  expect_throw_with<FormatError>([] { parse_with(R"("n_ctx": 64)"); }, {"n_ctx", "n_positions"});
+  // transformers ignores n_ctx (it was refused when it differed from n_positions until session
+  // 38); eos/bos lists take their first id; "dtype" is newer transformers' torch_dtype.
+  EXPECT_EQ(parse_with("n_ctx", "64").n_positions, c.n_positions);
+  EXPECT_EQ(parse_with("eos_token_id", "[50, 60]").eos_token_id, 50);
+  EXPECT_EQ(parse_with("eos_token_id", "null").eos_token_id, -1);
+  expect_throw_with<FormatError>([] { parse_with("eos_token_id", "[]"); }, {"eos_token_id"});
+  EXPECT_TRUE(parse_with("dtype", "\"float32\"").unknown_fields.empty());
+  EXPECT_EQ(parse_with("activation_function", "\"gelu_accurate\"").n_embd, c.n_embd);
   expect_throw_with<FormatError>([] { parse_with("n_layer", "100000000"); }, {"exceeds"});
   EXPECT_EQ(parse_with(R"("my_note": 1)").unknown_fields, std::vector<std::string>{"my_note"});
 }

@@ -27,12 +27,26 @@ namespace {
 
 using json::Value;
 
-enum class Type { Int, IntOrNull, Number, Bool, String, StringOrNull, Array, Object, Any };
+enum class Type { Int, IntOrNull, IdOrIds, Number, Bool, String, StringOrNull, Array, Object, Any };
+
+// bos/eos_token_id: an integer, null (-1: none), or a non-empty list of integers (its first).
+int64_t first_id(const Value& v) {
+  if (v.is_null()) return -1;
+  return v.is_integer() ? v.as_int() : v.elements().front().as_int();
+}
+
+bool is_id_list(const Value& v) {
+  if (!v.is_array() || v.elements().empty()) return false;
+  for (const Value& x : v.elements())
+    if (!x.is_integer()) return false;
+  return true;
+}
 
 bool has_type(const Value& v, Type t) {
   switch (t) {
     case Type::Int: return v.is_integer();
     case Type::IntOrNull: return v.is_integer() || v.is_null();
+    case Type::IdOrIds: return v.is_integer() || v.is_null() || is_id_list(v);
     case Type::Number: return v.is_number();
     case Type::Bool: return v.is_bool();
     case Type::String: return v.is_string();
@@ -48,6 +62,7 @@ const char* type_text(Type t) {
   switch (t) {
     case Type::Int: return "an integer";
     case Type::IntOrNull: return "an integer or null";
+    case Type::IdOrIds: return "an integer, null or a list of integers";
     case Type::Number: return "a number";
     case Type::Bool: return "true or false";
     case Type::String: return "a string";
@@ -82,10 +97,12 @@ std::string require_bool(const Value& v, bool want, const char* why) {
 
 std::string activation_check(const Value& v) {
   const std::string& a = v.as_string();
-  if (a == "gelu_new" || a == "gelu_pytorch_tanh" || a == "gelu_fast") return "";
+  // transformers' NewGELU, PytorchGELUTanh, FastGELU and AccurateGELU: one tanh formula.
+  if (a == "gelu_new" || a == "gelu_pytorch_tanh" || a == "gelu_fast" || a == "gelu_accurate")
+    return "";
   return "\"" + a +
          "\" is not supported; memwall implements the tanh-approximated GELU (gelu_new, "
-         "gelu_pytorch_tanh, gelu_fast)";
+         "gelu_pytorch_tanh, gelu_fast, gelu_accurate)";
 }
 
 const std::vector<Field>& fields() {
@@ -126,10 +143,11 @@ const std::vector<Field>& fields() {
                                   "attention scores by 1/sqrt(head dim)");
             }),
       inert("use_cache", Type::Bool),
-      honoured("bos_token_id", Type::IntOrNull,
-               [](const Value& v, Config& c) { c.bos_token_id = v.is_null() ? -1 : v.as_int(); }),
-      honoured("eos_token_id", Type::IntOrNull,
-               [](const Value& v, Config& c) { c.eos_token_id = v.is_null() ? -1 : v.as_int(); }),
+      // An id, null, or a list of ids (transformers allows several end tokens): the first.
+      honoured("bos_token_id", Type::IdOrIds,
+               [](const Value& v, Config& c) { c.bos_token_id = first_id(v); }),
+      honoured("eos_token_id", Type::IdOrIds,
+               [](const Value& v, Config& c) { c.eos_token_id = first_id(v); }),
       fixed("scale_attn_by_inverse_layer_idx", Type::Bool,
             [](const Value& v) {
               return require_bool(v, false,
@@ -173,12 +191,14 @@ const std::vector<Field>& fields() {
                                      : "chunked feed-forward is not "
                                        "supported; use 0";
             }),
-      // Written by old GPT-2 configs; HF ignores it, memwall requires it to agree.
+      // Written by old GPT-2 configs; HF ignores it, and so does memwall since session 38 (it
+      // refused a folder whose n_ctx differed from n_positions, which transformers loads).
       inert("n_ctx", Type::Int),
       // Bookkeeping, generation settings and labels: no effect on the language model.
       inert("architectures", Type::Array),
       inert("transformers_version", Type::String),
       inert("torch_dtype", Type::StringOrNull),
+      inert("dtype", Type::StringOrNull),  // newer transformers' name for torch_dtype
       inert("_name_or_path", Type::String),
       inert("task_specific_params", Type::Any),
       inert("pad_token_id", Type::IntOrNull),
@@ -251,10 +271,6 @@ Config Config::from_json_text(const std::string& text, const std::string& path) 
       throw FormatError(str(path, ": field \"", key, "\" = ", value.dump(), ": ", e.what()));
     }
   }
-  if (const Value* n_ctx = v.find("n_ctx"))
-    MW_CHECK_T(FormatError, n_ctx->as_int() == c.n_positions, path,
-               ": field \"n_ctx\" = ", n_ctx->as_int(), " differs from n_positions ", c.n_positions,
-               "; they must agree");
   try {
     c.validate();
   } catch (const InvalidArgument& e) {

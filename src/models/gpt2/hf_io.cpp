@@ -172,6 +172,8 @@ HfWeights::HfWeights(const std::string& dir, const Config& config)
   // HF checkpoints name tensors "transformer.h.0..." (GPT2LMHeadModel) or "h.0..." (GPT2Model).
   const bool bare = !files.find("transformer.wte.weight").second && files.find("wte.weight").second;
   prefix_ = bare ? "" : "transformer.";
+  wte_from_head_ = !files.find(file_name("transformer.wte.weight")).second &&
+                   files.find("lm_head.weight").second;
   std::set<std::string> accounted = {"lm_head.weight"};
   for (const auto& spec : tensor_specs(config)) {
     const data::TensorRecord* rec = files.find(file_name(spec.name)).second;
@@ -182,9 +184,9 @@ HfWeights::HfWeights(const std::string& dir, const Config& config)
                shape_str(rec->shape), ", expected ", shape_str(spec.shape),
                " (does config.json match the weights?)");
     MW_CHECK_T(FormatError,
-               rec->dtype == DType::F32 || rec->dtype == DType::F16 || rec->dtype == DType::BF16 ||
-                   rec->dtype == DType::F64,
-               path, ": tensor '", rec->name, "' has dtype ", dtype_name(rec->dtype),
+               rec->unread_dtype.empty() && (rec->dtype == DType::F32 || rec->dtype == DType::F16 ||
+                                             rec->dtype == DType::BF16 || rec->dtype == DType::F64),
+               path, ": tensor '", rec->name, "' has dtype ", rec->dtype_text(),
                ", expected a floating type (F32, F16, BF16 or F64)");
     accounted.insert(rec->name);
   }
@@ -200,7 +202,7 @@ HfWeights::HfWeights(const std::string& dir, const Config& config)
                           extra.size() > 8 ? ", ..." : "", "); does config.json (n_layer ",
                           config.n_layer, ") match the weights?"));
   }
-  if (auto [head_reader, head] = files.find("lm_head.weight"); head) {
+  if (auto [head_reader, head] = files.find("lm_head.weight"); head && !wte_from_head_) {
     auto [wte_reader, wte] = files.find(file_name("transformer.wte.weight"));
     MW_CHECK_T(FormatError, head->shape == wte->shape, path, ": lm_head.weight has shape ",
                shape_str(head->shape), " but the head must be tied to wte ", shape_str(wte->shape));
@@ -214,6 +216,7 @@ HfWeights::~HfWeights() = default;
 const std::string& HfWeights::where() const { return files_->where(); }
 
 std::string HfWeights::file_name(const std::string& hf_name) const {
+  if (wte_from_head_ && hf_name == "transformer.wte.weight") return "lm_head.weight";
   return prefix_.empty() ? hf_name.substr(std::strlen("transformer.")) : hf_name;
 }
 

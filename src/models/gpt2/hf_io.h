@@ -41,6 +41,9 @@ class HfWeights {
 
   std::unique_ptr<WeightFiles> files_;
   std::string prefix_;  // "transformer." unless the file uses GPT2Model's bare names
+  // The tied embedding stored only as lm_head.weight (some conversions kept the tied pair under
+  // that name; transformers loads it, as the two are one parameter).
+  bool wte_from_head_ = false;
 };
 
 // Reads DIR/config.json; `option` is what named DIR on the command line, for the error.
