@@ -16,6 +16,7 @@
 #include "data/file_io.h"
 #include "data/tokenizer_files.h"
 #include "models/gpt2/generate.h"
+#include "models/gpt2/generation_config.h"
 #include "models/gpt2/hf_io.h"
 #include "models/gpt2/stop_strings.h"
 
@@ -34,13 +35,18 @@ std::unique_ptr<data::BpeTokenizer> find_tokenizer(const cli::Parser& p, const s
   return tok;
 }
 
-gpt2::SamplingOptions sampling_options(const cli::Parser& p) {
+// The options as given, else the folder's generation_config.json (Note [Generation defaults]),
+// else the options' own defaults.
+gpt2::SamplingOptions sampling_options(const cli::Parser& p, const gpt2::GenerationDefaults& d) {
+  auto real = [&](const char* name, const std::optional<double>& from_file, double lo, double hi) {
+    return p.given(name) || !from_file ? p.real(name, lo, hi) : *from_file;
+  };
   gpt2::SamplingOptions o;
-  o.temperature = p.real("temperature", 0, 100);
-  o.top_k = p.integer("top-k", 0, INT32_MAX);
-  o.top_p = p.real("top-p", 0, 1);
+  o.temperature = real("temperature", d.temperature, 0, 100);
+  o.top_k = p.given("top-k") || !d.top_k ? p.integer("top-k", 0, INT32_MAX) : *d.top_k;
+  o.top_p = real("top-p", d.top_p, 0, 1);
   o.seed = static_cast<uint64_t>(p.integer("seed", 0, INT64_MAX));
-  o.repetition_penalty = p.real("repetition-penalty", 1e-3, 1e3);
+  o.repetition_penalty = real("repetition-penalty", d.repetition_penalty, 1e-3, 1e3);
   return o;
 }
 
@@ -132,9 +138,17 @@ int run(cli::Parser& p) {
   if (const std::string w = cli::escaped_newline_warning("prompt", p.str("prompt")); !w.empty())
     std::fprintf(stderr, "gpt2_generate: warning: %s, or use --prompt-file\n", w.c_str());
   const std::string dir = p.str("model");
-  const int64_t max_new = p.integer("max-new-tokens", 1, INT32_MAX);
+  const gpt2::GenerationDefaults defaults = gpt2::read_generation_defaults(dir);
+  if (!defaults.said.empty())
+    std::fprintf(stderr,
+                 "gpt2_generate: from %s/generation_config.json (as transformers' generate() "
+                 "takes it): %s; options given here override it\n",
+                 dir.c_str(), defaults.said.c_str());
+  const int64_t max_new = p.given("max-new-tokens") || !defaults.max_new_tokens
+                              ? p.integer("max-new-tokens", 1, INT32_MAX)
+                              : std::max<int64_t>(1, *defaults.max_new_tokens);
   const int64_t samples = p.integer("num-samples", 1, 1000);
-  const gpt2::SamplingOptions options = sampling_options(p);
+  const gpt2::SamplingOptions options = sampling_options(p, defaults);
   const bool print_ids = p.has("print-ids");
   if (p.given("stop") && print_ids)
     throw cli::UsageError(
@@ -180,7 +194,9 @@ int main(int argc, char** argv) {
   cli::Parser p("gpt2_generate",
                 "Samples from a GPT-2 HuggingFace folder (config.json + model.safetensors) with a "
                 "KV cache, streaming the text.");
-  p.option("model", "", "HuggingFace GPT-2 folder");
+  p.option("model", "",
+           "HuggingFace GPT-2 folder (its generation_config.json, if any, gives the sampling "
+           "defaults, as in transformers' generate())");
   p.text_option("prompt", "", "text to continue (default: start from <|endoftext|>)");
   p.option("prompt-file", "", "a file whose text, exactly, is the prompt (instead of --prompt)");
   p.option("prompt-ids", "", "token ids to continue, comma-separated (no tokenizer needed)");

@@ -12,6 +12,7 @@
 #include "../apps/run_app.h"
 #include "../data/temp_dir.h"
 #include "models/gpt2/generate.h"
+#include "models/gpt2/generation_config.h"
 #include "models/gpt2/hf_io.h"
 
 namespace mw {
@@ -94,6 +95,57 @@ TEST(GenerateAsHf, PrintedIdsStopAtTheConfigsEos) {
                            " --prompt-ids 5,17,42 --print-ids --max-new-tokens 8 --temperature 0");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find(line + "\n"), std::string::npos) << r.output << "\nwant " << line;
+}
+
+// Note [Generation defaults]: the folder's generation_config.json is what generate() would use;
+// its keys are the defaults, the command line overrides them, and a stock folder (token ids only)
+// changes nothing.
+TEST(GenerateAsHf, GenerationConfigJsonGivesTheDefaults) {
+  data::testing::TempDir tmp;
+  std::filesystem::create_directories(tmp.file("d"));
+  auto write = [&](const std::string& text) {
+    std::ofstream(tmp.file("d/generation_config.json"), std::ios::trunc) << text;
+    return gpt2::read_generation_defaults(tmp.file("d"));
+  };
+  gpt2::GenerationDefaults d = write(R"({"bos_token_id": 50256, "eos_token_id": 50256})");
+  EXPECT_FALSE(d.temperature || d.top_k || d.top_p || d.repetition_penalty || d.max_new_tokens);
+  EXPECT_EQ(d.said, "");
+  d = write(R"({"do_sample": true, "top_k": 40, "repetition_penalty": 1.2, "max_new_tokens": 9})");
+  EXPECT_EQ(*d.temperature, 1.0);
+  EXPECT_EQ(*d.top_k, 40);
+  EXPECT_EQ(*d.top_p, 1.0);
+  EXPECT_EQ(*d.repetition_penalty, 1.2);
+  EXPECT_EQ(*d.max_new_tokens, 9);
+  EXPECT_EQ(*write(R"({"do_sample": true})").top_k, 50);  // transformers' default
+  EXPECT_EQ(*write(R"({"do_sample": false, "top_k": 5})").temperature, 0);
+  EXPECT_FALSE(write(R"({"do_sample": false, "top_k": 5})").top_k);
+  EXPECT_THROW(write(R"({"do_sample": "yes"})"), FormatError);
+  EXPECT_THROW(write(R"({"top_k": 1.5, "do_sample": true})"), FormatError);
+  EXPECT_FALSE(gpt2::read_generation_defaults(tmp.file("absent")).temperature);
+
+  // The app: do_sample false is greedy, as --temperature 0; --temperature 1.5 overrides it.
+  std::filesystem::copy(kFixture, tmp.file("m"));
+  std::ofstream(tmp.file("m/generation_config.json"), std::ios::trunc)
+      << R"({"do_sample": false, "max_new_tokens": 6})";
+  const std::string args = " --prompt-ids 5,17,42 --print-ids --seed 3";
+  const auto greedy = testing::run_built_app(
+      "gpt2_generate", "--model " + kFixture + args + " --temperature 0 --max-new-tokens 6");
+  const auto from_file = testing::run_built_app("gpt2_generate", "--model " + tmp.file("m") + args);
+  ASSERT_EQ(from_file.exit_code, 0) << from_file.output;
+  auto ids = [](const std::string& out) {  // the ids line alone (the summary has timings)
+    const size_t at = out.find("ids: ");
+    return at == std::string::npos ? out : out.substr(at, out.find('\n', at) - at);
+  };
+  EXPECT_EQ(ids(from_file.output), ids(greedy.output));
+  EXPECT_NE(from_file.output.find("generation_config.json (as transformers' generate() takes it): "
+                                  "do_sample false (greedy), max_new_tokens 6"),
+            std::string::npos)
+      << from_file.output;
+  const auto hot = testing::run_built_app("gpt2_generate",
+                                          "--model " + tmp.file("m") + args + " --temperature 1.5");
+  const auto hot_plain = testing::run_built_app(
+      "gpt2_generate", "--model " + kFixture + args + " --temperature 1.5 --max-new-tokens 6");
+  EXPECT_EQ(ids(hot.output), ids(hot_plain.output));
 }
 
 }  // namespace
