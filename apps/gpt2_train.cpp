@@ -340,7 +340,7 @@ Options parse_options(const cli::Parser& p) {
   o.hyper.lr = static_cast<float>(p.real("lr", 0, 10));
   // The default is the ColossalAI example's rate for random weights, ten to a hundred times the
   // rates fine-tuning recipes use on pretrained ones.
-  if (!p.given("lr") && p.given("init-from") && !p.given("eval-only"))
+  if (!p.given("lr") && p.given("init-from") && !p.has("eval-only"))
     warn(
         "--init-from without --lr trains at the default 1e-3, the ColossalAI example's rate for "
         "random weights; fine-tuning pretrained weights usually takes 1e-5 to 1e-4 (HF Trainer's "
@@ -394,8 +394,8 @@ bool report_eval(train::Trainer& t, train::JsonLog& log, bool tty, bool training
   const train::EvalResult e = t.evaluate();
   const train::BestVerdict best = training ? t.keep_best(e) : train::BestVerdict{};
   print(str(tty ? "\n" : "", "[", t.step(), "] val loss: ", format_fixed(e.loss, 3),
-            " | perplexity: ", format_fixed(e.perplexity, 2), " (", e.batches, " batches)",
-            best.text, "\n"));
+            " | perplexity: ", format_fixed(e.perplexity, 2), " (", e.batches,
+            e.batches == 1 ? " batch)" : " batches)", best.text, "\n"));
   json::Value record = train::eval_record(t.step(), e);
   if (best.best) record.set("best", true);  // saved by --save-best (tools/loss_curve_svg.py)
   log.write(record, t.step());

@@ -1,12 +1,15 @@
-// The Trainer's inputs besides the model (its data, the optimizer file to load, its tokenizer) and
-// its samples during training (Note [Sampling during training], trainer.h).
+// The Trainer's inputs besides the model (its data, the optimizer file to load, its tokenizer), its
+// evaluations (Note [Evaluation windows]) and its samples during training (Note [Sampling during
+// training], trainer.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
 
+#include "autograd/autocast.h"
 #include "autograd/autograd.h"
+#include "autograd/functions.h"
 #include "core/error.h"
 #include "optim/adam_state_file.h"
 #include "train/data_parallel.h"
@@ -40,18 +43,16 @@ void Trainer::open_inputs() {
     val_ = std::make_unique<TokenStream>(val_shards, false, 0, "--val-data");
     val_->check_vocab(config_.vocab_size);
     val_->check_length(o_.seq, "--val-data");
-    // An evaluation reads --val-data at most once: past its end batches wrap around to tokens
-    // already evaluated, which cost their forwards and weight those tokens twice in the mean.
-    const int64_t once = std::max<int64_t>(1, val_->num_tokens() / (o_.batch * o_.seq));
-    if (o_.eval_batches > once) {
-      print_(str("Evaluation: ", once, " batch", once > 1 ? "es" : "", " of ", o_.batch, " x ",
-                 o_.seq, " tokens, all of --val-data's ", val_->num_tokens(), " (--eval-batches ",
-                 o_.eval_batches, " would read them ",
-                 format_fixed(static_cast<double>(o_.eval_batches * o_.batch * o_.seq) /
-                                  static_cast<double>(val_->num_tokens()),
-                              1),
-                 " times over)\n"));
-      o_.eval_batches = once;
+    // Note [Evaluation windows]: an evaluation reads whole --seq windows of --val-data, each at
+    // most once (evaluate()).
+    val_windows_ = val_->num_tokens() / o_.seq;
+    if (o_.eval_batches * o_.batch > val_windows_) {
+      const int64_t batches = (val_windows_ + o_.batch - 1) / o_.batch;
+      print_(str("Evaluation: all ", val_windows_, " windows of --seq ", o_.seq,
+                 " in --val-data's ", val_->num_tokens(), " tokens (the last ",
+                 val_->num_tokens() % o_.seq, " unread), in ", batches, " batch",
+                 batches > 1 ? "es" : "", " (--eval-batches ", o_.eval_batches,
+                 " would read past its end)\n"));
     }
     // A glob such as 'data/*.bin' takes the val_ shards too: the validation loss would be measured
     // on tokens the model trains on, and fall with memorisation.
@@ -271,6 +272,48 @@ std::vector<int32_t> Trainer::sample_by_forwards() {
 
 bool Trainer::ends_sample(int32_t id) const {
   return id == config_.eos_token_id || (tokenizer_ && id == tokenizer_->eot_id());
+}
+
+// Note [Evaluation windows]: the first min(--eval-batches x --batch, W) of --val-data's W whole
+// --seq windows, in order, the same at every evaluation; a last batch of fewer rows where W runs
+// out; the mean over every scored token (T - 1 per window: the shifted cross-entropy's, as HF's
+// non-overlapping perplexity recipe; llm.c and nanoGPT read T + 1 tokens per row and score T).
+// Until session 38 a --val-data smaller than one batch was read with wrap-around (its first
+// tokens counted twice in the mean) and a tail short of a whole batch was left out.
+EvalResult Trainer::evaluate() {
+  MW_CHECK_T(InvalidArgument, val_ != nullptr, "evaluation needs --val-data");
+  // Evaluation draws no random numbers in eval mode; the generator is restored anyway, so that
+  // evaluating can never change the training run (Note [Exact resume]).
+  const RngState rng = default_generator().state();
+  last_eval_step_ = step_;
+  UncountedScope uncounted(dp_.get());  // not a training step's communication (ZeRO 3 gathers)
+  model_->eval();
+  EvalResult r;
+  const int64_t B = o_.batch, T = o_.seq;
+  const int64_t windows = std::min(o_.eval_batches * B, val_windows_);
+  std::vector<int32_t> tokens(static_cast<size_t>(B * T));
+  double sum = 0;
+  {
+    // Note [Evaluation forward] (offload/gemini/deferred.cpp): Gemini's plan is left as it was.
+    std::optional<gemini::EvalScope> gemini_eval;
+    if (gem_) gemini_eval.emplace(*gem_);
+    NoGradGuard no_grad;
+    AutocastGuard autocast(o_.precision);
+    for (int64_t b = 0; b * B < windows; ++b) {
+      throw_if_stop_requested("during evaluation");
+      const int64_t rows = std::min(B, windows - b * B);
+      val_->batch(b, B, T, tokens.data());  // rows past `rows` are not used
+      Tensor ids = Tensor::from_vector(
+          std::vector<int32_t>(tokens.begin(), tokens.begin() + rows * T), {rows, T}, o_.device);
+      sum += shifted_cross_entropy((*model_)(ids), ids).item() * static_cast<double>(rows);
+      ++r.batches;
+    }
+  }
+  model_->train();
+  default_generator().set_state(rng);
+  r.loss = sum / static_cast<double>(std::max<int64_t>(1, windows));
+  r.perplexity = std::exp(r.loss);
+  return r;
 }
 
 std::string Trainer::sample() {

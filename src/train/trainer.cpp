@@ -561,38 +561,6 @@ bool Trainer::eval_due() const {
   return (o_.eval_every > 0 && step_ % o_.eval_every == 0) || step_ == total_steps_;
 }
 
-EvalResult Trainer::evaluate() {
-  MW_CHECK_T(InvalidArgument, val_ != nullptr, "evaluation needs --val-data");
-  // Evaluation draws no random numbers in eval mode; the generator is restored anyway, so that
-  // evaluating can never change the training run (Note [Exact resume]).
-  const RngState rng = default_generator().state();
-  last_eval_step_ = step_;
-  UncountedScope uncounted(dp_.get());  // not a training step's communication (ZeRO 3 gathers)
-  model_->eval();
-  EvalResult r;
-  std::vector<int32_t> tokens(static_cast<size_t>(o_.batch * o_.seq));
-  double sum = 0;
-  {
-    // Note [Evaluation forward] (offload/gemini/deferred.cpp): Gemini's plan is left as it was.
-    std::optional<gemini::EvalScope> gemini_eval;
-    if (gem_) gemini_eval.emplace(*gem_);
-    NoGradGuard no_grad;
-    AutocastGuard autocast(o_.precision);
-    for (int64_t b = 0; b < o_.eval_batches; ++b) {
-      throw_if_stop_requested("during evaluation");
-      val_->batch(b, o_.batch, o_.seq, tokens.data());
-      Tensor ids = Tensor::from_vector(tokens, {o_.batch, o_.seq}, o_.device);
-      sum += shifted_cross_entropy((*model_)(ids), ids).item();
-    }
-  }
-  model_->train();
-  default_generator().set_state(rng);
-  r.batches = o_.eval_batches;
-  r.loss = sum / static_cast<double>(std::max<int64_t>(1, r.batches));
-  r.perplexity = std::exp(r.loss);
-  return r;
-}
-
 void Trainer::flush() {
   if (hybrid_) hybrid_->flush();  // the last write-backs, and any failure among them
 }

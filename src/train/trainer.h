@@ -350,6 +350,7 @@ class Trainer {
   TrainState resumed_state_;     // verified (verify_checkpoint) before the model is built
   BestValidation best_;          // Note [Best model and early stopping]
   int64_t last_eval_step_ = -1;  // the step of the last evaluation (a resume does not repeat it)
+  int64_t val_windows_ = 0;      // whole --seq windows in --val-data (Note [Evaluation windows])
   // Steps the fp16 loss scaler skipped since the optimizer's step 0, in any precision since: the
   // optimizer's step count is step_ minus these (Note [Skipped steps], resume.cpp).
   int64_t skipped_steps_ = 0;

@@ -335,9 +335,11 @@ TEST(Trainer, ANonFiniteUpdateInBackwardStopsTheStep) {
   }
 }
 
-// An evaluation reads --val-data at most once: 4096 tokens in batches of 2 x 16 are 128 batches, so
-// --eval-batches 200 evaluates those 128 (the same loss as asking for 128) and says so. It wrapped
-// around to tokens already evaluated, weighting them twice in the mean.
+// Note [Evaluation windows]: an evaluation reads whole --seq windows, each at most once: 4096
+// tokens are 256 windows of 16, so --eval-batches 200 of 2 rows evaluates those 256 in 128 batches
+// (the same loss as asking for 128) and says so. A --val-data of 100 tokens is 6 windows (4 tokens
+// unread): in batches of 4, one of 4 rows and one of 2, with the loss of batches of 2. Until
+// session 38 it wrapped around (a batch of 4 read 128 of the 100 tokens, the first 28 twice).
 TEST(Trainer, AnEvaluationReadsTheValidationTokensAtMostOnce) {
   TempDir tmp;
   TrainOptions o = tiny(write_shard(tmp, "train.bin", 1), 1);
@@ -345,8 +347,9 @@ TEST(Trainer, AnEvaluationReadsTheValidationTokensAtMostOnce) {
   o.eval_batches = 200;
   std::string printed;
   Trainer capped(o, [&](const std::string& line) { printed += line; });
-  EXPECT_NE(printed.find("Evaluation: 128 batches of 2 x 16 tokens, all of --val-data's 4096 "
-                         "(--eval-batches 200 would read them 1.6 times over)"),
+  EXPECT_NE(printed.find("Evaluation: all 256 windows of --seq 16 in --val-data's 4096 tokens (the "
+                         "last 0 unread), in 128 batches (--eval-batches 200 would read past its "
+                         "end)"),
             std::string::npos)
       << printed;
   const EvalResult a = capped.evaluate();
@@ -355,6 +358,24 @@ TEST(Trainer, AnEvaluationReadsTheValidationTokensAtMostOnce) {
   const EvalResult b = exact.evaluate();
   EXPECT_EQ(a.batches, 128);
   EXPECT_EQ(a.loss, b.loss);
+
+  std::vector<uint16_t> small(100);
+  for (size_t i = 0; i < small.size(); ++i) small[i] = static_cast<uint16_t>((i * 7 + 3) % 97);
+  data::write_token_shard(tmp.file("small.bin"), small);
+  o.val_data = tmp.file("small.bin");
+  o.eval_batches = 20;
+  auto evaluated = [&](int64_t batch) {
+    TrainOptions x = o;
+    x.batch = batch;
+    return Trainer(x, nullptr).evaluate();
+  };
+  const EvalResult by_two = evaluated(2), by_four = evaluated(4), by_one = evaluated(1);
+  EXPECT_EQ(by_two.batches, 3);
+  EXPECT_EQ(by_four.batches, 2);
+  EXPECT_EQ(by_one.batches, 6);
+  // The same 6 windows in other batch shapes: the GEMMs round otherwise (a few f32 ulps).
+  EXPECT_NEAR(by_four.loss, by_two.loss, 1e-6);
+  EXPECT_NEAR(by_one.loss, by_two.loss, 1e-6);
 }
 
 }  // namespace
