@@ -79,10 +79,11 @@ class Parser {
         inline_value = true;
       }
       const Spec* spec = find(name);
-      if (!spec) throw UsageError("unknown option '--" + name + "'");
+      if (!spec) throw UsageError("unknown option '--" + name + "'" + nearest(name));
       if (spec->is_flag) {
         if (inline_value) throw UsageError("--" + name + " takes no value");
         values_[name] = std::string(1, '1');  // not = "1": GCC 12 -Wrestrict false positive
+        given_[name] = true;  // given() of a switch was always false until session 38
         continue;
       }
       if (!inline_value) {
@@ -178,6 +179,31 @@ class Parser {
     for (const auto& s : specs_)
       if (s.name == name) return &s;
     return nullptr;
+  }
+  // "; did you mean --eval-every?" for the option closest to a mistyped one (at most two edits,
+  // or a prefix of it: --step for --steps), "" when none is.
+  std::string nearest(const std::string& typed) const {
+    auto distance = [](const std::string& a, const std::string& b) {
+      std::vector<size_t> row(b.size() + 1);
+      for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+      for (size_t i = 1; i <= a.size(); ++i) {
+        size_t diagonal = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= b.size(); ++j) {
+          const size_t up = row[j];
+          row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+          diagonal = up;
+        }
+      }
+      return row[b.size()];
+    };
+    const Spec* best = nullptr;
+    size_t best_distance = 3;
+    for (const auto& s : specs_) {
+      const size_t d = s.name.rfind(typed, 0) == 0 ? 1 : distance(typed, s.name);
+      if (d < best_distance) best = &s, best_distance = d;
+    }
+    return best ? "; did you mean --" + best->name + "?" : "";
   }
   std::string program_, summary_;
   std::vector<Spec> specs_;

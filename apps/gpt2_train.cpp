@@ -122,7 +122,8 @@ void parse_data(const cli::Parser& p, Options& o) {
       "--eval-every, --eval-batches and --eval-only need --val-data");
   MW_CHECK_T(cli::UsageError,
              !o.eval_only || !p.str("init-from").empty() || !p.str("resume").empty(),
-             "--eval-only evaluates a trained model: pass --init-from DIR (or --resume DIR)");
+             "--eval-only evaluates a trained model: pass --init-from DIR (a model folder, or a "
+             "checkpoint's DIR/step_NNNNNN/model)");
   if (p.given("eval-every")) o.eval_every = p.integer("eval-every", 1, int64_t{1} << 40);
   o.eval_batches = p.integer("eval-batches", 1, 1 << 20);
   o.save_best = p.str("save-best");  // Note [Best model and early stopping]
@@ -489,7 +490,7 @@ int run(const Options& o) {
       print(str("[", r.step, "] loss: ", format_fixed(r.loss, 3), "\n", line, "\n"));
     if (r.skipped)
       print(str(tty ? "\n" : "", "[", r.step, "] skipped: inf/nan gradients; weights unchanged, ",
-                "loss scale now ", r.loss_scale, "\n"));
+                "loss scale now ", format_fixed(r.loss_scale, 0), "\n"));
     log.write(train::step_record(t, r), r.step);
     // Collective: ZeRO 3's evaluating and sampling, --save-best's and --early-stop's verdict. The
     // ranks skip them on the signal they agree on (alone, one paired its agreement with their

@@ -3,6 +3,7 @@
 // and parsed into the TrainOptions. A header of that one app, kept apart by concern.
 #pragma once
 
+#include <charconv>
 #include <cmath>
 #include <string>
 
@@ -151,12 +152,16 @@ inline void parse_precision_options(const cli::Parser& p, train::TrainOptions& o
              "--initial-loss-scale needs --precision fp16");
   o.loss_scaler.initial_scale = p.real("initial-loss-scale", 1, 1e30);
   const int power = static_cast<int>(std::floor(std::log2(o.loss_scaler.initial_scale)));
-  auto two_to = [](int k) {  // whole digits up to 2^62, then the double's own form
-    return k < 63 ? str(int64_t{1} << k, " (2^", k, ")") : str(std::ldexp(1.0, k), " (2^", k, ")");
+  auto two_to = [](int k) {  // whole digits up to 2^62, then every digit the double needs
+    if (k < 63) return str(int64_t{1} << k, " (2^", k, ")");
+    char digits[32];
+    const auto end = std::to_chars(digits, digits + sizeof digits, std::ldexp(1.0, k)).ptr;
+    return str(std::string(digits, end), " (2^", k, ")");
   };
   MW_CHECK_T(cli::UsageError, optim::is_power_of_two(o.loss_scaler.initial_scale),
              "--initial-loss-scale ", p.str("initial-loss-scale"),
-             ": expected a power of two, such as ", two_to(power), " or ", two_to(power + 1),
+             ": expected a power of two, such as ", two_to(power),
+             power + 1 <= 99 ? " or " + two_to(power + 1) : std::string(),
              ": unscaling by one is exact (Note [Dynamic loss scaling])");
 }
 

@@ -1,5 +1,6 @@
 // The Trainer's checkpoints: writing one, and resuming from one exactly (Note [Exact resume],
 // checkpoint.h).
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
@@ -20,12 +21,15 @@ namespace {
 // not among them: the same shards staged to another path (a node's scratch) resume with a
 // warning, as do shards of another token count (open_inputs); the seeds are recorded only where
 // they decide the data (Note [Exact resume]).
-constexpr const char* kMustMatch[] = {"batch", "seq", "grad_accum", "shuffle", "data_seed", "seed"};
+constexpr const char* kMustMatch[] = {"batch",     "seq",     "grad_accum", "shuffle",
+                                      "data_seed", "seed",    "n_layer",    "n_head",
+                                      "n_embd",    "n_inner", "vocab_size", "n_positions"};
 
 // Recorded since session 38: absent from older checkpoints, which then say nothing about them.
 bool recorded_since_session_38(const std::string& key) {
   return key == "layer_norm_epsilon" || key == "attn_pdrop" || key == "embd_pdrop" ||
-         key == "val_data" || key == "eval_batches";
+         key == "val_data" || key == "eval_batches" || key == "n_layer" || key == "n_head" ||
+         key == "n_embd" || key == "n_inner" || key == "vocab_size" || key == "n_positions";
 }
 
 // The same file or folder however it is spelled ("data/" through a link, "./data").
@@ -131,6 +135,15 @@ json::Value Trainer::run_fingerprint() const {
   r.set("eps", static_cast<double>(o_.hyper.eps));
   r.set("weight_decay", static_cast<double>(o_.hyper.weight_decay));
   r.set("weight_decay_on", o_.decay_on == optim::DecayOn::kAll ? "all" : "matrices");
+  // The model's shape, named before its weights are read: another --n-embd was "tensor 'wte' has
+  // shape [1024, 64], expected [1024, 128] (does config.json match the weights?)", and another
+  // --n-head, which changes no shape, went through silently.
+  r.set("n_layer", config_.n_layer);
+  r.set("n_head", config_.n_head);
+  r.set("n_embd", config_.n_embd);
+  r.set("n_inner", config_.mlp_width());
+  r.set("vocab_size", config_.vocab_size);
+  r.set("n_positions", config_.n_positions);
   r.set("dropout", config_.resid_pdrop);
   r.set("attn_pdrop", config_.attn_pdrop);
   r.set("embd_pdrop", config_.embd_pdrop);
@@ -151,6 +164,15 @@ void Trainer::check_fingerprint(const json::Value& saved, const std::string& pat
     const json::Value* before = saved.find(key);
     if (before && *before == now.value(i)) continue;
     if (!before && recorded_since_session_38(key)) continue;
+    // A seed not recorded decided nothing in the checkpoint's run; the data it would decide is
+    // compared by its own key (below, and "shuffle").
+    if (!before && (key == "seed" || key == "data_seed")) continue;
+    // Random tokens for a run on --data, or the other way round: not the same data at all.
+    if (before && key == "data" &&
+        (*before == json::Value("random tokens")) != (now.value(i) == json::Value("random tokens")))
+      throw InvalidArgument(str("--resume '", path, "': the checkpoint's run trained on ",
+                                describe(before), " and this one on ", describe(&now.value(i)),
+                                "; pass the same --data to resume"));
     if (before && (key == "data" || key == "val_data") && same_path(*before, now.value(i)))
       continue;
     // AdamW, HybridAdam and Gemini's HybridAdam make the same update bit for bit (docs/
@@ -165,15 +187,15 @@ void Trainer::check_fingerprint(const json::Value& saved, const std::string& pat
       continue;
     bool must = false;
     for (const char* k : kMustMatch) must = must || key == k;
-    const std::string option = "--" + std::string(key == "grad_accum"  ? "grad-accum"
-                                                  : key == "data_seed" ? "data-seed"
-                                                                       : key);
+    std::string option = "--" + key;  // grad_accum: --grad-accum
+    std::replace(option.begin(), option.end(), '_', '-');
     if (must)
       throw InvalidArgument(str("--resume '", path, "': the checkpoint was written with ", key,
                                 " = ", describe(before), " and this run has ",
                                 describe(&now.value(i)), "; pass the same ", option,
-                                " to resume (it decides the data of "
-                                "every step)"));
+                                key.rfind("n_", 0) == 0 || key == "vocab_size"
+                                    ? " to resume (the checkpoint's model has that shape)"
+                                    : " to resume (it decides the data of every step)"));
     print_(str("gpt2_train: warning: resuming '", path, "' with ", key, " = ",
                describe(&now.value(i)), " (the checkpoint's run had ", describe(before),
                key == "data"

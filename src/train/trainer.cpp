@@ -200,9 +200,13 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
   if (o_.precision == DType::F16)
     scaler_ = std::make_unique<optim::DynamicLossScaler>(o_.loss_scaler);
   if (o_.precision != DType::F32)
-    print_(str("Precision: ", precision_name(o_.precision),
-               " autocast (matmuls and attention), f32 masters",
-               scaler_ ? ", dynamic loss scale 65536" : "", "\n"));
+    print_(str(
+        "Precision: ", precision_name(o_.precision),
+        " autocast (matmuls and attention), f32 masters",
+        scaler_ ? str(", dynamic loss scale from ", format_fixed(o_.loss_scaler.initial_scale, 0),
+                      o_.resume.empty() ? "" : " (a resumed fp16 run: the checkpoint's)")
+                : "",
+        "\n"));
   // > 0 after --load-optimizer; under Gemini the step count is its HybridAdam's.
   first_step_ = step_ = hybrid_ ? hybrid_->step_count() : opt_->step_count();
   micro_ = step_ * o_.grad_accum;

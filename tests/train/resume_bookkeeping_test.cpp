@@ -208,5 +208,44 @@ TEST(ResumeBookkeeping, AnotherLayerNormEpsilonIsWarnedAbout) {
   EXPECT_NE(printed.find("with layer_norm_epsilon = 0.5"), std::string::npos) << printed;
 }
 
+std::string refusal(const TrainOptions& o) {
+  try {
+    Trainer t(o, nullptr);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "(resumed)";
+}
+
+// Another model shape is refused before the weights are read, naming the option: another --n-head
+// (no tensor changes shape) resumed silently into another model, and another --n-embd was blamed
+// on config.json ("tensor 'transformer.wte.weight' has shape ..."). Found by a new user's
+// walkthrough.
+TEST(ResumeBookkeeping, AnotherModelShapeIsRefusedNamingTheOption) {
+  TempDir tmp;
+  TrainOptions o = checkpointed_on_data(tmp);
+  TrainOptions heads = o;
+  heads.n_head = 2;  // tiny has 4
+  EXPECT_NE(refusal(heads).find("n_head = 4 and this run has 2; pass the same --n-head"),
+            std::string::npos)
+      << refusal(heads);
+  TrainOptions width = o;
+  width.n_embd = 64;
+  EXPECT_NE(refusal(width).find("pass the same --n-embd to resume (the checkpoint's model"),
+            std::string::npos)
+      << refusal(width);
+}
+
+// A run on --data resumed without it (random tokens) was refused naming a --seed no value could
+// match ("seed = (absent)"); it names --data.
+TEST(ResumeBookkeeping, RandomTokensForARunOnDataAreRefusedNamingData) {
+  TempDir tmp;
+  TrainOptions o = checkpointed_on_data(tmp);
+  o.data.clear();
+  EXPECT_NE(refusal(o).find("and this one on \"random tokens\"; pass the same --data"),
+            std::string::npos)
+      << refusal(o);
+}
+
 }  // namespace
 }  // namespace mw::train
