@@ -10,19 +10,25 @@
 #include "../cuda/cuda_test_util.h"
 #include "../data/temp_dir.h"
 #include "autograd/autograd.h"
+#include "optim/decay_ranges.h"
 #include "optim/hybrid_adam.h"
 
 namespace mw::optim {
 namespace {
 
-std::vector<float> run(Device param_device, Device state_device, Device grad_device) {
+// `ranges`: elements the decay leaves alone (Note [Weight decay by ranges]); `adamw`: decoupled
+// decay, else L2 added to the gradient.
+std::vector<float> run(Device param_device, Device state_device, Device grad_device,
+                       const NoDecayRanges& ranges = {}, bool adamw = true) {
   const int64_t n = 100003;
   Tensor p = test::random_tensor({n}, 21).to(param_device);
   set_requires_grad(p);
   HybridAdamOptions o;
   o.update_in_backward = false;
   o.state_devices = {state_device};
-  o.hyper.weight_decay = 0.01f;
+  o.hyper.weight_decay = 0.1f;
+  o.hyper.adamw_mode = adamw;
+  if (!ranges.empty()) o.no_decay = {ranges};
   HybridAdam adam({p}, o);
   for (uint64_t step = 0; step < 3; ++step) {
     set_grad(p, test::random_tensor({n}, 100 + step).to(grad_device));
@@ -41,6 +47,23 @@ TEST(HybridAdamCuda, GpuParametersWithHostStatesStepAsOnTheHostBitForBit) {
     const std::vector<float> got = run(gpu, states, grads);
     ASSERT_EQ(got.size(), want.size());
     EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+  }
+}
+
+// HybridAdam's CUDA update runs once per decay segment (Note [Weight decay by ranges]): ranges the
+// decay leaves alone, at the start, inside and at the end of the parameter, in both decay modes,
+// bit for bit the host's. (Session 38: suggested by a review; never run on a GPU yet.)
+TEST(HybridAdamCuda, DecaySegmentsStepAsOnTheHostBitForBit) {
+  MW_SKIP_WITHOUT_GPU();
+  const Device cpu = Device::cpu(), gpu = test::gpu();
+  const NoDecayRanges ranges = {{0, 7}, {10, 500}, {70000, 100003}};
+  for (const bool adamw : {true, false}) {
+    SCOPED_TRACE(adamw ? "decoupled decay" : "L2 decay");
+    const std::vector<float> want = run(cpu, cpu, cpu, ranges, adamw);
+    const std::vector<float> got = run(gpu, gpu, gpu, ranges, adamw);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+    EXPECT_NE(run(cpu, cpu, cpu, {}, adamw), want) << "the ranges changed nothing";
   }
 }
 
