@@ -131,9 +131,9 @@ std::shared_ptr<Communicator> make_communicator(const CommOptions& options) {
                " at the libmw_dist_nccl.so of this build");
     return std::make_shared<AsyncCommunicator>(nccl, options.timeout_ms);
   }
-  const std::string var = launcher_variable();
   if (b == "local") return make_local_communicator();
   const Launch launch = launch_from_environment();  // Note [Launchers] (launch.h)
+  const std::string var = launch.variable ? launch.variable : "";
   MW_CHECK_T(InvalidArgument, !var.empty() || launch.slurm_step_tasks < 2, "this process is task ",
              launch.slurm_task, " of ", launch.slurm_step_tasks,
              " in a Slurm step (SLURM_STEP_NUM_TASKS), started without an MPI wire-up (none of "

@@ -21,15 +21,18 @@ namespace {
 // not among them: the same shards staged to another path (a node's scratch) resume with a
 // warning, as do shards of another token count (open_inputs); the seeds are recorded only where
 // they decide the data (Note [Exact resume]).
-constexpr const char* kMustMatch[] = {"batch",     "seq",     "grad_accum", "shuffle",
-                                      "data_seed", "seed",    "n_layer",    "n_head",
-                                      "n_embd",    "n_inner", "vocab_size", "n_positions"};
+constexpr const char* kMustMatch[] = {"batch", "seq", "grad_accum", "shuffle", "data_seed", "seed"};
+
+// The model's shape: it must match too (the checkpoint's weights have it).
+bool is_shape_key(const std::string& key) {
+  return key == "n_layer" || key == "n_head" || key == "n_embd" || key == "n_inner" ||
+         key == "vocab_size" || key == "n_positions";
+}
 
 // Recorded since session 38: absent from older checkpoints, which then say nothing about them.
 bool recorded_since_session_38(const std::string& key) {
   return key == "layer_norm_epsilon" || key == "attn_pdrop" || key == "embd_pdrop" ||
-         key == "val_data" || key == "eval_batches" || key == "n_layer" || key == "n_head" ||
-         key == "n_embd" || key == "n_inner" || key == "vocab_size" || key == "n_positions";
+         key == "val_data" || key == "eval_batches" || is_shape_key(key);
 }
 
 // The same file or folder however it is spelled ("data/" through a link, "./data").
@@ -185,17 +188,16 @@ void Trainer::check_fingerprint(const json::Value& saved, const std::string& pat
     if (key == "weight_decay_on" &&
         (o_.hyper.weight_decay == 0 || (!before && o_.decay_on == optim::DecayOn::kAll)))
       continue;
-    bool must = false;
+    bool must = is_shape_key(key);
     for (const char* k : kMustMatch) must = must || key == k;
     std::string option = "--" + key;  // grad_accum: --grad-accum
     std::replace(option.begin(), option.end(), '_', '-');
     if (must)
-      throw InvalidArgument(str("--resume '", path, "': the checkpoint was written with ", key,
-                                " = ", describe(before), " and this run has ",
-                                describe(&now.value(i)), "; pass the same ", option,
-                                key.rfind("n_", 0) == 0 || key == "vocab_size"
-                                    ? " to resume (the checkpoint's model has that shape)"
-                                    : " to resume (it decides the data of every step)"));
+      throw InvalidArgument(str(
+          "--resume '", path, "': the checkpoint was written with ", key, " = ", describe(before),
+          " and this run has ", describe(&now.value(i)), "; pass the same ", option,
+          is_shape_key(key) ? " to resume (the checkpoint's model has that shape)"
+                            : " to resume (it decides the data of every step)"));
     print_(str("gpt2_train: warning: resuming '", path, "' with ", key, " = ",
                describe(&now.value(i)), " (the checkpoint's run had ", describe(before),
                key == "data"

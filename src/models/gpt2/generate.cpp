@@ -79,8 +79,8 @@ KvCacheDecoder::KvCacheDecoder(const GPT2& model) : model_(model), config_(model
   h_.resize(C);
   qkv_.resize(3 * C);
   att_.resize(C);
-  fc_.resize(
-      config_.mlp_width());  // n_inner (4C when unset): 4C read past the weights until session 38
+  // n_inner (4C when unset): it ran 4C wide, reading past the weights, until session 38.
+  fc_.resize(config_.mlp_width());
   scores_.resize(config_.n_positions);
   logits_.resize(config_.vocab_size);
 }
