@@ -280,6 +280,14 @@ bool Trainer::ends_sample(int32_t id) const {
 // non-overlapping perplexity recipe; llm.c and nanoGPT read T + 1 tokens per row and score T).
 // Until session 38 a --val-data smaller than one batch was read with wrap-around (its first
 // tokens counted twice in the mean) and a tail short of a whole batch was left out.
+//
+// Under data parallel each rank scores its own rows of every batch, as in training (rank r the
+// rows [r x B/N, (r + 1) x B/N)), and the ranks add their sums: the same windows, the same mean to
+// the last bits or so (another order of the sums), at 1/N of the work and of the logits' memory
+// (the per-rank plan holds it). Until session 39 every rank scored the whole batch: N times the
+// work, and logits of the global batch on every rank, which the plan did not count. A rank left
+// without rows in a short last batch still runs a forward on one row, weighted 0: under ZeRO 3
+// and Gemini's sharded chunks the forward's gathers are collectives every rank must join.
 EvalResult Trainer::evaluate() {
   MW_CHECK_T(InvalidArgument, val_ != nullptr, "evaluation needs --val-data");
   // Evaluation draws no random numbers in eval mode; the generator is restored anyway, so that
@@ -289,7 +297,8 @@ EvalResult Trainer::evaluate() {
   UncountedScope uncounted(dp_.get());  // not a training step's communication (ZeRO 3 gathers)
   model_->eval();
   EvalResult r;
-  const int64_t B = o_.batch, T = o_.seq;
+  const int64_t B = o_.batch, T = o_.seq, local = local_batch();
+  const int64_t first_row = dp_ ? dp_->rank() * local : 0;  // this rank's rows of each batch
   const int64_t windows = std::min(o_.eval_batches * B, val_windows_);
   std::vector<int32_t> tokens(static_cast<size_t>(B * T));
   double sum = 0;
@@ -301,14 +310,19 @@ EvalResult Trainer::evaluate() {
     AutocastGuard autocast(o_.precision);
     for (int64_t b = 0; b * B < windows; ++b) {
       throw_if_stop_requested("during evaluation");
-      const int64_t rows = std::min(B, windows - b * B);
+      const int64_t rows = std::min(B, windows - b * B);  // of the batch, all ranks together
+      const int64_t mine = std::clamp<int64_t>(rows - first_row, 0, local);
       val_->batch(b, B, T, tokens.data());  // rows past `rows` are not used
-      Tensor ids = Tensor::from_vector(
-          std::vector<int32_t>(tokens.begin(), tokens.begin() + rows * T), {rows, T}, o_.device);
-      sum += shifted_cross_entropy((*model_)(ids), ids).item() * static_cast<double>(rows);
+      const auto from = tokens.begin() + (mine > 0 ? first_row * T : 0);
+      Tensor ids =
+          Tensor::from_vector(std::vector<int32_t>(from, from + std::max<int64_t>(1, mine) * T),
+                              {std::max<int64_t>(1, mine), T}, o_.device);
+      const double loss = shifted_cross_entropy((*model_)(ids), ids).item();
+      if (mine > 0) sum += loss * static_cast<double>(mine);
       ++r.batches;
     }
   }
+  if (dp_) sum = dp_->sum_over_ranks(sum);
   model_->train();
   default_generator().set_state(rng);
   r.loss = sum / static_cast<double>(std::max<int64_t>(1, windows));
