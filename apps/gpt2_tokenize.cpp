@@ -148,9 +148,22 @@ int tokenize(cli::Parser& p, data::CorpusReader& reader,
   data::ShardSplits splits(out_dir, shard_tokens, val_fraction, tok.eot_id(),
                            data::ShardTokenizer{tok.vocab_size(), tok.fingerprint()});
   const bool one_document = inputs.size() == 1 && data::is_plain_text_input(inputs[0]);
-  if (one_document && val_fraction > 0)  // Note [One document]
-    splits.val_from_byte =
-        static_cast<int64_t>(std::llround((1 - val_fraction) * double(reader.total_bytes())));
+  if (one_document && val_fraction > 0) {  // Note [One document]
+    const int64_t size = reader.total_bytes();
+    splits.val_from_byte = static_cast<int64_t>(std::llround((1 - val_fraction) * double(size)));
+    const data::MarkersAround m = data::markers_around(inputs[0], splits.val_from_byte);
+    int64_t best = -1;
+    for (int64_t marker : {m.before, m.after}) {
+      const int64_t start =
+          marker + static_cast<int64_t>(std::string_view(data::kEndOfText).size());
+      const bool near = std::abs(start - splits.val_from_byte) * 2 <= size - splits.val_from_byte;
+      if (marker > 0 && start < size && near &&
+          (best < 0 ||
+           std::abs(start - splits.val_from_byte) < std::abs(best - splits.val_from_byte)))
+        best = start;
+    }
+    if (best >= 0) splits.val_from_byte = best, splits.val_at_document = true;
+  }
   Progress progress("tokenize");
   const auto t0 = Clock::now();
   data::tokenize_corpus(reader, workers, splits,
@@ -176,12 +189,12 @@ int tokenize(cli::Parser& p, data::CorpusReader& reader,
         static_cast<long long>(reader.num_markers()));
   if (splits.val_cut_byte >= 0)
     std::printf(
-        "%s: its bytes from %lld of %lld on (the last %.1f%%, cut at a piece boundary) are the "
-        "val split\n",
+        "%s: its bytes from %lld of %lld on (the last %.1f%%, cut at %s) are the val split\n",
         reader.num_documents() > 1 ? "one text file" : "one document",
         static_cast<long long>(splits.val_cut_byte), static_cast<long long>(reader.total_bytes()),
         100.0 * double(reader.total_bytes() - splits.val_cut_byte) /
-            std::max(1.0, double(reader.total_bytes())));
+            std::max(1.0, double(reader.total_bytes())),
+        splits.val_at_document ? "the start of a document" : "a piece boundary");
   if (val_fraction > 0 && splits.val.num_tokens() == 0)
     std::fprintf(stderr,
                  "warning: --val-fraction %g but nothing went to val: %s; pass several files or "

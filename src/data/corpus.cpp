@@ -34,10 +34,28 @@ bool is_json(const std::string& path) {
 
 bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
+// Note [Chunk boundaries]: text[q] is ASCII whitespace and the character that ends at text[q - 1]
+// is a whole, valid one that is not \s: a printable ASCII byte, or a multi-byte character decoded
+// from the non-continuation byte before it (a decoder reading the text from its start begins a
+// character there, whatever precedes it). Until session 39 only printable ASCII counted, so Hindi
+// or Chinese text, whose words and sentences end in multi-byte characters ("क ", "。\n"), had no
+// cut at all: one chunk per 64 MiB (one worker), forced cuts inside a character.
+bool is_safe_cut(std::string_view text, size_t q) {
+  if (q == 0 || q >= text.size() || !is_ascii_space(text[q])) return false;
+  const auto before = static_cast<unsigned char>(text[q - 1]);
+  if (before < 0x80) return before > ' ' && before < 0x7F;
+  size_t start = q - 1;
+  while (start > 0 && q - start < 4 && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80)
+    --start;
+  const Utf8Char c = decode_utf8(text, start);
+  return c.valid && start + static_cast<size_t>(c.length_bytes) == q &&
+         char_class(c.code_point) != unicode::CharClass::Space;
+}
+
 // The last cut of Note [Chunk boundaries] in text (0 when there is none).
 size_t last_safe_cut(std::string_view text) {
   for (size_t q = text.size(); q-- > 1;)
-    if (is_ascii_space(text[q]) && text[q - 1] > ' ' && text[q - 1] < 0x7F) return q;
+    if (is_safe_cut(text, q)) return q;
   return 0;
 }
 
@@ -45,7 +63,7 @@ size_t last_safe_cut(std::string_view text) {
 
 size_t first_safe_cut(std::string_view text, size_t from) {
   for (size_t q = std::max<size_t>(from, 1); q < text.size(); ++q)
-    if (is_ascii_space(text[q]) && text[q - 1] > ' ' && text[q - 1] < 0x7F) return q;
+    if (is_safe_cut(text, q)) return q;
   return std::string_view::npos;
 }
 
@@ -266,6 +284,37 @@ bool CorpusReader::next(CorpusChunk& chunk) {
 
 // Note [End-of-text markers].
 constexpr std::string_view kMarker = kEndOfText;
+
+MarkersAround markers_around(const std::string& path, int64_t at) {
+  constexpr int64_t kBlock = int64_t{1} << 20, kOverlap = int64_t(kMarker.size()) - 1;
+  const ReadOnlyFile file(path, "input", "pass an existing text file");
+  const int64_t size = file.size_bytes();
+  std::string block;
+  const auto read = [&](int64_t from, int64_t to) {
+    block.resize(static_cast<size_t>(to - from));
+    file.read_exact(block.data(), to - from, from);
+  };
+  MarkersAround r;
+  for (int64_t from = std::clamp<int64_t>(at, 0, size); from < size; from += kBlock) {
+    read(from, std::min(size, from + kBlock + kOverlap));
+    if (const size_t m = block.find(kMarker); m != std::string::npos) {
+      r.after = from + static_cast<int64_t>(m);
+      break;
+    }
+  }
+  // Backwards from the last marker that could start before `at`, a block at a time.
+  for (int64_t to = std::clamp<int64_t>(at + kOverlap, 0, size); to > kOverlap;) {
+    const int64_t from = std::max<int64_t>(0, to - kBlock - kOverlap);
+    read(from, to);
+    if (const size_t m = block.rfind(kMarker); m != std::string::npos) {
+      r.before = from + static_cast<int64_t>(m);
+      break;
+    }
+    to = from + kOverlap;
+    if (from == 0) break;
+  }
+  return r;
+}
 
 bool CorpusReader::next_piece(CorpusChunk& chunk) {
   while (piece_pos_ != std::string_view::npos) {

@@ -19,11 +19,12 @@
 //
 // Note [Chunk boundaries]: a large document is handed out in chunks of about kChunkBytes, and the
 // tokenizer pre-tokenises each chunk on its own. That gives exactly the pieces of the whole
-// document because a chunk ends only between a printable non-space ASCII byte and an ASCII
-// whitespace byte (' ', '\t', '\n', '\r'): GPT-2's regex always has a piece boundary there (no
-// run or contraction spans a non-space followed by whitespace), and it has no look-behind, so the
-// pieces after the cut do not depend on the text before it. A document with no such place in
-// kMaxChunkBytes (64 MiB without a space after a printable ASCII character) is cut there anyway;
+// document because a chunk ends only between a whole character that is not \s (printable ASCII,
+// or a valid multi-byte character: a Devanagari letter, a CJK full stop) and an ASCII whitespace
+// byte (' ', '\t', '\n', '\r'): GPT-2's regex always has a piece boundary there (no run or
+// contraction spans a non-space followed by whitespace), and it has no look-behind, so the pieces
+// after the cut do not depend on the text before it. A document with no such place in
+// kMaxChunkBytes (64 MiB without an ASCII space after a non-space character) is cut there anyway;
 // only the pieces at that one cut can differ from an unchunked run, never the bytes.
 //
 // Note [End-of-text markers]: the literal text "<|endoftext|>" in a document ends that document
@@ -57,6 +58,14 @@ inline constexpr int64_t kMaxJsonArrayBytes = int64_t{2} << 30;  // Note [JSON a
 // The first cut of Note [Chunk boundaries] in text at or after `from` (npos when there is none):
 // the text before it and after it pre-tokenise as the whole does.
 size_t first_safe_cut(std::string_view text, size_t from);
+
+// The byte offsets in the file at `path` of the first <|endoftext|> marker that starts at or after
+// `at` and of the last that starts before it; -1 where there is none (Note [One document] cuts a
+// text file of marked documents at one of them).
+struct MarkersAround {
+  int64_t before = -1, after = -1;
+};
+MarkersAround markers_around(const std::string& path, int64_t at);
 
 // True for an input read as one document of raw bytes: not .jsonl, .json, .csv or .tsv.
 bool is_plain_text_input(const std::string& path);

@@ -2,15 +2,21 @@
 //
 // Invariants:
 // - Every document is preceded by <|endoftext|> (its id found in the vocabulary by its string), as
-//   in llm.c's data scripts. A literal "<|endoftext|>" inside a document is ordinary text.
-// - A document goes whole to one split. It goes to val when val holds fewer than val_fraction of
-//   the tokens written before it, so the first document is train, the second val, and val then
-//   keeps its share; the assignment is deterministic.
+//   in llm.c's data scripts. A literal "<|endoftext|>" in a text ends its document there (Note
+//   [End-of-text markers], data/corpus.h).
+// - A document goes whole to one split: to val when that brings val's share of the tokens nearer
+//   val_fraction than train would (so the first document is train, and a long one does not make
+//   val of most of a small corpus); the assignment is deterministic.
 // - Note [One document]: a corpus of one document (one text file: a user's own book, nanoGPT's
 //   shakespeare.txt) had no val split at all, since the first document is train. With
 //   val_from_byte set, the document's bytes from there on (cut at the first piece boundary of Note
 //   [Chunk boundaries] at or after it, so both parts tokenize as the whole does) go to val,
-//   preceded by <|endoftext|> as every shard's text is: nanoGPT's 90/10 cut of one text.
+//   preceded by <|endoftext|> as every shard's text is: nanoGPT's 90/10 cut of one text. A text
+//   file of documents separated by <|endoftext|> markers (Note [End-of-text markers], TinyStories'
+//   .txt) is cut where a document starts instead, the one nearest that byte if it leaves val
+//   between half and 1.5 times its share of the bytes, and each document's <|endoftext|> goes
+//   with its text (until session 39 the cut fell mid-story and val's documents left their
+//   <|endoftext|> tokens in train).
 // - With N tokenizers, about N chunks are read ahead and encoded in parallel, each worker with its
 //   own tokenizer (and cache); the shards are the same for any N.
 #pragma once
@@ -46,8 +52,9 @@ struct ShardSplits {
   // `starts_val`: the rest of the one document goes to val (Note [One document]).
   void add(bool starts_document, const std::vector<int32_t>& ids, bool starts_val = false);
 
-  int64_t val_from_byte = -1;  // Note [One document]: -1 = documents go whole
-  int64_t val_cut_byte = -1;   // where the cut fell (set by tokenize_corpus)
+  int64_t val_from_byte = -1;    // Note [One document]: -1 = documents go whole
+  bool val_at_document = false;  // cut where a marked document starts at or after val_from_byte
+  int64_t val_cut_byte = -1;     // where the cut fell (set by tokenize_corpus)
 };
 
 // Makes `dir` (a writable directory) ready for shards; IoError if it cannot be, or if it already
