@@ -119,7 +119,20 @@ std::vector<std::pair<std::string, std::string>> tokenizer_copies(const cli::Par
   given.vocab_json = p.str("vocab"), given.merges_txt = p.str("merges");
   given.tokenizer_json = p.str("tokenizer");
   std::vector<std::pair<std::string, std::string>> copies;
-  for (auto& [name, bytes] : data::read_tokenizer_files(given)) {
+  std::vector<std::pair<std::string, std::string>> files = data::read_tokenizer_files(given);
+  // A tokenizer file of the other kind left there (vocab.json and merges.txt where this run writes
+  // tokenizer.json) would be the one gpt2_train reads first, silently: the shards' stamp would not
+  // match it and the run would train without a tokenizer.
+  for (const char* other : {"vocab.json", "merges.txt", "tokenizer.json"}) {
+    std::error_code ec;
+    const bool written =
+        std::any_of(files.begin(), files.end(), [&](const auto& f) { return f.first == other; });
+    MW_CHECK_T(IoError, written || !std::filesystem::exists(out_dir + "/" + other, ec), "--out '",
+               out_dir, "' already holds a ", other,
+               " of another tokenizer than this run's (gpt2_train --data would read that one); ",
+               "pass --out another directory, or move that file away");
+  }
+  for (auto& [name, bytes] : files) {
     const std::string there = out_dir + "/" + name;
     std::error_code ec;
     if (!std::filesystem::exists(there, ec)) {
@@ -144,6 +157,10 @@ int tokenize(cli::Parser& p, data::CorpusReader& reader,
   while (static_cast<int>(workers.size()) < num_threads())
     workers.push_back(std::make_unique<data::BpeTokenizer>(*workers.front()));
   const data::BpeTokenizer& tok = *workers.front();
+  // Before any text is read: an id past 65535 was refused only when the corpus produced it.
+  MW_CHECK_T(FormatError, tok.vocab_size() <= 65536, "the tokenizer '", tok.source(), "' has ",
+             tok.vocab_size(), " ids, and an llm.c shard holds uint16 tokens (ids 0..65535); use ",
+             "a vocabulary of at most 65536 tokens");
 
   data::ShardSplits splits(out_dir, shard_tokens, val_fraction, tok.eot_id(),
                            data::ShardTokenizer{tok.vocab_size(), tok.fingerprint()});

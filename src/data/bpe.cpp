@@ -2,6 +2,7 @@
 // and Note [Byte-level tokens].
 #include "data/bpe.h"
 
+#include <algorithm>
 #include <array>
 #include <queue>
 #include <sstream>
@@ -132,6 +133,11 @@ BpeModel load_tokenizer_json(const std::string& path) {
   if (const json::Value* type = m.find("type"))
     MW_CHECK_T(FormatError, type->is_string() && type->as_string() == "BPE", path,
                ": model.type is ", type->describe(), "; only \"BPE\" (GPT-2) is supported");
+  if (const json::Value* n = root.find("normalizer"); n && !n->is_null())
+    throw FormatError(str(path, ": normalizer ", n->dump(),
+                          " changes the text before HF's tokenizer encodes it, and is not "
+                          "supported (a GPT-2 tokenizer.json has \"normalizer\": null): the ids "
+                          "would differ from HF's; pass a GPT-2 byte-level BPE tokenizer"));
   if (const json::Value* pre = root.find("pre_tokenizer"); pre && !pre->is_null()) {
     MW_CHECK_T(FormatError,
                pre->is_object() && pre->contains("type") && pre->at("type").is_string() &&
@@ -141,6 +147,11 @@ BpeModel load_tokenizer_json(const std::string& path) {
     if (const json::Value* prefix = pre->find("add_prefix_space"))
       MW_CHECK_T(FormatError, !prefix->is_bool() || !prefix->as_bool(), path,
                  ": pre_tokenizer.add_prefix_space true is not supported (GPT-2 uses false)");
+    if (const json::Value* regex = pre->find("use_regex"))
+      MW_CHECK_T(
+          FormatError, !regex->is_bool() || regex->as_bool(), path,
+          ": pre_tokenizer.use_regex false is not supported (HF then does not split the "
+          "text with GPT-2's regex, which is how this tokenizer splits it; GPT-2 uses true)");
   }
   BpeModel model;
   add_vocab(model, m.at("vocab"), path + " model.vocab");
@@ -157,8 +168,23 @@ BpeModel load_tokenizer_json(const std::string& path) {
     model.merges.push_back(std::move(*merge));
   }
   if (const json::Value* added = root.find("added_tokens"); added && added->is_array())
-    for (const json::Value& t : added->elements())
-      model.vocab.emplace_back(t.get_string("content"), static_cast<int32_t>(t.get_int("id")));
+    for (const json::Value& t : added->elements()) {
+      const std::string content = t.get_string("content");
+      const auto id = static_cast<int32_t>(t.get_int("id"));
+      model.vocab.emplace_back(content, id);
+      if (content == kEndOfText) continue;  // a document boundary (Note [End-of-text markers])
+      for (const char* flag : {"lstrip", "rstrip", "single_word"})
+        if (const json::Value* f = t.find(flag))
+          MW_CHECK_T(FormatError, !f->is_bool() || !f->as_bool(), path, ": added token \"", content,
+                     "\" has ", flag, " true, which is not supported (HF then matches it ",
+                     "with the whitespace around it or only as a whole word); set it to false");
+      MW_CHECK_T(FormatError,
+                 !content.empty() && content.find_first_of(" \t\n\r") == std::string::npos, path,
+                 ": added token \"", content,
+                 "\" is empty or holds ASCII whitespace, which is not supported (a corpus is cut "
+                 "into chunks at whitespace and would split it)");
+      model.added.emplace_back(content, id);
+    }
   return model;
 }
 
@@ -214,6 +240,9 @@ BpeTokenizer::BpeTokenizer(const BpeModel& model, const std::string& source) : s
     // A repeated merge keeps its first (lowest) rank, as HF does.
     merge_of_pair_.emplace(pair_key(*ia, *ib), Merge{static_cast<int32_t>(rank), *im});
   }
+  added_ = model.added;  // Note [Added tokens]
+  std::stable_sort(added_.begin(), added_.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
 }
 
 std::optional<int32_t> BpeTokenizer::token_id(std::string_view token) const {
@@ -292,9 +321,34 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
   }
 }
 
-void BpeTokenizer::encode(std::string_view text, std::vector<int32_t>& out) {
+void BpeTokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& out) {
   Pretokenizer pieces(text);
   for (std::string_view piece; pieces.next(piece);) encode_piece(piece, out);
+}
+
+// Note [Added tokens]: a tokenizer.json's added tokens (chat markers such as "<|im_start|>" added
+// for fine-tuning) are found in the text before pre-tokenisation, leftmost first and the longest
+// of those starting there, and each is its own id, as HF's AddedVocabulary matches them. Until
+// session 39 they joined the vocabulary but were never matched: "<|im_start|>" became about ten
+// ordinary tokens where HF gives one id. <|endoftext|> is left to its callers: a document boundary
+// in a corpus (corpus.h), eot_id() in a prompt (encode_prompt). Each token's next occurrence is
+// kept, so the text is scanned once per token.
+void BpeTokenizer::encode(std::string_view text, std::vector<int32_t>& out) {
+  if (added_.empty()) return encode_ordinary(text, out);
+  constexpr size_t kUnknown = std::string_view::npos - 1;
+  std::vector<size_t> next(added_.size(), kUnknown);
+  for (size_t from = 0;;) {
+    size_t at = std::string_view::npos, hit = 0;
+    for (size_t k = 0; k < added_.size(); ++k) {  // longest first: ties keep the longest
+      if (next[k] == kUnknown || (next[k] != std::string_view::npos && next[k] < from))
+        next[k] = text.find(added_[k].first, from);
+      if (next[k] < at) at = next[k], hit = k;
+    }
+    encode_ordinary(text.substr(from, at == std::string_view::npos ? at : at - from), out);
+    if (at == std::string_view::npos) return;
+    out.push_back(added_[hit].second);
+    from = at + added_[hit].first.size();
+  }
 }
 
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) {

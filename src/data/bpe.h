@@ -41,13 +41,18 @@ std::optional<std::string> token_chars_to_bytes(std::string_view chars);
 struct BpeModel {
   std::vector<std::pair<std::string, int32_t>> vocab;       // token -> id, in file order
   std::vector<std::pair<std::string, std::string>> merges;  // in rank order
+  // Note [Added tokens]: a tokenizer.json's added_tokens other than <|endoftext|> (text -> id),
+  // matched in the text before pre-tokenisation, as HF's tokenizer does.
+  std::vector<std::pair<std::string, int32_t>> added;
 };
 
 // HF's GPT-2 files. Errors name the file and line (or key) and say what was expected.
 BpeModel load_vocab_and_merges(const std::string& vocab_json_path,
                                const std::string& merges_txt_path);
 // HF tokenizer.json with a "BPE" model (merges as "a b" strings or [a, b] pairs); added_tokens
-// join the vocabulary. A pre_tokenizer other than ByteLevel is refused (not a GPT-2 tokenizer).
+// join the vocabulary and are matched in text (Note [Added tokens]). What would make HF's ids
+// differ is refused: a pre_tokenizer other than ByteLevel with its regex, a normalizer, an added
+// token with lstrip, rstrip or single_word, or holding ASCII whitespace.
 BpeModel load_tokenizer_json(const std::string& path);
 // Writes vocab.json (ids in order) and merges.txt ("#version: 0.2" then "a b" lines), atomically.
 void save_vocab_and_merges(const BpeModel& model, const std::string& vocab_json_path,
@@ -63,7 +68,8 @@ class BpeTokenizer {
   // `source` names the files in error messages.
   BpeTokenizer(const BpeModel& model, const std::string& source);
 
-  // Appends the ids of `text` to out.
+  // Appends the ids of `text` to out: its added tokens (Note [Added tokens]) matched first, the
+  // text between them pre-tokenised and merged.
   void encode(std::string_view text, std::vector<int32_t>& out);
   std::vector<int32_t> encode(std::string_view text);
   // A prompt's ids: its literal "<|endoftext|>" markers are eot_id(), as they are in a corpus
@@ -80,6 +86,7 @@ class BpeTokenizer {
   int32_t eot_id() const;
   // One more than the largest id.
   int64_t vocab_size() const { return static_cast<int64_t>(id_to_bytes_.size()); }
+  const std::string& source() const { return source_; }  // the files, as errors name them
   int64_t num_merges() const { return static_cast<int64_t>(merge_of_pair_.size()); }
   // What the ids mean: FNV-1a (64 bits) over each id's presence, length and bytes, in id order.
   // Equal for one vocabulary from vocab.json or tokenizer.json (Note [Shard tokenizer stamp]).
@@ -98,6 +105,7 @@ class BpeTokenizer {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
   void encode_piece(std::string_view piece, std::vector<int32_t>& out);
+  void encode_ordinary(std::string_view text, std::vector<int32_t>& out);
   void merge_symbols(std::vector<int32_t>& symbols) const;
 
   std::string source_;
@@ -105,6 +113,7 @@ class BpeTokenizer {
   std::vector<std::string> id_to_bytes_;
   std::vector<bool> id_present_;
   int32_t byte_id_[256];
+  std::vector<std::pair<std::string, int32_t>> added_;  // Note [Added tokens], longest first
   std::unordered_map<uint64_t, Merge> merge_of_pair_;
   // Pieces seen before -> their ids. Cleared when it reaches kMaxCacheEntries, so memory stays
   // bounded on any corpus.

@@ -457,6 +457,10 @@ TEST(Gpt2Tokenize, BadInputsGiveClearErrors) {
     int exit_code;
     std::string message;
   };
+  std::string big_ids = data::testing::read_bytes(kFixture + "tokenizer.json");
+  big_ids.insert(big_ids.find("\"added_tokens\": [") + 17,
+                 "{\"id\": 70000, \"content\": \"<b>\"}, ");
+  const std::string big = write(tmp, "big.json", big_ids);
   const std::vector<Case> cases = {
       {kFixtureTokenizer + out, 2, "no input files"},
       {kFixtureTokenizer + good, 2, "--out DIR is required"},
@@ -491,6 +495,12 @@ TEST(Gpt2Tokenize, BadInputsGiveClearErrors) {
       // Beside the shards it would name another tokenizer (Note [Tokenizer beside the shards]).
       {kFixtureTokenizer + "--out " + tmp.file("mine") + " " + good, 1,
        "already holds a vocab.json other than the tokenizer's '" + kFixture + "vocab.json'"},
+      // Of the other kind: gpt2_train read that vocab.json first, and trained without a tokenizer.
+      {"--tokenizer " + kFixture + "tokenizer.json --out " + tmp.file("mine") + " " + good, 1,
+       "already holds a vocab.json of another tokenizer than this run's"},
+      // Refused before the corpus is read (it was when the first id past 65535 came out).
+      {"--tokenizer " + big + out + good, 1,
+       "has 70001 ids, and an llm.c shard holds uint16 tokens"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);

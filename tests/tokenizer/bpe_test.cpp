@@ -224,6 +224,58 @@ TEST(Bpe, BadIdsAndFilesGiveClearErrors) {
       "only \"BPE\" (GPT-2) is supported");
 }
 
+// Note [Added tokens]: a tokenizer.json's added tokens are matched in the text before
+// pre-tokenisation, leftmost first and the longest there, each its own id (HF's AddedVocabulary);
+// they were ids nothing encoded to before session 39 ("<|im_start|>" was ten ordinary tokens).
+// What would make the ids differ from HF's silently is refused.
+TEST(Bpe, AddedTokensOfATokenizerJsonAreMatchedInTheText) {
+  testing::TempDir tmp;
+  std::stringstream fixture;
+  fixture << std::ifstream(kFixture + "tokenizer.json").rdbuf();
+  const std::string json_text = fixture.str();
+  const auto with = [&](const std::string& name, const std::string& added,
+                        const std::string& from = "\"normalizer\": null",
+                        const std::string& to = "\"normalizer\": null") {
+    std::string text = json_text;
+    const std::string list = "\"added_tokens\": [";
+    text.replace(text.find(list), list.size(), list + added);
+    text.replace(text.find(from), from.size(), to);
+    std::ofstream(tmp.file(name)) << text;
+    return tmp.file(name);
+  };
+  const std::string chat =
+      "{\"id\": 588, \"content\": \"<|im_start|>\", \"special\": true, \"lstrip\": false}, "
+      "{\"id\": 589, \"content\": \"<|im\", \"special\": true}, ";
+  BpeTokenizer tok(load_tokenizer_json(with("chat.json", chat)), "chat.json");
+  BpeTokenizer plain = fixture_tokenizer();
+  std::vector<int32_t> expected = plain.encode("Hi");
+  expected.push_back(588);  // not 589: the longest of those starting there
+  for (int32_t id : plain.encode("user\nthe <|i")) expected.push_back(id);
+  expected.push_back(589);
+  EXPECT_EQ(tok.encode("Hi<|im_start|>user\nthe <|i<|im"), expected);
+  EXPECT_EQ(tok.decode({588, 589}), "<|im_start|><|im");
+  EXPECT_EQ(tok.encode("<|endoftext|>"), plain.encode("<|endoftext|>"));  // left to the callers
+  EXPECT_EQ(tok.encode_prompt("a<|endoftext|>"),
+            (std::vector<int32_t>{plain.encode("a")[0], plain.eot_id()}));
+
+  const auto refused = [&](const std::string& path, const std::string& needle) {
+    try {
+      load_tokenizer_json(path);
+      ADD_FAILURE() << "expected an error mentioning " << needle;
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused(with("lstrip.json", "{\"id\": 588, \"content\": \"<x>\", \"lstrip\": true}, "),
+          "has lstrip true, which is not supported");
+  refused(with("space.json", "{\"id\": 588, \"content\": \"<a b>\"}, "), "holds ASCII whitespace");
+  refused(
+      with("lower.json", "", "\"normalizer\": null", "\"normalizer\": {\"type\": \"Lowercase\"}"),
+      "normalizer {\"type\":\"Lowercase\"} changes the text");
+  refused(with("noregex.json", "", "\"use_regex\": true", "\"use_regex\": false"),
+          "pre_tokenizer.use_regex false is not supported");
+}
+
 TEST(Bpe, SaveAndLoadRoundTrips) {
   const BpeModel model = load_vocab_and_merges(kFixture + "vocab.json", kFixture + "merges.txt");
   testing::TempDir tmp;
