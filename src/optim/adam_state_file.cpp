@@ -2,6 +2,7 @@
 #include "optim/adam_state_file.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace mw::optim {
@@ -29,6 +30,11 @@ std::vector<std::vector<StateSegment>> read_segments(AdamStateReader& r,
   check_magic(r);
   r.skip(8);
   step = r.get_i64();
+  // Note [Checked optimizer values]: the format has no checksum, so what a damaged file would
+  // turn into silently is checked: a step past kMaxStep (INT64_MAX trained zero steps and
+  // overflowed the schedule), a negative one, and below non-finite moments or a negative v.
+  MW_CHECK_T(FormatError, step >= 0 && step <= kMaxStep, "optimizer checkpoint '", path,
+             "' is at step ", step, ", outside [0, 2^40]: the file is damaged; load another");
   const int64_t nparams = r.get_i64();
   MW_CHECK_T(FormatError, nparams == static_cast<int64_t>(params.size()), "optimizer checkpoint '",
              path, "' has ", nparams, " parameter tensors, this optimizer steps ", params.size(),
@@ -54,6 +60,9 @@ std::vector<std::vector<StateSegment>> read_segments(AdamStateReader& r,
       MW_CHECK_T(FormatError, s.offset == expect && s.numel > 0 && s.numel <= numel - s.offset,
                  "optimizer checkpoint '", path, "': segments of parameter ", i,
                  " do not tile it (segment at ", s.offset, " of ", s.numel, ")");
+      MW_CHECK_T(FormatError, s.step >= 0 && s.step <= kMaxStep, "optimizer checkpoint '", path,
+                 "': a segment of parameter ", i, " is at step ", s.step,
+                 ", outside [0, 2^40]: the file is damaged; load another");
       expect += s.numel;
       segs[i].push_back(s);
     }
@@ -82,6 +91,12 @@ int64_t read_state_range(AdamStateReader& r, const std::vector<StateSegment>& se
     range_step = s.step;
     r.get_at(s.data_pos + 4 * (lo - s.offset), m + (lo - off), 4 * (hi - lo));
     r.get_at(s.data_pos + 4 * (s.numel + lo - s.offset), v + (lo - off), 4 * (hi - lo));
+    for (int64_t k = lo - off; k < hi - off; ++k)  // Note [Checked optimizer values]
+      MW_CHECK_T(FormatError, std::isfinite(m[k]) && std::isfinite(v[k]) && v[k] >= 0.f,
+                 "optimizer checkpoint '", r.path(), "' holds m = ", m[k], ", v = ", v[k],
+                 " at element ", off + k,
+                 " of a parameter (v must be finite and >= 0, m finite): the file is damaged; "
+                 "load another");
   }
   return range_step < 0 ? 0 : range_step;
 }

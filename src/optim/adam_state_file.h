@@ -26,6 +26,8 @@
 namespace mw::optim {
 
 inline constexpr char kAdamStateMagic[8] = {'M', 'W', 'A', 'D', 'A', 'M', 'v', '1'};
+// The largest step a file may hold (Note [Checked optimizer values]): 2^40, far past any run.
+inline constexpr int64_t kMaxStep = int64_t{1} << 40;
 
 struct StateSegment {
   int64_t offset = 0, numel = 0, step = 0;

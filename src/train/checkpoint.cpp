@@ -146,10 +146,16 @@ std::string write_checkpoint(const std::string& dir, const TrainState& state,
     save_model(staged.file("model"));
     if (save_optimizer) save_optimizer(staged.file("optimizer.bin"));
   } catch (const IoError& e) {  // the writers name their staging paths and --save: say which
-    throw IoError(str("writing the checkpoint of step ", state.step, " to '", final_path,
-                      "' failed and none of it was kept (earlier checkpoints in '", dir,
-                      "' are whole): ", e.what(), ". For checkpoints: ", hint),
-                  e.path, e.offset, e.length, e.err);
+    // A failure of the offload files the weights or states are read from (an EIO of Gemini's disk
+    // tier) is not the checkpoint folder's: it was blamed on --checkpoint-dir before.
+    const bool in_folder = !e.path.empty() && e.path.rfind(dir, 0) == 0;
+    throw IoError(
+        str("writing the checkpoint of step ", state.step, " to '", final_path,
+            "' failed and none of it was kept (earlier checkpoints in '", dir,
+            "' are whole): ", e.what(),
+            in_folder ? ". For checkpoints: " + hint
+                      : str(". The error is in '", e.path, "', not in the checkpoint folder")),
+        e.path, e.offset, e.length, e.err);
   }
   write_text(staged.file(kTrainerState), to_json(state).dump() + "\n", hint);
   const std::string root = fs::path(staged.file(kTrainerState)).parent_path().string();
@@ -247,21 +253,40 @@ TrainState verify_checkpoint(const std::string& path) {
   };
   std::error_code ec;
   if (!fs::exists(manifest_path, ec)) throw corrupt("manifest.json is missing");
-  const json::Value manifest = json::parse(
-      data::read_text_file(manifest_path, "checkpoint manifest", "the checkpoint is incomplete"),
-      manifest_path);
-  for (const json::Value& f : manifest.at("files").elements()) {
-    const std::string rel = f.get_string("path");
+  // A manifest that does not parse, or lacks what every checkpoint holds, is a corrupt checkpoint
+  // too (it was a bare JSON error, "missing key 'files'" without a path, or, listing no files,
+  // resumed with nothing verified).
+  struct Listed {
+    std::string path, checksum;
+    int64_t bytes;
+  };
+  std::vector<Listed> listed;
+  try {
+    const json::Value manifest = json::parse(
+        data::read_text_file(manifest_path, "checkpoint manifest", "the checkpoint is incomplete"),
+        manifest_path);
+    for (const json::Value& f : manifest.at("files").elements())
+      listed.push_back({f.get_string("path"), f.get_string("checksum"), f.get_int("bytes")});
+  } catch (const IoError&) {
+    throw;
+  } catch (const Error& e) {
+    throw corrupt(str("its manifest.json cannot be read (", e.what(), ")"));
+  }
+  for (const char* needed : {kTrainerState, "model/model.safetensors"})
+    if (std::none_of(listed.begin(), listed.end(),
+                     [&](const Listed& f) { return f.path == needed; }))
+      throw corrupt(str("its manifest.json does not list ", needed));
+  for (const Listed& f : listed) {
+    const std::string& rel = f.path;
     const fs::path file = fs::path(path) / rel;
     if (!fs::is_regular_file(file, ec)) throw corrupt(str("file '", rel, "' is missing"));
     const int64_t bytes = static_cast<int64_t>(fs::file_size(file));
-    if (bytes != f.get_int("bytes"))
-      throw corrupt(str("file '", rel, "' is ", bytes, " bytes, the manifest says ",
-                        f.get_int("bytes"), " (truncated or overwritten)"));
+    if (bytes != f.bytes)
+      throw corrupt(str("file '", rel, "' is ", bytes, " bytes, the manifest says ", f.bytes,
+                        " (truncated or overwritten)"));
     const std::string sum = file_checksum(file.string());
-    if (sum != f.get_string("checksum"))
-      throw corrupt(str("file '", rel, "' has checksum ", sum, ", the manifest says ",
-                        f.get_string("checksum")));
+    if (sum != f.checksum)
+      throw corrupt(str("file '", rel, "' has checksum ", sum, ", the manifest says ", f.checksum));
   }
   const std::string state_path = (fs::path(path) / kTrainerState).string();
   return train_state_from_json(json::parse(data::read_text_file(state_path, "training state",

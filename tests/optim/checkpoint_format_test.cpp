@@ -135,5 +135,46 @@ TEST_F(CheckpointFormat, ASegmentReachingPastTheParameterIsRefusedWithoutOverflo
   }
 }
 
+// Note [Checked optimizer values]: the format has no checksum. A step of INT64_MAX trained zero
+// steps and overflowed the schedule, -5 failed in the data reader with an internal message, and a
+// NaN or negative v was reported a step later as a diverging gradient (lower --lr). Each is a
+// FormatError naming the file now, in both optimizers.
+TEST_F(CheckpointFormat, DamagedStepsAndMomentsAreRefusedNamingTheFile) {
+  const auto file = [&](int64_t step, int64_t segment_step) {
+    return checkpoint_bytes(step, {{5, {{0, 5, segment_step}}}, {6, {{0, 6, 3}}}});
+  };
+  // 24 bytes of header, two tables of 16 + 24: m of parameter 0 at 104, its v at 124.
+  const auto with_float = [&](size_t at, float x) {
+    std::string bytes = file(3, 3);
+    std::memcpy(bytes.data() + at, &x, 4);
+    return bytes;
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {file(std::numeric_limits<int64_t>::max(), 3), "outside [0, 2^40]"},
+      {file(-5, 3), "is at step -5"},
+      {file(3, -1), "is at step -1"},
+      {with_float(104 + 8, nan), "holds m = nan"},
+      {with_float(124 + 4, -0.5f), "v = -0.5 at element 1"},
+      {with_float(124, std::numeric_limits<float>::infinity()), "v = inf at element 0"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string path = write("damaged" + std::to_string(i) + ".ckpt", cases[i].first);
+    for (int which = 0; which < 2; ++which) {
+      SCOPED_TRACE(cases[i].second + (which ? " (AdamW)" : " (HybridAdam)"));
+      try {
+        if (which == 0)
+          HybridAdam(params_).load_state(path);
+        else
+          AdamW(params_).load_state(path);
+        ADD_FAILURE() << "the damaged file loaded";
+      } catch (const FormatError& e) {
+        EXPECT_NE(std::string(e.what()).find(cases[i].second), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mw::optim

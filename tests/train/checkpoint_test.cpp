@@ -86,6 +86,14 @@ TEST(Checkpoint, TruncationAndCorruptionAreNamed) {
   expect_corrupt(path, "'model/model.safetensors' is 999 bytes");
   fs::remove(path + "/manifest.json");
   expect_corrupt(path, "manifest.json is missing");
+  // A manifest that is cut short, is not the manifest's shape, or lists nothing: each was a bare
+  // JSON error (one without a path) or, for an empty list, a checkpoint resumed unverified.
+  write_bytes(path + "/manifest.json", "{\"checksum\": \"fnv1a64-words\", \"files\": [{\"pa");
+  expect_corrupt(path, "its manifest.json cannot be read");
+  write_bytes(path + "/manifest.json", "{}");
+  expect_corrupt(path, "its manifest.json cannot be read");
+  write_bytes(path + "/manifest.json", "{\"checksum\": \"fnv1a64-words\", \"files\": []}");
+  expect_corrupt(path, "its manifest.json does not list trainer.json");
 }
 
 TEST(Checkpoint, OnlyWholeFoldersCountAndKeepPrunesTheOldest) {
@@ -109,7 +117,7 @@ TEST(Checkpoint, StaleTemporariesOfEveryStepAreRemoved) {
   TempDir tmp;
   const std::string dir = tmp.file("ckpt");
   const std::string dead = "999999999";  // above any pid Linux gives (pid_max <= 2^22)
-  for (const std::string name :
+  for (const std::string& name :
        {".step_000001.tmp-" + dead, ".step_000007.tmp-" + dead,
         ".step_000002.tmp-" + std::to_string(::getpid()), ".other.tmp-" + dead})
     fs::create_directories(dir + "/" + name);
