@@ -88,6 +88,10 @@ void install_stop_signal_handlers() {
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;  // blocking calls resume; the flag is polled between them
+    // A file size limit (ulimit -f, passed on by a batch scheduler) killed the run with SIGXFSZ:
+    // no message, temporary files left. Ignored, the write fails with EFBIG, which the I/O paths
+    // name ("the file size limit (ulimit -f)") and clean up after as after any failed write.
+    ::signal(SIGXFSZ, SIG_IGN);
     for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
       // Ignored when we start: left so (Note [Stop signals]: nohup, a script's background job).
       struct sigaction before;

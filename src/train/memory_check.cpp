@@ -87,6 +87,9 @@ AvailableMemory available_memory(const std::string& nvme_dir) {
   a.disk_path = nvme_dir.empty() ? io::default_offload_base() : nvme_dir;
   a.disk_bytes = free_disk_bytes(a.disk_path);
   a.disk_in_memory = io::memory_file_system(a.disk_path);
+  // ramfs has no size: statfs says 0 bytes free, and the run was refused as a full disk. Its
+  // bytes are RAM, counted with the host's (Note [Offload in RAM]).
+  if (a.disk_in_memory == "ramfs") a.disk_bytes = -1;
   return a;
 }
 

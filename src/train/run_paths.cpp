@@ -97,6 +97,17 @@ void check_run_paths(const TrainOptions& o) {
                                     {"--trace", o.trace}};
   for (const auto& [option, path] : files)
     if (!path.empty()) data::check_output_path(path, option, /*as_directory=*/false);
+  // The optimizer's file is written beside its path and renamed over it (atomically): a FIFO or a
+  // device there would be replaced by a regular file (as root, --save-optimizer /dev/null replaced
+  // the system's /dev/null), or, without the right to create files beside it, the run failed at
+  // its end. The logs and traces are written in place, so /dev/stdout and FIFOs suit them.
+  std::error_code ec;
+  if (!o.save_optimizer.empty() && fs::exists(o.save_optimizer, ec) &&
+      !fs::is_regular_file(o.save_optimizer, ec))
+    throw IoError(str("--save-optimizer '", o.save_optimizer,
+                      "' is not a regular file (a device, a FIFO or a socket): the optimizer's ",
+                      "file is written beside it and renamed over it, which would replace it; ",
+                      "pass a regular file path"));
 
   // Where they lie (Note [Outputs apart]).
   std::vector<Named> outputs;

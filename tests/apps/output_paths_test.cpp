@@ -1,9 +1,13 @@
 // Where gpt2_train's outputs go: a --save folder that holds other files is never replaced, and
 // every output may name directories that do not exist yet (docs/reliability.md, section 3).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -238,10 +242,144 @@ TEST(Reliability, AnNvmeDirInRamIsNamedAsRam) {
       << o.output;
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
+  // ramfs has no size (statfs: 0 bytes free): it was refused as a full disk.
+  const std::string ram = tmp.file("ramfs");
+  std::filesystem::create_directories(ram);
+  if (std::system(("mount -t ramfs ramfs " + ram + " >/dev/null 2>&1").c_str()) == 0) {
+    o = run_app(tmp, "gpt2_train",
+                tiny({"--steps", "1", "--offload", "nvme", "--nvme-dir", ram + "/x"}));
+    EXPECT_EQ(o.exit_code, 0) << o.output;
+    EXPECT_TRUE(has(o.output, "(ramfs: in RAM)")) << o.output;
+    EXPECT_EQ(std::system(("umount " + ram).c_str()), 0);
+  }
   if (!io::memory_file_system(io::default_offload_base()).empty()) return;  // $TMPDIR in RAM
   o = run_app(tmp, "gpt2_train", tiny({"--steps", "1", "--offload", "nvme"}));
   EXPECT_EQ(o.exit_code, 0) << o.output;
   EXPECT_FALSE(has(o.output, "in RAM")) << o.output;
+}
+
+// The optimizer's file is renamed over its path: a FIFO with a reader, or a device node, was
+// replaced by a regular file (as root, --save-optimizer /dev/null replaced the system's). Refused
+// before the first step now, the node kept; a FIFO still suits --log (written in place).
+TEST(Reliability, ASaveOptimizerThatIsNotARegularFileIsRefusedAndKept) {
+  TempDir tmp;
+  const std::string fifo = tmp.file("fifo"), null = tmp.file("null");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);  // a writer may open it now
+  ASSERT_GE(reader, 0);
+  std::vector<std::string> nodes = {fifo};
+  if (::mknod(null.c_str(), S_IFCHR | 0666, ::makedev(1, 3)) == 0) nodes.push_back(null);  // root
+  for (const std::string& node : nodes) {
+    SCOPED_TRACE(node);
+    Outcome o = run_app(tmp, "gpt2_train", tiny({"--steps", "1", "--save-optimizer", node}));
+    EXPECT_EQ(o.exit_code, 1) << o.output;
+    EXPECT_TRUE(has(o.output, "--save-optimizer '" + node + "' is not a regular file")) << o.output;
+    EXPECT_FALSE(has(o.output, "step 1/1")) << o.output;
+    struct stat st {};
+    ASSERT_EQ(::stat(node.c_str(), &st), 0);
+    EXPECT_FALSE(S_ISREG(st.st_mode));
+  }
+  Outcome o = run_app(tmp, "gpt2_train", tiny({"--steps", "1", "--log", fifo}));
+  EXPECT_EQ(o.exit_code, 0) << o.output;
+  ::close(reader);
+}
+
+// Under a file size limit (ulimit -f, which a scheduler may pass on) the run was killed by
+// SIGXFSZ: no message, temporary files left. SIGXFSZ is ignored now: the write fails with EFBIG,
+// named, and everything temporary is removed.
+TEST(Reliability, AFileSizeLimitIsAnErrorThatNamesItNotASignal) {
+  TempDir tmp;
+  struct rlimit before {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &before), 0);
+  struct rlimit limit = before;
+  limit.rlim_cur = 1 << 20;                         // the Adam states below are 4 MiB
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);  // inherited by the child
+  Outcome o = run_app(tmp, "gpt2_train",
+                      {"--n-layer",
+                       "2",
+                       "--n-embd",
+                       "128",
+                       "--n-head",
+                       "2",
+                       "--vocab-size",
+                       "1000",
+                       "--seq",
+                       "16",
+                       "--batch",
+                       "2",
+                       "--steps",
+                       "2",
+                       "--threads",
+                       "1",
+                       "--offload",
+                       "nvme",
+                       "--fraction",
+                       "1.0",
+                       "--nvme-dir",
+                       tmp.file("nvme"),
+                       "--save-optimizer",
+                       tmp.file("opt.bin")});
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &before), 0);
+  EXPECT_EQ(o.signal, 0) << o.output;
+  EXPECT_EQ(o.exit_code, 1) << o.output;
+  EXPECT_TRUE(has(o.output, "file size limit")) << o.output;
+  EXPECT_TRUE(hidden_entries(tmp.path()).empty());
+  std::error_code ec;
+  EXPECT_TRUE(std::filesystem::is_empty(tmp.file("nvme"), ec) || ec) << "swap files left";
+}
+
+// An I/O error of an offload file read while a checkpoint is written (Gemini's disk tier, the
+// Adam states on disk) was blamed on the checkpoint folder ("pass --checkpoint-dir a writable
+// directory with free space"); the message names the failing file now. Errors injected at several
+// reads: those that fall inside the checkpoint's writing are checked.
+TEST(Reliability, AnOffloadFilesErrorDuringACheckpointIsNotBlamedOnItsFolder) {
+  TempDir tmp;
+  int during_checkpoint = 0;
+  for (int n : {30, 40, 50, 60}) {
+    std::filesystem::remove_all(tmp.file("ck"));
+    Outcome o = run_app(tmp, "gpt2_train",
+                        {"--n-layer",
+                         "4",
+                         "--n-embd",
+                         "128",
+                         "--n-head",
+                         "2",
+                         "--vocab-size",
+                         "1000",
+                         "--seq",
+                         "16",
+                         "--batch",
+                         "2",
+                         "--threads",
+                         "1",
+                         "--steps",
+                         "4",
+                         "--device",
+                         "sim:64MiB",
+                         "--gemini",
+                         "static",
+                         "--offload-param-frac",
+                         "1",
+                         "--offload-optim-frac",
+                         "1",
+                         "--chunk-size",
+                         "100000",
+                         "--nvme-window",
+                         "1MiB",
+                         "--host-capacity",
+                         "6MiB",
+                         "--checkpoint-dir",
+                         tmp.file("ck"),
+                         "--checkpoint-every",
+                         "2"},
+                        {"MW_IO_FAULT=read-eio@" + std::to_string(n)});
+    EXPECT_EQ(o.exit_code, 1) << o.output;
+    if (!has(o.output, "writing the checkpoint of step")) continue;
+    ++during_checkpoint;
+    EXPECT_TRUE(has(o.output, "not in the checkpoint folder")) << o.output;
+    EXPECT_FALSE(has(o.output, "pass --checkpoint-dir a writable directory")) << o.output;
+  }
+  EXPECT_GT(during_checkpoint, 0) << "no injected error fell inside a checkpoint";
 }
 
 // Note [Open files]: every --data shard stays open, and llm.c's FineWeb-Edu 100B is 1,000 shards.

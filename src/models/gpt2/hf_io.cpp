@@ -316,6 +316,8 @@ void save_hf(const GPT2& model, const std::string& dir, const Config& config,
   }
   writer.set_metadata("format", "pt");
   const char* hint = "pass --save a folder in a writable directory with room";
+  std::error_code ec;
+  const bool had_folder = std::filesystem::exists(dir, ec);
   try {
     data::StagedDirectory staged(dir, hint, is_saved_model_entry);
     writer.write(staged.file(kSingleFile), /*atomic=*/false);  // the model first
@@ -329,10 +331,11 @@ void save_hf(const GPT2& model, const std::string& dir, const Config& config,
       data::write_file(staged.file(name), {{bytes.data(), static_cast<int64_t>(bytes.size())}},
                        hint);
     staged.commit();
-  } catch (const IoError& e) {  // say what became of the earlier folder
-    throw IoError(str("saving the model to '", dir, "' failed; any earlier '", dir,
-                      "' is kept as it was: ", e.what()),
-                  e.path, e.offset, e.length, e.err);
+  } catch (const IoError& e) {  // say what became of the earlier folder, when there was one
+    throw IoError(
+        str("saving the model to '", dir, "' failed",
+            had_folder ? str("; the earlier '", dir, "' is kept as it was") : "", ": ", e.what()),
+        e.path, e.offset, e.length, e.err);
   }
 }
 

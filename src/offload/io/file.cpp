@@ -122,7 +122,10 @@ void ScratchFile::reserve(int64_t nbytes) {
     if (err != EOPNOTSUPP && err != ENOSYS) {
       throw IoError(str("cannot grow offload file '", path_, "' from ", size_bytes_, " to ", nbytes,
                         " bytes: ", errno_text(err),
-                        err == ENOSPC ? "; free space on that drive or use another directory" : ""),
+                        err == ENOSPC  ? "; free space on that drive or use another directory"
+                        : err == EFBIG ? "; the file size limit (ulimit -f) or the file system's "
+                                         "maximum file size was hit"
+                                       : ""),
                     path_, size_bytes_, nbytes - size_bytes_, err);
     }
   }

@@ -223,6 +223,10 @@ bool account_attempt(RequestState& state, int64_t result, IoStats& stats) {
       hint = "; free space on that drive or point the offload directory elsewhere";
     else if (err == EFBIG)
       hint = "; the file size limit (ulimit -f) or the file system's maximum file size was hit";
+    else if (err == EIO)
+      hint =
+          "; the drive or its file system reported an error (the kernel log, dmesg, may say "
+          "which); saved models and checkpoints are other files, kept as they were";
     state.error_message =
         str(verb, " of ", r.length, " bytes at offset ", r.offset, " of '", r.path,
             "' failed after ", state.done_bytes, " bytes: ", errno_text(err), hint);
