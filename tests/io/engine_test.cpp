@@ -5,14 +5,17 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <future>
 #include <random>
 #include <thread>
 
 #include "core/allocator.h"
 #include "core/error.h"
 #include "io_test_util.h"
+#include "offload/io/backends.h"
 #include "offload/io/file.h"
 #include "offload/io/io_engine.h"
 
@@ -359,6 +362,45 @@ INSTANTIATE_TEST_SUITE_P(Backends, EngineTest,
                          [](const auto& info) {
                            return std::string(backend_kind_name(info.param));
                          });
+
+// Note [A broken ring]: a failed io_uring_submit failed the requests in the ring but never freed
+// their slots, so once every slot was lost the next request waited forever. Every request since
+// fails with the reason. (Run under a time limit: the old code hangs here.)
+TEST(UringEngine, ABrokenRingFailsLaterRequestsInsteadOfHanging) {
+  if (const std::string why = detail::probe_uring(); !why.empty()) GTEST_SKIP() << why;
+  TempDir dir;
+  ScratchFile file(dir.path(), "broken", true);
+  IoOptions o;
+  o.backend = BackendKind::kUring;
+  o.queue_depth = 2;
+  auto engine = IoEngine::create(o);
+  AlignedBuffer buf(kHostAlignment);
+  const IoRequest write{file.fd(), file.path(), 0, buf.data(), kHostAlignment, IoOp::kWrite};
+  detail::set_uring_submit_failure_for_testing(true);
+  IoHandle first = engine->submit(write), second = engine->submit(write);
+  detail::set_uring_submit_failure_for_testing(false);
+  for (IoHandle* h : {&first, &second}) {
+    try {
+      h->wait();
+      ADD_FAILURE() << "a request of a failed submit succeeded";
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("injected for a test"), std::string::npos) << e.what();
+    }
+  }
+  auto later = std::async(std::launch::async, [&] {
+    try {
+      engine->submit(write).wait();
+      return std::string("succeeded");
+    } catch (const IoError& e) {
+      return std::string(e.what());
+    }
+  });
+  if (later.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    ADD_FAILURE() << "a request after the broken submit hangs";
+    std::quick_exit(1);  // the waiting thread cannot be joined
+  }
+  EXPECT_NE(later.get().find("injected for a test"), std::string::npos);
+}
 
 // Note [Backend choice]: MW_IO_BACKEND overrides the probe; a bad value is an error.
 TEST(EngineChoice, EnvironmentOverridesProbe) {

@@ -10,6 +10,8 @@ namespace mw::io::detail {
 
 // Starts an io_uring engine. Throws DeviceError (with the errno text) if the kernel refuses.
 std::unique_ptr<IoEngine> make_uring_engine(const IoOptions& options);
+// Every io_uring_submit fails while set (Note [A broken ring]); for tests.
+void set_uring_submit_failure_for_testing(bool fail);
 // Returns "" when io_uring can run READ/WRITE here, else the reason it cannot.
 std::string probe_uring();
 std::unique_ptr<IoEngine> make_thread_engine(const IoOptions& options);

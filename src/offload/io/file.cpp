@@ -59,7 +59,7 @@ ScratchFile::ScratchFile(const std::string& dir, const std::string& stem, bool w
       fd_ = want_direct ? ::open(path_.c_str(), flags | O_DIRECT, 0600) : -1;
     }
     direct_ = fd_ >= 0;
-    if (fd_ < 0 && (!want_direct || errno == EINVAL)) {
+    if (fd_ < 0 && (!want_direct || errno == EINVAL || errno == EOPNOTSUPP)) {
       if (want_direct) ::unlink(path_.c_str());  // some kernels create it before refusing
       fd_ = ::open(path_.c_str(), flags, 0600);
     }

@@ -18,6 +18,7 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <deque>
 
@@ -28,6 +29,8 @@
 namespace mw::io::detail {
 
 namespace {
+
+std::atomic<bool> g_fail_submits{false};  // set_uring_submit_failure_for_testing
 
 class UringEngine final : public IoEngine {
  public:
@@ -69,7 +72,12 @@ class UringEngine final : public IoEngine {
  protected:
   void enqueue_locked(std::vector<std::shared_ptr<RequestState>>& states) override {
     for (auto& s : states) pending_.push_back(std::move(s));
-    fill_and_submit_locked();
+    if (!broken_.empty()) return fail_everything_locked(broken_);
+    try {
+      fill_and_submit_locked();
+    } catch (const std::exception& e) {  // a broken ring: the handles report it
+      fail_everything_locked(e.what());
+    }
   }
 
  private:
@@ -126,6 +134,7 @@ class UringEngine final : public IoEngine {
   }
 
   void submit_prepared_locked() {
+    MW_CHECK_T(DeviceError, !g_fail_submits, "io_uring_submit failed: injected for a test");
     while (prepared_ > 0) {
       int rc = io_uring_submit(&ring_);
       ++stats_.submit_calls;
@@ -193,7 +202,14 @@ class UringEngine final : public IoEngine {
     }
   }
 
+  // Note [A broken ring]: once a submit or a wait on the ring has failed, every request in it,
+  // queued, or submitted later fails with that reason. Until session 39 the failed requests' slots
+  // were never freed, so once all were lost later requests waited forever. A request the kernel
+  // had taken may still complete into its buffer after its handle failed: a broken ring is an
+  // error to stop on, not one to go on from.
   void fail_everything_locked(const std::string& why) {
+    if (broken_.empty()) broken_ = why;
+    prepared_ = 0;
     auto fail = [&](std::shared_ptr<RequestState> s) {
       s->failed = true;
       s->err = EIO;
@@ -214,9 +230,12 @@ class UringEngine final : public IoEngine {
   std::vector<std::pair<char*, int64_t>> fixed_;  // registered buffers, by index
   int prepared_ = 0;                              // SQEs prepared and not yet submitted
   bool reaping_ = false;                          // Note [Waiters reap]
+  std::string broken_;                            // Note [A broken ring]: why, once it broke
 };
 
 }  // namespace
+
+void set_uring_submit_failure_for_testing(bool fail) { g_fail_submits = fail; }
 
 std::unique_ptr<IoEngine> make_uring_engine(const IoOptions& options) {
   return std::make_unique<UringEngine>(options.queue_depth);
