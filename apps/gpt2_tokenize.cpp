@@ -281,14 +281,21 @@ int run(cli::Parser& p) {
                "another directory, or move it away");
   std::vector<std::pair<std::string, std::string>> copies = tokenizer_copies(p, out_dir);
   data::prepare_shard_dir(out_dir);
+  const std::string unfinished =
+      out_dir + "/" + data::kUnfinishedMarker;  // Note [Unfinished corpus]
   try {
+    const std::string note = "gpt2_tokenize is writing this directory's shards\n";
+    data::write_file(unfinished, {{note.data(), static_cast<int64_t>(note.size())}},
+                     "pass --out a writable directory");
     const int rc = tokenize(p, reader, workers, inputs, out_dir, val_fraction, shard_tokens);
     for (const auto& [name, bytes] : copies)
       data::write_file_atomically(out_dir + "/" + name,
                                   {{bytes.data(), static_cast<int64_t>(bytes.size())}},
                                   "pass --out a writable directory");
+    std::filesystem::remove(unfinished);
     return rc;
   } catch (...) {
+    std::filesystem::remove(unfinished, ec);
     if (created) std::filesystem::remove_all(out_dir, ec);
     for (const auto& e : std::filesystem::directory_iterator(out_dir, ec)) {
       const std::string name = e.path().filename().string();

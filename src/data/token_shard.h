@@ -78,6 +78,12 @@ void write_token_shard(const std::string& path, const std::vector<uint16_t>& tok
 // max_tokens_per_shard tokens each (llm.c's naming). Holds at most one shard's tokens in memory; a
 // shard is written (atomically) when full, and the last, partial one by finish(). A split that
 // received no token writes no file.
+// Note [Unfinished corpus]: gpt2_tokenize writes this file into --out before the first shard and
+// removes it after the last (and the tokenizer's files): shards beside it are a run still writing
+// or one killed (kill -9, out of memory) half-way, which trained without a word until session 39.
+// gpt2_train refuses a --data or --val-data directory that holds it.
+inline constexpr const char* kUnfinishedMarker = ".gpt2_tokenize-unfinished";
+
 class TokenShardWriter {
  public:
   TokenShardWriter(std::string dir, std::string split, int64_t max_tokens_per_shard,

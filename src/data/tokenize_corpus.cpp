@@ -43,10 +43,12 @@ void prepare_shard_dir(const std::string& dir) {
   MW_CHECK_T(IoError, ::access(dir.c_str(), W_OK) == 0, "--out '", dir,
              "' is not writable; pass --out a writable directory");
   // Shards of an earlier run would mix with this run's (train_000001.bin of a larger corpus).
+  const bool unfinished = std::filesystem::exists(dir + "/" + kUnfinishedMarker, ec);
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
     MW_CHECK_T(IoError, !is_shard_file_name(name), "--out '", dir, "' already holds token shards (",
-               name, "); remove them or pass --out another directory");
+               name, unfinished ? ", of a gpt2_tokenize run killed half-way" : "",
+               "); remove them or pass --out another directory");
   }
 }
 

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/random.h"
+#include "data/token_shard.h"
 
 namespace mw::train {
 
@@ -26,6 +27,10 @@ std::vector<std::string> resolve_shards(const std::string& spec, const std::stri
                "': the pattern matches no file; check the path (gpt2_tokenize writes "
                "DIR/train_000000.bin, DIR/val_000000.bin, ...)");
   } else if (fs::is_directory(spec, ec)) {
+    MW_CHECK_T(IoError, !fs::exists(fs::path(spec) / data::kUnfinishedMarker, ec), option, " '",
+               spec, "' holds the shards of a gpt2_tokenize run that has not finished: it is ",
+               "still writing, or was killed half-way (Note [Unfinished corpus]); wait for it, or ",
+               "remove the directory's shards and run gpt2_tokenize again");
     for (const auto& e : fs::directory_iterator(spec, ec)) {
       const std::string name = e.path().filename().string();
       if (name.rfind(split + "_", 0) == 0 && name.size() > 4 &&

@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 
 #include "../data/temp_dir.h"
+#include "child.h"
 #include "data/bpe.h"
 #include "data/token_shard.h"
 #include "run_app.h"
@@ -441,6 +443,40 @@ TEST(Gpt2Tokenize, TextNotInUtf8IsNamedWithTheCommandThatConvertsIt) {
   EXPECT_EQ(r.output.find("latin3.txt' is not UTF-8"), std::string::npos);  // counted, not named
   EXPECT_NE(r.output.find("and 2 more inputs are not UTF-8 text"), std::string::npos);
   EXPECT_EQ(r.output.find("utf8.txt' is not UTF-8"), std::string::npos) << r.output;
+}
+
+// Note [Unfinished corpus]: a run killed half-way (kill -9, out of memory) left whole shards that
+// gpt2_train trained on without a word. The marker written before the first shard stays, and
+// gpt2_train refuses the directory; a finished run removes it.
+TEST(Gpt2Tokenize, ARunKilledHalfWayLeavesShardsThatGpt2TrainRefuses) {
+  TempDir tmp;
+  const std::string base = data::testing::read_bytes(kFixture + "train.txt");
+  std::string big;
+  for (size_t i = 0; big.size() < (8u << 20); ++i)
+    big += base.substr((i * 7919) % base.size(), 150);
+  const std::string doc = write(tmp, "big.txt", big), out = tmp.file("out");
+  {
+    testing::Child child("gpt2_tokenize",
+                         {"--vocab", kFixture + "vocab.json", "--merges", kFixture + "merges.txt",
+                          "--threads", "1", "--shard-tokens", "1000", "--out", out, doc},
+                         tmp.file("child.log"));
+    ASSERT_TRUE(child.wait_for([&] { return std::filesystem::exists(out + "/train_000002.bin"); }))
+        << child.output();
+    child.signal(SIGKILL);
+    child.finish();
+  }
+  EXPECT_TRUE(std::filesystem::exists(out + "/" + data::kUnfinishedMarker));
+  const AppResult train = testing::run_built_app(
+      "gpt2_train", "--model tiny --vocab-size 600 --seq 16 --batch 2 --steps 1 --data " + out);
+  EXPECT_EQ(train.exit_code, 1) << train.output;
+  EXPECT_NE(train.output.find("holds the shards of a gpt2_tokenize run that has not finished"),
+            std::string::npos)
+      << train.output;
+  const AppResult again = tokenize(kFixtureTokenizer + "--out " + out + " " + doc);
+  EXPECT_NE(again.output.find("of a gpt2_tokenize run killed half-way"), std::string::npos)
+      << again.output;
+  ASSERT_EQ(tokenize(kFixtureTokenizer + "--out " + tmp.file("done") + " " + doc).exit_code, 0);
+  EXPECT_FALSE(std::filesystem::exists(tmp.file("done/") + data::kUnfinishedMarker));
 }
 
 TEST(Gpt2Tokenize, BadInputsGiveClearErrors) {
