@@ -197,6 +197,10 @@ int tokenize(cli::Parser& p, data::CorpusReader& reader,
       // Of the documents' text: JSON and CSV syntax is not what the tokenizer compresses.
       double(reader.text_bytes()) / std::max(1.0, double(splits.num_tokens())),
       static_cast<long long>(tok.vocab_size()));
+  // Empty files, empty fields or only markers: shards of <|endoftext|> tokens alone (or none),
+  // which exited 0 before and trained on nothing.
+  MW_CHECK_T(FormatError, reader.text_bytes() > 0, "the inputs hold no text (",
+             reader.num_documents(), " empty document(s)); pass files with text in them");
   std::fputs(data::split_summary("train", splits.train).c_str(), stdout);
   std::fputs(data::split_summary("val", splits.val).c_str(), stdout);
   if (reader.num_markers() > 0)
@@ -244,8 +248,8 @@ int run(cli::Parser& p) {
         "options");
   if (!p.given("out")) throw cli::UsageError("--out DIR is required");
   const std::string out_dir = p.str("out");
-  const std::vector<std::string> inputs =
-      data::expand_corpus_inputs(p.positional_values(), out_dir);
+  const std::vector<std::string> inputs = data::expand_corpus_inputs(
+      p.positional_values(), out_dir, {p.str("vocab"), p.str("merges"), p.str("tokenizer")});
   const double val_fraction = p.real("val-fraction", 0.0, 0.5);
   const int64_t shard_tokens = p.integer("shard-tokens", 1, INT32_MAX);
   set_num_threads(static_cast<int>(p.integer("threads", 0, 1024)));

@@ -106,10 +106,13 @@ std::optional<std::string> token_chars_to_bytes(std::string_view chars) {
 BpeModel load_vocab_and_merges(const std::string& vocab_json_path,
                                const std::string& merges_txt_path) {
   BpeModel model;
-  add_vocab(model,
-            json::parse(read_text_file(vocab_json_path, "GPT-2 vocab.json", kTokenizerHint),
-                        vocab_json_path),
-            vocab_json_path);
+  const std::string vocab_text =
+      read_text_file(vocab_json_path, "GPT-2 vocab.json", kTokenizerHint);
+  // merges.txt given as --vocab (the two swapped) failed with a bare "invalid JSON ... found '#'".
+  MW_CHECK_T(FormatError, vocab_text.rfind("#version", 0) != 0, vocab_json_path,
+             " starts with \"#version\": it is a merges.txt, not a vocab.json; are --vocab and "
+             "--merges swapped?");
+  add_vocab(model, json::parse(vocab_text, vocab_json_path), vocab_json_path);
   std::istringstream merges(read_text_file(merges_txt_path, "GPT-2 merges.txt", kTokenizerHint));
   int64_t line_number = 0;
   for (std::string line; std::getline(merges, line);) {

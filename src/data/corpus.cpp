@@ -153,7 +153,8 @@ bool is_shard_folder(const std::filesystem::path& dir) {
 bool is_plain_text_input(const std::string& path) { return !is_json(path) && !is_csv(path); }
 
 std::vector<std::string> expand_corpus_inputs(const std::vector<std::string>& inputs,
-                                              const std::string& out_dir) {
+                                              const std::string& out_dir,
+                                              const std::vector<std::string>& leave_out) {
   namespace fs = std::filesystem;
   std::vector<std::string> files;
   for (const std::string& input : inputs) {
@@ -169,7 +170,10 @@ std::vector<std::string> expand_corpus_inputs(const std::vector<std::string>& in
       MW_CHECK_T(IoError, !ec, "reading input folder '", input, "' failed: ", ec.message());
       const std::string name = it->path().filename().string();
       const bool out = (!out_dir.empty() && fs::equivalent(it->path(), out_dir, ec)) ||
-                       (it->is_directory(ec) && is_shard_folder(it->path()));
+                       (it->is_directory(ec) && is_shard_folder(it->path())) ||
+                       std::any_of(leave_out.begin(), leave_out.end(), [&](const std::string& f) {
+                         return !f.empty() && fs::equivalent(it->path(), f, ec);
+                       });
       if (name.starts_with(".") || out) {
         if (it->is_directory(ec)) it.disable_recursion_pending();
         continue;

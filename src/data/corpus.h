@@ -75,8 +75,12 @@ bool is_plain_text_input(const std::string& path);
 // holding train_000000.bin or val_000000.bin (the shards and tokenizer of earlier runs). A folder
 // tens of thousands of documents long no longer has to be globbed onto a command line (bash:
 // "Argument list too long" past about 2 MB of names). IoError for a folder that holds no file.
+// `leave_out`: files a folder may hold that are not corpus (the tokenizer's own vocab.json,
+// merges.txt or tokenizer.json, which were read as documents: a vocab.json refused as a JSONL
+// line, merges.txt tokenized as text).
 std::vector<std::string> expand_corpus_inputs(const std::vector<std::string>& inputs,
-                                              const std::string& out_dir);
+                                              const std::string& out_dir,
+                                              const std::vector<std::string>& leave_out = {});
 
 struct CorpusChunk {
   std::string_view text;  // valid until the next call to next()

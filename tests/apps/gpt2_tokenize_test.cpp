@@ -341,6 +341,16 @@ TEST(Gpt2Tokenize, AFolderIsItsFilesInPathOrder) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(documents(read_shard(tmp.file("out/train_000000.bin")), fixture_tokenizer()),
             (std::vector<std::string>{"zero", "two", "one", "three"}));
+  // The tokenizer's own files kept with the corpus are not documents (a vocab.json was refused as
+  // a JSONL line, merges.txt tokenized as text).
+  std::filesystem::copy_file(kFixture + "vocab.json", tmp.file("docs/vocab.json"));
+  std::filesystem::copy_file(kFixture + "merges.txt", tmp.file("docs/merges.txt"));
+  const AppResult own =
+      tokenize("--vocab " + tmp.file("docs/vocab.json") + " --merges " +
+               tmp.file("docs/merges.txt") + " --out " + tmp.file("own") + " " + tmp.file("docs"));
+  ASSERT_EQ(own.exit_code, 0) << own.output;
+  EXPECT_EQ(documents(read_shard(tmp.file("own/train_000000.bin")), fixture_tokenizer()),
+            (std::vector<std::string>{"zero", "two", "one", "three"}));
   std::filesystem::create_directories(tmp.file("empty"));
   const AppResult empty =
       tokenize(kFixtureTokenizer + "--out " + tmp.file("e") + " " + tmp.file("empty"));
@@ -531,6 +541,12 @@ TEST(Gpt2Tokenize, BadInputsGiveClearErrors) {
       // Beside the shards it would name another tokenizer (Note [Tokenizer beside the shards]).
       {kFixtureTokenizer + "--out " + tmp.file("mine") + " " + good, 1,
        "already holds a vocab.json other than the tokenizer's '" + kFixture + "vocab.json'"},
+      // No text: empty files exited 0 with shards of <|endoftext|> alone.
+      {kFixtureTokenizer + out + write(tmp, "empty.txt", "") + " " +
+           write(tmp, "markers.txt", "<|endoftext|><|endoftext|>"),
+       1, "the inputs hold no text (1 empty document(s))"},
+      {"--vocab " + kFixture + "merges.txt --merges " + kFixture + "vocab.json" + out + good, 1,
+       "are --vocab and --merges swapped?"},
       // Of the other kind: gpt2_train read that vocab.json first, and trained without a tokenizer.
       {"--tokenizer " + kFixture + "tokenizer.json --out " + tmp.file("mine") + " " + good, 1,
        "already holds a vocab.json of another tokenizer than this run's"},
