@@ -35,7 +35,9 @@ Twelve checks of promises the tests make on a few cases only, drawn over many
           --shard-param-frac drawn; half the runs under MW_DIST_DEVICE_MEMORY=sim, NCCL's
           memory rule) against one plain process, fp32 at lr 1e-2, every loss
           within 1e-4 (tests/dist/dist_train.h: the summation order differs by ~1 ulp; a
-          missed or doubled update moves a loss by 1e-3 or more). Refused combinations print
+          missed or doubled update moves a loss by 1e-3 or more); half the runs evaluate
+          every 2 steps on a validation shard of 300-4096 tokens, and each validation loss
+          must be within 1e-4 too (each rank scores its own rows). Refused combinations print
           EXIT.
   dpbitwise Gemini under data parallel: at 2 ranks, a drawn ZeRO stage (0, 2, 3, sharded
           parameters drawn) and one chunk size, a drawn policy (fractions, budgets, copy worker,
@@ -241,8 +243,23 @@ def check_finetune(launch, binary, a, g, rng, work):
     return 1 if why else 0
 
 
+def fp32_only(args):
+    """The drawn training options without their precision and fp16's --initial-loss-scale (which
+    a run in another precision refuses)."""
+    out, skip = [], False
+    for x in args:
+        if skip or x in ("--precision", "bf16", "fp16"):
+            skip = False
+            continue
+        if x == "--initial-loss-scale":
+            skip = True
+            continue
+        out.append(x)
+    return out
+
+
 def check_dp(binary, rng, work, ranks):
-    a = [x for x in draw_training(rng) if x not in ("--precision", "bf16", "fp16")]
+    a = fp32_only(draw_training(rng))
     if ranks != 2:  # the global batch splits evenly across the ranks
         a[a.index("--batch") + 1] = str(ranks * rng.choice([1, 2]))
     a += ["--lr", "1e-2", "--threads", "1"]  # fp32: the summation order is the only difference
@@ -260,14 +277,19 @@ def check_dp(binary, rng, work, ranks):
     if memory and not g:
         g = ["--device", "sim:4GiB"]
     env = dict(os.environ, MW_DIST_DEVICE_MEMORY="sim") if memory else None
+    if rng.random() < 0.5:  # Note [Evaluation windows]: each rank scores its rows of a batch
+        val = os.path.join(work, "val.bin")
+        write_shard(val, rng.choices(range(100), k=rng.choice([300, 1000, 4096])))
+        a += ["--val-data", val, "--eval-every", "2", "--eval-batches", rng.choice(["1", "3", "50"])]
     one, two = os.path.join(work, "one.jsonl"), os.path.join(work, "two.jsonl")
     r1 = run([binary] + a + ["--log", one])
     r2 = run(mpirun(ranks) + [binary] + a + g + ["--zero", zero, "--log", two], env=env)
     what = " ".join(a + g + ["--zero", zero]) + (" [MW_DIST_DEVICE_MEMORY=sim]" if memory else "")
     if r1.returncode or r2.returncode:
         return refused("EXIT", r2 if r2.returncode else r1, what)
-    la = [json.loads(l)["loss"] for l in open(one)]
-    lb = [json.loads(l)["loss"] for l in open(two)]
+    def logged(path):  # the steps' losses and the evaluations' (whose lines hold val_loss)
+        return [r.get("loss", r.get("val_loss")) for r in map(json.loads, open(path))]
+    la, lb = logged(one), logged(two)
     worst = max(abs(x - y) for x, y in zip(la, lb)) if len(la) == len(lb) else float("inf")
     ok = worst < 1e-4
     print("ok  " if ok else "FAIL", f"{worst:.2e}", what, flush=True)
@@ -317,7 +339,7 @@ def check_zero3low(binary, rng, work):
     MW_DIST_DEVICE_MEMORY=sim, NCCL's memory rule and its receive buffers) gathers the blocks'
     matrices in 2 bytes and trains bit for bit as its f32 gathers (--chunk-copy-dtype fp32, the
     same layout): losses, norms and saved bytes, and no more all_gather bytes."""
-    a = [x for x in draw_training(rng) if x not in ("--precision", "bf16", "fp16")]
+    a = fp32_only(draw_training(rng))
     a += ["--precision", rng.choice(["bf16", "fp16"]), "--threads", "1", "--zero", "3",
           "--bucket-mb", rng.choice(["0.01", "0.05", "25"])] + draw_decay(rng)
     memory = rng.random() < 0.5
@@ -352,7 +374,7 @@ def check_ranks(binary, rng, work):
     """#15's "checkpoints written at N ranks load at M ranks": a 2-rank run (drawn ZeRO stage,
     plain or Gemini) checkpointed after step 2, resumed at 1 or 4 ranks, logs the 2-rank run's
     steps 2-4 within the dp check's 1e-4 (the summation order differs with the rank count)."""
-    a = [x for x in draw_training(rng) if x not in ("--precision", "bf16", "fp16")]
+    a = fp32_only(draw_training(rng))
     a[a.index("--batch") + 1] = "4"  # splits over 1, 2 and 4 ranks
     a += ["--lr", "1e-2", "--threads", "1", "--zero", rng.choice(["0", "1", "2", "3"])]
     g = draw_gemini(rng) if rng.random() < 0.6 else []
