@@ -468,6 +468,7 @@ int run(const Options& o) {
   const bool tty = ::isatty(STDOUT_FILENO) == 1;
   if (o.eval_only) {
     report_eval(t, log, false, false);
+    print(t.peaks_text());  // beside the plan's (Note [Evaluation-only plan])
     return log.failed() ? 1 : 0;
   }
   using clock = std::chrono::steady_clock;

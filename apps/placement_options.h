@@ -65,8 +65,9 @@ inline void declare_placement(cli::Parser& p) {
            "fp32|bf16|fp16: matmuls and attention in bf16/fp16 with f32 masters (fp16 with a "
            "dynamic loss scaler, and updates after backward) (docs/precision.md)");
   p.option("initial-loss-scale", "",
-           "--precision fp16: the loss scale to start from, a power of two (default 65536; "
-           "halved after two overflowing steps, doubled after 1000 good ones)");
+           "--precision fp16: the loss scale to start from, a power of two (default 65536; an "
+           "overflowing step is skipped, and from the second in a row the scale is halved at "
+           "each; doubled after 1000 good steps, up to 2^24)");
 }
 
 // --offload nvme (HybridAdam's states on disk) and --gemini (chunks between device, host, disk).

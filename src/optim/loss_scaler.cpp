@@ -108,7 +108,10 @@ void DynamicLossScaler::update(bool found_inf) {
   if (++state_.growth_tracker == options_.growth_interval) {
     state_.growth_tracker = 0;
     state_.hysteresis_left = options_.hysteresis;
-    state_.scale = std::min(state_.scale * options_.growth, options_.max_scale);
+    // Never lowered by a growth: a start above max_scale (--initial-loss-scale 2^30) was cut to
+    // 2^24 by its first growth (ColossalAI's min(scale x 2, max) does the same).
+    state_.scale =
+        std::max(state_.scale, std::min(state_.scale * options_.growth, options_.max_scale));
   }
 }
 

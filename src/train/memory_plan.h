@@ -63,6 +63,7 @@ struct PlanInputs {
   // --sample-every (Note [Sampling during training]): 0 = no sampling. `sample_context` bounds the
   // tokens one sampling forward sees (the prompt's and the new ones; n_positions at most).
   int64_t sample_tokens = 0, sample_context = 0;
+  bool eval_only = false;  // --eval-only: forwards without grad (Note [Evaluation-only plan])
   bool gemini = false;
   gemini::GeminiOptions gemini_options;  // policy, fractions, budget, margin, host capacity
   // Data parallel (docs/distributed.md): `batch` is the global batch, split across `ranks`. The

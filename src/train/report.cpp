@@ -84,6 +84,15 @@ std::string Trainer::memory_text() const {
   return t;
 }
 
+std::string Trainer::peaks_text() const {
+  std::string t = str("Memory: host allocator peak ",
+                      mib_text(allocator_for(Device::cpu()).stats().peak_bytes), " in use");
+  if (!o_.device.is_cpu())
+    t += str(" | ", o_.device.str(), " peak ",
+             mib_text(allocator_for(o_.device).stats().peak_bytes));
+  return t + str(" | peak RSS ", mib_text(peak_rss_bytes()), "\n");
+}
+
 std::string Trainer::finish_report(double total_s) {
   std::string out = str("Time: ", format_fixed(total_s, 3), " s\n");
   out += str("Mem usage: ", format_fixed(mib(current_rss_bytes()), 0), " MB\n");

@@ -76,6 +76,7 @@ bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Traine
   in.checkpoint_every_block = o.checkpoint_every_block;
   in.checkpoint_segments = o.checkpoint_segments;
   in.offload_activations = o.offload_activations;
+  in.eval_only = o.eval_only;
   in.gemini = !o.gemini.empty();
   in.gemini_options = o.gemini_options;
   set_low_copies(o, config, in.gemini_options);  // Note [16-bit copies]

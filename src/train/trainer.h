@@ -271,6 +271,8 @@ class Trainer {
   // The closing lines (time, memory per tier, NVMe, Gemini, activation offload), writing the
   // --trace, --nvme-timeline and --save-optimizer outputs on the way.
   std::string finish_report(double total_s);
+  // --eval-only's last line: the host allocator's peak and the device's, beside the plan's.
+  std::string peaks_text() const;
   // Memory per tier for the progress line: "RSS 1330 MiB | sim:0 peak 736 MiB | NVMe 474 MiB".
   std::string memory_text() const;
   const std::vector<double>& step_ms() const { return step_ms_; }

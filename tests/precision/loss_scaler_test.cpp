@@ -51,6 +51,14 @@ TEST(LossScaler, HysteresisBackoffAndGrowthFollowTheSchedule) {
   optim::LossScalerState bad = s.state();
   bad.scale = -1;
   EXPECT_THROW(t.load_state(bad), InvalidArgument);
+  // A start above the 2^24 cap (--initial-loss-scale 2^30) is never lowered by a growth: it was
+  // cut to 2^24 by the first one.
+  optim::LossScalerState high = t.state();
+  high.scale = 1073741824.0;
+  high.growth_tracker = 0;
+  t.load_state(high);
+  for (int i = 0; i < 1000; ++i) t.update(false);
+  EXPECT_EQ(t.scale(), 1073741824.0);
 }
 
 // A gradient larger than the scaler's slices (4M elements): an inf in its last slice is found,

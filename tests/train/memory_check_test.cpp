@@ -230,6 +230,13 @@ TEST(MemoryPlan, NvmeOffloadThatWouldOffloadNothingIsRefusedWithTheWayThatDoes) 
   in.gemini_options.host_capacity_bytes = 0;
   in.nvme_fraction = 1.0;
   EXPECT_NO_THROW(plan_memory(in)) << "Gemini's host-homed chunks' states are offloaded";
+  // Static with every chunk's states on the device (the default fractions): nothing to offload,
+  // on sim as on cuda (sim ignored it without a word until session 39).
+  for (Device d : {Device::sim(0), Device::cuda(0)}) {
+    in.device = d;
+    in.gemini_options.offload_param_frac = in.gemini_options.offload_optim_frac = 0;
+    EXPECT_THROW(plan_memory(in), InvalidArgument) << d.str() << ": static 0/0 with --offload nvme";
+  }
 }
 
 TEST(MemoryPlan, TheLargestConfigIsPlannedQuicklyWithoutOverflow) {
