@@ -400,6 +400,7 @@ bool report_eval(train::Trainer& t, train::JsonLog& log, bool tty, bool training
   json::Value record = train::eval_record(t.step(), e);
   if (best.best) record.set("best", true);  // saved by --save-best (tools/loss_curve_svg.py)
   log.write(record, t.step());
+  if (!training) print(t.peaks_text());  // --eval-only: beside its plan's
   return best.stop;
 }
 
@@ -468,7 +469,6 @@ int run(const Options& o) {
   const bool tty = ::isatty(STDOUT_FILENO) == 1;
   if (o.eval_only) {
     report_eval(t, log, false, false);
-    print(t.peaks_text());  // beside the plan's (Note [Evaluation-only plan])
     return log.failed() ? 1 : 0;
   }
   using clock = std::chrono::steady_clock;
