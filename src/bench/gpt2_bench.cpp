@@ -18,6 +18,8 @@
 #include "models/gpt2/model.h"
 #include "optim/hybrid_adam.h"
 
+extern "C" char* openblas_get_corename();
+
 namespace mw::bench {
 
 namespace {
@@ -302,9 +304,10 @@ std::string gpt2_bench_report(const std::string& model, const Gpt2StepTiming& ou
   const double step_gflops = ours.gemm_flops_per_step / 1e9 / (ours.median_ms / 1e3);
   out += strprintf(
       "achieved: %.1f GFLOP/s over the whole step (its GEMM FLOPs / median step) = %.0f%% of the "
-      "%.1f GFLOP/s %s GEMM ceiling measured in this run\n",
+      "%.1f GFLOP/s %s GEMM ceiling measured in this run (OpenBLAS kernels: %s, Note "
+      "[OpenBLAS kernels])\n",
       step_gflops, 100.0 * step_gflops / iso.gflops, iso.gflops,
-      ours.precision == DType::F32 ? "f32" : dtype_name(ours.precision));
+      ours.precision == DType::F32 ? "f32" : dtype_name(ours.precision), openblas_get_corename());
   if (json) out += json_summary(model, ours, iso, torch, step_gflops);
   return out;
 }

@@ -3,6 +3,7 @@
 // pthreads busy-wait after every call (about 2^28 cycles by default), so letting both pools run
 // means each steals the cores the other needs: the "spinning threads" cost that docs/references.md
 // records for PyTorch on this machine.
+#include <dlfcn.h>
 #include <tbb/global_control.h>
 #include <tbb/info.h>
 
@@ -23,12 +24,48 @@ extern "C" void openblas_set_num_threads(int num_threads);
 namespace mw {
 
 namespace {
+
+// Note [OpenBLAS kernels]: Debian 12's OpenBLAS (0.3.21, built for every x86 core and choosing
+// at load) does not know Intel's newer Xeons (family 6 model 207, an Emerald Rapids with AVX-512,
+// this project's session-39 machine) and falls back to its Prescott kernels, SSE3 only: GPT-2
+// small's products ran at 41.6 GFLOP/s on two cores, 94% of the step. Where OpenBLAS chose
+// Prescott on a CPU with AVX-512 (or AVX2 and FMA), it is made to choose SkylakeX (Haswell) as
+// OPENBLAS_CORETYPE does, once, before the first product: its own loader entry points, looked up
+// at run time (absent from a build for one core, which then keeps its choice). An
+// OPENBLAS_CORETYPE the user set is left as it is, and so is any core OpenBLAS did recognise. The
+// variable is set for child processes too (gpt2_bench's PyTorch peer, which uses the same
+// OpenBLAS, then gets the same kernels).
+void choose_blas_kernels() {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
+  using Name = char* (*)();
+  using Init = void (*)();
+  const auto corename = reinterpret_cast<Name>(::dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  const auto quit = reinterpret_cast<Init>(::dlsym(RTLD_DEFAULT, "gotoblas_dynamic_quit"));
+  const auto init = reinterpret_cast<Init>(::dlsym(RTLD_DEFAULT, "gotoblas_dynamic_init"));
+  if (corename == nullptr || quit == nullptr || init == nullptr) return;
+  const char* name = corename();
+  if (name == nullptr || std::string(name) != "Prescott") return;
+  const char* core = nullptr;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512cd"))
+    core = "SkylakeX";
+  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    core = "Haswell";
+  if (core == nullptr) return;
+  ::setenv("OPENBLAS_CORETYPE", core, 1);
+  quit();
+  init();
+}
+
 std::mutex g_threads_mutex;
 std::unique_ptr<tbb::global_control> g_tbb_control;
 int g_threads = 0;
 }  // namespace
 
 void set_num_threads(int threads) {
+  static std::once_flag kernels;
+  std::call_once(kernels, choose_blas_kernels);  // Note [OpenBLAS kernels]
   std::lock_guard<std::mutex> lock(g_threads_mutex);
   if (threads <= 0) threads = available_cores();  // Note [CPU quota]
   g_tbb_control = std::make_unique<tbb::global_control>(
