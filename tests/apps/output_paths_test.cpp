@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,14 @@ using testing::hidden_entries;
 using testing::Outcome;
 using testing::run_app;
 using testing::tiny;
+
+// A command line's words, split at spaces.
+std::vector<std::string> words(const std::string& line) {
+  std::vector<std::string> out;
+  std::istringstream in(line);
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
 
 // --save replaces its folder as a whole (Note [Replacing only what a save wrote]): `--save /tmp`
 // replaced all of /tmp with the model. A folder holding anything else is refused before step 0 and
@@ -295,30 +304,10 @@ TEST(Reliability, AFileSizeLimitIsAnErrorThatNamesItNotASignal) {
   limit.rlim_cur = 1 << 20;                         // the Adam states below are 4 MiB
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);  // inherited by the child
   Outcome o = run_app(tmp, "gpt2_train",
-                      {"--n-layer",
-                       "2",
-                       "--n-embd",
-                       "128",
-                       "--n-head",
-                       "2",
-                       "--vocab-size",
-                       "1000",
-                       "--seq",
-                       "16",
-                       "--batch",
-                       "2",
-                       "--steps",
-                       "2",
-                       "--threads",
-                       "1",
-                       "--offload",
-                       "nvme",
-                       "--fraction",
-                       "1.0",
-                       "--nvme-dir",
-                       tmp.file("nvme"),
-                       "--save-optimizer",
-                       tmp.file("opt.bin")});
+                      words("--n-layer 2 --n-embd 128 --n-head 2 --vocab-size 1000 --seq 16 "
+                            "--batch 2 --steps 2 --threads 1 --offload nvme --fraction 1.0 "
+                            "--nvme-dir " +
+                            tmp.file("nvme") + " --save-optimizer " + tmp.file("opt.bin")));
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &before), 0);
   EXPECT_EQ(o.signal, 0) << o.output;
   EXPECT_EQ(o.exit_code, 1) << o.output;
@@ -337,42 +326,14 @@ TEST(Reliability, AnOffloadFilesErrorDuringACheckpointIsNotBlamedOnItsFolder) {
   int during_checkpoint = 0;
   for (int n : {30, 40, 50, 60}) {
     std::filesystem::remove_all(tmp.file("ck"));
-    Outcome o = run_app(tmp, "gpt2_train",
-                        {"--n-layer",
-                         "4",
-                         "--n-embd",
-                         "128",
-                         "--n-head",
-                         "2",
-                         "--vocab-size",
-                         "1000",
-                         "--seq",
-                         "16",
-                         "--batch",
-                         "2",
-                         "--threads",
-                         "1",
-                         "--steps",
-                         "4",
-                         "--device",
-                         "sim:64MiB",
-                         "--gemini",
-                         "static",
-                         "--offload-param-frac",
-                         "1",
-                         "--offload-optim-frac",
-                         "1",
-                         "--chunk-size",
-                         "100000",
-                         "--nvme-window",
-                         "1MiB",
-                         "--host-capacity",
-                         "6MiB",
-                         "--checkpoint-dir",
-                         tmp.file("ck"),
-                         "--checkpoint-every",
-                         "2"},
-                        {"MW_IO_FAULT=read-eio@" + std::to_string(n)});
+    Outcome o = run_app(
+        tmp, "gpt2_train",
+        words("--n-layer 4 --n-embd 128 --n-head 2 --vocab-size 1000 --seq 16 --batch 2 "
+              "--threads 1 --steps 4 --device sim:64MiB --gemini static --offload-param-frac 1 "
+              "--offload-optim-frac 1 --chunk-size 100000 --nvme-window 1MiB --host-capacity "
+              "6MiB --checkpoint-every 2 --checkpoint-dir " +
+              tmp.file("ck")),
+        {"MW_IO_FAULT=read-eio@" + std::to_string(n)});
     EXPECT_EQ(o.exit_code, 1) << o.output;
     if (!has(o.output, "writing the checkpoint of step")) continue;
     ++during_checkpoint;
