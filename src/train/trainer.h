@@ -295,6 +295,7 @@ class Trainer {
   std::string data_parallel_report() const;
 
  private:
+  void write_optimizer_output();  // save_optimizer_output's file, in the model's layout
   void build_model();
   void check_updates_finite();  // Note [Non-finite values]
   void build_optimizer();

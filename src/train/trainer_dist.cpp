@@ -270,6 +270,27 @@ void Trainer::await_root_saves() {
 std::string Trainer::save_optimizer_output() {
   if (o_.save_optimizer.empty() || !optimizer_saved_.empty()) return optimizer_saved_;
   if (!is_root() && !shards_optimizer()) return "";  // rank 0 alone has anything to do
+  std::error_code ec;
+  const bool had_file = std::filesystem::exists(o_.save_optimizer, ec);
+  try {
+    write_optimizer_output();
+  } catch (const IoError& e) {  // the model saved just before is this step's: say they differ
+    throw IoError(
+        str(e.what(),
+            had_file ? str("; the earlier '", o_.save_optimizer, "' is kept as it was")
+                     : std::string(),
+            o_.save.empty() || !had_file
+                ? std::string()
+                : str(", and no longer matches the model just saved to '", o_.save,
+                      "' (this step's): --init-from that model without --load-optimizer, or "
+                      "save again")),
+        e.path, e.offset, e.length, e.err);
+  }
+  optimizer_saved_ = str("Saved optimizer state to ", o_.save_optimizer, "\n");
+  return optimizer_saved_;
+}
+
+void Trainer::write_optimizer_output() {
   if (gem_) {  // Note [Saving in the model's layout]: each parameter's range of its chunk
     const optim::StateFileMap layout = optimizer_layout();  // HybridAdam steps chunk c as its c
     const std::vector<Tensor> params = model_->parameters();
@@ -284,8 +305,6 @@ std::string Trainer::save_optimizer_output() {
   } else {
     save_optimizer_state(o_.save_optimizer);
   }
-  optimizer_saved_ = str("Saved optimizer state to ", o_.save_optimizer, "\n");
-  return optimizer_saved_;
 }
 
 std::string Trainer::data_parallel_report() const {

@@ -343,6 +343,30 @@ TEST(Reliability, AnOffloadFilesErrorDuringACheckpointIsNotBlamedOnItsFolder) {
   EXPECT_GT(during_checkpoint, 0) << "no injected error fell inside a checkpoint";
 }
 
+// The model is saved before the optimizer: a full disk at the optimizer's file left the earlier
+// file beside this step's model without saying they no longer match. Each file write in turn is
+// failed (MW_WRITE_FAULT) until one falls in the optimizer's.
+TEST(Reliability, AFailedOptimizerSaveAfterTheModelSaysTheyNoLongerMatch) {
+  TempDir tmp;
+  const std::vector<std::string> args =
+      tiny({"--steps", "2", "--threads", "1", "--save", tmp.file("sv/model"), "--save-optimizer",
+            tmp.file("sv/opt.bin")});
+  ASSERT_EQ(run_app(tmp, "gpt2_train", args).exit_code, 0);
+  const std::string earlier = read_bytes(tmp.file("sv/opt.bin"));
+  bool found = false;
+  for (int k = 1; k <= 80 && !found; ++k) {
+    Outcome o = run_app(tmp, "gpt2_train", args, {"MW_WRITE_FAULT=enospc@" + std::to_string(k)});
+    if (!has(o.output, ".opt.bin.tmp-")) continue;  // the fault fell elsewhere
+    found = true;
+    EXPECT_EQ(o.exit_code, 1) << o.output;
+    EXPECT_TRUE(has(o.output, "the earlier '" + tmp.file("sv/opt.bin") + "' is kept as it was"))
+        << o.output;
+    EXPECT_TRUE(has(o.output, "no longer matches the model just saved to")) << o.output;
+    EXPECT_EQ(read_bytes(tmp.file("sv/opt.bin")), earlier);
+  }
+  EXPECT_TRUE(found) << "no write fault fell in the optimizer's file";
+}
+
 // Note [Open files]: every --data shard stays open, and llm.c's FineWeb-Edu 100B is 1,000 shards.
 // Under the usual soft limit of 1,024 files the run stopped at shard 1,018 telling the user to pass
 // another shard; the soft limit is raised to the hard one now, and a hard limit too low is named.
