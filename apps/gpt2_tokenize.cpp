@@ -168,11 +168,13 @@ int tokenize(cli::Parser& p, data::CorpusReader& reader,
   if (one_document && val_fraction > 0) {  // Note [One document]
     const int64_t size = reader.total_bytes();
     splits.val_from_byte = static_cast<int64_t>(std::llround((1 - val_fraction) * double(size)));
-    const data::MarkersAround m = data::markers_around(inputs[0], splits.val_from_byte);
+    // A document start within half the val share's bytes of the cut (val keeps 0.5-1.5x it).
+    const int64_t marker_bytes = static_cast<int64_t>(std::string_view(data::kEndOfText).size());
+    const data::MarkersAround m = data::markers_around(
+        inputs[0], splits.val_from_byte, (size - splits.val_from_byte) / 2 + marker_bytes);
     int64_t best = -1;
     for (int64_t marker : {m.before, m.after}) {
-      const int64_t start =
-          marker + static_cast<int64_t>(std::string_view(data::kEndOfText).size());
+      const int64_t start = marker + marker_bytes;
       const bool near = std::abs(start - splits.val_from_byte) * 2 <= size - splits.val_from_byte;
       if (marker > 0 && start < size && near &&
           (best < 0 ||

@@ -91,6 +91,9 @@ std::string str(Args&&... args) {
 
 // strerror that is thread-safe and returns a std::string ("No space left on device (ENOSPC)").
 std::string errno_text(int err);
+// What an EFBIG means to the user, one text for every writer that names it.
+inline constexpr const char* kFileTooLargeHint =
+    "the file size limit (ulimit -f) or the file system's maximum file size was hit";
 
 }  // namespace mw
 

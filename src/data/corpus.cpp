@@ -289,33 +289,37 @@ bool CorpusReader::next(CorpusChunk& chunk) {
 // Note [End-of-text markers].
 constexpr std::string_view kMarker = kEndOfText;
 
-MarkersAround markers_around(const std::string& path, int64_t at) {
+MarkersAround markers_around(const std::string& path, int64_t at, int64_t reach) {
   constexpr int64_t kBlock = int64_t{1} << 20, kOverlap = int64_t(kMarker.size()) - 1;
   const ReadOnlyFile file(path, "input", "pass an existing text file");
   const int64_t size = file.size_bytes();
+  // The bytes a marker starting in [at - reach, at + reach) lies in, and no more: a text without
+  // markers is not read twice.
+  const int64_t lo = std::clamp<int64_t>(at - reach, 0, size);
+  const int64_t hi = std::clamp<int64_t>(at + reach + kOverlap, 0, size);
   std::string block;
   const auto read = [&](int64_t from, int64_t to) {
     block.resize(static_cast<size_t>(to - from));
     file.read_exact(block.data(), to - from, from);
   };
   MarkersAround r;
-  for (int64_t from = std::clamp<int64_t>(at, 0, size); from < size; from += kBlock) {
-    read(from, std::min(size, from + kBlock + kOverlap));
+  for (int64_t from = std::clamp<int64_t>(at, 0, size); from + kOverlap < hi; from += kBlock) {
+    read(from, std::min(hi, from + kBlock + kOverlap));
     if (const size_t m = block.find(kMarker); m != std::string::npos) {
       r.after = from + static_cast<int64_t>(m);
       break;
     }
   }
   // Backwards from the last marker that could start before `at`, a block at a time.
-  for (int64_t to = std::clamp<int64_t>(at + kOverlap, 0, size); to > kOverlap;) {
-    const int64_t from = std::max<int64_t>(0, to - kBlock - kOverlap);
+  for (int64_t to = std::clamp<int64_t>(at + kOverlap, 0, size); to - lo > kOverlap;) {
+    const int64_t from = std::max<int64_t>(lo, to - kBlock - kOverlap);
     read(from, to);
     if (const size_t m = block.rfind(kMarker); m != std::string::npos) {
       r.before = from + static_cast<int64_t>(m);
       break;
     }
     to = from + kOverlap;
-    if (from == 0) break;
+    if (from == lo) break;
   }
   return r;
 }

@@ -60,12 +60,12 @@ inline constexpr int64_t kMaxJsonArrayBytes = int64_t{2} << 30;  // Note [JSON a
 size_t first_safe_cut(std::string_view text, size_t from);
 
 // The byte offsets in the file at `path` of the first <|endoftext|> marker that starts at or after
-// `at` and of the last that starts before it; -1 where there is none (Note [One document] cuts a
-// text file of marked documents at one of them).
+// `at` and of the last that starts before it, within `reach` bytes of `at`; -1 where there is
+// none (Note [One document] cuts a text file of marked documents at one of them).
 struct MarkersAround {
   int64_t before = -1, after = -1;
 };
-MarkersAround markers_around(const std::string& path, int64_t at);
+MarkersAround markers_around(const std::string& path, int64_t at, int64_t reach);
 
 // True for an input read as one document of raw bytes: not .jsonl, .json, .csv or .tsv.
 bool is_plain_text_input(const std::string& path);

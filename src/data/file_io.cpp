@@ -135,11 +135,7 @@ namespace {
                                     const std::string& hint) {
   std::string advice = hint;
   if (err == ENOSPC || err == EDQUOT) advice = "free disk space, or " + hint;
-  if (err == EFBIG)
-    advice =
-        "the file size limit (ulimit -f) or the file system's maximum file size was hit; "
-        "raise it, or " +
-        hint;
+  if (err == EFBIG) advice = str(kFileTooLargeHint, "; raise it, or ", hint);
   throw IoError(str("cannot ", action, " '", path, "': ", errno_text(err), "; ", advice), path,
                 offset, length, err);
 }

@@ -123,9 +123,8 @@ void ScratchFile::reserve(int64_t nbytes) {
       throw IoError(str("cannot grow offload file '", path_, "' from ", size_bytes_, " to ", nbytes,
                         " bytes: ", errno_text(err),
                         err == ENOSPC  ? "; free space on that drive or use another directory"
-                        : err == EFBIG ? "; the file size limit (ulimit -f) or the file system's "
-                                         "maximum file size was hit"
-                                       : ""),
+                        : err == EFBIG ? str("; ", kFileTooLargeHint)
+                                       : std::string()),
                     path_, size_bytes_, nbytes - size_bytes_, err);
     }
   }

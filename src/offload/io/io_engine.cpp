@@ -222,7 +222,7 @@ bool account_attempt(RequestState& state, int64_t result, IoStats& stats) {
     else if (err == ENOSPC)
       hint = "; free space on that drive or point the offload directory elsewhere";
     else if (err == EFBIG)
-      hint = "; the file size limit (ulimit -f) or the file system's maximum file size was hit";
+      hint = str("; ", kFileTooLargeHint);
     else if (err == EIO)
       hint =
           "; the drive or its file system reported an error (the kernel log, dmesg, may say "
