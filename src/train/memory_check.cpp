@@ -109,7 +109,11 @@ std::string available_text(const AvailableMemory& avail, int64_t disk_bytes) {
 void check_plan_fits(const MemoryPlan& plan, const PlanInputs& in, const AvailableMemory& avail) {
   std::string problems;
   int64_t need = 0, have = 0, cap = 0;
-  const std::string act_advice = "a smaller --batch or --seq, --checkpoint-activations";
+  // Advice names only the activation options the run does not use already.
+  const bool recomputes = in.checkpoint_every_block || in.checkpoint_segments >= 0;
+  const std::string act_advice =
+      str("a smaller --batch or --seq", recomputes ? "" : ", --checkpoint-activations");
+  const std::string offload_advice = in.offload_activations ? "" : ", --offload-activations";
   const auto ranks_on_host = static_cast<double>(plan.ranks_on_host);
   // The simulated device's memory is this host's: its bytes count against host RAM too (a run
   // on sim:100GiB that planned 23 GiB on the "device" passed the check and was killed by the OOM
@@ -133,7 +137,7 @@ void check_plan_fits(const MemoryPlan& plan, const PlanInputs& in, const Availab
                            ", which is RAM: pass --nvme-dir a folder on a disk)")
                      : "",
         ", ", mib_text(avail.host_bytes), " available (", avail.host_source,
-        "); to fit: ", act_advice, in.device.is_cpu() ? "" : ", --offload-activations",
+        "); to fit: ", act_advice, in.device.is_cpu() ? "" : offload_advice,
         ", --offload nvme --fraction 1 (Adam states on disk)",
         in.device.is_cpu() ? "" : ", --gemini auto --host-capacity SIZE",
         plan.ranks_on_host > 1 ? ", --zero 1 or 2 (Adam states sharded), fewer ranks per host" : "",
@@ -143,7 +147,7 @@ void check_plan_fits(const MemoryPlan& plan, const PlanInputs& in, const Availab
   if (in.device_capacity_bytes > 0 && plan.device_bytes > in.device_capacity_bytes) {
     problems +=
         str(plan.device_name, ": needs ", mib_text(plan.device_bytes), ", capacity ",
-            mib_text(in.device_capacity_bytes), "; to fit: ", act_advice, ", --offload-activations",
+            mib_text(in.device_capacity_bytes), "; to fit: ", act_advice, offload_advice,
             in.gemini ? ", a larger capacity" : ", --gemini auto (parameters in chunks)", ". ");
     need = plan.device_bytes, cap = in.device_capacity_bytes;
   }

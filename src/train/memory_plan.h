@@ -54,11 +54,11 @@ struct PlanInputs {
   int64_t checkpoint_segments = -1;  // -1: none; 0: round(sqrt(n_layer))
   bool offload_activations = false;
   // --offload-activations: the device bytes of offloaded activations back on the device at the
-  // LM head's backward, the peak: ActivationOffloadOptions' prefetch_bytes (its default here).
-  // The prefetch brings activations back from the head's backward on, so a model whose offloaded
-  // activations fit in it saves no device memory. (Forward holds up to max_pending_bytes of copies
-  // not yet done, which the trainer sets to the same bytes, so that this row bounds that moment
-  // too.)
+  // LM head's backward, the peak: ActivationOffloadOptions' prefetch_bytes (gpt2_train's is
+  // offload_window_bytes()). The prefetch brings activations back from the head's backward on, so
+  // a model whose offloaded activations fit in it saves no device memory. (Forward holds up to
+  // max_pending_bytes of copies not yet done, which the trainer sets to the same bytes, so that
+  // this row bounds that moment too.)
   int64_t offload_in_flight_bytes = int64_t{128} << 20;
   // --sample-every (Note [Sampling during training]): 0 = no sampling. `sample_context` bounds the
   // tokens one sampling forward sees (the prompt's and the new ones; n_positions at most).
@@ -97,6 +97,17 @@ struct MemoryPlan {
 };
 
 MemoryPlan plan_memory(const PlanInputs& in);
+// Note [Offload window]: the device bytes --offload-activations lets the offloader hold ahead:
+// prefetched in backward and, in forward, in copies to the host not yet done. Two blocks' saved
+// tensors (one rank's rows), at most 128 MiB: one block's backward runs while the block before it
+// comes back, with a block of slack for a late copy. A fixed 128 MiB (before session 40) brought
+// every activation of a model under 128 MiB back at the head's backward, so the flag saved no
+// device memory there: 8 blocks of width 128, vocabulary 512, B4 T128 on sim, peak 41.3 MiB with
+// and without it; with this window (8.1 MiB) 18.6 MiB, planned 19.1, and it runs on sim:20MiB.
+// Past 128 MiB the window holds less than two blocks (GPT-2 small at B4 T512 saves ~100 MiB a
+// block) and the prefetch goes tensor by tensor, as before.
+int64_t offload_window_bytes(const PlanInputs& in);
+
 // The device bytes of one sampling forward (a no-grad forward of [1, sample_context]) beyond the
 // parameters: what --sample-every needs between steps under Gemini or on CUDA.
 int64_t sampling_forward_bytes(const PlanInputs& in);

@@ -53,9 +53,8 @@ int64_t ranks_on_this_host(int64_t ranks) {
   return n >= 1 && n <= ranks ? n : ranks;
 }
 
-// Prints the memory plan; stops before anything is allocated when it does not fit (Note
-// [Activation arithmetic], train/memory_plan.h). Returns true for --plan.
-bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Trainer::Print& print) {
+// The memory plan's view of the run.
+PlanInputs plan_inputs(const TrainOptions& o, const gpt2::Config& config) {
   PlanInputs in;
   in.config = config;
   in.batch = o.batch, in.seq = o.seq;
@@ -95,6 +94,14 @@ bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Traine
     in.ranks_on_host = ranks_on_this_host(in.ranks);
     in.collectives_on_device = o.comm->required_memory().has_value();
   }
+  in.offload_in_flight_bytes = offload_window_bytes(in);  // Note [Offload window]
+  return in;
+}
+
+// Prints the memory plan; stops before anything is allocated when it does not fit (Note
+// [Activation arithmetic], train/memory_plan.h). Returns true for --plan.
+bool memory_plan(const TrainOptions& o, const gpt2::Config& config, const Trainer::Print& print) {
+  const PlanInputs in = plan_inputs(o, config);
   const MemoryPlan plan = plan_memory(in);
   const AvailableMemory avail = available_memory(in.nvme_dir);
   const std::vector<SaveNeed> saves = save_needs(o, config);  // Note [Room for the saves]
@@ -168,6 +175,9 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
   MW_CHECK_T(InvalidArgument, o_.checkpoint_segments <= config_.n_layer, "--checkpoint-segments ",
              o_.checkpoint_segments, " exceeds the ", config_.n_layer, " blocks; use at most ",
              config_.n_layer, " (or 0 for sqrt)");
+  MW_CHECK_T(InvalidArgument, !o_.checkpoint_every_block || o_.checkpoint_segments < 0,
+             "--checkpoint-activations (every block) and --checkpoint-segments (K segments) are "
+             "two recomputation plans; give one of them");
   if (o_.data_parallel()) check_data_parallel_options();  // before the plan, which is per rank
   if (memory_plan(o_, config_, print_)) {
     planned_only_ = true;
@@ -342,8 +352,10 @@ void Trainer::build_optimizer() {
 
 void Trainer::build_recomputation() {
   // Activation offload and recomputation: run_block maps block i through its segment.
-  // Forward's pending copies held to the prefetch's bytes, the plan's in-flight row for both.
+  // Forward's pending copies held to the prefetch's bytes, the plan's in-flight row for both
+  // (Note [Offload window]).
   offload::ActivationOffloadOptions offload;
+  offload.prefetch_bytes = plan_inputs(o_, config_).offload_in_flight_bytes;
   offload.max_pending_bytes = offload.prefetch_bytes;
   if (o_.offload_activations) offloader_ = std::make_unique<offload::ActivationOffloader>(offload);
   if (!o_.checkpoint_every_block && o_.checkpoint_segments < 0) return;
@@ -361,9 +373,16 @@ void Trainer::build_recomputation() {
     copts.unpack_input = offloader_->unpack_hook();
   }
   std::string desc;
-  for (const auto& seg : plan)
+  bool any = false;
+  for (const auto& seg : plan) {
     desc += str(" [", seg.begin, ",", seg.end, ")", seg.checkpointed ? "" : "*");
+    any = any || seg.checkpointed;
+  }
   print_(str("Checkpointing ", plan.size(), " segments:", desc, " (* = not checkpointed)\n"));
+  if (!any)
+    print_(str("gpt2_train: warning: --checkpoint-segments ", o_.checkpoint_segments, " over ", n,
+               " blocks recomputes nothing (the last segment is never checkpointed, as in "
+               "PyTorch's checkpoint_sequential); give 2 or more segments\n"));
   auto runner = std::make_shared<nn::SegmentedRunner>(
       std::vector<std::shared_ptr<nn::Module>>(model_->blocks().begin(), model_->blocks().end()),
       plan, copts);
