@@ -86,6 +86,28 @@ TEST(ActivationOffload, ACancelledCopyLeavesTheUnpackedTensorItsBytesAlone) {
   EXPECT_GT(cancelled, 0);
 }
 
+// An unpack while its device->host copy is under way takes the device bytes the copy is reading
+// (as on CUDA) instead of waiting for the copy and copying back: the logits, saved last in forward
+// and needed first in backward, made that round trip every step on sim before session 40.
+TEST(ActivationOffload, AnUnpackDuringItsCopyServesTheDeviceBytes) {
+  bool under_way = false;  // a round whose copy had started and not finished at the unpack
+  for (int round = 0; round < 10 && !under_way; ++round) {
+    ActivationOffloader off;
+    // 128 MiB: a copy of milliseconds, which the worker starts within microseconds of the pack.
+    Tensor big = Tensor::ones({int64_t{32} << 20}, DType::F32, Device::sim(5));
+    auto packed = off.pack(big);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (off.stats().to_host_bytes > 0) continue;  // this thread slept long: the copy was done
+    Tensor back = off.unpack(packed);
+    EXPECT_EQ(back.storage().get(), big.storage().get()) << "round " << round;
+    EXPECT_EQ(off.stats().to_device_bytes, 0) << "round " << round;
+    EXPECT_EQ(off.stats().prefetch_waits + off.stats().sync_fetches, 0) << "round " << round;
+    off.wait_idle();
+    under_way = off.stats().to_host_bytes > 0;  // else cancelled before it started
+  }
+  EXPECT_TRUE(under_way) << "no round unpacked while its copy was under way";
+}
+
 TEST(ActivationOffload, ViewsRoundTripAndShareOneHostCopy) {
   offload::ActivationOffloadOptions opts;
   opts.background = false;  // deterministic: the copy is done when pack returns

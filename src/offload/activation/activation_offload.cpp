@@ -419,26 +419,17 @@ Tensor ActivationOffloader::Impl::unpack(const Packed& p) {
   while (!storage) {
     switch (c.state) {
       case CopyState::ToHost:
-        if (c.device.is_cuda()) {
-          // The copy in flight only reads the device bytes, which c still holds: use them now
-          // rather than wait for the copy and copy back. A worker already waiting for the copy
-          // finishes it (OnHost); otherwise the copy is abandoned and c stays Resident.
-          storage = c.device_storage;
-          if (!c.job_started) {
-            c.state = CopyState::Resident;
-            pending_to_host_bytes -= c.nbytes;
-            drop_queued(c);
-          }
-          ++stats.cancelled;
-        } else if (!c.job_started) {  // cancel: the device bytes are still here, keep them
+        // The copy in flight only reads the device bytes, which c still holds: use them now
+        // rather than wait for the copy and copy back (on sim that was the logits' size each way,
+        // every step, on backward's path). A worker already copying finishes it (OnHost);
+        // otherwise the copy is abandoned and c stays Resident.
+        storage = c.device_storage;
+        if (!c.job_started) {
           c.state = CopyState::Resident;
           pending_to_host_bytes -= c.nbytes;
           drop_queued(c);
-          ++stats.cancelled;
-        } else {
-          waited = true;
-          state_cv.wait(lock);
         }
+        ++stats.cancelled;
         break;
       case CopyState::ToDevice:
         if (!c.job_started) {  // queued but not started: do it here rather than wait

@@ -15,9 +15,10 @@
 //  - Parameters (leaves requiring grad), tensors already on the host device, and tensors under
 //    min_bytes are kept as they are, never copied.
 //  - Two saved views of one storage share one host copy.
-//  - A handle unpacked before its copy started cancels the copy and keeps the device tensor (on
-//    CUDA, before the copy finished: Note [CUDA activation offload]); the queued copy goes with
-//    it, so once the handle is dropped the unpacked tensor alone owns those bytes.
+//  - A handle unpacked before its copy finished gets the device tensor, whose bytes are intact
+//    (the copy only reads them). A copy not started yet is cancelled and goes with its queued job,
+//    so once the handle is dropped the unpacked tensor alone owns those bytes; a copy under way
+//    finishes and is not used.
 //  - The device memory the offloader itself holds is bounded: max_pending_bytes in forward (pack
 //    waits for the worker beyond it), prefetch_bytes in backward (plus the tensor being
 //    unpacked). A prefetch that does not fit on the device is dropped, not an error.
@@ -41,8 +42,6 @@
 //    block's last kernel), enqueues the copy and records to_device_done; unpack makes the compute
 //    stream wait on it (cudaStreamWaitEvent) and returns at once: the host never blocks on a copy
 //    that was issued in time.
-//  - an unpack while the device->host copy is still in flight returns the device bytes it is
-//    reading (they are intact) instead of waiting for the copy and copying back.
 //  - a StorageCopy destroyed with a copy in flight waits for it before its pinned buffer and
 //    device storage go back to their caches.
 // The states, budgets and prefetch order are the sim path's, unchanged. Compiled against CUDA 13;
@@ -80,7 +79,7 @@ struct ActivationOffloadStats {
   int64_t offloaded = 0;       // device storages copied to the host
   int64_t shared = 0;          // packs that reused another view's host copy
   int64_t cancelled = 0;       // unpacked before their copy was done: served from the device
-                               // bytes (sim: before it started; cuda: while it was in flight)
+                               // bytes
   int64_t prefetch_hits = 0;   // unpacks served by a finished prefetch (cuda: an enqueued one,
                                // which the compute stream waits for on the GPU)
   int64_t prefetch_waits = 0;  // unpacks that waited for a prefetch in flight
