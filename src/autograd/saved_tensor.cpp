@@ -33,8 +33,8 @@ DisableSavedTensorHooksGuard::~DisableSavedTensorHooksGuard() { t_disabled = sav
 
 SavedTensor::SavedTensor(const Tensor& t, const char* name) : defined_(t.defined()), name_(name) {
   if (!t.defined()) return;
-  origin_ = t.storage();
-  version_ = t.storage()->version();
+  version_counter_ = t.storage()->version_counter();
+  version_ = version_counter_->load(std::memory_order_relaxed);
   if (!t_hooks.empty() && !t_disabled) {
     HookPair hooks = t_hooks.back();
     {
@@ -49,12 +49,10 @@ SavedTensor::SavedTensor(const Tensor& t, const char* name) : defined_(t.defined
 
 Tensor SavedTensor::unpack() const {
   if (!defined_) return Tensor();
-  if (auto origin = origin_.lock()) {
-    MW_CHECK_T(AutogradError, origin->version() == version_, "the ", name_,
-               " saved for backward was modified in place (version ", version_, " -> ",
-               origin->version(),
-               "); compute on a copy (clone()) instead of writing into a tensor autograd saved");
-  }
+  const uint64_t now = version_counter_->load(std::memory_order_relaxed);
+  MW_CHECK_T(AutogradError, now == version_, "the ", name_,
+             " saved for backward was modified in place (version ", version_, " -> ", now,
+             "); compute on a copy (clone()) instead of writing into a tensor autograd saved");
   if (unpack_) {
     DisableSavedTensorHooksGuard no_nested_hooks;
     Tensor t = unpack_(packed_);

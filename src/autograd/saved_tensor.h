@@ -13,6 +13,8 @@
 // (Note [Version counter] in core/storage.h).
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
 
@@ -60,7 +62,8 @@ class SavedTensor {
   Tensor data_;                   // set when no hook packed it
   std::shared_ptr<void> packed_;  // set when a hook packed it
   UnpackHook unpack_;
-  std::weak_ptr<Storage> origin_;  // for the version check
+  // The saved storage's version counter, kept past the storage (Note [Version counter]).
+  std::shared_ptr<const std::atomic<uint64_t>> version_counter_;
   uint64_t version_ = 0;
 };
 

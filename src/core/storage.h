@@ -7,7 +7,10 @@
 //
 // Note [Version counter]: every in-place write to a storage bumps version(). Autograd records the
 // version of each saved tensor and checks it in backward, so an in-place change is reported instead
-// of silently producing wrong gradients.
+// of silently producing wrong gradients. The counter is an object of its own that a saved tensor
+// keeps (PyTorch's VariableVersion): under recomputation or activation offload the saved storage
+// is gone by backward, and a write made to it before it went must still be reported (a weak
+// reference to the storage skipped the check there, and the gradients came out wrong).
 #pragma once
 
 #include <atomic>
@@ -53,14 +56,16 @@ class Storage {
   void* take_bytes();
   void adopt_bytes(void* data, Device device);
 
-  uint64_t version() const { return version_.load(std::memory_order_relaxed); }
-  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+  uint64_t version() const { return version_->load(std::memory_order_relaxed); }
+  void bump_version() { version_->fetch_add(1, std::memory_order_relaxed); }
+  // The counter itself, which outlives the storage for whoever keeps it (Note [Version counter]).
+  std::shared_ptr<const std::atomic<uint64_t>> version_counter() const { return version_; }
 
  private:
   void* data_ = nullptr;
   int64_t nbytes_ = 0;
   Device device_;
-  std::atomic<uint64_t> version_{0};
+  std::shared_ptr<std::atomic<uint64_t>> version_ = std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 // Copies nbytes between any two devices (host memcpy for cpu/sim, CUDA copies otherwise).

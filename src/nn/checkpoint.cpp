@@ -19,7 +19,9 @@ struct Frame {
   UnpackHook unpack_input;
   std::vector<Device> input_devices;
   std::vector<bool> input_requires_grad;
-  std::vector<std::weak_ptr<Storage>> input_origins;  // for the in-place check
+  // For the in-place check: each input's version counter, kept past its storage (Note [Version
+  // counter]); null for an undefined input.
+  std::vector<std::shared_ptr<const std::atomic<uint64_t>>> input_counters;
   std::vector<uint64_t> input_versions;
   RngState rng;                 // default_generator() before the forward
   DType autocast = DType::F32;  // autocast_dtype() at the forward (Note [Autocast policy])
@@ -50,10 +52,11 @@ class RngRestore {
 std::vector<Tensor> restore_inputs(const Frame& f) {
   std::vector<Tensor> out;
   for (size_t i = 0; i < f.input_devices.size(); ++i) {
-    if (auto origin = f.input_origins[i].lock()) {
-      MW_CHECK_T(AutogradError, origin->version() == f.input_versions[i], "checkpoint: input ", i,
+    if (const auto& counter = f.input_counters[i]) {
+      const uint64_t now = counter->load(std::memory_order_relaxed);
+      MW_CHECK_T(AutogradError, now == f.input_versions[i], "checkpoint: input ", i,
                  " was modified in place after the checkpointed forward (version ",
-                 f.input_versions[i], " -> ", origin->version(),
+                 f.input_versions[i], " -> ", now,
                  "); recomputation would differ. Pass a copy (clone()) to checkpoint instead");
     }
     Tensor x;
@@ -127,7 +130,7 @@ Tensor checkpoint(const CheckpointFunction& fn, const std::vector<Tensor>& input
   for (const Tensor& x : inputs) {
     frame->input_devices.push_back(x.defined() ? x.device() : Device::cpu());
     frame->input_requires_grad.push_back(x.defined() && requires_grad(x));
-    frame->input_origins.push_back(x.defined() ? x.storage() : nullptr);
+    frame->input_counters.push_back(x.defined() ? x.storage()->version_counter() : nullptr);
     frame->input_versions.push_back(x.defined() ? x.storage()->version() : 0);
     if (use_hooks) {
       frame->packed_inputs.push_back(x.defined() ? options.pack_input(x) : nullptr);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "autograd/saved_tensor.h"
+#include "offload/activation/activation_offload.h"
 #include "recompute_test_util.h"
 
 namespace mw {
@@ -188,6 +189,45 @@ TEST(Checkpoint, InputModifiedInPlaceIsReported) {
   Tensor y = nn::checkpoint([&w](const Tensor& in) { return gelu(mul(in, w)); }, x);
   x.fill_(0.0);
   EXPECT_THROW(backward(sum(y)), AutogradError);
+}
+
+// Inside the checkpointed function a tensor is saved and then written in place. Plain autograd
+// reports it; under recomputation the saved storage is gone by backward (the pack kept an index),
+// and with a weak reference to it the check was skipped: the recomputation replayed the write and
+// the gradient was gelu's at 3, silently (Note [Version counter]).
+TEST(Checkpoint, AWriteToATensorSavedInsideIsReported) {
+  Tensor x = Tensor::from_vector<double>({0.5, -1.0}, {2});
+  set_requires_grad(x);
+  Tensor y = nn::checkpoint(
+      [](const Tensor& in) {
+        Tensor h = mul_scalar(in, 2.0);
+        Tensor out = gelu(h);  // saves h
+        h.fill_(3.0);
+        return out;
+      },
+      x);
+  EXPECT_THROW(backward(sum(y)), AutogradError);
+}
+
+// The same write under activation offload, whose worker drops the device storage once its copy
+// is done: synchronous copies (made before the write) and background ones.
+TEST(Checkpoint, AWriteToAnOffloadedSavedTensorIsReported) {
+  for (const bool background : {false, true}) {
+    offload::ActivationOffloadOptions options;
+    options.background = background;
+    offload::ActivationOffloader off(options);
+    Tensor x = Tensor::from_vector<double>({0.5, -1.0}, {2}).to(Device::sim(6));
+    set_requires_grad(x);
+    Tensor y;
+    {
+      offload::OffloadScope scope(off);
+      Tensor h = mul_scalar(x, 2.0);
+      y = gelu(h);
+      off.wait_idle();  // the copy done and the device storage dropped but for h
+      h.fill_(3.0);
+    }
+    EXPECT_THROW(backward(sum(y)), AutogradError) << (background ? "background" : "synchronous");
+  }
 }
 
 TEST(Checkpoint, UnderNoGradItJustRunsTheFunction) {
