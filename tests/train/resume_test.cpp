@@ -79,7 +79,9 @@ TEST_P(ExactResume, ResumedRunEqualsTheUninterruptedOneBitForBit) {
   };
   std::vector<double> full_losses, first_losses, resumed_losses;
   const auto full = run(o, 6, &full_losses);
-  if (c.fp16_scale > 0) ASSERT_GE(skipped_before_checkpoint, 1) << "no step was skipped";
+  if (c.fp16_scale > 0) {
+    ASSERT_GE(skipped_before_checkpoint, 1) << "no step was skipped";
+  }
   TrainOptions first = o;
   first.checkpoint_dir = tmp.file("ckpt");
   first.checkpoint_every = 2;
