@@ -162,8 +162,9 @@ uint64_t NvmeAdamStates::update(int k, const AdamStepScalars& scalars, float* pa
   if (!admit(in_range && !submitted_[k] && grad.is_contiguous(),
              str("NVMe-offloaded parameter ", k,
                  " was updated twice in one step (or is out of range, or its gradient "
-                 "is not contiguous). overlap_backward assumes one backward per "
-                 "optimizer step; turn it off for gradient accumulation")))
+                 "is not contiguous). overlap_backward updates in one backward per "
+                 "optimizer step: under gradient accumulation set_final_backward(true) "
+                 "for the last micro-batch only, or turn overlap_backward off")))
     return 0;
   submitted_[k] = 1;
   promote_locked(k);

@@ -77,7 +77,7 @@ bool empty_allowed(const std::string& option) {
 // An accepted run is short (the prefix); a refused one immediate. 60 s only catches a hang.
 constexpr double kHangSeconds = 60;
 // Children run this many at a time, each in its own working directory (a garbage output path
-// such as "abc" must not collide), so that the 936 runs of gpt2_train take about a minute.
+// such as "abc" must not collide), so that the 1,040 runs of gpt2_train take about a minute.
 constexpr int kParallel = 3;
 
 struct Run {
@@ -185,7 +185,7 @@ TEST(OptionFuzz, EveryOptionOfEveryToolEndsCleanlyOnGarbage) {
   for (const AppCase& a : apps) fuzz_app(tmp, a);
 }
 
-// gpt2_train has most options (72 valued ones, 936 runs): its own test, so that ctest runs it
+// gpt2_train has most options (80 valued ones, 1,040 runs): its own test, so that ctest runs it
 // beside the other tools'.
 TEST(OptionFuzz, EveryOptionOfGpt2TrainEndsCleanlyOnGarbage) {
   TempDir tmp;
