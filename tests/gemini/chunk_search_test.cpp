@@ -224,5 +224,19 @@ TEST(Placement, TierReserveAndWindowFollowTheChunks) {
   EXPECT_EQ(window({64 * 1024}, 100), 256 * 1024);
 }
 
+// Chunks homed and stepped on the device (static 0/0) send nothing through RAM: no transients,
+// and no NVMe window for states there are none of (--host-capacity 1MiB was refused for 62 MiB).
+TEST(Placement, ChunksKeptOnTheDeviceReserveNoHostMemory) {
+  constexpr int64_t M = 1 << 20;
+  std::vector<TierChunk> on_device;
+  for (int64_t b : {40 * M, 8 * M}) on_device.push_back({b, b, 2 * b, false, false, false});
+  const TierPlan t = plan_tiers(on_device, 1 * M, 0.0, 32 * M, 1 << 19);
+  EXPECT_EQ(t.host_bytes(), 0);
+  EXPECT_EQ(t.nvme_fraction, 0.0);
+  // One chunk homed on the host: its transients only.
+  on_device[1].params_off = true;
+  EXPECT_EQ(plan_tiers(on_device, 1 << 30, 0.0, 32 * M, 1 << 19).reserve_bytes, 16 * M);
+}
+
 }  // namespace
 }  // namespace mw::gemini

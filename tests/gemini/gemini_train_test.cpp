@@ -422,6 +422,7 @@ TEST(GeminiTrain, ThreeTiersAreBitwiseAndLeaveNoFiles) {
 TEST(GeminiTrain, HostBudgetTooSmallIsRefusedWithTheNeededBytes) {
   Variant v;
   v.gemini = true;
+  v.param_frac = v.optim_frac = 1;  // chunks and states homed on the host (static 0/0 needs none)
   v.host_capacity_bytes = 4096;
   try {
     train(v, 1);

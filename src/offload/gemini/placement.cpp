@@ -191,6 +191,10 @@ TierPlan plan_tiers(const std::vector<TierChunk>& chunks, int64_t host_capacity_
     if (c.optim_on_host) states += c.state_bytes;
     t.kept_grad_bytes += c.kept_grad_bytes;
     largest_states = std::max(largest_states, c.state_bytes);
+    // Only a chunk homed or stepped off the device sends gradients or copies through RAM (with
+    // every chunk and state on the device, static 0/0, --host-capacity reserved 30 MiB of
+    // transients and a 32 MiB NVMe window for nothing).
+    if (!c.params_off && !c.optim_on_host) continue;
     second = std::max(second, std::min(largest, c.bytes));
     largest = std::max(largest, c.bytes);
   }
@@ -209,7 +213,7 @@ TierPlan plan_tiers(const std::vector<TierChunk>& chunks, int64_t host_capacity_
   const int64_t window_bytes = optim::staging_window_bytes(window, slice_numel, largest_states / 8);
   t.nvme_fraction = nvme_fraction;
   if (t.host_chunk_bytes + states + t.reserve_bytes + t.kept_grad_bytes > cap &&
-      t.nvme_fraction == 0)
+      t.nvme_fraction == 0 && states > 0)
     t.nvme_fraction = 1.0;
   t.host_state_bytes = states;
   if (t.nvme_fraction > 0) {
