@@ -67,6 +67,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType low) {
         const DType master = w.dtype();
         const Device device = w.device();
         return [=](const Grads& g) -> Grads {
+          // Placeholders for what is not saved, as in mw::linear (functions.cpp).
           Tensor wl = needs[0] ? sw.unpack().to(low) : Tensor::empty(shape_w, low, device);
           Tensor xv = needs[1] ? sx.unpack() : Tensor::empty({1, shape_w[0]}, low, device);
           auto lg = ops::linear_backward(g[0], xv, wl, needs[0], needs[1], needs[2]);

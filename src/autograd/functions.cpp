@@ -84,15 +84,16 @@ Tensor div(const Tensor& a, const Tensor& b) {
   return record("DivBackward", out, {a, b}, [&](const std::vector<bool>& needs) -> BackwardFn {
     SavedTensor sa(needs[1] ? a : Tensor(), "div input a"), sb(b, "div input b");
     Shape shape_a = a.shape(), shape_b = b.shape();
+    DType da = a.dtype(), db = b.dtype();
     return [=](const Grads& g) -> Grads {
       Grads r(2);
       Tensor bv = sb.unpack();
       Tensor g_over_b = ops::binary(BinaryOp::Div, g[0], bv);
-      if (needs[0]) r[0] = ops::sum_to_shape(g_over_b, shape_a);
+      if (needs[0]) r[0] = in_dtype(ops::sum_to_shape(g_over_b, shape_a), da);
       if (needs[1]) {  // d(a/b)/db = -a/b^2
         Tensor t =
             ops::binary(BinaryOp::Div, ops::binary(BinaryOp::Mul, g_over_b, sa.unpack()), bv);
-        r[1] = ops::sum_to_shape(ops::affine_scalar(t, -1.0, 0.0), shape_b);
+        r[1] = in_dtype(ops::sum_to_shape(ops::affine_scalar(t, -1.0, 0.0), shape_b), db);
       }
       return r;
     };
@@ -232,7 +233,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
         DType dtype = w.dtype();
         Device device = w.device();
         return [=](const Grads& g) -> Grads {
-          // Weight shape/dtype are enough to describe w when only dx is not needed.
+          // What is not saved is a placeholder: linear_backward reads only w's shape and dtype
+          // when dx is not needed, and only x's dtype and last dimension when dw is not (dx takes
+          // its shape from dy).
           Tensor wv = needs[0] ? sw.unpack() : Tensor::empty(shape_w, dtype, device);
           Tensor xv = needs[1] ? sx.unpack() : Tensor::empty({1, shape_w[0]}, dtype, device);
           auto lg = ops::linear_backward(g[0], xv, wv, needs[0], needs[1], needs[2]);

@@ -216,6 +216,136 @@ TEST(Autocast, LinearGradientsFlowToTheF32MastersWithinTheBound) {
   EXPECT_EQ(gb.to_vector<float>(), ref.dbias.to_vector<float>());
 }
 
+// product_bound of each batch's a[i] @ b[i], in order.
+std::vector<double> batched_product_bound(const Tensor& a, const Tensor& b, DType low) {
+  std::vector<double> out;
+  for (int64_t i = 0; i < a.size(0); ++i) {
+    auto part = product_bound(a.narrow(0, i, 1).reshape({a.size(1), a.size(2)}),
+                              b.narrow(0, i, 1).reshape({b.size(1), b.size(2)}), low, true);
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
+}
+
+// The autocast matmul's backward (MatmulBackward on the bf16 copies, then CastBackward) against
+// the f32 formulas da = dy @ b^T and db = a^T @ dy, with the product bound: each of da, db is a
+// product of bf16 copies rounded once to bf16. Folded (b 2-D: one gemm) and batched (b 3-D).
+TEST(Autocast, MatmulGradientsAreTheF32ProductsWithinTheBound) {
+  const DType low = DType::BF16;
+  for (bool batched : {false, true}) {
+    SCOPED_TRACE(batched ? "batched" : "folded");
+    Tensor a = randn({2, 3, 16}, 21), b = batched ? randn({2, 16, 12}, 22) : randn({16, 12}, 22);
+    Tensor dyl = randn({2, 3, 12}, 23).to(low).to(DType::F32);  // the gradient arrives in bf16
+    for (Tensor* t : {&a, &b}) set_requires_grad(*t);
+    Tensor y;
+    {
+      AutocastGuard bf16(low);
+      y = matmul(a, b);
+    }
+    EXPECT_EQ(y.dtype(), low);
+    backward(y, dyl.to(low));
+    EXPECT_EQ(grad(a).dtype(), DType::F32);
+    EXPECT_EQ(grad(b).dtype(), DType::F32);
+    Tensor bt = b.detach().transpose(-1, -2).contiguous(), at = a.detach().transpose(-1, -2);
+    if (batched) {
+      expect_within("da", grad(a), ops::matmul(dyl, bt), batched_product_bound(dyl, bt, low));
+      expect_within("db", grad(b), ops::matmul(at, dyl),
+                    batched_product_bound(at.contiguous(), dyl, low));
+    } else {
+      Tensor dy2 = dyl.reshape({6, 12}), a2t = a.detach().reshape({6, 16}).transpose(0, 1);
+      expect_within("da", grad(a), ops::matmul(dy2, bt), product_bound(dy2, bt, low, true));
+      expect_within("db", grad(b), ops::matmul(a2t, dy2),
+                    product_bound(a2t.contiguous(), dy2, low, true));
+    }
+  }
+}
+
+// The autocast LM head's backward against the f32 formulas dx = dy @ table and dtable = dy^T @ x:
+// products of bf16 copies rounded once to bf16 (the table's then widened to its f32 master).
+TEST(Autocast, LmHeadGradientsAreTheF32ProductsWithinTheBound) {
+  const DType low = DType::BF16;
+  Tensor x = randn({2, 3, 16}, 31), table = randn({20, 16}, 32, 0.5);
+  Tensor dyl = randn({6, 20}, 33).to(low).to(DType::F32);
+  for (Tensor* t : {&x, &table}) set_requires_grad(*t);
+  Tensor y;
+  {
+    AutocastGuard bf16(low);
+    y = lm_head(x, table);
+  }
+  EXPECT_EQ(y.dtype(), low);
+  backward(y, dyl.reshape({2, 3, 20}).to(low));
+  EXPECT_EQ(grad(x).dtype(), DType::F32);
+  EXPECT_EQ(grad(table).dtype(), DType::F32);
+  Tensor t = table.detach(), dyt = dyl.transpose(0, 1).contiguous(),
+         x2 = x.detach().reshape({6, 16});
+  expect_within("dx", grad(x), ops::matmul(dyl, t), product_bound(dyl, t, low, true));
+  expect_within("dtable", grad(table), ops::matmul(dyt, x2), product_bound(dyt, x2, low, true));
+}
+
+// Under bf16 autocast each subset of inputs requiring grad gets, bit for bit, the gradients it
+// gets when all do (each gradient is its own product), and the other inputs none: a backward that
+// only works when every input needs a gradient (a placeholder of the wrong shape) fails here.
+void expect_every_mask_gives_the_same_gradients(
+    const std::function<Tensor(const std::vector<Tensor>&)>& f, const std::vector<Tensor>& inputs,
+    const Tensor& dy) {
+  const uint32_t n = static_cast<uint32_t>(inputs.size()), all = (1u << n) - 1;
+  auto gradients = [&](uint32_t mask) {
+    std::vector<Tensor> leaves;
+    for (uint32_t k = 0; k < n; ++k) {
+      leaves.push_back(inputs[k].detach());
+      if ((mask >> k) & 1u) set_requires_grad(leaves.back());
+    }
+    Tensor y;
+    {
+      AutocastGuard bf16(DType::BF16);
+      y = f(leaves);
+    }
+    backward(y, dy);
+    std::vector<Tensor> g;
+    for (const Tensor& leaf : leaves) g.push_back(grad(leaf));
+    return g;
+  };
+  const std::vector<Tensor> want = gradients(all);
+  for (uint32_t mask = 1; mask < all; ++mask) {
+    const std::vector<Tensor> got = gradients(mask);
+    for (uint32_t k = 0; k < n; ++k) {
+      SCOPED_TRACE(::testing::Message() << "mask " << mask << " input " << k);
+      if (!((mask >> k) & 1u)) {
+        EXPECT_FALSE(got[k].defined());
+      } else {
+        ASSERT_TRUE(got[k].defined());
+        EXPECT_EQ(got[k].to_vector<float>(), want[k].to_vector<float>());
+      }
+    }
+  }
+}
+
+TEST(Autocast, EachSubsetOfInputsRequiringGradGetsTheSameGradients) {
+  using Ts = std::vector<Tensor>;
+  Tensor x = randn({2, 3, 16}, 41), dy = randn({2, 3, 12}, 42).to(DType::BF16);
+  expect_every_mask_gives_the_same_gradients([](const Ts& t) { return linear(t[0], t[1], t[2]); },
+                                             {x, randn({16, 12}, 43, 0.25), randn({12}, 44)}, dy);
+  expect_every_mask_gives_the_same_gradients([](const Ts& t) { return matmul(t[0], t[1]); },
+                                             {x, randn({16, 12}, 45)}, dy);
+  expect_every_mask_gives_the_same_gradients([](const Ts& t) { return lm_head(t[0], t[1]); },
+                                             {x, randn({12, 16}, 46)}, dy);
+}
+
+// add, sub, mul and div of a bf16 and an f32 tensor are f32 (Note [Autocast policy]); each input
+// gets its gradient in its own dtype.
+TEST(Autocast, BinaryOpsGiveEachInputAGradientInItsDtype) {
+  for (int op = 0; op < 4; ++op) {
+    SCOPED_TRACE(op);
+    Tensor a = randn({3}, 51).to(DType::BF16), b = ops::affine_scalar(randn({3}, 52), 0.3, 2.0);
+    for (Tensor* t : {&a, &b}) set_requires_grad(*t);
+    Tensor y = op == 0 ? add(a, b) : op == 1 ? sub(a, b) : op == 2 ? mul(a, b) : div(a, b);
+    EXPECT_EQ(y.dtype(), DType::F32);
+    backward(sum(y));
+    EXPECT_EQ(grad(a).dtype(), DType::BF16);
+    EXPECT_EQ(grad(b).dtype(), DType::F32);
+  }
+}
+
 // A tiny GPT-2 step in bf16 against fp32: the policy's dtypes, the saved activations' bytes, and a
 // loss that agrees; checkpointing under autocast reproduces the plain autocast step bit for bit.
 TEST(Autocast, Gpt2StepKeepsLowPrecisionActivationsAndCheckpointsExactly) {

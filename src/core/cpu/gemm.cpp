@@ -234,10 +234,12 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, 
   Tensor dy2 = dy.reshape({-1, N}), x2 = x.reshape({-1, K});
   const int64_t R = dy2.size(0);
   LinearGrads g;
-  if (need_dx) {
+  if (need_dx) {  // shaped as dy with K columns: x is a [1, K] placeholder when dw is not needed
+    Shape shape_dx = dy.shape();
+    shape_dx.back() = K;
     g.dx = Tensor::empty({R, K}, x.dtype(), x.device());
     gemm(dy2, false, w, true, g.dx, false);
-    g.dx = g.dx.view(x.shape());
+    g.dx = g.dx.view(shape_dx);
   }
   if (need_dw) {
     g.dw = Tensor::empty({K, N}, w.dtype(), w.device());

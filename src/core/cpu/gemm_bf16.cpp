@@ -25,6 +25,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -198,22 +199,36 @@ void tile(const Problem& q, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
   }
 }
 
+Bf16GemmKernel chosen_by_environment() {
+  const char* env = std::getenv("MW_BF16_GEMM");
+  const std::string want = env ? env : "";
+  MW_CHECK_T(InvalidArgument, want.empty() || want == "widen" || want == "avx512bf16",
+             "MW_BF16_GEMM='", want,
+             "': expected widen (bf16 products through f32 sgemm) or avx512bf16");
+  MW_CHECK_T(InvalidArgument, want != "avx512bf16" || cpu_has_avx512_bf16(),
+             "MW_BF16_GEMM=avx512bf16: this CPU has no AVX512-BF16 (CPUID 7.1 EAX bit 5); "
+             "unset it to widen to f32");
+  if (want == "widen") return Bf16GemmKernel::kWiden;
+  return cpu_has_avx512_bf16() ? Bf16GemmKernel::kAvx512Bf16 : Bf16GemmKernel::kWiden;
+}
+
+std::atomic<int> g_kernel{-1};  // -1: not chosen yet
+
 }  // namespace
 
 Bf16GemmKernel bf16_gemm_kernel() {
-  static const Bf16GemmKernel chosen = [] {
-    const char* env = std::getenv("MW_BF16_GEMM");
-    const std::string want = env ? env : "";
-    MW_CHECK_T(InvalidArgument, want.empty() || want == "widen" || want == "avx512bf16",
-               "MW_BF16_GEMM='", want,
-               "': expected widen (bf16 products through f32 sgemm) or avx512bf16");
-    MW_CHECK_T(InvalidArgument, want != "avx512bf16" || cpu_has_avx512_bf16(),
-               "MW_BF16_GEMM=avx512bf16: this CPU has no AVX512-BF16 (CPUID 7.1 EAX bit 5); "
-               "unset it to widen to f32");
-    if (want == "widen") return Bf16GemmKernel::kWiden;
-    return cpu_has_avx512_bf16() ? Bf16GemmKernel::kAvx512Bf16 : Bf16GemmKernel::kWiden;
-  }();
-  return chosen;
+  int kernel = g_kernel.load(std::memory_order_relaxed);
+  if (kernel < 0) {
+    kernel = static_cast<int>(chosen_by_environment());
+    g_kernel.store(kernel, std::memory_order_relaxed);
+  }
+  return static_cast<Bf16GemmKernel>(kernel);
+}
+
+void set_bf16_gemm_kernel(Bf16GemmKernel kernel) {
+  MW_CHECK_T(InvalidArgument, kernel != Bf16GemmKernel::kAvx512Bf16 || cpu_has_avx512_bf16(),
+             "set_bf16_gemm_kernel(avx512bf16): this CPU has no AVX512-BF16");
+  g_kernel.store(static_cast<int>(kernel), std::memory_order_relaxed);
 }
 
 void gemm_bf16_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A,
