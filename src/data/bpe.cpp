@@ -127,6 +127,22 @@ BpeModel load_vocab_and_merges(const std::string& vocab_json_path,
   return model;
 }
 
+namespace {
+// An added token (Note [Added tokens]): in the vocabulary and, but for <|endoftext|>, matched in
+// text.
+void add_token(BpeModel& model, const std::string& content, int64_t id, const std::string& path) {
+  MW_CHECK_T(FormatError, id >= 0 && id <= BpeTokenizer::kMaxTokenId, path, ": added token \"",
+             content, "\" has id ", id, "; expected 0 to ", BpeTokenizer::kMaxTokenId);
+  model.vocab.emplace_back(content, static_cast<int32_t>(id));
+  if (content == kEndOfText) return;  // a document boundary (Note [End-of-text markers])
+  MW_CHECK_T(FormatError, !content.empty() && content.find_first_of(" \t\n\r") == std::string::npos,
+             path, ": added token \"", content,
+             "\" is empty or holds ASCII whitespace, which is not supported (a corpus is cut "
+             "into chunks at whitespace and would split it)");
+  model.added.emplace_back(content, static_cast<int32_t>(id));
+}
+}  // namespace
+
 BpeModel load_tokenizer_json(const std::string& path) {
   const json::Value root =
       json::parse(read_text_file(path, "HuggingFace tokenizer.json", kTokenizerHint), path);
@@ -173,22 +189,28 @@ BpeModel load_tokenizer_json(const std::string& path) {
   if (const json::Value* added = root.find("added_tokens"); added && added->is_array())
     for (const json::Value& t : added->elements()) {
       const std::string content = t.get_string("content");
-      const auto id = static_cast<int32_t>(t.get_int("id"));
-      model.vocab.emplace_back(content, id);
-      if (content == kEndOfText) continue;  // a document boundary (Note [End-of-text markers])
       for (const char* flag : {"lstrip", "rstrip", "single_word"})
-        if (const json::Value* f = t.find(flag))
+        if (const json::Value* f = t.find(flag); f && content != kEndOfText)
           MW_CHECK_T(FormatError, !f->is_bool() || !f->as_bool(), path, ": added token \"", content,
                      "\" has ", flag, " true, which is not supported (HF then matches it ",
                      "with the whitespace around it or only as a whole word); set it to false");
-      MW_CHECK_T(FormatError,
-                 !content.empty() && content.find_first_of(" \t\n\r") == std::string::npos, path,
-                 ": added token \"", content,
-                 "\" is empty or holds ASCII whitespace, which is not supported (a corpus is cut "
-                 "into chunks at whitespace and would split it)");
-      model.added.emplace_back(content, id);
+      add_token(model, content, t.get_int("id"), path);
     }
   return model;
+}
+
+void add_added_tokens_json(BpeModel& model, const std::string& path) {
+  const json::Value root =
+      json::parse(read_text_file(path, "HuggingFace added_tokens.json", kTokenizerHint), path);
+  MW_CHECK_T(FormatError, root.is_object(), path,
+             ": expected an object of added tokens and their ids ({\"<|sep|>\": 50257})");
+  for (int64_t i = 0; i < root.size(); ++i) {
+    const std::string& content = root.key(i);
+    const json::Value& id = root.value(i);
+    MW_CHECK_T(FormatError, id.is_integer(), path, ": the id of added token \"", content, "\" is ",
+               id.describe(), "; expected an integer");
+    add_token(model, content, id.as_int(), path);
+  }
 }
 
 void save_vocab_and_merges(const BpeModel& model, const std::string& vocab_json_path,

@@ -54,6 +54,9 @@ BpeModel load_vocab_and_merges(const std::string& vocab_json_path,
 // differ is refused: a pre_tokenizer other than ByteLevel with its regex, a normalizer, an added
 // token with lstrip, rstrip or single_word, or holding ASCII whitespace.
 BpeModel load_tokenizer_json(const std::string& path);
+// The added tokens of a slow tokenizer's added_tokens.json ({"<|sep|>": 50257}), which HF's
+// GPT2Tokenizer matches as tokenizer.json's (Note [Added tokens]), into `model`.
+void add_added_tokens_json(BpeModel& model, const std::string& path);
 // Writes vocab.json (ids in order) and merges.txt ("#version: 0.2" then "a b" lines), atomically.
 void save_vocab_and_merges(const BpeModel& model, const std::string& vocab_json_path,
                            const std::string& merges_txt_path);

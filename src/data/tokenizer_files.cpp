@@ -18,6 +18,10 @@ std::vector<std::pair<std::string, std::string>> read_tokenizer_files(const Toke
     out.emplace_back("vocab.json", read_text_file(files.vocab_json, "vocab.json", hint));
     out.emplace_back("merges.txt", read_text_file(files.merges_txt, "merges.txt", hint));
   }
+  for (const std::string& path : files.companions) {
+    const std::string name = std::filesystem::path(path).filename().string();
+    out.emplace_back(name, read_text_file(path, name.c_str(), hint));
+  }
   return out;
 }
 
@@ -38,12 +42,17 @@ TokenizerFiles find_tokenizer_files(const std::string& vocab_json, const std::st
   if (model_dir.empty()) return f;
   std::error_code ec;
   const std::string dir = model_dir + "/";
+  // Note [A model folder's tokenizer]: all of them; load_tokenizer prefers tokenizer.json.
+  if (fs::is_regular_file(dir + "tokenizer.json", ec)) f.tokenizer_json = dir + "tokenizer.json";
   if (fs::is_regular_file(dir + "vocab.json", ec) && fs::is_regular_file(dir + "merges.txt", ec)) {
     f.vocab_json = dir + "vocab.json";
     f.merges_txt = dir + "merges.txt";
-  } else if (fs::is_regular_file(dir + "tokenizer.json", ec)) {
-    f.tokenizer_json = dir + "tokenizer.json";
   }
+  if (!f.known()) return f;
+  if (fs::is_regular_file(dir + "added_tokens.json", ec))
+    f.added_tokens_json = dir + "added_tokens.json";
+  for (const char* name : kTokenizerCompanions)
+    if (fs::is_regular_file(dir + name, ec)) f.companions.push_back(dir + name);
   return f;
 }
 
@@ -51,10 +60,10 @@ std::unique_ptr<BpeTokenizer> load_tokenizer(const TokenizerFiles& files) {
   if (!files.tokenizer_json.empty())
     return std::make_unique<BpeTokenizer>(load_tokenizer_json(files.tokenizer_json),
                                           files.tokenizer_json);
-  if (!files.vocab_json.empty())
-    return std::make_unique<BpeTokenizer>(load_vocab_and_merges(files.vocab_json, files.merges_txt),
-                                          files.vocab_json);
-  return nullptr;
+  if (files.vocab_json.empty()) return nullptr;
+  BpeModel model = load_vocab_and_merges(files.vocab_json, files.merges_txt);
+  if (!files.added_tokens_json.empty()) add_added_tokens_json(model, files.added_tokens_json);
+  return std::make_unique<BpeTokenizer>(model, files.vocab_json);
 }
 
 std::string other_than_models_tokenizer(const BpeTokenizer& given, const std::string& model_dir) {

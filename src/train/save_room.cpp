@@ -61,8 +61,10 @@ int64_t tokenizer_bytes(const TrainOptions& o, const std::string& resumed) {
         !resumed.empty() ? (fs::path(resumed) / "model").string() : o.init_from;
     const data::TokenizerFiles f = data::find_tokenizer_files(o.vocab, o.merges, o.tokenizer, from);
     int64_t bytes = 0;
+    std::vector<std::string> files = f.companions;
     for (const std::string& file : {f.vocab_json, f.merges_txt, f.tokenizer_json})
-      if (!file.empty()) bytes += static_cast<int64_t>(fs::file_size(file));
+      if (!file.empty()) files.push_back(file);
+    for (const std::string& file : files) bytes += static_cast<int64_t>(fs::file_size(file));
     return bytes;
   } catch (const std::exception&) {
     return 4 * kMiB;

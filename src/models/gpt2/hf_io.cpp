@@ -13,6 +13,7 @@
 #include "data/file_io.h"
 #include "data/json.h"
 #include "data/safetensors.h"
+#include "data/tokenizer_files.h"
 
 namespace mw::gpt2 {
 
@@ -264,6 +265,8 @@ bool is_saved_model_entry(const std::string& name) {
   for (const char* saved : {kSingleFile, "config.json", "generation_config.json", "tokenizer.json",
                             "vocab.json", "merges.txt"})
     if (name == saved) return true;
+  for (const char* companion : data::kTokenizerCompanions)
+    if (name == companion) return true;
   return false;
 }
 

@@ -83,7 +83,8 @@ void save_hf(const GPT2& model, const std::string& dir, const Config& config,
              DType dtype = DType::F32);
 
 // The names save_hf writes into its folder: model.safetensors, config.json,
-// generation_config.json and the tokenizer's tokenizer.json, vocab.json, merges.txt.
+// generation_config.json and the tokenizer's tokenizer.json, vocab.json, merges.txt and
+// companions (data::kTokenizerCompanions).
 bool is_saved_model_entry(const std::string& name);
 
 }  // namespace mw::gpt2
