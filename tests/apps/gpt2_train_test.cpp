@@ -74,7 +74,8 @@ TEST(Gpt2Train, BadFlagsPrintUsageWithTheReasonAndExit2) {
 TEST(Gpt2Train, AHostBudgetBelowTheStagingSlotsNamesWhatShrinksThem) {
   const std::string args =
       "--model small --n-layer 4 --n-embd 128 --n-head 4 --vocab-size 257 --batch 2 --seq 64 "
-      "--steps 1 --device sim:4GiB --gemini static --host-capacity 2MiB --nvme-window 1MiB ";
+      "--steps 1 --device sim:4GiB --gemini static --offload-param-frac 1 --offload-optim-frac 1 "
+      "--host-capacity 4MiB --nvme-window 1MiB ";
   Result r = run(args);
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("(two slots of 4.00 MiB, the least it works with; --nvme-window 1.00 "
