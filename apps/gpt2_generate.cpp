@@ -7,6 +7,7 @@
 // models/gpt2/stop_strings.h). Without a prompt, sampling starts from <|endoftext|> (GPT-2's
 // unconditional samples). Ids mode (--prompt-ids 1,2,3 --print-ids): no tokenizer is needed, and
 // one line "ids: 5,17,..." lists the generated ids without the prompt.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -89,10 +90,15 @@ void print_text(const std::string& text) {
 // With --stop strings the text is streamed through gpt2::StopStrings (Note [Stop strings]): what
 // may begin a stop string is held back until the next tokens tell, and is printed at the end when
 // no stop string came.
+// `eos`: the ids that end it (transformers' generate stops at any), beside the tokenizer's
+// <|endoftext|>.
 void sample_once(const gpt2::GPT2& model, const data::BpeTokenizer* tok,
                  const std::vector<int32_t>& prompt, int64_t max_new,
                  const gpt2::SamplingOptions& options, bool print_ids, const std::string& text,
-                 const std::vector<std::string>& stops) {
+                 const std::vector<std::string>& stops, const std::vector<int64_t>& eos) {
+  const auto ends_text = [&eos](int32_t id) {
+    return std::find(eos.begin(), eos.end(), id) != eos.end();
+  };
   if (!print_ids && !text.empty()) print_text(text);
   const auto t0 = std::chrono::steady_clock::now();
   SampleEnd end;
@@ -101,10 +107,9 @@ void sample_once(const gpt2::GPT2& model, const data::BpeTokenizer* tok,
   const auto generated = gpt2::generate(
       model, prompt, max_new, options,
       [&](int32_t id) {
-        // transformers' generate stops at the config's eos_token_id, ids or text (--print-ids
-        // sampled on past it until session 38).
-        if (id == model.config().eos_token_id || (tok && id == tok->eot_id()))
-          return end.end_of_text = true, false;
+        // transformers' generate stops at the eos_token_id, ids or text (--print-ids sampled on
+        // past it until session 38; an eos list stopped at its first id only until session 40).
+        if (ends_text(id) || (tok && id == tok->eot_id())) return end.end_of_text = true, false;
         if (print_ids) return true;
         if (id >= tok->vocab_size()) return ++end.textless, true;
         print_text(stop.push(tok->token_bytes(id)));
@@ -163,6 +168,17 @@ int run(cli::Parser& p) {
                  "will be the same text\n",
                  static_cast<long long>(samples));
   gpt2::GPT2 model(gpt2::load_hf_config(dir, "--model"));
+  for (const std::string& key : model.config().unknown_fields)
+    std::fprintf(stderr,
+                 "gpt2_generate: warning: %s/config.json: field \"%s\" is not a GPT2Config "
+                 "field; ignored\n",
+                 dir.c_str(), key.c_str());
+  // generation_config.json's eos_token_id over config.json's, as generate() takes them.
+  std::vector<int64_t> eos = defaults.eos_token_ids.value_or(std::vector<int64_t>{});
+  if (!defaults.eos_token_ids) {
+    if (model.config().eos_token_id >= 0) eos.push_back(model.config().eos_token_id);
+    for (int64_t id : model.config().more_eos_token_ids) eos.push_back(id);
+  }
   gpt2::load_hf_weights(model, dir);
   model.eval();
   std::unique_ptr<data::BpeTokenizer> tok;
@@ -183,7 +199,7 @@ int run(cli::Parser& p) {
     if (samples > 1)
       std::printf("=== sample %lld of %lld (--seed %llu) ===\n", static_cast<long long>(k + 1),
                   static_cast<long long>(samples), static_cast<unsigned long long>(o.seed));
-    sample_once(model, tok.get(), prompt, max_new, o, print_ids, text, stops);
+    sample_once(model, tok.get(), prompt, max_new, o, print_ids, text, stops, eos);
   }
   return 0;
 }

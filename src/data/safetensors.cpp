@@ -110,6 +110,13 @@ json::Value read_header(ReadOnlyFile& file, const Problem& fail, int64_t* header
   uint64_t n = 0;
   file.read_exact(&n, 8, 0);  // little-endian u64 (static_assert above)
   if (n > static_cast<uint64_t>(kMaxHeaderBytes)) {
+    // A clone of a model repository without git-lfs holds text pointers in place of the weights.
+    char start[8];
+    std::memcpy(start, &n, 8);
+    if (std::string_view(start, 8) == "version ")
+      throw fail(
+          "is a git-lfs pointer (a text file naming the weights), not the weights: fetch them "
+          "with `git lfs pull` in the repository");
     throw fail(str("header length ", n, " is absurd (the limit is ", kMaxHeaderBytes,
                    " bytes): the file is corrupt or not a safetensors file"));
   }

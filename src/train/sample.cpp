@@ -271,7 +271,7 @@ std::vector<int32_t> Trainer::sample_by_forwards() {
 }
 
 bool Trainer::ends_sample(int32_t id) const {
-  return id == config_.eos_token_id || (tokenizer_ && id == tokenizer_->eot_id());
+  return config_.is_eos(id) || (tokenizer_ && id == tokenizer_->eot_id());
 }
 
 // Note [Evaluation windows]: the first min(--eval-batches x --batch, W) of --val-data's W whole

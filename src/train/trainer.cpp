@@ -152,6 +152,7 @@ gpt2::Config resolve_config(const TrainOptions& o, const std::function<void(std:
   if (o.vocab_size > 0) {  // the last token is <|endoftext|>, as GPT-2's 50256
     for (int64_t* id : {&c.bos_token_id, &c.eos_token_id})
       *id = *id == last_token ? o.vocab_size - 1 : std::min(*id, o.vocab_size - 1);
+    c.more_eos_token_ids.clear();  // ids of a vocabulary this model no longer has
   }
   c.validate();
   return c;

@@ -109,9 +109,14 @@ TEST(Gpt2Config, HonouredFieldsChangeTheModel) {
                                  {"\"n_inner\"", "positive"});
   expect_throw_with<FormatError>([] { parse_with(R"("hidden_size": 32)"); }, {"n_embd"});
   // transformers ignores n_ctx (it was refused when it differed from n_positions until session
-  // 38); eos/bos lists take their first id; "dtype" is newer transformers' torch_dtype.
+  // 38); a bos list takes its first id, an eos list is kept whole (it kept only its first until
+  // session 40); "dtype" is newer transformers' torch_dtype.
   EXPECT_EQ(parse_with("n_ctx", "64").n_positions, c.n_positions);
-  EXPECT_EQ(parse_with("eos_token_id", "[50, 60]").eos_token_id, 50);
+  const gpt2::Config listed = parse_with("eos_token_id", "[50, 60]");  // generate stops at either
+  EXPECT_EQ(listed.eos_token_id, 50);
+  EXPECT_TRUE(listed.is_eos(60) && listed.is_eos(50) && !listed.is_eos(70));
+  EXPECT_NE(listed.to_json().find("\"eos_token_id\":[50,60]"), std::string::npos)
+      << listed.to_json();
   EXPECT_EQ(parse_with("eos_token_id", "null").eos_token_id, -1);
   expect_throw_with<FormatError>([] { parse_with("eos_token_id", "[]"); }, {"eos_token_id"});
   EXPECT_TRUE(parse_with("dtype", "\"float32\"").unknown_fields.empty());
@@ -160,6 +165,47 @@ TEST_F(HfWeights, TensorsTheConfigDoesNotAccountForAreRefusedListed) {
   gpt2::GPT2 m(gpt2::load_hf_config(dir), 1);
   expect_throw_with<FormatError>([&] { gpt2::load_hf_weights(m, dir); },
                                  {"not accounted for", "transformer.h.1.", "n_layer 1"});
+}
+
+// GPT2DoubleHeadsModel's multiple-choice head (and the classifiers' score) is named for what it
+// is; it was "not accounted for ... does config.json (n_layer 2) match the weights?".
+TEST_F(HfWeights, AnotherArchitecturesHeadIsNamed) {
+  gpt2::GPT2 m(gpt2::Config::preset("tiny"), 3);
+  data::SafeTensorsWriter w;
+  std::vector<Tensor> keep;
+  for (const auto& spec : m.specs()) {
+    keep.push_back(m.parameter(spec.name));
+    w.add(spec.name, DType::F32, spec.shape, keep.back().raw_data());
+  }
+  const std::vector<float> head(m.config().n_embd, 0.5f);
+  w.add("multiple_choice_head.summary.weight", DType::F32, {1, m.config().n_embd}, head.data());
+  w.write(dir + "/model.safetensors");
+  expect_throw_with<FormatError>([&] { gpt2::load_hf_weights(m, dir); },
+                                 {"multiple_choice_head.summary.weight", "another model's head",
+                                  "GPT2LMHeadModel.from_pretrained"});
+}
+
+// A NaN at the same place of a tied lm_head.weight and wte is one damaged tensor, refused as
+// such; it was "lm_head.weight differs from transformer.wte.weight" (NaN != NaN).
+TEST_F(HfWeights, ANanInATiedHeadIsTheDamageNotADifference) {
+  gpt2::GPT2 m(gpt2::Config::preset("tiny"), 3);
+  {
+    NoGradGuard g;
+    m.parameter("transformer.wte.weight").data<float>()[5] = NAN;
+  }
+  data::SafeTensorsWriter w;
+  std::vector<Tensor> keep;
+  for (const auto& spec : m.specs()) {
+    keep.push_back(m.parameter(spec.name));
+    w.add(spec.name, DType::F32, spec.shape, keep.back().raw_data());
+  }
+  w.add("lm_head.weight", DType::F32, m.parameter("transformer.wte.weight").shape(),
+        keep.front().raw_data());
+  ASSERT_EQ(m.specs().front().name, "transformer.wte.weight");
+  w.write(dir + "/model.safetensors");
+  gpt2::GPT2 fresh(gpt2::Config::preset("tiny"), 2);
+  expect_throw_with<FormatError>([&] { gpt2::load_hf_weights(fresh, dir); },
+                                 {"transformer.wte.weight", "finite"});
 }
 
 TEST_F(HfWeights, NonFiniteWeightsAreRefusedAtLoadAndNeverSaved) {
@@ -218,6 +264,15 @@ TEST_F(HfWeights, ShardedCheckpointsLoadAndPickleFilesGetTheConversionCommand) {
   index.set("weight_map", map);
   write_bytes(sharded + "/model.safetensors.index.json", index.dump());
   expect_throw_with<FormatError>([&] { gpt2::load_hf_weights(m, sharded); }, {"same folder"});
+  write_bytes(sharded + "/model.safetensors.index.json", R"({"weight_map": {}})");
+  expect_throw_with<FormatError>([&] { gpt2::load_hf_weights(m, sharded); },
+                                 {"model.safetensors.index.json", "\"weight_map\" is empty"});
+  fs::remove_all(sharded);  // transformers' pickle shards
+  fs::create_directories(sharded);
+  fs::copy_file(dir + "/config.json", sharded + "/config.json");
+  write_bytes(sharded + "/pytorch_model.bin.index.json", R"({"weight_map": {}})");
+  expect_throw_with<FormatError>([&] { gpt2::load_hf_weights(m, sharded); },
+                                 {"pytorch_model.bin", "safe_serialization=True"});
 
   fs::remove(dir + "/model.safetensors");
   write_bytes(dir + "/pytorch_model.bin", "PK");

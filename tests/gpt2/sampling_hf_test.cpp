@@ -4,6 +4,7 @@
 // eos_token_id. Each failed before its fix.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -95,6 +96,44 @@ TEST(GenerateAsHf, PrintedIdsStopAtTheConfigsEos) {
                            " --prompt-ids 5,17,42 --print-ids --max-new-tokens 8 --temperature 0");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find(line + "\n"), std::string::npos) << r.output << "\nwant " << line;
+}
+
+// An eos_token_id list stops at any of its ids, and generation_config.json's eos_token_id is the
+// one generate() uses (memwall stopped at the list's first id only, and ignored the second file).
+TEST(GenerateAsHf, AnEosListAndTheGenerationConfigsEosStopAsGenerateDoes) {
+  auto model = std::make_unique<gpt2::GPT2>(gpt2::load_hf_config(kFixture));
+  gpt2::load_hf_weights(*model, kFixture);
+  model->eval();
+  gpt2::SamplingOptions greedy;
+  greedy.temperature = 0;
+  const std::vector<int32_t> want = gpt2::generate(*model, {5, 17, 42}, 8, greedy);
+  ASSERT_EQ(want.size(), 8u);
+  int32_t unused = 0;  // an id the greedy run never makes: the list's first
+  while (std::find(want.begin(), want.end(), unused) != want.end()) ++unused;
+  data::testing::TempDir tmp;
+  std::filesystem::copy(kFixture, tmp.file("m"));
+  std::ifstream in(tmp.file("m/config.json"));
+  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  config.insert(config.find('{') + 1, "\n  \"eos_token_id\": [" + std::to_string(unused) + ", " +
+                                          std::to_string(want[3]) + "],");
+  std::ofstream(tmp.file("m/config.json"), std::ios::trunc) << config;
+  const auto ids_until = [&](int32_t eos) {
+    std::string line = "ids: ";
+    for (size_t i = 0; i < want.size(); ++i) {
+      line += (i ? "," : "") + std::to_string(want[i]);
+      if (want[i] == eos) break;
+    }
+    return line + "\n";
+  };
+  const std::string args = " --prompt-ids 5,17,42 --print-ids --max-new-tokens 8 --temperature 0";
+  auto r = testing::run_built_app("gpt2_generate", "--model " + tmp.file("m") + args);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(ids_until(want[3])), std::string::npos) << r.output;
+  std::ofstream(tmp.file("m/generation_config.json"), std::ios::trunc)
+      << "{\"eos_token_id\": " << want[1] << "}";
+  r = testing::run_built_app("gpt2_generate", "--model " + tmp.file("m") + args);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(ids_until(want[1])), std::string::npos) << r.output;
 }
 
 // Note [Generation defaults]: the folder's generation_config.json is what generate() would use;

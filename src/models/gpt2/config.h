@@ -1,6 +1,7 @@
 // GPT-2 hyper-parameters, matching HuggingFace GPT2Config, with the standard presets.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -21,6 +22,8 @@ struct Config {
   double initializer_range = 0.02;  // stddev of the random initialisation
   // Token ids recorded for generation (generation_config.json); -1 = none.
   int64_t bos_token_id = 50256, eos_token_id = 50256;
+  // The rest of an eos_token_id list (transformers' generate stops at any of them), in order.
+  std::vector<int64_t> more_eos_token_ids;
   // Keys of the config.json read that are not GPT2Config fields (kept out of the model; the caller
   // may warn). Empty for presets.
   std::vector<std::string> unknown_fields;
@@ -30,6 +33,10 @@ struct Config {
   static Config preset(const std::string& name);
   void set_dropout(double p) { embd_pdrop = attn_pdrop = resid_pdrop = p; }
   int64_t mlp_width() const { return n_inner > 0 ? n_inner : 4 * n_embd; }
+  bool is_eos(int64_t id) const {
+    return id == eos_token_id || std::find(more_eos_token_ids.begin(), more_eos_token_ids.end(),
+                                           id) != more_eos_token_ids.end();
+  }
   void validate() const;  // throws InvalidArgument naming the bad field
   // HF config.json (config_json.cpp, Note [GPT2Config fields]): every GPT2Config field is honoured
   // or refused; a value of the wrong type is a FormatError naming the file and the field.

@@ -35,6 +35,16 @@ int64_t first_id(const Value& v) {
   return v.is_integer() ? v.as_int() : v.elements().front().as_int();
 }
 
+// eos_token_id as read: an id, null, or the list of ids.
+Value eos_json(const Config& c) {
+  if (c.eos_token_id < 0) return Value(nullptr);
+  if (c.more_eos_token_ids.empty()) return Value(c.eos_token_id);
+  Value ids = Value::array();
+  ids.push_back(Value(c.eos_token_id));
+  for (int64_t id : c.more_eos_token_ids) ids.push_back(Value(id));
+  return ids;
+}
+
 bool is_id_list(const Value& v) {
   if (!v.is_array() || v.elements().empty()) return false;
   for (const Value& x : v.elements())
@@ -143,11 +153,18 @@ const std::vector<Field>& fields() {
                                   "attention scores by 1/sqrt(head dim)");
             }),
       inert("use_cache", Type::Bool),
-      // An id, null, or a list of ids (transformers allows several end tokens): the first.
+      // An id, null, or a list of ids (transformers allows several end tokens): bos the first,
+      // eos all of them (generate stops at any).
       honoured("bos_token_id", Type::IdOrIds,
                [](const Value& v, Config& c) { c.bos_token_id = first_id(v); }),
       honoured("eos_token_id", Type::IdOrIds,
-               [](const Value& v, Config& c) { c.eos_token_id = first_id(v); }),
+               [](const Value& v, Config& c) {
+                 c.eos_token_id = first_id(v);
+                 c.more_eos_token_ids.clear();
+                 if (v.is_array())
+                   for (size_t i = 1; i < v.elements().size(); ++i)
+                     c.more_eos_token_ids.push_back(v.elements()[i].as_int());
+               }),
       fixed("scale_attn_by_inverse_layer_idx", Type::Bool,
             [](const Value& v) {
               return require_bool(v, false,
@@ -302,7 +319,7 @@ std::string Config::to_json(const std::string& torch_dtype) const {
   v.set("scale_attn_by_inverse_layer_idx", false);
   v.set("reorder_and_upcast_attn", false);
   v.set("bos_token_id", bos_token_id >= 0 ? Value(bos_token_id) : Value(nullptr));
-  v.set("eos_token_id", eos_token_id >= 0 ? Value(eos_token_id) : Value(nullptr));
+  v.set("eos_token_id", eos_json(*this));
   v.set("tie_word_embeddings", true);
   v.set("torch_dtype", torch_dtype);
   return v.dump() + "\n";
@@ -318,7 +335,7 @@ std::string Config::generation_config_json() const {
   Value v = Value::object();
   v.set("_from_model_config", true);
   v.set("bos_token_id", bos_token_id >= 0 ? Value(bos_token_id) : Value(nullptr));
-  v.set("eos_token_id", eos_token_id >= 0 ? Value(eos_token_id) : Value(nullptr));
+  v.set("eos_token_id", eos_json(*this));
   return v.dump() + "\n";
 }
 

@@ -49,6 +49,18 @@ GenerationDefaults read_generation_defaults(const std::string& dir) {
   if ((d.repetition_penalty = number("repetition_penalty")))
     note(str("repetition_penalty ", *d.repetition_penalty));
   if ((d.max_new_tokens = whole("max_new_tokens"))) note(str("max_new_tokens ", *d.max_new_tokens));
+  if (const json::Value* eos = v.find("eos_token_id"); eos && !eos->is_null()) {
+    std::vector<int64_t> ids;
+    for (const json::Value& x :
+         eos->is_array() ? eos->elements() : std::vector<json::Value>{*eos}) {
+      MW_CHECK_T(FormatError, x.is_integer() && x.as_int() >= 0, path,
+                 ": \"eos_token_id\" must be a token id or a list of them, found ",
+                 eos->describe());
+      ids.push_back(x.as_int());
+    }
+    MW_CHECK_T(FormatError, !ids.empty(), path, ": \"eos_token_id\" is an empty list");
+    d.eos_token_ids = std::move(ids);
+  }
   return d;
 }
 

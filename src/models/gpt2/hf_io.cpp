@@ -35,10 +35,12 @@ class WeightFiles {
       add(single);
     } else if (fs::exists(index, ec)) {
       open_shards(dir, index);
-    } else if (fs::exists(fs::path(dir) / "pytorch_model.bin", ec)) {
+    } else if (fs::exists(fs::path(dir) / "pytorch_model.bin", ec) ||
+               fs::exists(fs::path(dir) / "pytorch_model.bin.index.json", ec)) {
       throw FormatError(
           str("'", dir,
-              "' holds pytorch_model.bin but no model.safetensors; memwall reads only "
+              "' holds pytorch_model.bin (or its shards) but no model.safetensors; memwall reads "
+              "only "
               "safetensors (pickle files can run code). Convert it with Python: from transformers "
               "import GPT2LMHeadModel; GPT2LMHeadModel.from_pretrained('",
               dir, "').save_pretrained('", dir, "', safe_serialization=True)"));
@@ -82,6 +84,8 @@ class WeightFiles {
         index.is_object() && index.contains("weight_map") && index.at("weight_map").is_object(),
         index_path, ": expected an object with a \"weight_map\" object");
     const json::Value& map = index.at("weight_map");
+    MW_CHECK_T(FormatError, map.size() > 0, index_path,
+               ": \"weight_map\" is empty; expected each tensor's shard file");
     std::set<std::string> shards;
     for (int64_t i = 0; i < map.size(); ++i) {
       const json::Value& file = map.value(i);
@@ -195,6 +199,15 @@ HfWeights::HfWeights(const std::string& dir, const Config& config)
   for (const auto& name : files.names())
     if (!accounted.count(name) && !is_mask_buffer(name, prefix_, config.n_layer))
       extra.push_back(name);
+  // Another architecture's head (GPT2DoubleHeadsModel's multiple_choice_head, the classifiers'
+  // score): transformers' GPT2LMHeadModel drops it with a warning; memwall says what it is.
+  for (const std::string& name : extra)
+    for (const char* head : {"multiple_choice_head.", "score.", "qa_outputs."})
+      MW_CHECK_T(FormatError, name.rfind(head, 0) != 0, path, ": tensor '", name,
+                 "' belongs to another model's head than GPT2LMHeadModel's (config.json's "
+                 "architectures say which); memwall loads the language model: save it as one "
+                 "(transformers: GPT2LMHeadModel.from_pretrained(DIR).save_pretrained(OUT)) and "
+                 "pass OUT");
   if (!extra.empty()) {
     std::string list;
     for (size_t i = 0; i < extra.size() && i < 8; ++i) list += (i ? ", " : "") + extra[i];
@@ -207,7 +220,10 @@ HfWeights::HfWeights(const std::string& dir, const Config& config)
     auto [wte_reader, wte] = files.find(file_name("transformer.wte.weight"));
     MW_CHECK_T(FormatError, head->shape == wte->shape, path, ": lm_head.weight has shape ",
                shape_str(head->shape), " but the head must be tied to wte ", shape_str(wte->shape));
-    MW_CHECK_T(FormatError, head_reader->read_as_f32(*head) == wte_reader->read_as_f32(*wte), path,
+    // Bit for bit: a NaN in both at one place is the same tensor (damaged, which wte's own check
+    // then says), not two that differ.
+    const std::vector<float> h = head_reader->read_as_f32(*head), w = wte_reader->read_as_f32(*wte);
+    MW_CHECK_T(FormatError, std::memcmp(h.data(), w.data(), h.size() * sizeof(float)) == 0, path,
                ": lm_head.weight differs from transformer.wte.weight; memwall's GPT-2 ties them");
   }
 }
