@@ -45,6 +45,7 @@ HybridAdam::HybridAdam(std::vector<Tensor> params, HybridAdamOptions options)
     for (size_t i = 0; i < params_.size(); ++i) {
       add_grad_ready_hook(params_[i], [this, alive, i](const Tensor&) {
         if (alive.expired() || nvme_index_[i] >= 0 || !final_backward_) return;
+        if (nvme_ && nvme_->failed()) return;  // step() throws it (Note [NVMe failure guarantee])
         take_norm_parts(i);
         update_in_memory(i, make_adam_step_scalars(options_.hyper, step_ + 1, options_.div_scale));
         updated_in_backward_[i] = 1;
@@ -231,10 +232,27 @@ uint64_t HybridAdam::step_param(size_t i) {
   return 0;
 }
 
+bool HybridAdam::any_updated_this_step() const {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (updated_in_backward_[i] ||
+        (nvme_index_[i] >= 0 && nvme_->updated_this_step(nvme_index_[i])))
+      return true;
+  return false;
+}
+
 void HybridAdam::step() {
   MW_CHECK_T(Error, !(nvme_ && nvme_->failed() && nvme_failure_reported_),
              "HybridAdam cannot step after the NVMe I/O error reported by an earlier step(); "
-             "save_state() to a healthy disk, fix the offload directory, and resume from it");
+             "save_state() to a healthy disk, fix the offload directory, and resume from it (a "
+             "step the failure cut short cannot be resumed: then resume from a checkpoint written "
+             "before it)");
+  // A failure before this step's updates began (the last step's final write-backs, which
+  // complete during this forward): this step updates nothing and is not counted, so the states
+  // stay whole at the last step (they updated the in-memory parameters and counted the step).
+  if (nvme_ && nvme_->failed() && !any_updated_this_step()) {
+    nvme_failure_reported_ = true;
+    nvme_->finish_step();  // throws the failure
+  }
   const AdamStepScalars s = make_adam_step_scalars(options_.hyper, step_ + 1, options_.div_scale);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (nvme_index_[i] >= 0) {
@@ -378,38 +396,49 @@ void HybridAdam::save_state(const std::string& path, const std::vector<SavedRang
   w.close();
 }
 
+// A file is read whole before anything changes, so that a damaged one leaves the optimizer as it
+// was (as AdamW; the states of the parameters before the damage were replaced). Every stepped
+// range must be at the file's step: the updates use one step count for all, so a range a failed
+// step left behind (Note [NVMe failure guarantee]) would get another step's bias correction.
+// Offloaded states are read twice, checked and then written to their slices: holding them in RAM
+// in between is what offloading them avoids.
 void HybridAdam::load_state(const std::string& path, const StateFileMap* map) {
   StateFileRanges file(path, params_, map);
   const int64_t step = file.step();
   auto read_range = [&](size_t i, int64_t off, int64_t n, float* m, float* v) {
-    return file.read(i, off, n, m, v);
+    const int64_t st = file.read(i, off, n, m, v);
+    MW_CHECK_T(FormatError, st == step || !file.has_state(i), "optimizer checkpoint '", path,
+               "': parameter ", i, " is at step ", st, " and the optimizer at step ", step,
+               " (a step an I/O failure cut short); HybridAdam loads only whole steps: resume "
+               "from a checkpoint written before the failure");
+    return st;
   };
+  std::vector<Tensor> mem_m(params_.size()), mem_v(params_.size());
   std::vector<float> m, v;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const int k = nvme_index_[i];
-    if (k >= 0) {
-      m.resize(static_cast<size_t>(nvme_->slice_numel()));
-      v.resize(m.size());
-      for (int64_t j = 0; j < nvme_->slice_count(k); ++j) {
-        const int64_t off = j * nvme_->slice_numel();
-        const int64_t n = std::min(nvme_->slice_numel(), params_[i].numel() - off);
-        const int64_t st = read_range(i, off, n, m.data(), v.data());
-        nvme_->write_slice(k, j, m.data(), v.data(), st);
+  for (const bool commit : {false, true})
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const int k = nvme_index_[i];
+      if (k >= 0) {
+        m.resize(static_cast<size_t>(nvme_->slice_numel()));
+        v.resize(m.size());
+        for (int64_t j = 0; j < nvme_->slice_count(k); ++j) {
+          const int64_t off = j * nvme_->slice_numel();
+          const int64_t n = std::min(nvme_->slice_numel(), params_[i].numel() - off);
+          const int64_t st = read_range(i, off, n, m.data(), v.data());
+          if (commit) nvme_->write_slice(k, j, m.data(), v.data(), st);
+        }
+      } else if (!commit && file.has_state(i)) {
+        const Tensor& p = params_[i];
+        mem_m[i] = Tensor::zeros(p.shape(), DType::F32, Device::cpu());
+        mem_v[i] = Tensor::zeros(p.shape(), DType::F32, Device::cpu());
+        read_range(i, 0, p.numel(), mem_m[i].data<float>(), mem_v[i].data<float>());
+      } else if (commit) {
+        // Where the run keeps them (state_device), not where the parameter is: Gemini's chunks
+        // homed on a GPU with host states stepped a host gradient with the CUDA kernel on resume.
+        exp_avg_[i] = mem_m[i].defined() ? mem_m[i].to(state_device(i)) : Tensor();
+        exp_avg_sq_[i] = mem_v[i].defined() ? mem_v[i].to(state_device(i)) : Tensor();
       }
-    } else if (!file.has_state(i)) {
-      exp_avg_[i] = Tensor();
-      exp_avg_sq_[i] = Tensor();
-    } else {
-      const Tensor& p = params_[i];
-      Tensor mc = Tensor::zeros(p.shape(), DType::F32, Device::cpu());
-      Tensor vc = Tensor::zeros(p.shape(), DType::F32, Device::cpu());
-      read_range(i, 0, p.numel(), mc.data<float>(), vc.data<float>());
-      // Where the run keeps them (state_device), not where the parameter is: Gemini's chunks
-      // homed on a GPU with host states stepped a host gradient with the CUDA kernel on resume.
-      exp_avg_[i] = mc.to(state_device(i));
-      exp_avg_sq_[i] = vc.to(state_device(i));
     }
-  }
   step_ = step;
   if (nvme_) nvme_->resume_prefetch();
 }

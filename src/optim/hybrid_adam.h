@@ -152,6 +152,7 @@ class HybridAdam : public Optimizer {
   void update_in_memory(size_t i, const AdamStepScalars& s);
   const NoDecayRanges& no_decay(size_t i) const { return no_decay_of(options_.no_decay, i); }
   Device state_device(size_t i) const;     // where parameter i's m and v are created
+  bool any_updated_this_step() const;      // in backward: a parameter, or an offloaded slice
   std::vector<char> updated_in_backward_;  // per parameter, this step
   std::shared_ptr<char> alive_ = std::make_shared<char>(0);  // expires with the optimizer
   HybridAdamOptions options_;

@@ -406,20 +406,20 @@ double DataParallel::mean_over_ranks(double value) {
   return sum_over_ranks(value) / static_cast<double>(comm_->size());
 }
 
+// Each rank's gradients (its pieces under ZeRO 1-3) in the blocks of Note [Norm order], reduced in
+// parallel (a CUDA gradient on its device), then the ranks' sums added. Pieces cut the blocks
+// elsewhere than whole parameters, so a sharded norm is the unsharded one within rounding, not bit
+// for bit (measured: 2.9082881156108313 at ZeRO 0, 2.90828811561103 at ZeRO 1 and 2; the clip
+// factor, rounded to float, was the same). It was one serial loop over the elements.
 double DataParallel::grad_norm() const {
   double sum_sq = 0;
   std::vector<double> parts;
   for (const Tensor& p : optimizer_params_) {
     const Tensor g = grad(p);
     if (!g.defined()) continue;
-    if (g.device().is_cuda()) {  // reduced on the device, its block partials added in order
-      parts.clear();
-      optim::append_block_squares(g.contiguous(), parts);
-      sum_sq = optim::add_in_order(sum_sq, parts);
-      continue;
-    }
-    const float* x = g.data<float>();
-    for (int64_t i = 0, n = g.numel(); i < n; ++i) sum_sq += static_cast<double>(x[i]) * x[i];
+    parts.clear();
+    optim::append_block_squares(g.contiguous(), parts);
+    sum_sq = optim::add_in_order(sum_sq, parts);
   }
   if (zero_stage_ > 0 && comm_->size() > 1) sum_sq = sum_over_ranks(sum_sq);
   return std::sqrt(sum_sq);

@@ -19,6 +19,7 @@
 #include "autograd/functions.h"
 #include "data/random_tokens.h"
 #include "models/gpt2/model.h"
+#include "nvme_test_util.h"
 #include "optim/hybrid_adam.h"
 #include "optim/optimizer.h"
 
@@ -26,32 +27,7 @@ namespace mw::optim {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Number of elements whose bits differ; prints the first few.
-int64_t bit_mismatches(const char* what, const Tensor& got, const Tensor& want) {
-  std::vector<float> a = got.to_vector<float>(), b = want.to_vector<float>();
-  EXPECT_EQ(a.size(), b.size()) << what;
-  int64_t bad = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    if (std::memcmp(&a[i], &b[i], 4) != 0) {
-      if (bad < 5) std::printf("  %s[%zu]: got %.9g want %.9g\n", what, i, a[i], b[i]);
-      ++bad;
-    }
-  }
-  return bad;
-}
-
-// Small slices and a two-slot window, so that parameters span many slices, the pump stalls on
-// in-flight writes, and (with consumption out of the expected order) the spare slot is used.
-NvmeOffloadOptions small_nvme(double fraction, std::string dir = "") {
-  NvmeOffloadOptions o;
-  o.fraction = fraction;
-  o.dir = std::move(dir);
-  o.slice_numel = 1024;
-  o.window_bytes = 2 * 8 * 1024;
-  o.record_timeline = true;
-  return o;
-}
+using namespace test;  // nvme_test_util.h
 
 TEST(NvmeSelect, GreedyInParameterOrderUpToTheFlooredFraction) {
   // total 100; fraction 0.5 -> limit 50: 30 taken, 40 skipped (70 > 50), 20 taken (50), 10 skipped.
@@ -61,35 +37,6 @@ TEST(NvmeSelect, GreedyInParameterOrderUpToTheFlooredFraction) {
   EXPECT_EQ(select_nvme_offloaded({3, 3}, 0.49), (std::vector<bool>{0, 0}));  // floor(2.94) = 2
   EXPECT_THROW(select_nvme_offloaded({1}, 1.5), InvalidArgument);
   EXPECT_THROW(select_nvme_offloaded({1}, -0.1), InvalidArgument);
-}
-
-// Parameters of awkward sizes (a slice boundary inside, a tail slice, one shorter than a slice).
-std::vector<Tensor> make_params(uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  std::vector<Tensor> ps;
-  for (int64_t n : {3000, 1024, 100, 5000, 7}) {
-    std::vector<float> v(static_cast<size_t>(n));
-    for (auto& x : v) x = u(rng);
-    Tensor p = Tensor::from_vector(v, {n});
-    set_requires_grad(p);
-    ps.push_back(p);
-  }
-  return ps;
-}
-
-void set_grads(const std::vector<Tensor>& ps, int step, bool skip_one) {
-  std::mt19937 rng(1000 + step);
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  for (size_t i = 0; i < ps.size(); ++i) {
-    if (skip_one && i == 2) {  // a parameter without gradient this step is not stepped
-      zero_grad(ps[i]);
-      continue;
-    }
-    std::vector<float> g(static_cast<size_t>(ps[i].numel()));
-    for (auto& x : g) x = u(rng);
-    set_grad(ps[i], Tensor::from_vector(g, ps[i].shape()));
-  }
 }
 
 TEST(NvmeOffload, StepPathMatchesAdamWBitwiseAtEveryFraction) {
@@ -144,28 +91,6 @@ struct RunResult {
   std::vector<float> losses;
   std::vector<Tensor> params;
 };
-
-gpt2::Config tiny_config() {
-  gpt2::Config c = gpt2::Config::preset("tiny");
-  c.set_dropout(0.0);  // resumed runs must not depend on the generator's position
-  return c;
-}
-
-// One training step on seeded random tokens; `after_backward` (if any) runs between backward and
-// step(), where a test can look at the gradients.
-float train_step(gpt2::GPT2& model, Optimizer& opt, int64_t step,
-                 const std::function<void()>& after_backward = {}) {
-  const int64_t B = 2, T = 16;
-  std::vector<int32_t> tokens(static_cast<size_t>(B * T));
-  data::random_tokens(3, step, B, T, model.config().vocab_size, tokens.data());
-  Tensor ids = Tensor::from_vector(tokens, {B, T});
-  opt.zero_grad();
-  Tensor loss = shifted_cross_entropy(model(ids), ids);
-  backward(loss);
-  if (after_backward) after_backward();
-  opt.step();
-  return static_cast<float>(loss.item());
-}
 
 RunResult train_tiny(const std::string& optimizer, double fraction, int steps) {
   gpt2::GPT2 model(tiny_config(), 0, DType::F32);
@@ -258,170 +183,6 @@ TEST(NvmeOffload, SaveLoadContinueGivesBitwiseEqualLosses) {
     expect_same_run(resumed, full);
   }
   fs::remove(ckpt);
-}
-
-// ---- failures ------------------------------------------------------------------------------
-
-// Checks Note [NVMe failure guarantee] after a failed step `step`: every slice's p, m and v are
-// all at the state before the step (slice_step == step - 1) or all after it (== step), never mixed.
-// Returns {old slices, new slices}.
-std::pair<int64_t, int64_t> check_per_slice_atomic(
-    HybridAdam& opt, const std::vector<Tensor>& ps, int64_t step,
-    const std::vector<std::array<Tensor, 3>>& before,
-    const std::vector<std::array<Tensor, 3>>& after) {
-  int64_t old_slices = 0, new_slices = 0;
-  NvmeAdamStates& st = *opt.nvme();
-  for (int k = 0; k < st.param_count(); ++k) {
-    auto [m, v] = opt.state_copy(static_cast<size_t>(k));
-    const Tensor got[3] = {ps[k], m, v};
-    for (int64_t j = 0; j < st.slice_count(k); ++j) {
-      const int64_t off = j * st.slice_numel(), n = std::min(st.slice_numel(), st.numel(k) - off);
-      bool is_old[3], is_new[3];
-      for (int t = 0; t < 3; ++t) {
-        is_old[t] =
-            std::memcmp(got[t].data<float>() + off, before[k][t].data<float>() + off, 4 * n) == 0;
-        is_new[t] =
-            std::memcmp(got[t].data<float>() + off, after[k][t].data<float>() + off, 4 * n) == 0;
-      }
-      const bool all_old = is_old[0] && is_old[1] && is_old[2];
-      const bool all_new = is_new[0] && is_new[1] && is_new[2];
-      EXPECT_TRUE(all_old || all_new) << "param " << k << " slice " << j << " is half-updated";
-      EXPECT_EQ(st.slice_step(k, j), all_new ? step : step - 1) << "param " << k << " slice " << j;
-      (all_new ? new_slices : old_slices)++;
-    }
-  }
-  return {old_slices, new_slices};
-}
-
-std::vector<std::array<Tensor, 3>> snapshot(const std::vector<Tensor>& ps, const AdamW& ref) {
-  std::vector<std::array<Tensor, 3>> out;
-  for (size_t i = 0; i < ps.size(); ++i)
-    out.push_back({ps[i].clone(), ref.exp_avg(i).clone(), ref.exp_avg_sq(i).clone()});
-  return out;
-}
-
-// Runs two good steps, then a third with the given fault; returns the per-slice split.
-std::pair<int64_t, int64_t> fail_third_step(io::IoOp op, int nth, int error) {
-  AdamHyper hyper;
-  std::vector<Tensor> ref_params = make_params(5), ps = make_params(5);
-  AdamW ref(ref_params, hyper);
-  HybridAdam opt(ps, HybridAdamOptions(hyper, -1.f, small_nvme(1.0)));
-  for (int s = 0; s < 2; ++s) {
-    set_grads(ref_params, s, false);
-    ref.step();
-    set_grads(ps, s, false);
-    opt.step();
-  }
-  auto before = snapshot(ref_params, ref);
-  set_grads(ref_params, 2, false);
-  ref.step();
-  auto after = snapshot(ref_params, ref);
-  std::atomic<int> count{0};
-  opt.nvme()->engine().set_fault_injector([&](const io::IoRequest& r, int64_t) {
-    if (r.op == op && count.fetch_add(1) == nth) return io::Fault{error, -1};
-    return io::Fault{};
-  });
-  set_grads(ps, 2, false);
-  try {
-    opt.step();
-    ADD_FAILURE() << "step() should have thrown the injected " << errno_text(error);
-  } catch (const IoError& e) {
-    EXPECT_EQ(e.err, error);
-    EXPECT_FALSE(e.path.empty());
-    EXPECT_NE(std::string(e.what()).find(std::strerror(error)), std::string::npos) << e.what();
-    std::printf("  the error reads: %s\n", e.what());
-  }
-  opt.nvme()->engine().set_fault_injector({});
-  auto split = check_per_slice_atomic(opt, ps, 3, before, after);
-  EXPECT_THROW(opt.step(), Error);  // refuses to go on until restarted from a checkpoint
-  // ... but the state can be saved, and it is the consistent per-slice state checked above.
-  fs::path ckpt = fs::temp_directory_path() / ("mw_nvme_fail_" + std::to_string(::getpid()));
-  opt.save_state(ckpt.string());
-  std::vector<Tensor> ps2 = make_params(5);
-  for (size_t i = 0; i < ps.size(); ++i) ps2[i].copy_(ps[i]);
-  HybridAdam opt2(ps2, HybridAdamOptions(hyper, -1.f, small_nvme(1.0)));
-  opt2.load_state(ckpt.string());
-  EXPECT_EQ(check_per_slice_atomic(opt2, ps2, 3, before, after), split);
-  fs::remove(ckpt);
-  return split;
-}
-
-TEST(NvmeOffload, EnospcMidStepIsReportedAndNothingIsHalfUpdated) {
-  // The 6th write-back of step 3 fails as a full disk would. Its slice keeps the new m, v in RAM;
-  // slices after it are not stepped.
-  auto [old_slices, new_slices] = fail_third_step(io::IoOp::kWrite, 5, ENOSPC);
-  EXPECT_GE(new_slices, 6);
-  EXPECT_GT(old_slices, 0);
-}
-
-TEST(NvmeOffload, FailedReadLeavesThatSliceAtTheOldStep) {
-  auto [old_slices, new_slices] = fail_third_step(io::IoOp::kRead, 3, EIO);
-  EXPECT_GE(old_slices, 1);
-  EXPECT_GE(new_slices, 1);
-}
-
-// A full disk in the middle of a tiny GPT-2 step whose tied embedding is row-split (Note [NVMe
-// failure guarantee]): step() reports the IoError; every element's p, m and v are all the old or
-// all the new values (never mixed), a slice counts the step only when all its elements have it,
-// and the state saves and loads as it is.
-TEST(NvmeOffload, FullDiskDuringARowSplitStepLeavesEveryElementOldOrNew) {
-  for (int nth : {3, 40}) {  // inside the embedding's early pass, and among the blocks
-    SCOPED_TRACE(nth);
-    gpt2::GPT2 ref_model(tiny_config(), 0, DType::F32), model(tiny_config(), 0, DType::F32);
-    AdamW ref(ref_model.parameters());
-    HybridAdam opt(model.parameters(), HybridAdamOptions({}, -1.f, small_nvme(1.0)));
-    std::vector<Tensor> ps = model.parameters(), ref_ps = ref_model.parameters();
-    for (int s = 0; s < 2; ++s) {
-      train_step(ref_model, ref, s);
-      train_step(model, opt, s);
-    }
-    auto before = snapshot(ref_ps, ref);
-    train_step(ref_model, ref, 2);
-    auto after = snapshot(ref_ps, ref);
-    opt.flush();
-    std::atomic<int> count{0};
-    opt.nvme()->engine().set_fault_injector([&](const io::IoRequest& r, int64_t) {
-      if (r.op == io::IoOp::kWrite && count.fetch_add(1) == nth) return io::Fault{ENOSPC, -1};
-      return io::Fault{};
-    });
-    EXPECT_THROW(train_step(model, opt, 2), IoError);
-    opt.nvme()->engine().set_fault_injector({});
-    NvmeAdamStates& st = *opt.nvme();
-    int64_t old_elems = 0, new_elems = 0;
-    for (int k = 0; k < st.param_count(); ++k) {
-      auto [m, v] = opt.state_copy(static_cast<size_t>(k));
-      const float* got[3] = {ps[k].data<float>(), m.data<float>(), v.data<float>()};
-      for (int64_t j = 0; j < st.slice_count(k); ++j) {
-        const int64_t off = j * st.slice_numel(), n = std::min(st.slice_numel(), st.numel(k) - off);
-        bool all_new = true;
-        for (int64_t e = off; e < off + n; ++e) {
-          bool is_old = true, is_new = true;
-          for (int t = 0; t < 3; ++t) {
-            is_old = is_old && std::memcmp(got[t] + e, before[k][t].data<float>() + e, 4) == 0;
-            is_new = is_new && std::memcmp(got[t] + e, after[k][t].data<float>() + e, 4) == 0;
-          }
-          ASSERT_TRUE(is_old || is_new) << "param " << k << " element " << e << " is half-updated";
-          all_new = all_new && is_new;
-          (is_new ? new_elems : old_elems)++;
-        }
-        EXPECT_EQ(st.slice_step(k, j), all_new ? 3 : 2) << "param " << k << " slice " << j;
-      }
-    }
-    EXPECT_GT(old_elems, 0);
-    EXPECT_GT(new_elems, 0);
-    EXPECT_THROW(opt.step(), Error);  // refuses to go on
-    fs::path ckpt = fs::temp_directory_path() / ("mw_nvme_split_" + std::to_string(::getpid()));
-    opt.save_state(ckpt.string());
-    HybridAdam opt2(model.parameters(), HybridAdamOptions({}, -1.f, small_nvme(1.0)));
-    opt2.load_state(ckpt.string());
-    for (int k = 0; k < st.param_count(); ++k) {
-      auto [m1, v1] = opt.state_copy(static_cast<size_t>(k));
-      auto [m2, v2] = opt2.state_copy(static_cast<size_t>(k));
-      EXPECT_EQ(bit_mismatches("m", m2, m1), 0) << "param " << k;
-      EXPECT_EQ(bit_mismatches("v", v2, v1), 0) << "param " << k;
-    }
-    fs::remove(ckpt);
-  }
 }
 
 TEST(NvmeOffload, UnusableDirectoryIsAClearIoError) {
