@@ -66,6 +66,11 @@ std::vector<std::vector<StateSegment>> read_segments(AdamStateReader& r,
       expect += s.numel;
       segs[i].push_back(s);
     }
+    // Segments that stop short would leave the rest of the parameter's moments at 0 and shift
+    // every later parameter's data.
+    MW_CHECK_T(FormatError, nseg == 0 || expect == numel, "optimizer checkpoint '", path,
+               "': the segments of parameter ", i, " cover ", expect, " of its ", numel,
+               " elements: the file is damaged; load another");
   }
   int64_t pos = r.pos();
   for (auto& ps : segs)

@@ -135,6 +135,28 @@ TEST_F(CheckpointFormat, ASegmentReachingPastTheParameterIsRefusedWithoutOverflo
   }
 }
 
+// Segments that stop short of the parameter's end loaded the rest as zeros and read every later
+// parameter's data from the wrong place; a partially applied step loaded into HybridAdam too, where
+// the old segment would get the next step's bias correction (AdamW refused it).
+TEST_F(CheckpointFormat, SegmentsStoppingShortAndPartialStepsAreRefused) {
+  const std::string shorter =
+      write("short.ckpt", checkpoint_bytes(3, {{5, {{0, 3, 3}}}, {6, {{0, 6, 3}}}}));
+  try {
+    HybridAdam(params_).load_state(shorter);
+    FAIL() << "segments covering 3 of 5 elements loaded";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("cover 3 of its 5 elements"), std::string::npos)
+        << e.what();
+  }
+  const std::string partial =
+      write("partial.ckpt", checkpoint_bytes(3, {{5, {{0, 2, 3}, {2, 3, 2}}}, {6, {{0, 6, 3}}}}));
+  HybridAdam opt(params_);
+  opt.load_state(write("whole.ckpt", checkpoint_bytes(1, {{5, {{0, 5, 1}}}, {6, {{0, 6, 1}}}})));
+  EXPECT_THROW(opt.load_state(partial), FormatError);
+  EXPECT_EQ(opt.step_count(), 1);  // as it was
+  EXPECT_EQ(opt.state_copy(0).first.data<float>()[0], 0.5f);
+}
+
 // Note [Checked optimizer values]: the format has no checksum. A step of INT64_MAX trained zero
 // steps and overflowed the schedule, -5 failed in the data reader with an internal message, and a
 // NaN or negative v was reported a step later as a diverging gradient (lower --lr). Each is a
