@@ -82,8 +82,10 @@ Allocator* cuda_allocator(int index) {
 void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,
                      int64_t nbytes) {
   cudaMemcpyKind kind = cudaMemcpyDefault;  // unified addressing tells the direction
-  (void)dst_device;
-  (void)src_device;
+  // On the legacy stream of the device the copy touches (the source's when both are GPUs), so
+  // that it follows that device's kernels: the thread's current device may be another GPU's.
+  const int index = src_device.is_cuda() ? src_device.index : dst_device.index;
+  check_cuda(cudaSetDevice(index), "cudaSetDevice(", index, ") for a copy");
   check_cuda(cudaMemcpy(dst, src, static_cast<size_t>(nbytes), kind), "cudaMemcpy");
 }
 

@@ -265,7 +265,13 @@ LockedHandle cublas_handle(int device) {
   if (!h) {
     check_cublas(cublas().create(&h), "cublasCreate");
     // CUBLAS_DEFAULT_MATH: full fp32 products, no TF32 (unless NVIDIA_TF32_OVERRIDE says so).
-    check_cublas(cublas().set_math_mode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    // Reduced-precision reduction disallowed: a split-K product with a 16-bit result may
+    // otherwise add its partial sums in that type (Note [Products in bf16 and f16 on CUDA];
+    // PyTorch allows it by default). Set in session 40 without a GPU: its speed not measured.
+    check_cublas(cublas().set_math_mode(h, static_cast<cublasMath_t>(
+                                               CUBLAS_DEFAULT_MATH |
+                                               CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+                 "cublasSetMathMode");
   }
   return {std::move(lock), h};
 }
@@ -301,7 +307,9 @@ cudaDataType_t cuda_data_type(DType dtype) {
 // cublasSgemm / cublasDgemm did. bf16 and f16 operands (the autocast linears and the LM head) run
 // on tensor cores with CUBLAS_COMPUTE_32F: each product of two 16-bit values is exact in f32, the
 // sums are f32, and the result is rounded once, to the result's type (bf16, f16 or f32), after
-// adding beta * C in f32. That is the CPU's contract for low-precision storage (widen, f32
+// adding beta * C in f32 (split-K partials too: the handle disallows reduced-precision
+// reduction, which cuBLAS otherwise may use for a 16-bit result). That is the CPU's contract for
+// low-precision storage (widen, f32
 // kernel, round once; Note [Low-precision storage]) with the sums in cuBLAS's order, and the
 // arithmetic of PyTorch's bf16 matmul under autocast.
 struct GemmTypes {

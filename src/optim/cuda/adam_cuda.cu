@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "optim/adam_cuda.h"
+#include "optim/cuda/device_of.cuh"
 
 namespace mw::optim {
 namespace {
@@ -64,6 +65,7 @@ void adam_update_cuda(const AdamStepScalars& scalars, float* param, const void* 
   MW_CHECK_T(InvalidArgument,
              param != nullptr && grad != nullptr && exp_avg != nullptr && exp_avg_sq != nullptr,
              "adam_update_cuda: null device pointer for ", numel, " elements");
+  use_device_holding(param, "adam_update_cuda");
   auto s = static_cast<cudaStream_t>(stream);
   switch (grad_dtype) {
     case DType::F32: launch<float>(scalars, param, grad, exp_avg, exp_avg_sq, numel, s); break;

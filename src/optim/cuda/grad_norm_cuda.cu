@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "optim/cuda/device_of.cuh"
 #include "optim/grad_norm.h"
 
 namespace mw::optim {
@@ -39,6 +40,7 @@ void block_squares_cuda(const float* x, int64_t n, double* partials, void* strea
   MW_CHECK_T(InvalidArgument, n >= 0 && (n == 0 || (x != nullptr && partials != nullptr)),
              "block_squares_cuda: expected n >= 0 and device pointers, got n = ", n);
   if (n == 0) return;
+  use_device_holding(x, "block_squares_cuda");
   const int64_t blocks = (n + kNormBlock - 1) / kNormBlock;
   constexpr int kThreads = 256;  // 8 warps, 8 norm blocks per thread block
   constexpr int64_t kWarpsPerBlock = kThreads / kNormLanes;
