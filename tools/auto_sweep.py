@@ -110,8 +110,16 @@ import tempfile
 
 from sweep_lib import (ROOT, draw_auto, draw_between, draw_data, draw_decay, draw_gemini,
                        draw_optim, draw_placement, draw_training, last_line, mpirun, nvme_dir,
-                       plain_and_gemini, refused, run, write_data, write_shard)
+                       plain_and_gemini, refused, run, too_many_refused, write_data,
+                       write_shard)
 from sweep_stops import check_fault, check_resume, check_signal, draw_fault
+
+
+def json_losses(log):
+    """The training losses of a --log file, every bit (none when it has no records)."""
+    if not os.path.exists(log):
+        return []
+    return [json.loads(l)["loss"] for l in open(log) if l.strip() and "loss" in json.loads(l)]
 
 
 def check_auto(launch, binary, a, rng, work):
@@ -125,11 +133,13 @@ def check_auto(launch, binary, a, rng, work):
     plan = re.search(r"total: host [0-9.]+ MiB \| sim:0 ([0-9.]+) MiB", st.stdout)
     planned = int((float(plan.group(1)) + 0.05) * (1 << 20)) if plan else 0  # printed to 0.1 MiB
     cap = (max(peak, planned) + 4095) // 4096 * 4096
-    losses = re.findall(r"loss ([0-9.]+)", st.stdout)
+    losses = json_losses(log)  # every bit: the printed ones have three decimals
     failures = 0
     for extra in [[]] + ([["--copy-worker", "on"]] if rng.random() < 0.4 else []):
-        au = run(launch + [binary] + a + ["--device", f"sim:{cap}", "--gemini", "auto"] + extra)
-        ok = au.returncode == 0 and re.findall(r"loss ([0-9.]+)", au.stdout) == losses
+        au_log = os.path.join(work, "auto.jsonl")
+        au = run(launch + [binary] + a + ["--device", f"sim:{cap}", "--gemini", "auto", "--log",
+                                          au_log] + extra)
+        ok = au.returncode == 0 and losses and json_losses(au_log) == losses
         failures += not ok
         print("ok  " if ok else "FAIL", f"sim:{cap}", " ".join(a + extra),
               "" if ok else "| " + last_line(au), flush=True)
@@ -149,9 +159,9 @@ def check_const(launch, binary, a, rng, work):
         if r.returncode != 0:
             return refused("EXIT", r, " ".join(a + g))
         peaks.append(max(json.loads(l)["device_peak_bytes"]["sim:0"] for l in open(log)))
-        losses.append(re.findall(r"loss ([0-9.]+)", r.stdout))
+        losses.append(json_losses(log))
     over = peaks[1] - peaks[0] - budget
-    ok = over <= 0 and losses[0] == losses[1]
+    ok = over <= 0 and losses[0] and losses[0] == losses[1]
     print("ok  " if ok else "FAIL", f"budget {budget >> 10} KiB, static {peaks[0] / 2**20:.2f} "
           f"const {peaks[1] / 2**20:.2f} MiB", " ".join(a + extra),
           "" if ok else f"| over by {over} bytes, losses {losses}", flush=True)
@@ -464,9 +474,11 @@ def main():
                 longer = rng.random() < 0.3
                 failures += check_resume(launch, args.binary, a, placement, work, moved, longer)
         except subprocess.TimeoutExpired:
-            print("TIMEOUT", flush=True)
+            print("FAIL TIMEOUT", flush=True)  # a hang is a failure (it counted for none)
+            failures += 1
         finally:
             shutil.rmtree(work, ignore_errors=True)
+    failures += too_many_refused(args.runs)
     print(f"{args.runs} configurations, {failures} failures")
     return 1 if failures else 0
 

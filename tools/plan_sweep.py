@@ -96,27 +96,36 @@ def main():
     launch = [] if args.ranks == 1 else ["mpirun", "--oversubscribe", "-np", str(args.ranks)]
     if args.ranks > 1 and os.geteuid() == 0:
         launch.insert(1, "--allow-run-as-root")
-    out_of_bar = 0
+    out_of_bar = failed = 0  # failed: a crash, a hang, or a run whose peaks were not read
     for _ in range(args.runs):
         a = draw(rng, args.ranks, args.tiers)
         try:
             r = subprocess.run(launch + [args.binary] + a, capture_output=True, text=True,
                                errors="replace", timeout=600)
         except subprocess.TimeoutExpired:
-            print("TIMEOUT", " ".join(a))
+            print("FAIL TIMEOUT", " ".join(a))
+            failed += 1
             continue
-        if r.returncode != 0:
-            print("EXIT", r.returncode, " ".join(a), "|",
+        if r.returncode != 0:  # a refusal (--tiers draws budgets that cannot hold) or a crash
+            crash = r.returncode not in (1, 2)
+            failed += crash
+            print("FAIL" if crash else "EXIT", r.returncode, " ".join(a), "|",
                   (r.stdout + r.stderr).strip().split("\n")[-1][:200])
             continue
         rows = compare(r.stdout + r.stderr)
+        if not rows:
+            print("FAIL no plan or peaks read |", " ".join(a[2:]), flush=True)
+            failed += 1
+            continue
         out = any(abs(e) > 0.10 and m >= 10 for _, _, m, e in rows)
         out_of_bar += out
         print("OUT " if out else "ok  ",
               " ".join(f"{w} {p:.1f}/{m:.0f} {100 * e:+.1f}%" for w, p, m, e in rows), "|",
               " ".join(a[2:]), flush=True)
-    print(f"{args.runs} runs, {out_of_bar} outside the 10% bar (peaks of 10 MiB or more)")
+    print(f"{args.runs} runs, {out_of_bar} outside the 10% bar (peaks of 10 MiB or more), "
+          f"{failed} failed")
+    return 1 if out_of_bar or failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

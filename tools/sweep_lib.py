@@ -2,6 +2,7 @@
 launcher, and how a run's outcome is judged (a refusal with a message, or a crash)."""
 import json
 import os
+import re
 import struct
 import subprocess
 
@@ -216,11 +217,31 @@ def crashed(r):
     return r.returncode < 0 or "Sanitizer" in r.stderr or "runtime error:" in r.stderr
 
 
+# Refusals counted by refused(), which a sweep bounds (too_many_refused): a binary that refused
+# everything passed every sweep (a review's fake gpt2_train that only printed an error).
+REFUSALS = [0]
+
+
 def refused(tag, r, what):
-    """Prints a run that stopped; returns the failures it counts for (a crash: 1)."""
-    bad = crashed(r)
-    print("FAIL" if bad else tag, r.returncode, what, "|", last_line(r), flush=True)
-    return 1 if bad else 0
+    """Prints a run that stopped; returns the failures it counts for. A refusal (exit 1 or 2 with
+    gpt2_train's error line, before any step: a drawn configuration the memory check or the
+    options refuse) counts for none; a crash, a sanitizer report, or a stop after training began
+    counts for one."""
+    out = (r.stderr or "") + (r.stdout or "")
+    refusal = (r.returncode in (1, 2) and not crashed(r)
+               and re.search(r"^gpt2_train: ", out, re.M) and "] loss:" not in (r.stdout or ""))
+    REFUSALS[0] += 1 if refusal else 0
+    print(tag if refusal else "FAIL", r.returncode, what, "|", last_line(r), flush=True)
+    return 0 if refusal else 1
+
+
+def too_many_refused(runs):
+    """1 when more than a third of a sweep's `runs` configurations were refused (the drawn
+    configurations are refused about one time in seven), else 0."""
+    if 3 * REFUSALS[0] <= runs:
+        return 0
+    print(f"FAIL {REFUSALS[0]} of {runs} configurations were refused: more than a third", flush=True)
+    return 1
 
 
 def plain_and_gemini(cmd, g, work, plain=()):

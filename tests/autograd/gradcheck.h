@@ -70,9 +70,11 @@ inline void compare_with_finite_differences(const std::function<double()>& loss,
     px[i] = saved;
     const double numeric = (lp - lm) / (2 * h);
     const double err = std::abs(analytic[i] - numeric), tol = gradcheck_tolerance(numeric, S, h);
-    max_ratio = std::max(max_ratio, err / tol);
+    // Written so that a NaN fails: NaN > tol is false, and std::max keeps its first argument.
+    const bool bad = !(err <= tol);
+    max_ratio = bad && !(err / tol > max_ratio) ? INFINITY : std::max(max_ratio, err / tol);
     max_err = std::max(max_err, err);
-    if (err > tol && reported++ < 5)
+    if (bad && reported++ < 5)
       ADD_FAILURE() << "input " << k << " element " << i << ": analytic " << analytic[i]
                     << " numeric " << numeric << " (error " << err << ", tolerance " << tol << ")";
   }

@@ -228,6 +228,13 @@ TEST(Gradcheck, DetectsAGradientComputedInF32) {
   EXPECT_GE(failures_of(in_f32, x), 1) << "gradcheck accepted an f32 gradient of an f64 input";
 }
 
+// A NaN gradient compared false with every tolerance and left the largest ratio as it was: an
+// all-NaN backward passed every gradcheck.
+TEST(Gradcheck, DetectsANaNGradient) {
+  const Tensor x = random_tensor({4}, 1);
+  EXPECT_GE(failures_of(times_x(NAN), x), 1) << "gradcheck accepted NaN gradients";
+}
+
 TEST(Gradcheck, RejectsANonContiguousInput) {  // element i is not at data + i
   EXPECT_GE(failures_of(times_x(2.0), random_tensor({3, 4}, 1).transpose(0, 1)), 1);
 }

@@ -217,7 +217,10 @@ TEST(DistWorker, AsyncOverlap) {
   for (const auto& b : buffers) EXPECT_EQ(b.to_vector<float>()[12345], 3.f);
   const dist::CommStats s = comm->stats();
   std::printf("overlap: busy %.1f ms, waited %.1f ms after the work\n", s.busy_ms, s.wait_ms);
-  EXPECT_LT(s.wait_ms, s.busy_ms + 1);
+  // The 1 s "backward" is far longer than the four all-reduces (~190 ms busy here): run in the
+  // background they are done before wait(), which then waits next to nothing; run inside wait()
+  // (no overlap) it waits about busy_ms, which the old bar (busy_ms + 1) let pass.
+  EXPECT_LT(s.wait_ms, 0.25 * s.busy_ms);
 }
 
 // Rank 1 never joins the all_reduce: rank 0 gets CommTimeout within its limit, not a hang.

@@ -36,6 +36,7 @@ double compare(const std::string& what, const Tensor& actual, const Tensor& expe
   int shown = 0;
   for (size_t i = 0; i < std::min(a.size(), e.size()); ++i) {
     double r = std::abs(a[i] - e[i]) / (atol + rtol * std::abs(e[i]));
+    if (std::isnan(r)) r = INFINITY;  // a NaN fails (it compares false with any bar)
     if (r > 1 && shown++ < 3)
       ADD_FAILURE() << what << "[" << i << "]: got " << a[i] << ", expected " << e[i];
     worst = std::max(worst, r);

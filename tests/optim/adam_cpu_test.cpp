@@ -86,8 +86,11 @@ TEST(AdamScalar, MatchesDoubleHandComputation) {
       const double err_v = std::fabs(pr.exp_avg_sq[i] - v), tol_v = 1e-6 * v_scale + 1e-30;
       const double err_p = std::fabs(pr.param[i] - p_new);
       const double tol_p = 1e-6 * (std::fabs(p) + update_scale);
-      worst = std::max({worst, err_m / tol_m, err_v / tol_v, err_p / tol_p});
-      if (err_m > tol_m || err_v > tol_v || err_p > tol_p) {
+      // Written so that a NaN from the kernel fails (it compares false with every bar).
+      const double r = std::max({err_m / tol_m, err_v / tol_v, err_p / tol_p});
+      const bool ok = err_m <= tol_m && err_v <= tol_v && err_p <= tol_p;
+      worst = ok ? std::max(worst, r) : std::max(worst, std::isnan(r) ? INFINITY : r);
+      if (!ok) {
         if (bad < 5) {
           std::printf("  [%lld] p %.9g/%.9g m %.9g/%.9g v %.9g/%.9g (got/want)\n",
                       static_cast<long long>(i), pr.param[i], p_new, pr.exp_avg[i], m,
