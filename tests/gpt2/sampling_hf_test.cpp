@@ -73,22 +73,32 @@ TEST(GenerateAsHf, TopPZeroKeepsTheMostLikelyToken) {
   EXPECT_NEAR(f[1], 1.0, 1e-9);  // every draw (1/30000 summed 30000 times)
 }
 
-// --print-ids stops at the config's eos_token_id as generate() does; it sampled on past it.
-TEST(GenerateAsHf, PrintedIdsStopAtTheConfigsEos) {
+// The fixture's 8 greedy ids after the prompt 5, 17, 42, as generate() makes them.
+std::vector<int32_t> fixture_greedy_ids() {
   auto model = std::make_unique<gpt2::GPT2>(gpt2::load_hf_config(kFixture));
   gpt2::load_hf_weights(*model, kFixture);
   model->eval();
   gpt2::SamplingOptions greedy;
   greedy.temperature = 0;
-  const std::vector<int32_t> want = gpt2::generate(*model, {5, 17, 42}, 8, greedy);
+  return gpt2::generate(*model, {5, 17, 42}, 8, greedy);
+}
+
+// A copy of the fixture in `dir` whose config.json holds "eos_token_id": `eos`.
+void copy_fixture_with_eos(const std::string& dir, const std::string& eos) {
+  std::filesystem::copy(kFixture, dir);
+  std::ifstream in(dir + "/config.json");
+  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  config.insert(config.find('{') + 1, "\n  \"eos_token_id\": " + eos + ",");
+  std::ofstream(dir + "/config.json", std::ios::trunc) << config;
+}
+
+// --print-ids stops at the config's eos_token_id as generate() does; it sampled on past it.
+TEST(GenerateAsHf, PrintedIdsStopAtTheConfigsEos) {
+  const std::vector<int32_t> want = fixture_greedy_ids();
   ASSERT_EQ(want.size(), 8u);
   const int32_t eos = want[2];
   data::testing::TempDir tmp;
-  std::filesystem::copy(kFixture, tmp.file("m"));
-  std::ifstream in(tmp.file("m/config.json"));
-  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  config.insert(config.find('{') + 1, "\n  \"eos_token_id\": " + std::to_string(eos) + ",");
-  std::ofstream(tmp.file("m/config.json"), std::ios::trunc) << config;
+  copy_fixture_with_eos(tmp.file("m"), std::to_string(eos));
   size_t first = 0;  // the first time the greedy ids reach eos
   while (want[first] != eos) ++first;
   std::string line = "ids: ";
@@ -103,22 +113,13 @@ TEST(GenerateAsHf, PrintedIdsStopAtTheConfigsEos) {
 // An eos_token_id list stops at any of its ids, and generation_config.json's eos_token_id is the
 // one generate() uses (memwall stopped at the list's first id only, and ignored the second file).
 TEST(GenerateAsHf, AnEosListAndTheGenerationConfigsEosStopAsGenerateDoes) {
-  auto model = std::make_unique<gpt2::GPT2>(gpt2::load_hf_config(kFixture));
-  gpt2::load_hf_weights(*model, kFixture);
-  model->eval();
-  gpt2::SamplingOptions greedy;
-  greedy.temperature = 0;
-  const std::vector<int32_t> want = gpt2::generate(*model, {5, 17, 42}, 8, greedy);
+  const std::vector<int32_t> want = fixture_greedy_ids();
   ASSERT_EQ(want.size(), 8u);
   int32_t unused = 0;  // an id the greedy run never makes: the list's first
   while (std::find(want.begin(), want.end(), unused) != want.end()) ++unused;
   data::testing::TempDir tmp;
-  std::filesystem::copy(kFixture, tmp.file("m"));
-  std::ifstream in(tmp.file("m/config.json"));
-  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  config.insert(config.find('{') + 1, "\n  \"eos_token_id\": [" + std::to_string(unused) + ", " +
-                                          std::to_string(want[3]) + "],");
-  std::ofstream(tmp.file("m/config.json"), std::ios::trunc) << config;
+  copy_fixture_with_eos(tmp.file("m"),
+                        "[" + std::to_string(unused) + ", " + std::to_string(want[3]) + "]");
   const auto ids_until = [&](int32_t eos) {
     std::string line = "ids: ";
     for (size_t i = 0; i < want.size(); ++i) {
