@@ -91,6 +91,12 @@ std::unique_ptr<data::BpeTokenizer> train_bpe(const cli::Parser& p,
   std::printf("learned %zu merges from %lld distinct pieces in %.1f s: vocab %zu -> %s, %s\n",
               model.merges.size(), static_cast<long long>(trainer.num_distinct_pieces()),
               seconds_since(t0), model.vocab.size(), vocab.c_str(), merges.c_str());
+  if (static_cast<int64_t>(model.vocab.size()) < vocab_size)
+    std::fprintf(stderr,
+                 "gpt2_tokenize: warning: the vocabulary has %zu tokens, not the %lld asked: no "
+                 "pair of tokens is left that occurs twice in the corpus; a new model for it "
+                 "takes --vocab-size %zu\n",
+                 model.vocab.size(), static_cast<long long>(vocab_size), model.vocab.size());
   return std::make_unique<data::BpeTokenizer>(model, vocab);
 }
 
