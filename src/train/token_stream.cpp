@@ -47,6 +47,16 @@ std::vector<std::string> resolve_shards(const std::string& spec, const std::stri
   return paths;
 }
 
+std::optional<int64_t> stamped_vocab_size(const std::string& spec) {
+  if (spec.empty()) return std::nullopt;
+  try {
+    const data::TokenShard first(resolve_shards(spec, "train", "--data").front());
+    if (first.tokenizer()) return first.tokenizer()->vocab_size;
+  } catch (const Error&) {  // open_inputs says what is wrong with it
+  }
+  return std::nullopt;
+}
+
 TokenStream::TokenStream(const std::vector<std::string>& paths, bool shuffle, uint64_t shuffle_seed,
                          const std::string& option)
     : shuffle_(shuffle), seed_(shuffle_seed) {

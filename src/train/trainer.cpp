@@ -144,14 +144,21 @@ gpt2::Config resolve_config(const TrainOptions& o, const std::function<void(std:
   for (const auto& key : c.unknown_fields)
     warn(str("warning: ", source, ": field \"", key, "\" is not a GPT2Config field; ignored"));
   const int64_t last_token = c.vocab_size - 1;  // before --vocab-size
+  int64_t vocab = o.vocab_size;  // Note [A new model's vocabulary] (train/token_stream.h)
+  if (vocab <= 0 && o.init_from.empty() && o.config_path.empty() && o.resume.empty())
+    if (const auto v = stamped_vocab_size(o.data); v && *v != c.vocab_size) {
+      vocab = *v;
+      warn(str("the --data shards' tokenizer has ", vocab, " tokens: a new model of ", vocab,
+               " (--vocab-size overrides)"));
+    }
   if (o.n_layer > 0) c.n_layer = o.n_layer;
   if (o.n_head > 0) c.n_head = o.n_head;
   if (o.n_embd > 0) c.n_embd = o.n_embd;
-  if (o.vocab_size > 0) c.vocab_size = o.vocab_size;
+  if (vocab > 0) c.vocab_size = vocab;
   if (o.n_positions > 0) c.n_positions = o.n_positions;
-  if (o.vocab_size > 0) {  // the last token is <|endoftext|>, as GPT-2's 50256
+  if (vocab > 0) {  // the last token is <|endoftext|>, as GPT-2's 50256
     for (int64_t* id : {&c.bos_token_id, &c.eos_token_id})
-      *id = *id == last_token ? o.vocab_size - 1 : std::min(*id, o.vocab_size - 1);
+      *id = *id == last_token ? vocab - 1 : std::min(*id, vocab - 1);
     c.more_eos_token_ids.clear();  // ids of a vocabulary this model no longer has
   }
   c.validate();

@@ -11,6 +11,7 @@
 #include "child.h"
 #include "data/bpe.h"
 #include "data/token_shard.h"
+#include "models/gpt2/hf_io.h"
 #include "run_app.h"
 
 namespace mw {
@@ -379,6 +380,18 @@ TEST(Gpt2Tokenize, TrainBpeLearnsATokenizerThatRoundTripsAndCompresses) {
   const double tokens = double(ids.size() - 1);  // without the leading <|endoftext|>
   EXPECT_LE(tokens, 2004 * 1.02);
   EXPECT_LT(tokens, double(text.size()) / 1.4);
+  // Note [A new model's vocabulary]: a new model on these shards has the tokenizer's 400 ids and
+  // its <|endoftext|>, not tiny's 97 (it had, with eos 96: every id past 96 refused).
+  const AppResult train =
+      testing::run_built_app("gpt2_train", "--model tiny --seq 16 --batch 2 --steps 1 --data " +
+                                               tmp.file("out") + " --save " + tmp.file("model"));
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  EXPECT_NE(train.output.find("the --data shards' tokenizer has 400 tokens: a new model of 400"),
+            std::string::npos)
+      << train.output;
+  const gpt2::Config saved = gpt2::load_hf_config(tmp.file("model"));
+  EXPECT_EQ(saved.vocab_size, 400);
+  EXPECT_EQ(saved.eos_token_id, 399);
 }
 
 // Chunks are encoded in parallel (each worker with its own tokenizer) and written in order: the
