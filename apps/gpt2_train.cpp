@@ -480,7 +480,10 @@ int run(const Options& o) {
   // --steps 0 (or a resume with none left): the evaluation "after the last step" is of the model
   // as it starts (it was skipped with the loop, silently).
   if (t.done() && t.eval_due()) report_eval(t, log, tty);
-  while (!t.done()) {
+  // A resume from a step whose evaluation a stop signal skipped makes it up (Note [Stop signals]).
+  bool stopped = t.resumed() && !t.done() && t.eval_due() && report_eval(t, log, tty);
+  if (stopped) print(t.early_stop_text());
+  while (!stopped && !t.done()) {
     const train::StepResult r = t.train_step();
     exit_if_test_asks(o.comm ? o.comm->rank() : 0, r.step);
     const std::string line =
@@ -502,10 +505,7 @@ int run(const Options& o) {
     if (t.sample_due() && go_on) print(str(tty ? "\n" : "", t.sample()));
     checkpoint_or_stop(t, o, r.step, tty, sig, early);
     if (early) {
-      const train::BestValidation& b = t.best_validation();
-      print(str("Stopped early after step ", t.step(), " (--early-stop ", o.early_stop,
-                "): ", b.evals_since, " evaluations without a val loss below ",
-                format_fixed(b.loss, 3), " (step ", b.step, ")\n"));
+      print(t.early_stop_text());
       break;
     }
   }

@@ -47,4 +47,10 @@ BestVerdict Trainer::keep_best(const EvalResult& e) {
   return v;
 }
 
+std::string Trainer::early_stop_text() const {
+  return str("Stopped early after step ", step_, " (--early-stop ", o_.early_stop,
+             "): ", best_.evals_since, " evaluations without a val loss below ",
+             format_fixed(best_.loss, 3), " (step ", best_.step, ")\n");
+}
+
 }  // namespace mw::train

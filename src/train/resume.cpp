@@ -356,6 +356,15 @@ void Trainer::resume_from(const std::string& path) {
   if (scaler_ && precision && *precision == json::Value("fp16")) scaler_->load_state(state.scaler);
   best_ = state.best;
   last_eval_step_ = state.last_eval_step;
+  // Off the --eval-every grid only the old run's last step is evaluated: trained on past it, its
+  // evaluation stays in the record of --save-best and --early-stop, which the uninterrupted run
+  // of the new total never made (found by review; the losses are the same).
+  if (last_eval_step_ == step_ && step_ < total_steps_ && o_.eval_every > 0 &&
+      step_ % o_.eval_every != 0 && (!o_.save_best.empty() || o_.early_stop > 0))
+    print_(str("gpt2_train: warning: resuming '", path, "' past its run's last step ", step_,
+               ", whose evaluation (off --eval-every ", o_.eval_every, ") is in the record of ",
+               "--save-best and --early-stop: they may keep another model and stop at another ",
+               "step than one run of --steps ", total_steps_, "\n"));
   // Note [Best model and early stopping]: a run that stopped early stays stopped (it trained on,
   // and wrote over --save, when resumed by a requeued job); a larger --early-stop goes on.
   if (o_.early_stop > 0 && best_.evals_since >= o_.early_stop && step_ < total_steps_) {

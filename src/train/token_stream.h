@@ -26,11 +26,12 @@ namespace mw::train {
 std::vector<std::string> resolve_shards(const std::string& spec, const std::string& split,
                                         const std::string& option);
 
-// Note [A new model's vocabulary]: a new model (no --init-from, --config, --resume or
-// --vocab-size) takes the vocabulary size of the tokenizer stamped in its first --data shard
-// (Note [Shard tokenizer stamp]), with <|endoftext|> its last id: gpt2_tokenize --train-bpe 8192
-// then gpt2_train --data DIR built a 50257-token model whose eos (50256) no id reached, and
-// gpt2_generate printed ids past the tokenizer's as no text. nullopt when `spec` is empty, names
+// Note [A new model's vocabulary]: a new model (no --init-from, --config or --vocab-size) takes
+// the vocabulary size of the tokenizer stamped in its first --data shard (Note [Shard tokenizer
+// stamp]), with <|endoftext|> its last id: gpt2_tokenize --train-bpe 8192 then gpt2_train --data
+// DIR built a 50257-token model whose eos (50256) no id reached, and gpt2_generate printed ids past
+// the tokenizer's as no text. A --resume with the same options does the same (its checkpoint's
+// model has that vocabulary). nullopt when `spec` is empty, names
 // no readable shard, or its first shard has no stamp (open_inputs reports what is wrong).
 std::optional<int64_t> stamped_vocab_size(const std::string& spec);
 

@@ -145,7 +145,7 @@ gpt2::Config resolve_config(const TrainOptions& o, const std::function<void(std:
     warn(str("warning: ", source, ": field \"", key, "\" is not a GPT2Config field; ignored"));
   const int64_t last_token = c.vocab_size - 1;  // before --vocab-size
   int64_t vocab = o.vocab_size;  // Note [A new model's vocabulary] (train/token_stream.h)
-  if (vocab <= 0 && o.init_from.empty() && o.config_path.empty() && o.resume.empty())
+  if (vocab <= 0 && o.init_from.empty() && o.config_path.empty())
     if (const auto v = stamped_vocab_size(o.data); v && *v != c.vocab_size) {
       vocab = *v;
       warn(str("the --data shards' tokenizer has ", vocab, " tokens: a new model of ", vocab,

@@ -242,6 +242,9 @@ class Trainer {
   // early stopping]). Under data parallel every rank must call it (they agree on the verdict).
   BestVerdict keep_best(const EvalResult& e);
   const BestValidation& best_validation() const { return best_; }
+  // "Stopped early after step N (--early-stop K): ..." with its newline.
+  std::string early_stop_text() const;
+  bool resumed() const { return !resumed_path_.empty(); }
   bool checkpoint_due() const;
   bool sample_due() const;
   // "[12] sample: <prompt><continuation>" (or "[12] sample ids: 5,17,..." without a tokenizer).

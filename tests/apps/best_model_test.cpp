@@ -142,6 +142,36 @@ TEST_F(BestModel, TheLowestValLossIsSavedAndEarlyStopEndsTheRunAcrossAResume) {
       << "the resumed run saved another best model";
 }
 
+// A stop signal after a step due an evaluation skips it (Note [Stop signals]); the resumed run
+// makes it up before its first step, so its evaluations, best model and stop are the
+// uninterrupted run's. (It did not: --save-best kept another model, --early-stop stopped later.)
+TEST_F(BestModel, AnEvaluationASignalSkippedIsMadeUpOnResume) {
+  const AppResult a = train(args("a"));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const std::vector<Eval> e = evals(a.output);
+  ASSERT_GE(e.size(), 3u) << a.output;
+  const int64_t at = e[1].step;  // the signal lands after this step, its evaluation due
+  ::setenv("MW_TEST_EXIT_RANK", "0", 1);
+  ::setenv("MW_TEST_EXIT_STEP", std::to_string(at - 1).c_str(), 1);
+  ::setenv("MW_TEST_EXIT_HOW", "sigterm", 1);
+  const AppResult s = train(args("s"));
+  for (const char* v : {"MW_TEST_EXIT_RANK", "MW_TEST_EXIT_STEP", "MW_TEST_EXIT_HOW"})
+    ::unsetenv(v);
+  ASSERT_EQ(s.exit_code, 143) << s.output;
+  std::vector<Eval> both = evals(s.output);
+  ASSERT_EQ(both.size(), 1u) << s.output;  // e[0]'s; e[1]'s skipped
+  const AppResult r = train(args("s") + "--resume " + tmp_.file("s_ck"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const Eval& v : evals(r.output)) both.push_back(v);
+  ASSERT_EQ(both.size(), e.size()) << r.output;
+  for (size_t i = 0; i < e.size(); ++i) {
+    EXPECT_EQ(both[i].step, e[i].step) << i;
+    EXPECT_EQ(both[i].loss, e[i].loss) << i;
+  }
+  EXPECT_TRUE(read_bytes(tmp_.file("s_best/model.safetensors")) ==
+              read_bytes(tmp_.file("a_best/model.safetensors")));
+}
+
 // The log marks the evaluations --save-best saved, and tools/loss_curve_svg.py plots the run from
 // it: a line per loss, a dot per evaluation, a ring per saved best.
 TEST_F(BestModel, TheLogMarksTheBestAndTheCurveToolPlotsIt) {

@@ -382,10 +382,15 @@ TEST(Gpt2Tokenize, TrainBpeLearnsATokenizerThatRoundTripsAndCompresses) {
   EXPECT_LT(tokens, double(text.size()) / 1.4);
   // Note [A new model's vocabulary]: a new model on these shards has the tokenizer's 400 ids and
   // its <|endoftext|>, not tiny's 97 (it had, with eos 96: every id past 96 refused).
+  const std::string args = "--model tiny --seq 16 --batch 2 --data " + tmp.file("out") +
+                           " --checkpoint-dir " + tmp.file("ck") + " --checkpoint-every 1 ";
   const AppResult train =
-      testing::run_built_app("gpt2_train", "--model tiny --seq 16 --batch 2 --steps 1 --data " +
-                                               tmp.file("out") + " --save " + tmp.file("model"));
+      testing::run_built_app("gpt2_train", args + "--steps 1 --save " + tmp.file("model"));
   ASSERT_EQ(train.exit_code, 0) << train.output;
+  // Resumed with the same options: the same vocabulary (a resume built tiny's 97 and was refused).
+  const AppResult resumed =
+      testing::run_built_app("gpt2_train", args + "--steps 2 --resume " + tmp.file("ck"));
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(train.output.find("the --data shards' tokenizer has 400 tokens: a new model of 400"),
             std::string::npos)
       << train.output;
