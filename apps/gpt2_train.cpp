@@ -481,7 +481,7 @@ int run(const Options& o) {
   // as it starts (it was skipped with the loop, silently).
   if (t.done() && t.eval_due()) report_eval(t, log, tty);
   // A resume from a step whose evaluation a stop signal skipped makes it up (Note [Stop signals]).
-  bool stopped = t.resumed() && !t.done() && t.eval_due() && report_eval(t, log, tty);
+  bool stopped = t.missed_evaluation() && report_eval(t, log, tty);
   if (stopped) print(t.early_stop_text());
   while (!stopped && !t.done()) {
     const train::StepResult r = t.train_step();

@@ -88,7 +88,7 @@ def finding(r, out):
         return f"exit {r.returncode}"
     if r.returncode != 0 and not re.search(r"^gpt2_train: ", out, re.M):
         return "a failing exit without gpt2_train's message"
-    for sign in ("terminate called", "Assertion", "Sanitizer", "runtime error:"):
+    for sign in ("terminate called", "Assertion", "Sanitizer", "runtime error:", "internal error"):
         if sign in out:
             return sign
     return None

@@ -228,7 +228,7 @@ def refused(tag, r, what):
     options refuse) counts for none; a crash, a sanitizer report, or a stop after training began
     counts for one."""
     out = (r.stderr or "") + (r.stdout or "")
-    refusal = (r.returncode in (1, 2) and not crashed(r)
+    refusal = (r.returncode in (1, 2) and not crashed(r) and "internal error" not in out
                and re.search(r"^gpt2_train: ", out, re.M) and "] loss:" not in (r.stdout or ""))
     REFUSALS[0] += 1 if refusal else 0
     print(tag if refusal else "FAIL", r.returncode, what, "|", last_line(r), flush=True)

@@ -356,6 +356,7 @@ void Trainer::resume_from(const std::string& path) {
   if (scaler_ && precision && *precision == json::Value("fp16")) scaler_->load_state(state.scaler);
   best_ = state.best;
   last_eval_step_ = state.last_eval_step;
+  eval_recorded_ = state.last_eval_step >= 0;
   // Off the --eval-every grid only the old run's last step is evaluated: trained on past it, its
   // evaluation stays in the record of --save-best and --early-stop, which the uninterrupted run
   // of the new total never made (found by review; the losses are the same).

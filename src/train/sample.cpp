@@ -200,10 +200,15 @@ void Trainer::load_tokenizer() {
                config_.vocab_size, "; pass the model's tokenizer (or --vocab-size ",
                tokenizer_->vocab_size(), " for a new model)");
     const std::optional<int32_t> eot = tokenizer_->token_id(data::kEndOfText);
-    if (eot && *eot != config_.eos_token_id)
+    if (eot && *eot != config_.eos_token_id && o_.init_from.empty() && o_.config_path.empty()) {
+      // A new model's end of text is its tokenizer's (one with tokens added after
+      // <|endoftext|> has it before the last id, which the vocabulary's size alone would name).
+      for (gpt2::Config* c : {&config_, &saved_config_}) c->bos_token_id = c->eos_token_id = *eot;
+    } else if (eot && *eot != config_.eos_token_id) {
       print_(str("gpt2_train: warning: the tokenizer's <|endoftext|> is id ", *eot,
                  " but the config's eos_token_id is ", config_.eos_token_id,
                  "; generation_config.json records the config's\n"));
+    }
     print_(str("Tokenizer: ", source, " (", tokenizer_->vocab_size(), " tokens; --save and ",
                "checkpoints write it beside the model)\n"));
   }

@@ -244,7 +244,12 @@ class Trainer {
   const BestValidation& best_validation() const { return best_; }
   // "Stopped early after step N (--early-stop K): ..." with its newline.
   std::string early_stop_text() const;
-  bool resumed() const { return !resumed_path_.empty(); }
+  // A resumed run whose checkpoint's step was due an evaluation that a stop signal skipped (the
+  // checkpoint records its run's last evaluation; one of a run that never evaluated, or written
+  // before the record existed, makes nothing up: that run may have evaluated there).
+  bool missed_evaluation() const {
+    return !resumed_path_.empty() && eval_recorded_ && !done() && eval_due();
+  }
   bool checkpoint_due() const;
   bool sample_due() const;
   // "[12] sample: <prompt><continuation>" (or "[12] sample ids: 5,17,..." without a tokenizer).
@@ -356,6 +361,7 @@ class Trainer {
   TrainState resumed_state_;     // verified (verify_checkpoint) before the model is built
   BestValidation best_;          // Note [Best model and early stopping]
   int64_t last_eval_step_ = -1;  // the step of the last evaluation (a resume does not repeat it)
+  bool eval_recorded_ = false;   // the resumed checkpoint recorded last_eval_step
   int64_t val_windows_ = 0;      // whole --seq windows in --val-data (Note [Evaluation windows])
   // Steps the fp16 loss scaler skipped since the optimizer's step 0, in any precision since: the
   // optimizer's step count is step_ minus these (Note [Skipped steps], resume.cpp).

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "../data/temp_dir.h"
@@ -229,6 +230,26 @@ TEST(TrainSampling, IdsOfAPaddedVocabularyPastTheTokenizerHaveNoText) {
   EXPECT_EQ(text.exit_code, 0) << text.output;
   EXPECT_TRUE(has(text.output, "past the tokenizer's 588 ids (a padded vocabulary): no text"))
       << text.output;
+}
+
+// A new model's end of text is its tokenizer's <|endoftext|>: a tokenizer.json with a token added
+// after it ("<|sep|>", 588, after the fixture's 587) made the config name the last id, the added
+// token, as eos, and generation stopped there.
+TEST(TrainSampling, ANewModelsEosIsItsTokenizersEndOfText) {
+  TempDir tmp;
+  std::string json = read_bytes(kBpe + "tokenizer.json");
+  const std::string list = "\"added_tokens\": [";
+  json.replace(json.find(list), list.size(),
+               list + "{\"id\": 588, \"content\": \"<|sep|>\", \"special\": true}, ");
+  std::ofstream(tmp.file("tj.json")) << json;
+  ASSERT_EQ(run_app(tmp, "gpt2_train",
+                    tiny({"--steps", "1", "--vocab-size", "589", "--tokenizer", tmp.file("tj.json"),
+                          "--save", tmp.file("m")}))
+                .exit_code,
+            0);
+  const std::string config = read_bytes(tmp.file("m/config.json"));
+  EXPECT_TRUE(has(config, "\"eos_token_id\":587")) << config;
+  EXPECT_TRUE(has(config, "\"bos_token_id\":587")) << config;
 }
 
 }  // namespace
