@@ -119,7 +119,8 @@ def json_losses(log):
     """The training losses of a --log file, every bit (none when it has no records)."""
     if not os.path.exists(log):
         return []
-    return [json.loads(l)["loss"] for l in open(log) if l.strip() and "loss" in json.loads(l)]
+    records = [json.loads(l) for l in open(log) if l.strip()]
+    return [r["loss"] for r in records if "loss" in r]
 
 
 def check_auto(launch, binary, a, rng, work):

@@ -72,7 +72,7 @@ inline void compare_with_finite_differences(const std::function<double()>& loss,
     const double err = std::abs(analytic[i] - numeric), tol = gradcheck_tolerance(numeric, S, h);
     // Written so that a NaN fails: NaN > tol is false, and std::max keeps its first argument.
     const bool bad = !(err <= tol);
-    max_ratio = bad && !(err / tol > max_ratio) ? INFINITY : std::max(max_ratio, err / tol);
+    max_ratio = std::max(max_ratio, std::isnan(err) ? INFINITY : err / tol);
     max_err = std::max(max_err, err);
     if (bad && reported++ < 5)
       ADD_FAILURE() << "input " << k << " element " << i << ": analytic " << analytic[i]
