@@ -8,13 +8,13 @@
 #include <cmath>
 #include <cstdio>
 
+#include "plan_test_inputs.h"
 #include "train/memory_plan.h"
 
 namespace mw::train {
 namespace {
 
-// The bar of memory_plan_test.cpp's measured cases.
-constexpr double kTolerance = 0.10;
+using test::kTolerance;  // the bar of memory_plan_test.cpp's measured cases
 
 struct Case {
   const char* model;
