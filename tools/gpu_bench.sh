@@ -65,9 +65,12 @@ compare() {
       --batch "$batch" --seq "$seq" --steps "$steps" --attention "$a" --precision "$precision" --json
   done
   run "mw-$tag" 150 "$train" --device cuda --model "$model" --batch "$batch" --seq "$seq" \
-    --steps "$steps" --dropout 0 --precision "$precision"
+    --steps "$steps" --dropout 0 --precision "$precision" --log "$runs/mw-$tag.jsonl"
   local m mp
-  m=$(grep -o 'median step: [0-9.]* ms' "$runs/mw-$tag.txt" | grep -o '[0-9][0-9.]*')
+  # the median of the steps after the first, as torch_gpt2_bench.py's (gpt2_train's own counts all)
+  m=$(python3 -c 'import json, statistics, sys
+s = [json.loads(l)["step_ms"] for l in open(sys.argv[1]) if l.strip()]
+print("%.1f" % statistics.median(s[1:]))' "$runs/mw-$tag.jsonl" 2>/dev/null)
   mp=$(grep -o 'cuda:0 peak [0-9]* MiB' "$runs/mw-$tag.txt" | tail -1)
   summary+=("$tag  torch eager $(torch_figures "$runs/torch-eager-$tag.txt") | torch sdpa \
 $(torch_figures "$runs/torch-sdpa-$tag.txt") | memwall ${m:-?} ms ${mp:-?} loss0 \
@@ -189,9 +192,11 @@ compare small 4 128 10
 compare small 8 1024 8
 compare medium 4 1024 6
 bench=build-gpu/apps/gpt2_bench
-run bench-small 200 "$bench" --device cuda --model small --batch 8 --seq 1024 --steps 6 --threads 16
+# one round each (Note [Alternated rounds]): a lent GPU is not shared, and the lease is short
+run bench-small 200 "$bench" --device cuda --model small --batch 8 --seq 1024 --steps 6 --threads 16 \
+  --rounds 1
 run bench-small-blocking 200 env CUDA_LAUNCH_BLOCKING=1 "$bench" --device cuda --model small \
-  --batch 8 --seq 1024 --steps 4 --threads 16 --torch off
+  --batch 8 --seq 1024 --steps 4 --threads 16 --torch off --rounds 1
 
 small=(--device cuda --model small --batch 8 --seq 1024 --steps 4)
 for v in "bf16:--precision bf16" "recompute:--checkpoint-activations" \

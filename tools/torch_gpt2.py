@@ -70,8 +70,10 @@ class GPT2Config:
         return replace(self, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 
 
-# HF's four released sizes. GPT2Config() defaults are the small model (124,439,808 parameters).
+# HF's four released sizes, and memwall's "tiny" (gpt2::Config::preset, for quick runs). GPT2Config()
+# defaults are the small model (124,439,808 parameters).
 PRESETS = {
+    "tiny": GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=97, n_positions=32),
     "small": GPT2Config(n_layer=12, n_head=12, n_embd=768),
     "medium": GPT2Config(n_layer=24, n_head=16, n_embd=1024),
     "large": GPT2Config(n_layer=36, n_head=20, n_embd=1280),

@@ -14,13 +14,14 @@ Each step is exactly: zero_grad(set_to_none=True); logits = model(ids); loss = m
 ids[:, 1:]); loss.backward(); optimizer.step(). The model is tools/torch_gpt2.py's HF GPT-2 with dropout
 0 in fp32; the optimizer is torch.optim.AdamW with its defaults (lr 1e-3, betas (0.9, 0.999), eps 1e-8,
 weight_decay 0.01); the batch is one fixed set of random tokens in [0, vocab) (as ColossalAI's
-get_data), reused every step. Each step is timed with time.perf_counter; the median is the headline
-because the first step pays for page faults and allocator warm-up. Before and after the steps, the run
+get_data), reused every step. Each step is timed with time.perf_counter; the median of the steps after
+the first is the headline (the first pays for page faults and allocator warm-up; gpt2_bench leaves
+its own first step out the same way). Before and after the steps, the run
 measures its ceiling: torch's fp32 GEMM rate on the MLP shape [B*T, C] @ [C, 4C] with the same threads, printed
 next to the achieved 6*params*tokens rate (so a machine busy with other work shows in both).
 
 Prints one line per step, then a summary; with --json, the last line of stdout is one JSON object:
-  {"median_step_ms", "step_ms": [...], "peak_rss_mb" (getrusage ru_maxrss / 1024), "losses": [...],
+  {"median_step_ms" (of the steps after the first), "step_ms": [...] (every step), "peak_rss_mb" (getrusage ru_maxrss / 1024), "losses": [...],
    "torch": version, "threads": N, plus the run's settings}
 
 How the process is launched matters as much as the script (see docs/references.md and
@@ -178,7 +179,7 @@ def main():
     gemm_after = measure_gemm_gflops(cfg.n_embd, args.batch * args.seq, device, gemm_dtype)
     gemm_gflops = 0.5 * (gemm_before + gemm_after)
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    median_ms = statistics.median(step_ms)
+    median_ms = statistics.median(step_ms[1:] if len(step_ms) > 1 else step_ms)  # the first: warm-up
     # One step is ~6 * params * tokens FLOP (forward 2, backward 4), plus the LM head's share.
     tflop = 6.0 * numel * args.batch * args.seq / 1e12
     achieved_gflops = tflop / (median_ms / 1e3) * 1e3

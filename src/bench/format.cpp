@@ -1,4 +1,4 @@
-// strprintf (bench/format.h).
+// strprintf and shell_quote (bench/format.h).
 #include "bench/format.h"
 
 #include <cstdarg>
@@ -17,6 +17,12 @@ std::string strprintf(const char* format, ...) {
   if (n > 0) std::vsnprintf(out.data(), out.size() + 1, format, again);
   va_end(again);
   return out;
+}
+
+std::string shell_quote(const std::string& text) {
+  std::string out = "'";
+  for (const char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
 }
 
 }  // namespace mw::bench

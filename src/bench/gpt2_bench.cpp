@@ -91,6 +91,7 @@ Gpt2StepTiming time_gpt2_steps(const gpt2::Config& config, int64_t B, int64_t T,
   r.measured_steps = steps - 1;
   if (ms.size() > 1) ms.erase(ms.begin());
   r.median_ms = median(ms);
+  r.step_ms = ms;
   r.peak_rss_bytes = peak_rss_bytes();
   r.device = device;
   r.precision = precision;
@@ -104,6 +105,62 @@ Gpt2StepTiming time_gpt2_steps(const gpt2::Config& config, int64_t B, int64_t T,
   r.gemm_flops_per_step = static_cast<int64_t>(gemm_flops / measured_steps);
   r.gemm_gflops = gemm_ns > 0 ? static_cast<double>(gemm_flops) / gemm_ns : 0;
   return r;
+}
+
+Gpt2StepTiming pooled(const std::vector<Gpt2StepTiming>& rounds) {
+  MW_CHECK(!rounds.empty(), "pooled() needs at least one round");
+  Gpt2StepTiming all = rounds.front();
+  double gemm_ms = all.gemm_ms_per_step * static_cast<double>(all.measured_steps);
+  for (size_t i = 1; i < rounds.size(); ++i) {
+    const Gpt2StepTiming& r = rounds[i];
+    for (auto [to, from] : {std::pair{&all.forward_ms, &r.forward_ms},
+                            {&all.backward_ms, &r.backward_ms},
+                            {&all.optimizer_ms, &r.optimizer_ms},
+                            {&all.forward_other_ms, &r.forward_other_ms},
+                            {&all.backward_other_ms, &r.backward_other_ms},
+                            {&all.step_ms, &r.step_ms},
+                            {&all.losses, &r.losses}})
+      to->insert(to->end(), from->begin(), from->end());
+    for (const profile::OpTime& op : r.ops) {
+      auto same = std::find_if(all.ops.begin(), all.ops.end(),
+                               [&](const profile::OpTime& o) { return o.name == op.name; });
+      if (same == all.ops.end()) {
+        all.ops.push_back(op);
+      } else {
+        same->calls += op.calls;
+        same->ms += op.ms;
+        same->gemm_ms += op.gemm_ms;
+      }
+    }
+    gemm_ms += r.gemm_ms_per_step * static_cast<double>(r.measured_steps);
+    all.measured_steps += r.measured_steps;
+    all.peak_rss_bytes = std::max(all.peak_rss_bytes, r.peak_rss_bytes);
+    all.device_peak_bytes = std::max(all.device_peak_bytes, r.device_peak_bytes);
+  }
+  std::sort(all.ops.begin(), all.ops.end(),
+            [](const profile::OpTime& a, const profile::OpTime& b) { return a.ms > b.ms; });
+  all.median_ms = median(all.step_ms);
+  const double steps = static_cast<double>(std::max<int64_t>(1, all.measured_steps));
+  all.gemm_ms_per_step = gemm_ms / steps;  // the FLOPs per step are the same every round
+  all.gemm_gflops =
+      gemm_ms > 0 ? static_cast<double>(all.gemm_flops_per_step) / (gemm_ms / steps) / 1e6 : 0;
+  return all;
+}
+
+TorchPeer pooled(const std::vector<TorchPeer>& peers, const std::vector<Gpt2StepTiming>& ours) {
+  MW_CHECK(!peers.empty() && peers.size() == ours.size(), "pooled(): one peer per round");
+  TorchPeer all;
+  std::vector<double> medians;
+  for (size_t i = 0; i < peers.size(); ++i) {
+    if (!peers[i].ok) return peers[i];  // its note says why
+    medians.push_back(peers[i].median_ms);
+    all.round_ratios.push_back(ours[i].median_ms / peers[i].median_ms);
+    all.peak_rss_mb = std::max(all.peak_rss_mb, peers[i].peak_rss_mb);
+    all.device_peak_mb = std::max(all.device_peak_mb, peers[i].device_peak_mb);
+  }
+  all.ok = true;
+  all.median_ms = median(medians);
+  return all;
 }
 
 namespace {
@@ -158,8 +215,9 @@ TorchPeer run_torch_peer(const std::string& source_dir, const std::string& model
           threads, precision == DType::BF16 ? " --precision bf16" : "", " --json 2>&1");
   const std::string cmd =
       device.is_cuda()
-          ? str("python3 ", source_dir, "/tools/torch_gpt2_bench.py --device ", device.str(), shape)
-          : str("bash ", source_dir, "/tools/torch_gpt2_bench.sh tuned", shape);
+          ? str("python3 ", shell_quote(source_dir + "/tools/torch_gpt2_bench.py"), " --device ",
+                device.str(), shape)
+          : str("bash ", shell_quote(source_dir + "/tools/torch_gpt2_bench.sh"), " tuned", shape);
   log(strprintf("peer: %s\n", cmd.c_str()));
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) {
@@ -195,11 +253,24 @@ TorchPeer run_torch_peer(const std::string& source_dir, const std::string& model
 namespace {
 constexpr double kMiB = 1024.0 * 1024.0;
 
+// Note [Alternated rounds]: the median of the rounds' ratios, not the ratio of pooled medians.
+double step_ratio(const Gpt2StepTiming& ours, const TorchPeer& torch) {
+  return torch.round_ratios.empty() ? ours.median_ms / torch.median_ms : median(torch.round_ratios);
+}
+
+std::string rounds_line(const TorchPeer& torch) {
+  if (torch.round_ratios.size() < 2) return "";
+  std::string out = "step ratio per round (memwall / PyTorch; odd rounds memwall first):";
+  for (const double r : torch.round_ratios) out += strprintf(" %.2f", r);
+  return out + strprintf(" -> median %.2f\n", median(torch.round_ratios));
+}
+
 std::string comparison_table(const Gpt2StepTiming& ours, const TorchPeer& torch) {
   std::string out = strprintf("\n%-28s %12s %12s %8s\n", "", "memwall", "PyTorch", "ratio");
   if (torch.ok) {
-    out += strprintf("%-28s %12.0f %12.0f %8.2f\n", "median step (ms)", ours.median_ms,
-                     torch.median_ms, ours.median_ms / torch.median_ms);
+    out += strprintf("%-28s %12.0f %12.0f %8.2f%s\n", "median step (ms)", ours.median_ms,
+                     torch.median_ms, step_ratio(ours, torch),
+                     torch.round_ratios.size() > 1 ? " (the rounds' median)" : "");
     out += strprintf("%-28s %12.0f %12.0f %8.2f\n", "peak RSS (MiB)", ours.peak_rss_bytes / kMiB,
                      torch.peak_rss_mb, (ours.peak_rss_bytes / kMiB) / (torch.peak_rss_mb));
     if (ours.device.is_cuda())  // ours: the allocator's peak in use; torch's max_memory_allocated
@@ -212,7 +283,7 @@ std::string comparison_table(const Gpt2StepTiming& ours, const TorchPeer& torch)
     out += strprintf("(no PyTorch comparison: %s)\n",
                      torch.note.empty() ? "--torch off" : torch.note.c_str());
   }
-  return out;
+  return out + rounds_line(torch);
 }
 
 std::string json_summary(const std::string& model, const Gpt2StepTiming& ours,
@@ -231,7 +302,10 @@ std::string json_summary(const std::string& model, const Gpt2StepTiming& ours,
   if (torch.ok) {
     v.set("torch_median_step_ms", torch.median_ms);
     v.set("torch_peak_rss_mb", torch.peak_rss_mb);
-    v.set("step_ratio", ours.median_ms / torch.median_ms);
+    v.set("step_ratio", step_ratio(ours, torch));
+    json::Value rounds = json::Value::array();
+    for (const double r : torch.round_ratios) rounds.push_back(r);
+    v.set("round_step_ratios", rounds);
     v.set("rss_ratio", (ours.peak_rss_bytes / kMiB) / (torch.peak_rss_mb));
   }
   if (ours.device.is_cuda()) {

@@ -31,6 +31,7 @@ struct Gpt2StepTiming {
   // nodes by theirs; AccumulateGrad holds the updates in backward)
   std::vector<profile::OpTime> ops;
   int64_t measured_steps = 0;
+  std::vector<double> step_ms;  // the measured steps' times (median_ms is their median)
 };
 
 // `steps` training steps (HybridAdam, updates in backward, random tokens) on `device` (cpu or
@@ -40,6 +41,13 @@ struct Gpt2StepTiming {
 // asynchronous) unless the process runs with CUDA_LAUNCH_BLOCKING=1.
 Gpt2StepTiming time_gpt2_steps(const gpt2::Config& config, int64_t B, int64_t T, int64_t steps,
                                Device device, DType precision, const LineSink& log);
+
+// Note [Alternated rounds]: gpt2_bench runs `--rounds` rounds of our steps and the peer's,
+// alternating which goes first, since a shared machine's speed drifts over minutes: the step ratio
+// is the median of the rounds' ratios, each taken from two runs minutes apart at most. pooled()
+// puts the rounds' measured steps together for the report's other lines: their phases, per-op
+// times and GEMM rates, the median of all their steps, the highest peak RSS.
+Gpt2StepTiming pooled(const std::vector<Gpt2StepTiming>& rounds);
 
 // The ceiling: each GEMM shape of one training step timed alone (median of 5), weighted by how
 // many times a step runs it; operands and results in `precision` (autocast's linears multiply
@@ -56,7 +64,13 @@ struct TorchPeer {
   double peak_rss_mb = 0;     // MiB, as the script prints it (getrusage's ru_maxrss KiB / 1024)
   double device_peak_mb = 0;  // torch.cuda.max_memory_allocated, on CUDA
   std::string note;           // why there is no comparison
+  // Note [Alternated rounds]: each round's ours / peer step ratio (empty: one run, no rounds)
+  std::vector<double> round_ratios;
 };
+// Note [Alternated rounds]: the rounds' peers as one (the median of their medians, the highest
+// peak), with each round's ratio `ours[i].median_ms / peers[i].median_ms`; not ok if any failed.
+TorchPeer pooled(const std::vector<TorchPeer>& peers, const std::vector<Gpt2StepTiming>& ours);
+
 // On the cpu runs `source_dir`/tools/torch_gpt2_bench.sh tuned (Debian's python3-torch); on CUDA
 // tools/torch_gpt2_bench.py --device cuda:N with the python3 on PATH (the GPU machine's own torch).
 // Its lines go to `log`. BF16 `precision` runs it with --precision bf16 (torch.autocast).

@@ -130,21 +130,29 @@ double fio_bw_bytes(const std::string& json, const std::string& section) {
   return std::atof(json.c_str() + colon + 1);
 }
 
+// fio reads a ':' in --filename as the start of a second file name: "\:" is the character.
+std::string fio_file_name(const std::string& path) {
+  std::string out;
+  for (const char c : path) out += c == ':' ? std::string("\\:") : std::string(1, c);
+  return out;
+}
+
 double run_fio(const std::string& file, int64_t size_bytes, const NvmeBenchConfig& c,
                const char* rw) {
   std::string cmd =
-      str("fio --name=mwbench --filename=", file, " --size=", size_bytes, " --bs=", c.block_bytes,
-          " --iodepth=", c.depth, " --ioengine=io_uring --direct=1 --rw=", rw,
-          " --output-format=json 2>/dev/null");
+      str("fio --name=mwbench --filename=", shell_quote(fio_file_name(file)),
+          " --size=", size_bytes, " --bs=", c.block_bytes, " --iodepth=", c.depth,
+          " --ioengine=io_uring --direct=1 --rw=", rw, " --output-format=json 2>/dev/null");
   FILE* pipe = ::popen(cmd.c_str(), "r");
-  MW_CHECK(pipe != nullptr, "could not start fio: ", cmd);
+  MW_CHECK_T(bench::FioFailed, pipe != nullptr, "could not start fio: ", cmd);
   std::string out;
   char chunk[4096];
   size_t n;
   while ((n = std::fread(chunk, 1, sizeof chunk, pipe)) > 0) out.append(chunk, n);
   int status = ::pclose(pipe);
   double bw = fio_bw_bytes(out, std::string(rw) == "write" ? "write" : "read");
-  MW_CHECK(status == 0 && bw > 0, "fio failed (exit status ", status, "): ", cmd);
+  MW_CHECK_T(bench::FioFailed, status == 0 && bw > 0, "fio failed (exit status ", status,
+             "): ", cmd);
   return bw / 1e9;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bench/format.h"
+#include "core/error.h"
 #include "offload/io/io_engine.h"
 
 namespace mw::bench {
@@ -39,8 +40,15 @@ struct NvmeBenchRun {
 // signal (Note [Stop signals]) ends it with Interrupted, leaving no file behind.
 std::string run_nvme_bench(const NvmeBenchRun& run, const NvmeBenchConfig& c);
 
+// fio could not be started or did not report a rate (a file system that refuses O_DIRECT, a
+// missing io_uring): nvme_bench stops with it, nvme_step_bench leaves the disk floor out.
+class FioFailed : public Error {
+ public:
+  using Error::Error;
+};
+
 // fio alone in `dir` (io_uring, O_DIRECT, 1 MiB blocks, depth 32): write `size_bytes`, then read
-// them back; GB/s each way. Its file is removed on every path. Needs have_fio().
+// them back; GB/s each way. Its file is removed on every path. Needs have_fio(); FioFailed.
 struct FioRates {
   double write_GBps = 0, read_GBps = 0;
 };

@@ -76,7 +76,11 @@ std::string summary(const std::vector<double>& mem_ms, const std::vector<double>
 // the larger of the in-memory step and the floor runs at the device's speed.
 std::string disk_floor(const std::string& dir, const FioRates& a, const optim::NvmeStats& first,
                        const optim::NvmeStats& last, int64_t steps, double mem_ms, double nvme_ms) {
-  const FioRates b = measure_fio(dir, int64_t{1} << 30);
+  FioRates b = a;  // a failure of the second run leaves the first's rates
+  try {
+    b = measure_fio(dir, int64_t{1} << 30);
+  } catch (const FioFailed&) {
+  }
   const double w = std::max(a.write_GBps, b.write_GBps), r = std::max(a.read_GBps, b.read_GBps);
   const double read_gb =
       static_cast<double>(last.bytes_read - first.bytes_read) / 1e9 / static_cast<double>(steps);
@@ -103,6 +107,21 @@ std::string cpu_line(const CpuTimes& mem, const CpuTimes& nvme, size_t steps) {
       nvme.steal_ms / n);
 }
 
+// Note [Disk floor] needs fio: its rates before the steps into `rates`; without fio, or where it
+// fails, the steps still run and the returned reason says why the report has no floor.
+std::string fio_before_steps(const StepCompareShape& shape, optim::NvmeAdamStates* nvme,
+                             FioRates& rates) {
+  if (!shape.fio) return "--no-fio";
+  if (nvme == nullptr) return "nothing is offloaded";
+  if (!have_fio()) return "fio is not installed (apt-get install fio)";
+  try {
+    rates = measure_fio(nvme->dir(), int64_t{1} << 30);
+  } catch (const FioFailed& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace
 
 bool compare_nvme_steps(const StepCompareShape& shape, const optim::NvmeOffloadOptions& nvme,
@@ -117,9 +136,8 @@ bool compare_nvme_steps(const StepCompareShape& shape, const optim::NvmeOffloadO
                 100.0 * static_cast<double>(m->nvme_opt.offloaded_numel()) /
                     static_cast<double>(m->mem_model.num_parameters()),
                 static_cast<long long>(m->mem_model.num_parameters())));
-  const bool floor = shape.fio && m->nvme_opt.nvme() != nullptr && have_fio();
   FioRates fio_before;
-  if (floor) fio_before = measure_fio(m->nvme_opt.nvme()->dir(), int64_t{1} << 30);
+  std::string no_floor = fio_before_steps(shape, m->nvme_opt.nvme(), fio_before);
   optim::NvmeStats after_warmup;
   std::vector<int32_t> tokens(static_cast<size_t>(B * T));
   std::vector<double> mem_ms, nvme_ms, ratios;
@@ -171,9 +189,11 @@ bool compare_nvme_steps(const StepCompareShape& shape, const optim::NvmeOffloadO
   const optim::NvmeStats st = m->nvme_opt.nvme() ? m->nvme_opt.nvme()->stats() : optim::NvmeStats{};
   log(summary(mem_ms, nvme_ms, ratios, same_losses, st));
   log(cpu_line(mem_cpu, nvme_cpu, mem_ms.size()));
-  if (floor && !mem_ms.empty())
+  if (no_floor.empty() && !mem_ms.empty())
     log(disk_floor(m->nvme_opt.nvme()->dir(), fio_before, after_warmup, st,
                    static_cast<int64_t>(mem_ms.size()), median(mem_ms), median(nvme_ms)));
+  else if (!no_floor.empty())
+    log(strprintf("no disk floor (Note [Disk floor]): %s\n", no_floor.c_str()));
   return same_losses;
 }
 

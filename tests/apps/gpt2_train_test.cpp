@@ -547,7 +547,9 @@ TEST(NvmeStepBench, TrainsBothModelsSideBySideWithEqualLosses) {
   r = run_app("nvme_step_bench", "--model tiny --batch 2 --threads 2 --steps 2 --no-fio");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("GPT-2 tiny, B2 T32"), std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("disk floor"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("disk floor per step"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("no disk floor (Note [Disk floor]): --no-fio"), std::string::npos)
+      << r.output;
   Result bad = run_app("nvme_step_bench", "--fraction 2");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("--fraction"), std::string::npos) << bad.output;

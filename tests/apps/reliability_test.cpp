@@ -53,7 +53,7 @@ TEST(Reliability, EveryNumericOptionRefusesGarbageWithExit2) {
        {"--batch", "--seq", "--steps", "--seed", "--threads", "--lr", "--beta1", "--beta2", "--eps",
         "--weight-decay", "--dropout", "--checkpoint-segments", "--fraction", "--nvme-window"},
        {"--offload", "nvme"}},
-      {"gpt2_bench", {"--batch", "--seq", "--steps", "--threads"}, {}},
+      {"gpt2_bench", {"--batch", "--seq", "--steps", "--threads", "--rounds"}, {}},
       {"nvme_step_bench",
        {"--batch", "--seq", "--steps", "--threads", "--fraction", "--nvme-window"},
        {"--model", "tiny", "--no-fio"}},
@@ -78,7 +78,7 @@ TEST(Reliability, EveryNumericOptionRefusesGarbageWithExit2) {
         EXPECT_FALSE(has(o.output, "terminate called")) << o.output;
         ++cases;
       }
-  EXPECT_EQ(cases, 31 * 12);
+  EXPECT_EQ(cases, 32 * 12);
   EXPECT_FALSE(fs::exists(tmp.file("nb")));  // refused before creating anything
   // Zero, the edge of most ranges: accepted (and the run finishes) or refused, never a crash.
   for (const auto& opt : apps[0].options) {

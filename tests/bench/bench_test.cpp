@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
@@ -139,6 +140,48 @@ TEST(Gpt2Bench, TheReportWithoutAPeerSaysWhyAndTheJsonLineHasTheRatios) {
   EXPECT_FALSE(has(async, "% of the step")) << async;
 }
 
+// Note [Alternated rounds]: the step ratio is the median of the rounds' ratios (a slow minute
+// moves one round, not the verdict), the other lines pool the rounds' steps.
+TEST(Gpt2Bench, RoundsGiveTheMedianOfTheirRatiosAndPoolTheirSteps) {
+  std::vector<Gpt2StepTiming> ours(3);
+  std::vector<TorchPeer> peers(3);
+  const double ours_ms[] = {100, 300, 110}, peer_ms[] = {200, 310, 120};
+  for (int i = 0; i < 3; ++i) {
+    ours[i].median_ms = ours_ms[i];
+    ours[i].step_ms = {ours_ms[i], ours_ms[i]};
+    ours[i].measured_steps = 2;
+    ours[i].gemm_ms_per_step = 50;
+    ours[i].gemm_flops_per_step = 1'000'000'000;
+    ours[i].peak_rss_bytes = int64_t{100 + i} << 20;
+    ours[i].ops = {{"linear", 4, 10.0 * (i + 1), 5}};
+    peers[i].ok = true;
+    peers[i].median_ms = peer_ms[i];
+    peers[i].peak_rss_mb = 300 - i;
+  }
+  const Gpt2StepTiming all = pooled(ours);
+  EXPECT_EQ(all.measured_steps, 6);
+  EXPECT_EQ(all.step_ms.size(), 6u);
+  EXPECT_EQ(all.median_ms, 110);
+  EXPECT_EQ(all.peak_rss_bytes, int64_t{102} << 20) << "the process's highest";
+  ASSERT_EQ(all.ops.size(), 1u);
+  EXPECT_EQ(all.ops[0].calls, 12);
+  EXPECT_EQ(all.ops[0].ms, 60);
+  EXPECT_DOUBLE_EQ(all.gemm_gflops, 20) << "1 GFLOP in 50 ms";
+  const TorchPeer torch = pooled(peers, ours);
+  ASSERT_TRUE(torch.ok);
+  EXPECT_EQ(torch.median_ms, 200);
+  EXPECT_EQ(torch.peak_rss_mb, 300);
+  ASSERT_EQ(torch.round_ratios.size(), 3u);
+  // 0.5, 0.968, 0.917: the median 0.917, where the pooled medians' 110 / 200 would say 0.55
+  const std::string report = gpt2_bench_report("tiny", all, {40, 60}, torch, true);
+  EXPECT_TRUE(has(report, "0.92 (the rounds' median)")) << report;
+  EXPECT_TRUE(has(report, "odd rounds memwall first): 0.50 0.97 0.92 -> median 0.92")) << report;
+  EXPECT_TRUE(has(report, "\"round_step_ratios\":[0.5,")) << report;
+  peers[1].ok = false;
+  peers[1].note = "the PyTorch peer failed";
+  EXPECT_FALSE(pooled(peers, ours).ok) << "a round without its peer has no ratio";
+}
+
 TEST(Gpt2Bench, TinyStepsAreTimedAndLogged) {
   Collect log;
   const Gpt2StepTiming t =
@@ -196,7 +239,20 @@ TEST(StepCompare, NvmeAndInMemoryStatesGiveBitwiseEqualLosses) {
   EXPECT_TRUE(has(log.text, "over 2 pairs | losses bitwise equal")) << log.text;
   EXPECT_TRUE(has(log.text, "nvme: read ")) << log.text;
   EXPECT_TRUE(has(log.text, "machine CPU time per step (/proc/stat")) << log.text;
-  EXPECT_FALSE(has(log.text, "disk floor")) << log.text;
+  EXPECT_FALSE(has(log.text, "disk floor per step")) << log.text;
+  EXPECT_TRUE(has(log.text, "no disk floor (Note [Disk floor]): --no-fio")) << log.text;
+}
+
+// A path reaches fio and the PyTorch peer's shell as one word, whatever it holds.
+TEST(BenchFormat, ShellQuoteKeepsAPathOneWord) {
+  EXPECT_EQ(shell_quote("/tmp/a b"), "'/tmp/a b'");
+  EXPECT_EQ(shell_quote("it's $HOME"), "'it'\\''s $HOME'");
+  FILE* echo = ::popen(("printf '%s|' " + shell_quote("a 'b' $c;d")).c_str(), "r");
+  ASSERT_NE(echo, nullptr);
+  char buf[64] = {};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, echo);
+  ::pclose(echo);
+  EXPECT_EQ(std::string(buf, n), "a 'b' $c;d|");
 }
 
 // Note [Stolen time]: the machine's CPU time from /proc/stat moves with the work done: a busy loop
