@@ -300,11 +300,11 @@ std::pair<Tensor, Tensor> HybridAdam::state_copy(size_t i) {
   Tensor m = Tensor::zeros(p.shape(), DType::F32, Device::cpu());
   Tensor v = Tensor::zeros(p.shape(), DType::F32, Device::cpu());
   const int k = nvme_index_[i];
+  const PrefetchPaused paused(nvme_.get());
   for (int64_t j = 0; j < nvme_->slice_count(k); ++j) {
     const int64_t off = j * nvme_->slice_numel();
     nvme_->read_slice(k, j, m.data<float>() + off, v.data<float>() + off);
   }
-  nvme_->resume_prefetch();
   return {m, v};
 }
 
@@ -367,6 +367,7 @@ void HybridAdam::save_state(const std::string& path, const std::vector<SavedRang
     }
   }
   std::vector<float> m(static_cast<size_t>(nvme_ ? sn : 0)), v(m.size());
+  const PrefetchPaused paused(nvme_.get());
   std::pair<int, int64_t> slice_in_m{-1, -1};  // the (parameter, slice) read into m and v
   size_t host_of = SIZE_MAX;                   // the parameter whose states are in mc and vc
   Tensor mc, vc;
@@ -392,7 +393,6 @@ void HybridAdam::save_state(const std::string& path, const std::vector<SavedRang
       w.put(static_cast<const float*>(vc.raw_data()) + r.offset, 4 * r.numel);
     }
   }
-  if (nvme_) nvme_->resume_prefetch();
   w.close();
 }
 
@@ -415,6 +415,7 @@ void HybridAdam::load_state(const std::string& path, const StateFileMap* map) {
   };
   std::vector<Tensor> mem_m(params_.size()), mem_v(params_.size());
   std::vector<float> m, v;
+  const PrefetchPaused paused(nvme_.get());
   for (const bool commit : {false, true})
     for (size_t i = 0; i < params_.size(); ++i) {
       const int k = nvme_index_[i];
@@ -440,7 +441,6 @@ void HybridAdam::load_state(const std::string& path, const StateFileMap* map) {
       }
     }
   step_ = step;
-  if (nvme_) nvme_->resume_prefetch();
 }
 
 }  // namespace mw::optim

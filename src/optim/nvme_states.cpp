@@ -20,9 +20,11 @@ int64_t staging_slot_bytes(int64_t slice_numel, int64_t largest_numel) {
   return round_up(8 * std::max<int64_t>(1, std::min(slice_numel, largest_numel)), 4096);
 }
 
-int64_t staging_window_bytes(int64_t window_bytes, int64_t slice_numel, int64_t largest_numel) {
+int64_t staging_window_bytes(int64_t window_bytes, int64_t slice_numel, int64_t largest_numel,
+                             int64_t max_slices) {
   const int64_t slot = staging_slot_bytes(slice_numel, largest_numel);
-  return std::max<int64_t>(2, window_bytes / slot) * slot;
+  return std::min(std::max<int64_t>(2, window_bytes / slot), std::max<int64_t>(2, max_slices)) *
+         slot;
 }
 
 std::vector<bool> select_nvme_offloaded(const std::vector<int64_t>& numels, double fraction) {

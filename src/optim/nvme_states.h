@@ -67,6 +67,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -105,9 +106,11 @@ struct NvmeOffloadOptions {
 // when every parameter is smaller (a small model's chunks), padded to 4096 for O_DIRECT.
 int64_t staging_slot_bytes(int64_t slice_numel, int64_t largest_numel);
 // The staging RAM a window of window_bytes really takes: whole slots, two of them at least
-// (io::StagingOptions), so a window below two slots costs two (8 MiB with the default slices).
-// The memory plan and the three tiers' budget count this, not the flag's value.
-int64_t staging_window_bytes(int64_t window_bytes, int64_t slice_numel, int64_t largest_numel);
+// (io::StagingOptions), so a window below two slots costs two (8 MiB with the default slices),
+// and no more slots than `max_slices` (the window makes none a slice could not use). The memory
+// plan and the three tiers' budget count this, not the flag's value.
+int64_t staging_window_bytes(int64_t window_bytes, int64_t slice_numel, int64_t largest_numel,
+                             int64_t max_slices = std::numeric_limits<int64_t>::max());
 
 // ColossalAI's choice: walk the parameters in order and offload one while the offloaded total plus
 // its numel stays <= floor(total_numel * fraction). Throws InvalidArgument for a fraction outside
@@ -202,7 +205,8 @@ class NvmeAdamStates {
   int64_t read_slice(int k, int64_t i, float* m_out, float* v_out);
   // Replaces slice (k, i)'s m and v (written through to disk before returning) and its step.
   void write_slice(int k, int64_t i, const float* m, const float* v, int64_t step);
-  // Re-enables read-ahead after read_slice/write_slice (call between steps).
+  // Re-enables read-ahead after read_slice/write_slice (call between steps; PrefetchPaused does
+  // it on every exit).
   void resume_prefetch();
   int64_t slice_count(int k) const;
   int64_t slice_numel() const { return options_.slice_numel; }
@@ -331,6 +335,23 @@ class NvmeAdamStates {
   std::vector<NoDecayRanges> no_decay_;  // per parameter
   std::unordered_map<int64_t, std::vector<Pages>> held_;  // slice -> pages newer than the disk
   std::thread updater_thread_;
+};
+
+// Restarts read-ahead when it leaves scope, a throw included: read_slice and write_slice pause it,
+// and a checkpoint that failed between them (a full disk under save_state, a write under
+// load_state's commit) left it paused, so the next step's updater waited forever for a slot that
+// no read would fill. Null: nothing to restart.
+class PrefetchPaused {
+ public:
+  explicit PrefetchPaused(NvmeAdamStates* states) : states_(states) {}
+  ~PrefetchPaused() {
+    if (states_) states_->resume_prefetch();
+  }
+  PrefetchPaused(const PrefetchPaused&) = delete;
+  PrefetchPaused& operator=(const PrefetchPaused&) = delete;
+
+ private:
+  NvmeAdamStates* states_;
 };
 
 }  // namespace mw::optim

@@ -529,8 +529,11 @@ MemoryPlan plan_memory(const PlanInputs& global) {
     add(p, "Adam m, v (NVMe)", "disk", on_disk, str("--fraction ", in.nvme_fraction));
     const Config& c = in.config;  // the largest parameter: wte, wpe or an MLP weight
     const int64_t largest = std::max({c.vocab_size, c.n_positions, c.mlp_width()}) * c.n_embd;
+    // at most a slice per slice_numel of the offloaded elements, and a part-slice per tensor
+    const int64_t slices = ceil_div(on_disk / 2, in.nvme_slice_numel) + 4 + 12 * c.n_layer;
     add(p, "NVMe window", "host",
-        optim::staging_window_bytes(in.nvme_window_bytes, in.nvme_slice_numel, largest), "staging");
+        optim::staging_window_bytes(in.nvme_window_bytes, in.nvme_slice_numel, largest, slices),
+        "staging");
   }
   add(p, "token ids", dev, io_bytes, "");
   return p;

@@ -121,9 +121,14 @@ class ShardStates {
       done += take;
     }
   }
-  // Read-ahead of the NVMe pipeline again (read_slice stopped it).
+  // Read-ahead of the NVMe pipeline again (read_slice stopped it); also where a failed save
+  // leaves before finish() (optim::PrefetchPaused).
+  ~ShardStates() { finish(); }
+  ShardStates(const ShardStates&) = delete;
+  ShardStates& operator=(const ShardStates&) = delete;
   void finish() {
     if (used_nvme_) hybrid_->nvme()->resume_prefetch();
+    used_nvme_ = false;
   }
 
  private:

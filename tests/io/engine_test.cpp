@@ -415,6 +415,25 @@ TEST(EngineChoice, EnvironmentOverridesProbe) {
   EXPECT_NE(probed->choice_reason().find("probe"), std::string::npos) << probed->choice_reason();
 }
 
+// The probe's 4-entry ring passing does not make the engine's start: auto then takes the pool,
+// with the reason (it stopped with "io_uring_queue_init(32) failed" before); uring asked for by
+// name still fails, saying so.
+TEST(EngineChoice, AutoTakesThePoolWhereTheEnginesRingFailsToStart) {
+  if (!detail::probe_uring().empty())
+    GTEST_SKIP() << "no io_uring here: auto takes the pool anyway";
+  unsetenv("MW_IO_BACKEND");
+  detail::set_uring_init_limit_for_testing(4);
+  IoOptions o;
+  o.queue_depth = 32;
+  auto engine = IoEngine::create(o);
+  o.backend = BackendKind::kUring;
+  EXPECT_THROW(IoEngine::create(o), DeviceError);
+  detail::set_uring_init_limit_for_testing(0);
+  EXPECT_EQ(engine->backend_name(), "threads");
+  EXPECT_NE(engine->choice_reason().find("io_uring_queue_init(32) failed"), std::string::npos)
+      << engine->choice_reason();
+}
+
 TEST(EngineChoice, RejectsBadOptions) {
   IoOptions o;
   o.queue_depth = 0;

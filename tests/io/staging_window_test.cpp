@@ -124,6 +124,22 @@ TEST_P(StagingTest, ItemsComeBackInTheExpectedOrderRoundAfterRound) {
   EXPECT_LE(io.bytes_read, 3 * padded + 3 * kSlotBytes);
 }
 
+// A window larger than its items makes a slot per item, no more (an item is in one slot at a
+// time): 64 slots asked over 5 items took 64 slots' RAM, pinned, that nothing could use.
+TEST_P(StagingTest, AWindowLargerThanItsItemsMakesASlotPerItem) {
+  TempDir dir;
+  const int64_t n = 5;
+  Fixture f(GetParam(), n, 64, dir.path());
+  for (int round = 0; round < 3; ++round) {
+    f.whole_round(n, round);
+    f.window->end_round();
+  }
+  f.window->await_write_backs();
+  EXPECT_EQ(f.window->stats().staging_bytes, n * kSlotBytes);
+  EXPECT_EQ(f.window->stats().spare_items, 0);
+  EXPECT_FALSE(f.window->failed());
+}
+
 // The next round expects the order this one acquired in: its first items are read ahead.
 TEST_P(StagingTest, NextRoundExpectsTheOrderThisOneAcquiredIn) {
   TempDir dir;

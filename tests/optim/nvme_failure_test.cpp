@@ -2,14 +2,18 @@
 // slice all old or all new with its counter, a failure before a step's updates leaves every state
 // at the last step, and what a failed step leaves is saved as it is but not resumed.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <thread>
 
 #include "nvme_test_util.h"
@@ -237,6 +241,38 @@ TEST(NvmeOffload, AFailureBeforeAStepsUpdatesLeavesEveryStateAtTheLastStep) {
     ++tested;
   }
   EXPECT_GT(tested, 0) << "the failure always came within the first step";
+}
+
+// optim::PrefetchPaused: a checkpoint that fails while it reads the slices (the file system's
+// size limit, as a full disk, after the first 1 MiB of the file) must not leave read-ahead paused:
+// the next step's updater waited forever for a slot no read would fill. The step is run on a
+// thread with a deadline (a hang cannot be joined: the process then exits failing).
+TEST(NvmeOffload, ACheckpointThatFailsLeavesTheNextStepRunning) {
+  Tensor p = Tensor::full({300'000}, 0.5);  // m and v 2.4 MB: the save fails past its first MiB
+  set_requires_grad(p);
+  std::vector<Tensor> ps = {p};
+  HybridAdam opt(ps, HybridAdamOptions({}, -1.f, small_nvme(1.0)));
+  set_grad(p, Tensor::full({300'000}, 0.25));
+  opt.step();
+  const fs::path ckpt = fs::temp_directory_path() / ("mw_nvme_efbig_" + std::to_string(getpid()));
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // as the apps: EFBIG, not a signal
+  rlimit old_limit{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  rlimit limit = old_limit;
+  limit.rlim_cur = 64 << 10;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
+  EXPECT_THROW(opt.save_state(ckpt.string()), IoError);
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+  fs::remove(ckpt);
+  set_grad(p, Tensor::full({300'000}, 0.25));
+  auto stepped = std::async(std::launch::async, [&] { opt.step(); });
+  if (stepped.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    std::fprintf(stderr, "the step after a failed checkpoint hangs\n");
+    std::_Exit(1);
+  }
+  stepped.get();
+  EXPECT_EQ(opt.step_count(), 2);
 }
 
 }  // namespace

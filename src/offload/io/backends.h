@@ -12,6 +12,9 @@ namespace mw::io::detail {
 std::unique_ptr<IoEngine> make_uring_engine(const IoOptions& options);
 // Every io_uring_submit fails while set (Note [A broken ring]); for tests.
 void set_uring_submit_failure_for_testing(bool fail);
+// While set, rings of more than `entries` entries fail to start (ENOMEM), as a memlock limit or a
+// seccomp filter may refuse the engine's ring where the probe's 4 entries passed; 0 = off.
+void set_uring_init_limit_for_testing(int entries);
 // Returns "" when io_uring can run READ/WRITE here, else the reason it cannot.
 std::string probe_uring();
 std::unique_ptr<IoEngine> make_thread_engine(const IoOptions& options);

@@ -326,9 +326,17 @@ std::unique_ptr<IoEngine> IoEngine::create(const IoOptions& options) {
     }
   }
   std::string problem = detail::probe_uring();
-  if (problem.empty())
-    return create_engine_with_reason(BackendKind::kUring, options,
-                                     "probe: io_uring works (NOP ran; READ/WRITE supported)");
+  if (problem.empty()) {
+    // The probe's ring has 4 entries; the engine's has queue_depth, which a memlock limit (kernels
+    // before 5.12 charge rings to it) or a seccomp filter may refuse where the probe's passed. The
+    // pool is auto's answer to that too (docs/io.md).
+    try {
+      return create_engine_with_reason(BackendKind::kUring, options,
+                                       "probe: io_uring works (NOP ran; READ/WRITE supported)");
+    } catch (const DeviceError& e) {
+      problem = e.what();
+    }
+  }
   return create_engine_with_reason(BackendKind::kThreads, options,
                                    str("probe: ", problem, "; using the pread/pwrite pool"));
 }

@@ -31,11 +31,15 @@ namespace mw::io::detail {
 namespace {
 
 std::atomic<bool> g_fail_submits{false};  // set_uring_submit_failure_for_testing
+std::atomic<int> g_init_limit{0};         // set_uring_init_limit_for_testing
 
 class UringEngine final : public IoEngine {
  public:
   explicit UringEngine(int queue_depth) : IoEngine(queue_depth), slots_(queue_depth) {
-    int rc = io_uring_queue_init(static_cast<unsigned>(queue_depth), &ring_, 0);
+    const int limit = g_init_limit.load();
+    int rc = limit > 0 && queue_depth > limit
+                 ? -ENOMEM
+                 : io_uring_queue_init(static_cast<unsigned>(queue_depth), &ring_, 0);
     MW_CHECK_T(DeviceError, rc == 0, "io_uring_queue_init(", queue_depth,
                ") failed: ", errno_text(-rc), "; use the threads backend (MW_IO_BACKEND=threads)");
     for (int i = queue_depth - 1; i >= 0; --i) free_slots_.push_back(i);
@@ -236,6 +240,7 @@ class UringEngine final : public IoEngine {
 }  // namespace
 
 void set_uring_submit_failure_for_testing(bool fail) { g_fail_submits = fail; }
+void set_uring_init_limit_for_testing(int entries) { g_init_limit = entries; }
 
 std::unique_ptr<IoEngine> make_uring_engine(const IoOptions& options) {
   return std::make_unique<UringEngine>(options.queue_depth);
