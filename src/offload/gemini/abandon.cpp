@@ -94,7 +94,10 @@ void Gemini::abandon_step() {
   } catch (const Error&) {
   }
   // Deferred updates (Note [Deferred updates]): gradient buffers on their way to disk.
-  for (Spill& s : spills_) s.write.join();
+  for (Spill& s : spills_) {
+    s.write.join();
+    track_host(-s.buffer.nbytes());  // counted when made, as poll_spills uncounts them
+  }
   spills_.clear();
   grads_in_ram_.clear();
   for (auto& parts : norm_parts_) parts.clear();
@@ -114,6 +117,7 @@ void Gemini::abandon_step() {
       c->drop_shard_ram();
       track_host(-c->shard().nbytes());
     }
+    if (c->grad.defined() && c->grad.device().is_cpu()) track_host(-c->grad.nbytes());
     c->grad = Tensor();
     c->grads_ready = 0;
   }

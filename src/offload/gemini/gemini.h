@@ -298,6 +298,7 @@ class Gemini : public optim::Optimizer {
   // Note [16-bit copies]: the dtype an op's use of chunk c wants, and the device bytes a gather
   // of c takes under the plan (the run's training forward).
   DType copy_dtype_for(Chunk& c, bool backward);
+  DType prefetch_dtype(const Chunk& c, int64_t t, int64_t u) const;  // op u's, asked at op t
   int64_t planned_copy_bytes(const Chunk& c) const;
   Tensor widened_gradient(const Tensor& g, Device grad_device);
   std::vector<char> low_copy_flags() const;  // per tensor, checked

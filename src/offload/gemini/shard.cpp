@@ -545,8 +545,7 @@ void Gemini::prefetch_shards(int64_t t) {
     Chunk& chunk = *chunks_[static_cast<size_t>(c)];
     if (!chunk.sharded() || chunk.gathered()) continue;
     const double t0 = now_us();
-    const DType dtype =
-        copy_dtype_for(chunk, !evaluating_ && trace_keys_[static_cast<size_t>(t + 1)].second);
+    const DType dtype = prefetch_dtype(chunk, t, t + 1);
     shard_inflight_[c] = start_prefetch_gather(chunk, t + 1, dtype);  // Note [Memory pressure]
     ++iter_.gathers;
     ++run_.gathers;

@@ -235,7 +235,7 @@ void Gemini::prefetch_after(int64_t t) {
       if (chunk.gathered() || chunk.sharded() || !(chunk.on_nvme() || options_.copy_worker))
         continue;
       // Note [16-bit copies]: in the dtype op u's use will want.
-      const DType dtype = copy_dtype_for(chunk, !evaluating_ && trace_keys_[u].second);
+      const DType dtype = prefetch_dtype(chunk, t, u);
       const int64_t bytes = chunk.copy_nbytes(dtype);
       if (gathered_bytes_ + bytes > room) return;
       if (st.capacity_bytes > 0 &&
