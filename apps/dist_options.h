@@ -50,7 +50,8 @@ inline dist::CommOptions parse_dist(const cli::Parser& p, train::TrainOptions& o
   const int launched = dist::launcher_world_size();
   MW_CHECK_T(cli::UsageError,
              c.backend != "local" || launched < 2 ||
-                 (o.save + o.checkpoint_dir + o.log + o.save_optimizer + o.trace + o.nvme_timeline)
+                 (o.save + o.save_best + o.checkpoint_dir + o.log + o.save_optimizer + o.trace +
+                  o.nvme_timeline)
                      .empty(),
              "--dist local under a launcher of ", launched,
              " processes: each would train alone "

@@ -61,7 +61,9 @@ bool is_power_of_two(double x) {
   return std::isfinite(x) && x > 0 && std::frexp(x, &exponent) == 0.5;
 }
 
-DynamicLossScaler::DynamicLossScaler(LossScalerOptions options) : options_(options) {
+DynamicLossScaler::DynamicLossScaler(LossScalerOptions options, int64_t ranks) : options_(options) {
+  MW_CHECK_T(InvalidArgument, ranks >= 1, "loss scaler: ranks must be >= 1; got ", ranks);
+  while (rank_divisor_ < static_cast<double>(ranks)) rank_divisor_ *= 2;
   MW_CHECK_T(InvalidArgument,
              options.initial_scale > 0 && options.growth >= 1 && options.backoff > 0 &&
                  options.backoff < 1 && options.growth_interval > 0 && options.hysteresis > 0,
@@ -78,7 +80,7 @@ DynamicLossScaler::DynamicLossScaler(LossScalerOptions options) : options_(optio
 }
 
 Tensor DynamicLossScaler::backward_seed(const Tensor& loss) const {
-  return Tensor::full(loss.shape(), state_.scale, loss.dtype(), loss.device());
+  return Tensor::full(loss.shape(), gradient_scale(), loss.dtype(), loss.device());
 }
 
 bool DynamicLossScaler::unscale_and_check(const std::vector<Tensor>& params) {
@@ -88,7 +90,7 @@ bool DynamicLossScaler::unscale_and_check(const std::vector<Tensor>& params) {
     for (const Tensor& s : slices(g))
       if (!all_finite(s)) return false;
   }
-  const double inverse = 1.0 / state_.scale;
+  const double inverse = 1.0 / gradient_scale();
   for (const Tensor& p : params) {
     Tensor g = grad(p);
     if (!g.defined()) continue;

@@ -18,6 +18,16 @@
 // (Note [Loss scaling under Gemini], train/trainer.cpp). A start of 1e6 broke that: Gemini's
 // gradient norm differed from the plain run's in the 9th digit (tools/auto_sweep.py bitwise,
 // session 38), so a scale that is not a power of two is refused.
+//
+// Note [Loss scale over ranks]: under data parallel each rank's loss is the mean over its B/N
+// rows, and the reduction divides the sum of the ranks' gradients by N after backward. Seeded with
+// the scale, a rank's fp16 activation gradients were N times one process's, so they overflowed at
+// an N times lower scale: 2 ranks skipped a step one process kept and ended at half its scale (4
+// ranks: a quarter; losses 5.4e-3 apart where fp32 runs agree to 2e-7). The seed is now
+// gradient_scale() = scale() / D, D the smallest power of two >= N (kept a power of two for the
+// exactness above), and unscaling divides by the same: at 2, 4, 8 ranks each rank's activation
+// gradients are one process's, and the skips are its; at 3 ranks they are 3/4 of it. The schedule
+// (scale(), printed and saved) is one process's.
 // bf16 has f32's exponent range and needs no scaler.
 #pragma once
 
@@ -52,12 +62,16 @@ struct LossScalerState {
 
 class DynamicLossScaler {
  public:
-  explicit DynamicLossScaler(LossScalerOptions options = {});
+  // `ranks`: the data-parallel processes that each backward their share (Note [Loss scale over
+  // ranks]).
+  explicit DynamicLossScaler(LossScalerOptions options = {}, int64_t ranks = 1);
   double scale() const { return state_.scale; }
-  // The seed gradient for backward: d(scale * loss)/d(loss), a scalar like `loss`.
+  // What the loss's gradients carry: scale() / the ranks' power of two (scale() in one process).
+  double gradient_scale() const { return state_.scale / rank_divisor_; }
+  // The seed gradient for backward: d(gradient_scale() * loss)/d(loss), a scalar like `loss`.
   Tensor backward_seed(const Tensor& loss) const;
   // Checks every defined gradient of `params` for inf/nan; when all are finite, divides them by
-  // scale() in place (exact for a power-of-two scale) and returns true. Returns false otherwise
+  // gradient_scale() in place (exact: a power of two) and returns true. Returns false otherwise
   // and leaves them as they were.
   bool unscale_and_check(const std::vector<Tensor>& params);
   // Advances the schedule after a step that found_inf or not.
@@ -74,6 +88,7 @@ class DynamicLossScaler {
  private:
   LossScalerOptions options_;
   LossScalerState state_;
+  double rank_divisor_ = 1;
 };
 
 }  // namespace mw::optim

@@ -216,8 +216,9 @@ Trainer::Trainer(TrainOptions options, Print print) : o_(std::move(options)), pr
   if (o_.data_parallel()) setup_data_parallel();
   build_optimizer();
   build_recomputation();
-  if (o_.precision == DType::F16)
-    scaler_ = std::make_unique<optim::DynamicLossScaler>(o_.loss_scaler);
+  if (o_.precision == DType::F16)  // Note [Loss scale over ranks]
+    scaler_ = std::make_unique<optim::DynamicLossScaler>(o_.loss_scaler,
+                                                         o_.data_parallel() ? o_.comm->size() : 1);
   if (o_.precision != DType::F32)
     print_(str(
         "Precision: ", precision_name(o_.precision),
@@ -359,9 +360,8 @@ void Trainer::build_optimizer() {
 }
 
 void Trainer::build_recomputation() {
-  // Activation offload and recomputation: run_block maps block i through its segment.
-  // Forward's pending copies held to the prefetch's bytes, the plan's in-flight row for both
-  // (Note [Offload window]).
+  // Activation offload and recomputation: run_block maps block i through its segment. Forward's
+  // pending copies held to the prefetch's bytes, the plan's in-flight row (Note [Offload window]).
   offload::ActivationOffloadOptions offload;
   offload.prefetch_bytes = plan_inputs(o_, config_).offload_in_flight_bytes;
   offload.max_pending_bytes = offload.prefetch_bytes;
@@ -467,11 +467,11 @@ double Trainer::micro_step(int64_t k, std::vector<int32_t>& tokens, StepResult& 
 //
 // Note [Loss scaling under Gemini]: Gemini's gradients are in chunk buffers, not .grad, and fp16
 // defers its updates (Note [Deferred updates]). The buffers stay scaled: a non-finite value makes
-// the squared norm non-finite, which is the check; the norm is divided by the scale, and the scale
-// joins 1/K and the clip factor in the divisor the update applies. The scale is a power of two, so
-// dividing once by K x scale rounds as unscaling and then dividing by K does, and the norm, the
-// clip decision and the weights are the plain fp16 run's bit for bit. A skipped step drops the
-// buffers (Gemini::skip_step) with nothing stepped.
+// the squared norm non-finite, which is the check; the norm is divided by the gradients' scale
+// (Note [Loss scale over ranks]), which joins 1/K and the clip factor in the update's divisor. It
+// is a power of two, so dividing once by K x scale rounds as unscaling and then dividing by K
+// does: the norm, the clip decision and the weights are the plain fp16 run's bit for bit. A
+// skipped step drops the buffers (Gemini::skip_step) with nothing stepped.
 bool Trainer::measure_and_scale_gradients(StepResult& r) {
   const bool grads_kept = o_.optimizer == "adamw" ||
                           (o_.gemini.empty() && !o_.update_in_backward) ||
@@ -502,8 +502,8 @@ bool Trainer::measure_and_scale_gradients(StepResult& r) {
   double divisor = static_cast<double>(o_.grad_accum);
   if (gem_ && scaler_) {
     if (!std::isfinite(sum_norm)) return false;
-    sum_norm /= scaler_->scale();
-    divisor *= scaler_->scale();
+    sum_norm /= scaler_->gradient_scale();
+    divisor *= scaler_->gradient_scale();
   }
   r.grad_norm = sum_norm / static_cast<double>(o_.grad_accum);
   // torch.nn.utils.clip_grad_norm_: g *= max_norm / (norm + 1e-6) when that is below 1.

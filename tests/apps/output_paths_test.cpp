@@ -148,6 +148,16 @@ TEST(Reliability, DistLocalUnderALauncherOfSeveralProcessesWritesNothingTwice) {
   EXPECT_FALSE(std::filesystem::exists(tmp.file("m")));
   o = run_app(tmp, "gpt2_train", args, {"OMPI_COMM_WORLD_SIZE=1"});
   EXPECT_EQ(o.exit_code, 0) << o.output;
+  // --save-best too (both runs saved into one folder, each "best so far").
+  data::write_token_shard(tmp.file("val.bin"), std::vector<uint16_t>(200, 5));
+  o = run_app(tmp, "gpt2_train",
+              tiny({"--steps", "1", "--dist", "local", "--val-data", tmp.file("val.bin"),
+                    "--eval-every", "1", "--save-best", tmp.file("best")}),
+              {"OMPI_COMM_WORLD_SIZE=2"});
+  EXPECT_EQ(o.exit_code, 2) << o.output;
+  EXPECT_NE(o.output.find("--dist local under a launcher of 2 processes"), std::string::npos)
+      << o.output;
+  EXPECT_FALSE(std::filesystem::exists(tmp.file("best")));
 }
 
 // `srun -n 2 gpt2_train` where srun starts no MPI wire-up (--mpi=none, the default on many
