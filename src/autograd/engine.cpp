@@ -198,6 +198,7 @@ namespace {
 struct ApplyContext {
   Node* node = nullptr;
   std::unordered_map<Node*, std::vector<Tensor>>* buffers = nullptr;
+  bool retain_graph = false;
 };
 thread_local ApplyContext t_apply;
 
@@ -221,6 +222,8 @@ void accumulate_into(Tensor& slot, Tensor g) {
 }
 
 }  // namespace
+
+bool graph_retained() { return t_apply.retain_graph; }
 
 Tensor take_pending_gradient(size_t edge_index) {
   if (!t_apply.node || edge_index >= t_apply.node->next_edges.size()) return Tensor();
@@ -404,7 +407,7 @@ void join_readers_before(GraphTask& task, Node* n) {
 
 std::vector<Tensor> apply_node(GraphTask& task, Node* n, std::vector<Tensor> inputs) {
   const profile::Scope scope(profile::enabled() ? n->name() : std::string());  // Note [Op profile]
-  t_apply = {n, &task.buffers};
+  t_apply = {n, &task.buffers, task.retain_graph};
   try {
     std::vector<Tensor> outs = n->apply(std::move(inputs));
     t_apply = {};

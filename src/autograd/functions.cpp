@@ -9,6 +9,7 @@
 #include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "autograd/saved_tensor.h"
+#include "core/convert.h"
 #include "core/op_profile.h"
 #include "core/ops.h"
 
@@ -25,6 +26,12 @@ Tensor fresh_view(const Tensor& x) { return x.detach(); }
 // policy]), and the bf16 side gets a bf16 gradient.
 Tensor in_dtype(const Tensor& g, DType dtype) {
   return g.defined() && g.dtype() != dtype ? g.to(dtype) : g;
+}
+
+// -x. affine_scalar takes f32 and f64 only: a bf16/f16 gradient is negated in f32, exactly (sub
+// and div of two bf16 tensors recorded a graph whose backward then refused).
+Tensor negated(const Tensor& x) {
+  return ops::affine_scalar(is_low_precision(x.dtype()) ? x.to(DType::F32) : x, -1.0, 0.0);
 }
 }  // namespace
 
@@ -51,8 +58,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
     DType da = a.dtype(), db = b.dtype();
     return [needs, sa, sb, da, db](const Grads& g) -> Grads {
       return {needs[0] ? in_dtype(ops::sum_to_shape(g[0], sa), da) : Tensor(),
-              needs[1] ? in_dtype(ops::sum_to_shape(ops::affine_scalar(g[0], -1.0, 0.0), sb), db)
-                       : Tensor()};
+              needs[1] ? in_dtype(ops::sum_to_shape(negated(g[0]), sb), db) : Tensor()};
     };
   });
 }
@@ -93,7 +99,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
       if (needs[1]) {  // d(a/b)/db = -a/b^2
         Tensor t =
             ops::binary(BinaryOp::Div, ops::binary(BinaryOp::Mul, g_over_b, sa.unpack()), bv);
-        r[1] = in_dtype(ops::sum_to_shape(ops::affine_scalar(t, -1.0, 0.0), shape_b), db);
+        r[1] = in_dtype(ops::sum_to_shape(negated(t), shape_b), db);
       }
       return r;
     };
@@ -196,6 +202,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     SavedTensor sa(needs[1] ? a : Tensor(), "matmul input a");
     SavedTensor sb(needs[0] ? b : Tensor(), "matmul input b");
     Shape shape_a = a.shape(), shape_b = b.shape();
+    DType ta = a.dtype(), tb = b.dtype();  // each gradient in its input's dtype (mixed inputs)
     return [=](const Grads& g) -> Grads {
       Grads r(2);
       const Tensor& dy = g[0];
@@ -203,19 +210,19 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
         const int64_t K = shape_b[0], N = shape_b[1];
         Tensor dy2 = dy.reshape({-1, N});
         if (needs[0]) {
-          Tensor da = Tensor::empty({dy2.size(0), K}, dy.dtype(), dy.device());
+          Tensor da = Tensor::empty({dy2.size(0), K}, ta, dy.device());
           ops::gemm(dy2, false, sb.unpack(), true, da, false);
           r[0] = da.view(shape_a);
         }
         if (needs[1]) {
-          Tensor db = Tensor::empty({K, N}, dy.dtype(), dy.device());
+          Tensor db = Tensor::empty({K, N}, tb, dy.device());
           ops::gemm(sa.unpack().reshape({-1, K}), true, dy2, false, db, false);
           r[1] = db;
         }
         return r;
       }
-      if (needs[0]) r[0] = ops::matmul(dy, sb.unpack().transpose(-1, -2));
-      if (needs[1]) r[1] = ops::matmul(sa.unpack().transpose(-1, -2), dy);
+      if (needs[0]) r[0] = in_dtype(ops::matmul(dy, sb.unpack().transpose(-1, -2)), ta);
+      if (needs[1]) r[1] = in_dtype(ops::matmul(sa.unpack().transpose(-1, -2), dy), tb);
       return r;
     };
   });
@@ -230,16 +237,18 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
         SavedTensor sx(needs[1] ? x : Tensor(), "linear input");
         SavedTensor sw(needs[0] ? w : Tensor(), "linear weight");
         Shape shape_w = w.shape();
-        DType dtype = w.dtype();
+        DType dtype = w.dtype(), x_dtype = x.dtype();
+        DType b_dtype = bias.defined() ? bias.dtype() : dtype;
         Device device = w.device();
         return [=](const Grads& g) -> Grads {
           // What is not saved is a placeholder: linear_backward reads only w's shape and dtype
           // when dx is not needed, and only x's dtype and last dimension when dw is not (dx takes
-          // its shape from dy).
+          // its shape from dy; the placeholder had w's dtype, so an f32 x with a frozen bf16 w
+          // got a bf16 gradient).
           Tensor wv = needs[0] ? sw.unpack() : Tensor::empty(shape_w, dtype, device);
-          Tensor xv = needs[1] ? sx.unpack() : Tensor::empty({1, shape_w[0]}, dtype, device);
+          Tensor xv = needs[1] ? sx.unpack() : Tensor::empty({1, shape_w[0]}, x_dtype, device);
           auto lg = ops::linear_backward(g[0], xv, wv, needs[0], needs[1], needs[2]);
-          return {lg.dx, lg.dw, lg.dbias};
+          return {in_dtype(lg.dx, x_dtype), in_dtype(lg.dw, dtype), in_dtype(lg.dbias, b_dtype)};
         };
       });
 }
@@ -261,16 +270,17 @@ Tensor lm_head(const Tensor& x, const Tensor& table) {
                   SavedTensor sx(needs[1] ? x : Tensor(), "lm_head input");
                   SavedTensor st(needs[0] ? table : Tensor(), "lm_head table");
                   Shape shape_x = x.shape();
+                  DType tx = x.dtype(), tt = table.dtype();  // gradients in their inputs' dtypes
                   return [=](const Grads& g) -> Grads {
                     Grads r(2);
                     Tensor dy = g[0].reshape({-1, V});
                     if (needs[0]) {
-                      Tensor dx = Tensor::empty({dy.size(0), C}, dy.dtype(), dy.device());
+                      Tensor dx = Tensor::empty({dy.size(0), C}, tx, dy.device());
                       ops::gemm(dy, false, st.unpack(), false, dx, false);
                       r[0] = dx.view(shape_x);
                     }
                     if (needs[1]) {
-                      Tensor dt = Tensor::empty({V, C}, dy.dtype(), dy.device());
+                      Tensor dt = Tensor::empty({V, C}, tt, dy.device());
                       ops::gemm(dy, true, sx.unpack().reshape({-1, C}), false, dt, false);
                       r[1] = dt;
                     }
@@ -403,10 +413,12 @@ Tensor shifted_cross_entropy(const Tensor& logits, const Tensor& ids) {
         Tensor ids_copy = ids.detach();
         return [sl, slse, ids_copy](const Grads& g) mutable -> Grads {
           Tensor l = sl->unpack();
-          *sl = SavedTensor();  // drop our reference: the buffer may be reused below
+          // Drop our reference, so the buffer may be reused below; not when the graph is kept
+          // (a second backward found it gone and crashed).
+          if (!graph_retained()) *sl = SavedTensor();
           // Reuse the logits buffer for dlogits when nothing else holds it (saves one
           // B*T*V buffer: 103 MB for GPT-2 small at B4 T128).
-          bool reuse = l.storage().use_count() == 1 && l.is_contiguous();
+          bool reuse = !graph_retained() && l.storage().use_count() == 1 && l.is_contiguous();
           return {ops::shifted_cross_entropy_backward(g[0], l, slse.unpack(), ids_copy, reuse)};
         };
       });

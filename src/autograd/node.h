@@ -83,6 +83,9 @@ class AccumulateGrad final : public Node {
 // into the LM head's [V, C] gradient instead of into a second dense [V, C] buffer (147 MiB on GPT-2
 // small).
 Tensor take_pending_gradient(size_t edge_index);
+// True while a backward(..., retain_graph = true) applies a node: a node that would give up a
+// saved tensor to reuse its buffer keeps it (a second backward reads it again).
+bool graph_retained();
 
 // Wraps a new node in a shared_ptr whose deleter tears graphs down iteratively.
 std::shared_ptr<Node> adopt_node(Node* node);

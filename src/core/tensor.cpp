@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <sstream>
 
@@ -22,7 +23,13 @@ std::string shape_str(const Shape& shape) {
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  for (int64_t s : shape) {
+    MW_CHECK_T(ShapeError, s >= 0, "shape ", shape_str(shape), " has a negative size");
+    // {2^32, 2^32} wrapped to 0 elements, a tensor of that shape with no bytes
+    MW_CHECK_T(ShapeError, s == 0 || n <= std::numeric_limits<int64_t>::max() / s, "shape ",
+               shape_str(shape), " has more elements than an int64_t counts");
+    n *= s;
+  }
   return n;
 }
 

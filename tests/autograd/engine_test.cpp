@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <functional>
 
+#include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "autograd/saved_tensor.h"
 #include "gradcheck.h"
@@ -59,6 +60,53 @@ TEST(Engine, SecondBackwardWithoutRetainGraphIsAnError) {
   Tensor loss2 = sum(gelu(x));
   backward(loss2, Tensor(), /*retain_graph=*/true);
   EXPECT_NO_THROW(backward(loss2));
+}
+
+// The loss's backward gives up its saved logits to reuse their buffer: with retain_graph it keeps
+// them (a second backward found them gone and crashed), and gives the same gradient again.
+TEST(Engine, ASecondBackwardThroughTheLossWithRetainGraphGivesTheSameGradient) {
+  Tensor w = Tensor::full({2, 4, 8}, 0.25);
+  w.data<float>()[5] = 1.5f;
+  set_requires_grad(w);
+  const Tensor ids = Tensor::from_vector<int32_t>({1, 7, 3, 0, 2, 2, 5, 6}, {2, 4});
+  Tensor loss = shifted_cross_entropy(mul_scalar(w, 2.0), ids);
+  backward(loss, Tensor(), /*retain_graph=*/true);
+  const std::vector<float> once = grad(w).to_vector<float>();
+  backward(loss, Tensor(), /*retain_graph=*/true);
+  const std::vector<float> twice = grad(w).to_vector<float>();
+  for (size_t i = 0; i < once.size(); ++i) ASSERT_EQ(twice[i], 2 * once[i]) << i;
+}
+
+// sub and div of two 16-bit tensors recorded a graph whose backward then refused (the negation
+// took f32 and f64 only); gradients come back in their inputs' dtypes, also where the inputs'
+// dtypes differ outside autocast (matmul, lm_head, linear with a frozen weight gave 16-bit ones
+// to f32 inputs).
+TEST(Engine, SixteenBitAndMixedInputsGetGradientsInTheirOwnDtypes) {
+  for (DType low : {DType::BF16, DType::F16}) {
+    Tensor a = Tensor::full({2, 3}, 3.0, low), b = Tensor::full({2, 3}, 2.0, low);
+    set_requires_grad(a);
+    set_requires_grad(b);
+    backward(sum(cast(sub(a, b), DType::F32)));
+    EXPECT_EQ(grad(b).dtype(), low);
+    EXPECT_EQ(grad(b).to(DType::F32).to_vector<float>()[0], -1.0f);
+    zero_grad(a);
+    zero_grad(b);
+    backward(sum(cast(div(a, b), DType::F32)));
+    EXPECT_EQ(grad(b).to(DType::F32).to_vector<float>()[0], -0.75f);  // -a/b^2
+  }
+  Tensor x = Tensor::full({2, 4}, 0.5), t = Tensor::full({4, 3}, 0.25);
+  set_requires_grad(x);
+  set_requires_grad(t);
+  backward(sum(cast(matmul(x.to(DType::BF16), t), DType::F32)));
+  EXPECT_EQ(grad(t).dtype(), DType::F32);
+  Tensor table = Tensor::full({5, 4}, 0.5);
+  set_requires_grad(table);
+  backward(sum(cast(lm_head(x.to(DType::BF16), table), DType::F32)));
+  EXPECT_EQ(grad(table).dtype(), DType::F32);
+  Tensor frozen = Tensor::full({4, 3}, 0.5, DType::BF16);
+  zero_grad(x);
+  backward(sum(cast(linear(x, frozen, Tensor()), DType::F32)));
+  EXPECT_EQ(grad(x).dtype(), DType::F32);
 }
 
 TEST(Engine, NoGradRecordsNothing) {

@@ -59,7 +59,9 @@ TEST(Threads, AnAvx2OrAvx512CpuDoesNotRunOpenBlasPrescottKernels) {
   num_threads();
   const std::string core = openblas_get_corename();
   std::printf("OpenBLAS kernels: %s\n", core.c_str());
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) EXPECT_NE(core, "Prescott");
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    EXPECT_NE(core, "Prescott");
+  }
 }
 
 }  // namespace

@@ -293,6 +293,10 @@ AttentionOut attention(const Tensor& qkv_in, int64_t n_head, double attn_dropout
 
 Tensor attention_backward(const Tensor& dout_in, const Tensor& qkv_in, const Tensor& att_in,
                           int64_t n_head, double attn_dropout, RngState rng) {
+  MW_CHECK_T(ShapeError,  // dout is [B, T, C] for qkv [B, T, 3C] (a shorter one was read past)
+             dout_in.dim() == 3 && qkv_in.dim() == 3 && dout_in.size(0) == qkv_in.size(0) &&
+                 dout_in.size(1) == qkv_in.size(1) && 3 * dout_in.size(2) == qkv_in.size(2),
+             "attention_backward: dout ", dout_in.desc(), " for qkv ", qkv_in.desc());
   if (qkv_in.device().is_cuda() && is_low_precision(qkv_in.dtype()) &&
       dout_in.dtype() == qkv_in.dtype())
     return cuda::attention_backward(dout_in, qkv_in, att_in, n_head, attn_dropout, rng);

@@ -143,6 +143,13 @@ void scale_(Tensor& x, double alpha) {
 }
 
 Tensor sum_to_shape(const Tensor& grad_in, const Shape& shape) {
+  // `shape` must broadcast to grad's (an incompatible one wrote past the sums: heap corruption).
+  const int64_t lead = grad_in.dim() - static_cast<int64_t>(shape.size());
+  bool fits = lead >= 0;
+  for (size_t d = 0; fits && d < shape.size(); ++d)
+    fits = shape[d] == 1 || shape[d] == grad_in.size(lead + static_cast<int64_t>(d));
+  MW_CHECK_T(ShapeError, fits, "sum_to_shape: ", grad_in.desc(), " does not reduce to ",
+             shape_str(shape), " (it must broadcast to the gradient's shape)");
   if (mixed::any_low({&grad_in})) return mixed::sum_to_shape(grad_in, shape);
   if (grad_in.shape() == shape) return grad_in;
   if (grad_in.device().is_cuda()) return cuda::sum_to_shape(grad_in, shape);

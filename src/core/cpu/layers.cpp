@@ -84,6 +84,12 @@ void embedding_backward_into(Tensor& dtable, const Tensor& dout_in, const Tensor
              "embedding_backward_into: table gradient ", dtable.desc(), " does not fit ",
              dout.desc());
   const std::vector<int64_t> rows = token_ids(ids);
+  // As the forward checks: an id past the table wrote outside it.
+  MW_CHECK_T(ShapeError, static_cast<int64_t>(rows.size()) * C == dout.numel(),
+             "embedding_backward_into: ", ids.desc(), " ids for ", dout.desc());
+  for (const int64_t id : rows)
+    MW_CHECK_T(InvalidArgument, id >= 0 && id < dtable.size(0), "embedding_backward_into: id ", id,
+               " outside the table's ", dtable.size(0), " rows");
   dtable.bump_version();
   dispatch_float(dout.dtype(), "embedding_backward", [&]<typename T>() {
     const T* d = dout.template data<T>();
@@ -104,7 +110,11 @@ void embedding_backward_into(Tensor& dtable, const Tensor& dout_in, const Tensor
 LayerNormOut layernorm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, double eps) {
   check_float("layernorm", x_in);
   if (x_in.device().is_cuda()) return cuda::layernorm(x_in, weight, bias, eps);
-  Tensor x = x_in.contiguous();
+  // Contiguous copies of strided ones live to the end: a temporary's data pointer was read after
+  // it was freed, and the bias's copy took the weight's freed block (errors of 2.7).
+  Tensor x = x_in.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
+  MW_CHECK_T(ShapeError, x.dim() >= 1 && x.size(-1) > 0, "layernorm: ", x.desc(),
+             " has no channels to normalise");
   const int64_t C = x.size(-1), N = x.numel() / C;
   MW_CHECK_T(ShapeError, weight.numel() == C && bias.numel() == C, "layernorm: weight ",
              weight.desc(), " and bias ", bias.desc(), " must have ", C, " elements for ",
@@ -114,8 +124,8 @@ LayerNormOut layernorm(const Tensor& x_in, const Tensor& weight, const Tensor& b
                  Tensor::empty({N}, x.dtype(), x.device())};
   dispatch_float(x.dtype(), "layernorm", [&]<typename T>() {
     const T* px = x.template data<T>();
-    const T* w = weight.contiguous().template data<T>();
-    const T* b = bias.contiguous().template data<T>();
+    const T* w = wc.template data<T>();
+    const T* b = bc.template data<T>();
     T* po = r.out.template data<T>();
     T* pm = r.mean.template data<T>();
     T* pr = r.rstd.template data<T>();
@@ -145,7 +155,12 @@ LayerNormOut layernorm(const Tensor& x_in, const Tensor& weight, const Tensor& b
 LayerNormGrads layernorm_backward(const Tensor& dout_in, const Tensor& x_in, const Tensor& weight,
                                   const Tensor& mean, const Tensor& rstd) {
   if (x_in.device().is_cuda()) return cuda::layernorm_backward(dout_in, x_in, weight, mean, rstd);
-  Tensor dout = dout_in.contiguous(), x = x_in.contiguous();
+  Tensor dout = dout_in.contiguous(), x = x_in.contiguous(), wc = weight.contiguous();
+  MW_CHECK_T(
+      ShapeError,
+      x.dim() >= 1 && x.size(-1) > 0 && dout.shape() == x.shape() && wc.numel() == x.size(-1),
+      "layernorm_backward: dout ", dout.desc(), ", x ", x.desc(), " and weight ", wc.desc(),
+      " do not match");
   const int64_t C = x.size(-1), N = x.numel() / C;
   LayerNormGrads g{Tensor::empty(x.shape(), x.dtype(), x.device()),
                    Tensor::empty({C}, x.dtype(), x.device()),
@@ -153,7 +168,7 @@ LayerNormGrads layernorm_backward(const Tensor& dout_in, const Tensor& x_in, con
   dispatch_float(x.dtype(), "layernorm_backward", [&]<typename T>() {
     const T* pd = dout.template data<T>();
     const T* px = x.template data<T>();
-    const T* w = weight.contiguous().template data<T>();
+    const T* w = wc.template data<T>();
     const T* pm = mean.template data<T>();
     const T* pr = rstd.template data<T>();
     T* pdx = g.dx.template data<T>();
@@ -276,6 +291,8 @@ Tensor gelu(const Tensor& x_in) {
 }
 
 Tensor gelu_backward(const Tensor& dout_in, const Tensor& x_in) {
+  MW_CHECK_T(ShapeError, dout_in.shape() == x_in.shape(), "gelu_backward: dout ", dout_in.desc(),
+             " for x ", x_in.desc());  // a shorter dout was read past its end
   if (mixed::any_low({&dout_in, &x_in})) return mixed::gelu_backward(dout_in, x_in);
   if (x_in.device().is_cuda()) return cuda::gelu_backward(dout_in, x_in);
   Tensor x = x_in.contiguous(), dout = dout_in.contiguous();
