@@ -53,7 +53,7 @@ gpt2::SamplingOptions sampling_options(const cli::Parser& p, const gpt2::Generat
 
 // How a sample ended, for its summary line.
 struct SampleEnd {
-  bool end_of_text = false;           // the model wrote <|endoftext|>
+  bool end_of_text = false;           // the model wrote an eos_token_id
   const std::string* stop = nullptr;  // the --stop string it stopped at
   int64_t textless = 0;  // ids of a padded vocabulary past the tokenizer's: no text, as in training
 };
@@ -70,7 +70,7 @@ void print_summary(const gpt2::GPT2& model, const data::BpeTokenizer* tok, size_
   if (slide.slides > 0)
     notes += str("; the context slid ", slide.slides, " time", slide.slides > 1 ? "s" : "",
                  " (each keeping the last ", std::max<int64_t>(1, n_positions / 2), " tokens)");
-  if (end.end_of_text) notes += "; stopped: <|endoftext|> (the model ended the text)";
+  if (end.end_of_text) notes += "; stopped: an eos_token_id (the model ended the text)";
   if (end.stop) notes += str("; stopped at --stop '", gpt2::escape_stop_string(*end.stop), "'");
   if (end.textless > 0)
     notes += str("; ", end.textless, " of them past the tokenizer's ", tok->vocab_size(),
@@ -107,9 +107,11 @@ void sample_once(const gpt2::GPT2& model, const data::BpeTokenizer* tok,
   const auto generated = gpt2::generate(
       model, prompt, max_new, options,
       [&](int32_t id) {
-        // transformers' generate stops at the eos_token_id, ids or text (--print-ids sampled on
-        // past it until session 38; an eos list stopped at its first id only until session 40).
-        if (ends_text(id) || (tok && id == tok->eot_id())) return end.end_of_text = true, false;
+        // transformers' generate stops at the eos_token_id, ids or text, and only there
+        // (--print-ids sampled on past it until session 38; an eos list stopped at its first id
+        // only until session 40; the tokenizer's <|endoftext|> stopped text too until session
+        // 41, and a tokenizer without it stopped the run at the first token).
+        if (ends_text(id)) return end.end_of_text = true, false;
         if (print_ids) return true;
         if (id >= tok->vocab_size()) return ++end.textless, true;
         print_text(stop.push(tok->token_bytes(id)));
@@ -191,8 +193,10 @@ int run(cli::Parser& p) {
   std::vector<int32_t> prompt = p.given("prompt-ids")
                                     ? cli::token_ids("prompt-ids", p.str("prompt-ids"))
                                 : has_text ? tok->encode_prompt(text)
-                                           : std::vector<int32_t>{tok->eot_id()};
-  if (prompt.empty()) prompt.push_back(tok->eot_id());  // an empty --prompt ""
+                                           : std::vector<int32_t>{};
+  if (prompt.empty())  // no --prompt, or "": from <|endoftext|>, else the bos_token_id (as HF)
+    prompt.push_back(tok->token_id(data::kEndOfText)
+                         .value_or(static_cast<int32_t>(model.config().bos_token_id)));
   for (int64_t k = 0; k < samples; ++k) {
     gpt2::SamplingOptions o = options;
     o.seed = options.seed + static_cast<uint64_t>(k);  // sample k of --seed S: --seed S+k alone

@@ -6,6 +6,7 @@
 #include <array>
 #include <queue>
 #include <sstream>
+#include <unordered_set>
 
 #include "core/error.h"
 #include "data/file_io.h"
@@ -228,6 +229,8 @@ void save_vocab_and_merges(const BpeModel& model, const std::string& vocab_json_
 }
 
 BpeTokenizer::BpeTokenizer(const BpeModel& model, const std::string& source) : source_(source) {
+  std::unordered_set<int32_t> added_ids;  // Note [Added tokens]
+  for (const auto& [content, id] : model.added) added_ids.insert(id);
   for (const auto& [token, id] : model.vocab) {
     MW_CHECK_T(FormatError, id >= 0 && id < kMaxTokenId, source_, ": token \"", token, "\" has id ",
                id, "; ids must be in [0, ", kMaxTokenId, ")");
@@ -238,9 +241,12 @@ BpeTokenizer::BpeTokenizer(const BpeModel& model, const std::string& source) : s
       id_to_bytes_.resize(id + 1);
       id_present_.resize(id + 1, false);
     }
-    // A token that is not made of byte characters (an added token such as "<|endoftext|>")
-    // decodes to its own text.
-    std::string bytes = token_chars_to_bytes(token).value_or(token);
+    // A token that is not made of byte characters (as "<|endoftext|>") decodes to its own text,
+    // and so does an added token whatever it is made of: "<|né|>" is all characters of GPT-2's
+    // byte map (é is byte 0xE9's), which decoded to the one byte E9 where its text is C3 A9, so
+    // decode(encode(x)) was not x (HF's GPT2Tokenizer gives an added token its content).
+    std::string bytes =
+        added_ids.count(id) > 0 ? token : token_chars_to_bytes(token).value_or(token);
     MW_CHECK_T(FormatError, !id_present_[id] || id_to_bytes_[id] == bytes, source_, ": id ", id,
                " names two tokens");
     id_to_bytes_[id] = std::move(bytes);

@@ -233,12 +233,13 @@ void Trainer::load_tokenizer() {
     sample_prompt_ = tokenizer_->encode_prompt(o_.sample_prompt);
   }
   if (sample_prompt_.empty())  // GPT-2's unconditional samples start from <|endoftext|>
-    sample_prompt_ = {tokenizer_ ? tokenizer_->eot_id()
-                                 : static_cast<int32_t>(config_.eos_token_id)};
+    sample_prompt_ = {tokenizer_eot().value_or(static_cast<int32_t>(config_.eos_token_id))};
+  // Ids past the tokenizer's (a padded vocabulary's) have no text: refused here, where they
+  // stopped the run at its first sample.
+  const int64_t ids = tokenizer_ ? tokenizer_->vocab_size() : config_.vocab_size;
   for (int32_t id : sample_prompt_)
-    MW_CHECK_T(InvalidArgument, id < config_.vocab_size, "the sampling prompt holds token ", id,
-               " but the model has ", config_.vocab_size, " tokens (ids 0..",
-               config_.vocab_size - 1, ")");
+    MW_CHECK_T(InvalidArgument, id < ids, "the sampling prompt holds token ", id, " but the ",
+               tokenizer_ ? "tokenizer" : "model", " has ", ids, " tokens (ids 0..", ids - 1, ")");
   MW_CHECK_T(InvalidArgument, static_cast<int64_t>(sample_prompt_.size()) < config_.n_positions,
              "the sampling prompt is ", sample_prompt_.size(), " tokens, and the model's context ",
              "holds ", config_.n_positions, ": shorten it so that tokens can follow");
@@ -275,8 +276,15 @@ std::vector<int32_t> Trainer::sample_by_forwards() {
   return generated;
 }
 
-bool Trainer::ends_sample(int32_t id) const {
-  return config_.is_eos(id) || (tokenizer_ && id == tokenizer_->eot_id());
+// The config's eos ids, as gpt2_generate on the saved model and HF's generate stop (the
+// tokenizer's <|endoftext|> stopped it too until session 41, and a vocabulary without one, as
+// many HF-trained ones with <s> and </s>, stopped the run at its first sample).
+bool Trainer::ends_sample(int32_t id) const { return config_.is_eos(id); }
+
+// A vocabulary may have no <|endoftext|>.
+
+std::optional<int32_t> Trainer::tokenizer_eot() const {
+  return tokenizer_ ? tokenizer_->token_id(data::kEndOfText) : std::nullopt;
 }
 
 // Note [Evaluation windows]: the first min(--eval-batches x --batch, W) of --val-data's W whole
@@ -350,9 +358,10 @@ std::string Trainer::sample() {
     return line + "\n";
   }
   std::vector<int32_t> text_ids = sample_prompt_;
-  if (text_ids.size() == 1 && text_ids[0] == tokenizer_->eot_id()) text_ids.clear();
+  const std::optional<int32_t> eot = tokenizer_eot();
+  if (text_ids.size() == 1 && text_ids[0] == eot) text_ids.clear();
   for (int32_t id : ids)  // a padded vocabulary's ids past the tokenizer's have no text
-    if (id != tokenizer_->eot_id() && id < tokenizer_->vocab_size()) text_ids.push_back(id);
+    if (id != eot && id < tokenizer_->vocab_size()) text_ids.push_back(id);
   return str("[", step_, "] sample: ", tokenizer_->decode(text_ids), "\n");
 }
 

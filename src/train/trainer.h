@@ -24,6 +24,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -258,6 +259,7 @@ class Trainer {
   // the tokenizer's <|endoftext|> (without a tokenizer the samples ran on past it until session
   // 38).
   bool ends_sample(int32_t id) const;
+  std::optional<int32_t> tokenizer_eot() const;
   const data::TokenizerFiles& tokenizer_files() const { return tokenizer_files_; }
   // Rank 0 writes the checkpoint; under data parallel every rank must call it (under ZeRO each
   // sends its optimizer states, Note [ZeRO checkpoints]; every rank then waits until rank 0 has

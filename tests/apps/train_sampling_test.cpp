@@ -252,5 +252,36 @@ TEST(TrainSampling, ANewModelsEosIsItsTokenizersEndOfText) {
   EXPECT_TRUE(has(config, "\"bos_token_id\":587")) << config;
 }
 
+// A vocabulary without <|endoftext|> (HF-trained ones often have <s> and </s>): its training
+// samples and gpt2_generate stopped with "the vocabulary has no <|endoftext|>" after the first
+// token, and the run died unsaved at its first sample. They stop at the config's eos ids, as HF's
+// generate; a prompt id past the tokenizer's (a padded vocabulary's) is refused before step 0.
+TEST(TrainSampling, AVocabularyWithoutEndOfTextSamplesAndGenerates) {
+  TempDir tmp;
+  std::string vocab = read_bytes(kBpe + "vocab.json");
+  vocab.replace(vocab.find("<|endoftext|>"), 13, "</s>");
+  std::ofstream(tmp.file("vocab.json")) << vocab;
+  const std::vector<std::string> tok = {"--vocab", tmp.file("vocab.json"), "--merges",
+                                        kBpe + "merges.txt"};
+  const Outcome run = run_app(
+      tmp, "gpt2_train",
+      tiny(with(tok, {"--steps", "2", "--vocab-size", "588", "--sample-every", "1",
+                      "--sample-tokens", "5", "--sample-prompt", "The", "--save", tmp.file("m")})));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_TRUE(has(run.output, "[1] sample: The")) << run.output;
+  const Outcome gen = run_app(tmp, "gpt2_generate",
+                              {"--model", tmp.file("m"), "--max-new-tokens", "5", "--prompt", ""});
+  EXPECT_EQ(gen.exit_code, 0) << gen.output;
+  EXPECT_TRUE(has(gen.output, "[generate] 1 prompt + ")) << gen.output;  // the bos id
+  const Outcome padded =
+      run_app(tmp, "gpt2_train",
+              tiny(with(tok, {"--steps", "2", "--vocab-size", "640", "--sample-every", "1",
+                              "--sample-prompt-ids", "600,320"})));
+  EXPECT_EQ(padded.exit_code, 1) << padded.output;  // as the model's own range (above)
+  EXPECT_TRUE(has(padded.output, "the sampling prompt holds token 600 but the tokenizer has 588"))
+      << padded.output;
+  EXPECT_FALSE(has(padded.output, "[0] loss")) << "refused before the first step";
+}
+
 }  // namespace
 }  // namespace mw

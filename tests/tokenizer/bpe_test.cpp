@@ -254,6 +254,14 @@ TEST(Bpe, AddedTokensOfATokenizerJsonAreMatchedInTheText) {
   expected.push_back(589);
   EXPECT_EQ(tok.encode("Hi<|im_start|>user\nthe <|i<|im"), expected);
   EXPECT_EQ(tok.decode({588, 589}), "<|im_start|><|im");
+  // An added token decodes to its text even where every character of it is one of GPT-2's byte
+  // characters ("é" is byte 0xE9's): it gave the one byte E9 of invalid UTF-8.
+  BpeTokenizer latin(load_tokenizer_json(with("latin.json",
+                                              "{\"id\": 588, \"content\": "
+                                              "\"<|n\u00e9|>\"}, ")),
+                     "latin.json");
+  EXPECT_EQ(latin.decode({588}), "<|n\xc3\xa9|>");
+  EXPECT_EQ(latin.decode(latin.encode("x<|n\xc3\xa9|>y")), "x<|n\xc3\xa9|>y");
   EXPECT_EQ(tok.encode("<|endoftext|>"), plain.encode("<|endoftext|>"));  // left to the callers
   EXPECT_EQ(tok.encode_prompt("a<|endoftext|>"),
             (std::vector<int32_t>{plain.encode("a")[0], plain.eot_id()}));

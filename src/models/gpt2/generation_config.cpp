@@ -40,7 +40,8 @@ GenerationDefaults read_generation_defaults(const std::string& dir) {
       note("do_sample false (greedy)");
     } else {  // transformers' defaults for what the file leaves out
       d.temperature = number("temperature").value_or(1.0);
-      d.top_k = whole("top_k").value_or(50);
+      const json::Value* k = v.find("top_k");  // null: no top-k (HF's None); absent: 50
+      d.top_k = k != nullptr && k->is_null() ? 0 : whole("top_k").value_or(50);
       d.top_p = number("top_p").value_or(1.0);
       note(str("do_sample true: temperature ", *d.temperature, ", top_k ", *d.top_k, ", top_p ",
                *d.top_p));
