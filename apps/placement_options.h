@@ -51,8 +51,8 @@ inline void declare_placement(cli::Parser& p) {
   p.option("copy-worker", "auto",
            "on|off|auto: --gemini auto|const: the chunks the next two ops need are copied to the "
            "device while the current op computes, by a thread on sim, on a copy stream on cuda "
-           "(docs/gemini.md); auto: on for sim when the machine has more cores than --threads, "
-           "off on cuda");
+           "(docs/gemini.md); auto: on for sim when --threads is given and below the machine's "
+           "cores, off on cuda");
   p.option("chunk-copy-dtype", "auto",
            "auto|fp32: --gemini or --zero 3 with --precision bf16|fp16: the blocks' weight "
            "matrices go to the device, and ZeRO 3's all_gathers carry them, in that dtype (half "

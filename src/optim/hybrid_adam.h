@@ -47,7 +47,8 @@ struct HybridAdamOptions {
   // its gradient is final, and free that gradient at once. Gradients then never all exist together
   // (GPT-2 small: 475 MiB less at the peak) and the update runs while the gradient is still warm in
   // cache. The contract is NVMe offload's: one backward per step() and no changes to gradients in
-  // between (clip through div_scale). Gradient accumulation needs it off.
+  // between (clip through div_scale). Under gradient accumulation only the last micro-batch's
+  // backward updates (set_final_backward, Note [Updates in the last backward]).
   bool update_in_backward = false;
   // Where m and v live for a parameter on the simulated accelerator: in host RAM (true), as
   // ColossalAI's HybridAdam keeps optimizer states of CPU-placed chunks and ZeRO-Offload keeps them

@@ -32,8 +32,8 @@
 //    update(k, ...) later steps the pending rows in those pages, with no I/O at all, and
 //    keeps the pages in RAM as *held* pages: newer than the disk, they are laid over the slice
 //    every time it is taken from the window (for its update, or a checkpoint), and dropped when the
-//    slice is next written in full. So the largest parameter's 309 MiB of states stream during the
-//    blocks' backward instead of after it, for at most 2 x B*T x row pages of RAM (8 MiB at B4
+//    slice is next written in full. So the largest parameter's 294.5 MiB of states stream during
+//    the blocks' backward instead of after it, for at most 2 x B*T x row pages of RAM (8 MiB at B4
 //    T128). Adam is elementwise, so the split changes no bit.
 //  - Note [Borrowed gradient slots] (optional, off by default): with updates inside backward, a
 //    parameter's gradient is dead once its update ran. The updater can then *lend* its buffer here

@@ -10,9 +10,12 @@
 #include <random>
 
 #include "../data/temp_dir.h"
+#include "autograd/functions.h"
 #include "core/allocator.h"
 #include "data/token_shard.h"
 #include "dir_entries.h"
+#include "nn/layers.h"
+#include "optim/grad_norm.h"
 #include "train/trainer.h"
 
 namespace mw::train {
@@ -400,6 +403,155 @@ TEST(GeminiLoop, ChunksMovedToTheDeviceAreBitwiseThePlainTrainer) {
     EXPECT_LE(half.sim_peak_bytes, a.device_capacity_limit_bytes);
     EXPECT_LT(half.stats.d2h_bytes, none.stats.d2h_bytes);
     EXPECT_GT(half.stats.d2h_bytes, all.stats.d2h_bytes);
+  }
+}
+
+// Note [Deferred updates] with a layer that some micro-batches of a step do not call: `extra`
+// shares the one chunk with `body`, called after it (its gradients arrive first in backward) or
+// before it (they arrive last).
+class SometimesExtra : public nn::Module {
+ public:
+  SometimesExtra(Device device, bool extra_first) : extra_first_(extra_first) {
+    auto random = [&](Shape shape, uint32_t seed) {
+      std::mt19937 gen(seed);
+      std::normal_distribution<float> normal(0.f, 0.5f);
+      std::vector<float> v(static_cast<size_t>(shape_numel(shape)));
+      for (float& x : v) x = normal(gen);
+      return Tensor::from_vector(v, shape).to(device);
+    };
+    body = register_module("body", std::make_shared<nn::Linear>(random({8, 8}, 1), random({8}, 2)));
+    extra =
+        register_module("extra", std::make_shared<nn::Linear>(random({8, 8}, 3), random({8}, 4)));
+  }
+  Tensor forward(const Tensor& x) override {
+    if (!use_extra) return (*body)(x);
+    return extra_first_ ? (*body)((*extra)(x)) : (*extra)((*body)(x));
+  }
+  std::string type_name() const override { return "SometimesExtra"; }
+  std::shared_ptr<nn::Linear> body, extra;
+  bool use_extra = true;
+
+ private:
+  bool extra_first_;
+};
+
+struct AccumRun {
+  std::vector<double> norms;  // per step, before its update
+  std::vector<std::vector<float>> weights;
+};
+
+// Steps of uses.size() micro-batches each; uses[k][s]: micro-batch k of step s calls `extra`.
+// offload < 0: the plain HybridAdam run; else Gemini (static, that offload fraction), deferred.
+AccumRun accumulate(const std::vector<std::vector<bool>>& uses, bool extra_first, double offload) {
+  const Device sim = Device::sim(kSim);
+  SometimesExtra model(offload < 0 ? sim : Device::cpu(), extra_first);
+  optim::AdamHyper hyper;
+  hyper.lr = 1e-2f;
+  hyper.weight_decay = 0.01f;
+  std::unique_ptr<optim::HybridAdam> plain;
+  std::unique_ptr<gemini::Gemini> gem;
+  if (offload < 0) {
+    plain =
+        std::make_unique<optim::HybridAdam>(model.parameters(), optim::HybridAdamOptions(hyper));
+  } else {
+    gemini::GeminiOptions o;
+    o.device = sim;
+    o.offload_param_frac = o.offload_optim_frac = offload;
+    o.chunk_numel = 1024;  // one chunk: body.weight, body.bias, extra.weight, extra.bias
+    o.adam = optim::HybridAdamOptions(hyper);
+    o.verbose = false;
+    gem = std::make_unique<gemini::Gemini>(model, o);
+    EXPECT_EQ(gem->chunks().size(), 1u);
+    gem->set_deferred_updates(true);
+  }
+  AccumRun r;
+  std::mt19937 gen(7);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (size_t s = 0; s < uses[0].size(); ++s) {
+    for (size_t k = 0; k < uses.size(); ++k) {
+      std::vector<float> x(4 * 8);
+      for (float& v : x) v = normal(gen);
+      model.use_extra = uses[k][s];
+      Tensor y = model(Tensor::from_vector(x, {4, 8}).to(sim));
+      if (gem) gem->set_final_backward(k + 1 == uses.size());
+      backward(mean(mul(y, y)));
+    }
+    r.norms.push_back(gem ? gem->grad_norm() : optim::global_grad_norm(model.parameters()));
+    if (gem) {
+      gem->step();
+    } else {
+      plain->step();
+      plain->zero_grad();
+    }
+  }
+  auto read = [&] {
+    for (const Tensor& p : model.parameters())
+      r.weights.push_back(p.to(Device::cpu()).to_vector<float>());
+  };
+  if (gem)
+    gem->with_parameters_readable(read);
+  else
+    read();
+  return r;
+}
+
+// A chunk member without a gradient in some micro-batches (before, between or after the others'):
+// its buffer holds the plain run's .grad sums, so the norm and the update are the plain run's,
+// whichever order the gradients arrive in, with the buffer on the device or in RAM.
+TEST(GeminiLoop, AChunkMemberMissingFromSomeMicroBatchesAccumulatesAsThePlainRun) {
+  const std::vector<std::vector<bool>> uses = {{false, true, true}, {true, false, true}};
+  const std::vector<std::vector<bool>> three = {{false, true}, {true, false}, {false, true}};
+  for (const auto& u : {uses, three})
+    for (bool extra_first : {false, true}) {
+      const AccumRun plain = accumulate(u, extra_first, -1);
+      for (double offload : {0.0, 1.0}) {
+        SCOPED_TRACE(::testing::Message() << u.size() << " micro-batches, extra first "
+                                          << extra_first << ", offload " << offload);
+        const AccumRun run = accumulate(u, extra_first, offload);
+        ASSERT_EQ(plain.norms.size(), run.norms.size());
+        for (size_t s = 0; s < plain.norms.size(); ++s)
+          EXPECT_TRUE(same_bits(plain.norms[s], run.norms[s]))
+              << "norm of step " << s << ": " << plain.norms[s] << " vs " << run.norms[s];
+        ASSERT_EQ(plain.weights.size(), run.weights.size());
+        for (size_t t = 0; t < plain.weights.size(); ++t)
+          for (size_t i = 0; i < plain.weights[t].size(); ++i)
+            if (!same_bits(plain.weights[t][i], run.weights[t][i])) {
+              ADD_FAILURE() << "tensor " << t << " element " << i
+                            << " first differs: " << plain.weights[t][i] << " vs "
+                            << run.weights[t][i];
+              break;
+            }
+      }
+    }
+}
+
+// A member without a gradient in every micro-batch of a step, beside members with one: a plain
+// run leaves it as it is, Gemini would step the whole chunk, so the step is refused by its name
+// before anything is stepped, and the step can be dropped.
+TEST(GeminiLoop, AChunkMemberWithoutAnyGradientInAStepIsRefusedByName) {
+  for (bool clip : {true, false}) {
+    SometimesExtra model(Device::cpu(), false);
+    gemini::GeminiOptions o;
+    o.device = Device::sim(kSim);
+    o.chunk_numel = 1024;
+    o.verbose = false;
+    gemini::Gemini gem(model, o);
+    gem.set_deferred_updates(true);
+    model.use_extra = false;
+    for (int k = 0; k < 2; ++k) {
+      gem.set_final_backward(k == 1);
+      Tensor y = model(Tensor::from_vector(std::vector<float>(32, 0.5f), {4, 8}).to(o.device));
+      backward(mean(mul(y, y)));
+    }
+    try {
+      if (clip) gem.grad_norm();
+      gem.step();
+      ADD_FAILURE() << "a step with extra.weight's gradient missing was not refused";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("'extra.weight'"), std::string::npos) << e.what();
+    }
+    gem.skip_step();
+    EXPECT_FALSE(gem.failed());
   }
 }
 

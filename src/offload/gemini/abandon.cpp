@@ -104,7 +104,6 @@ void Gemini::abandon_step() {
   settle_piece_reads();  // Note [Pieces on disk]
   for (auto& c : chunks_) {
     c->grad_on_disk = false;
-    c->backwards_done = 0;
     c->norm_taken = false;
     if (c->gathered()) release(*c, false);
     // Read into RAM for an update that never ran: the blob on disk is still the truth.
@@ -125,6 +124,7 @@ void Gemini::abandon_step() {
     set_grad(params_[i], Tensor());
     in_use_[i] = 0;
   }
+  begin_backward();  // Note [Deferred updates]: the next backward counts from nothing
   gathered_.clear();
   gathered_bytes_ = 0;
   op_ = 0;

@@ -132,10 +132,9 @@ class Chunk {
   void keep_in_ram();
 
   Tensor grad;          // [numel] gradient buffer during backward (undefined otherwise)
-  int grads_ready = 0;  // members whose gradient is in `grad` this iteration
-  // Note [Deferred updates] (deferred.cpp): backwards whose gradients `grad` has accumulated this
-  // step, whether the norm's partials were taken, and whether the buffer waits on disk.
-  int backwards_done = 0;
+  int grads_ready = 0;  // members whose gradient arrived in `grad` in this backward
+  // Note [Deferred updates] (deferred.cpp): whether the norm's partials were taken, and whether
+  // the buffer waits on disk.
   bool norm_taken = false;
   bool grad_on_disk = false;
   bool piece_kept = false;  // Note [Pieces on disk]: read for backward, kept for the update

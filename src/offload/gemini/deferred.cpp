@@ -4,12 +4,24 @@
 // Note [Deferred updates]: the global gradient norm must be known before any chunk is updated,
 // and with K micro-batches a chunk's gradient is only final after the K-th backward. So in
 // deferred mode a chunk whose gradients are complete in a backward is not stepped: its buffer
-// keeps them, and the next backward adds into it with the plain run's operation (AccumulateGrad's
-// axpy_, autograd/engine.cpp), so the sums are bitwise those of .grad in a plain run. In the last
-// backward each complete chunk gives its members' block partials of the squared norm at once
-// (Note [Norm order], optim/grad_norm.h), while the buffer is still in memory; grad_norm() adds
-// them in parameter order, which is the plain run's order, so the norm and the clip factor are
-// identical. step() then updates every chunk (the clip factor and 1/K are HybridAdam's div_scale).
+// keeps them, and later backwards add into it. Per tensor, grad_in_buffer_ says whether the buffer
+// holds a gradient of it: the first is copied (as autograd takes a leaf's first gradient), later
+// ones added with the plain run's operation (AccumulateGrad's axpy_, autograd/engine.cpp), so the
+// sums are bitwise those of .grad in a plain run, also for a tensor that some micro-batches leave
+// without a gradient. A chunk is complete in a backward once every member's gradient arrived in
+// that backward: c.grads_ready counts them from 0 at each backward's start, which
+// set_final_backward marks (the trainer calls it before each backward; without it, a tensor's
+// second gradient since the last mark does, which misses a backward whose first gradient is of a
+// tensor the one before lacked). In the last backward each complete chunk gives its members' block
+// partials of the squared norm at once (Note [Norm order], optim/grad_norm.h), while the buffer
+// is still in memory; a chunk not complete in it gives them in grad_norm(), which adds them in
+// parameter order, the plain run's order, so the norm and the clip factor are identical. step()
+// then updates every chunk (the clip factor and 1/K are HybridAdam's div_scale). A member without
+// a gradient in the whole step, beside members with one, cannot be the plain run's: that leaves
+// the parameter as it is, but HybridAdam steps the chunk whole (m and v decay, the weight decay
+// applies). In one process grad_norm() and step() refuse such a step first, naming the tensor
+// (InvalidArgument; skip_step drops it). Under data parallel the plain run steps it with a zero
+// gradient (its bucket is zero-filled, train/data_parallel.cpp), as the chunk does.
 //
 // Gradient buffers of disk-homed chunks (three tiers) do not stay in RAM: once complete in a
 // backward, all but the newest are written to the swap space ("grad.C") and freed when written;
@@ -57,8 +69,32 @@ void Gemini::set_deferred_updates(bool on) {
   norm_parts_.assign(names_.size(), {});
 }
 
-// The first backward of a step copies (as autograd takes a leaf's first gradient); later ones add
-// with AccumulateGrad's operation.
+void Gemini::set_final_backward(bool final) {
+  final_backward_ = final;
+  begin_backward();
+}
+
+void Gemini::begin_backward() {
+  std::fill(arrived_in_backward_.begin(), arrived_in_backward_.end(), 0);
+  for (auto& c : chunks_) c->grads_ready = 0;
+}
+
+void Gemini::refuse_missing_gradients() const {
+  if (reducing()) return;  // the plain data-parallel run steps it with a zero gradient too
+  for (const auto& c : chunks_) {
+    if (!c->grad.defined() && !c->grad_on_disk) continue;  // no member has one: none is stepped
+    for (const ChunkMember& m : c->members())
+      MW_CHECK_T(InvalidArgument, grad_in_buffer_[m.tensor], "Gemini: parameter '",
+                 names_[m.tensor], "' got no gradient in any backward of this step, but other ",
+                 "parameters of its chunk (", c->index(),
+                 ") did. A plain optimizer would leave it as it is; Gemini steps the chunk whole, "
+                 "which would move it. Use every parameter in some micro-batch of each step, or "
+                 "leave it out of the model's parameters; skip_step() drops this step");
+  }
+}
+
+// A member's first gradient in the step is copied (as autograd takes a leaf's first gradient);
+// later ones are added with AccumulateGrad's operation.
 void Gemini::add_gradient(Chunk& c, const ChunkMember& member, const Tensor& g,
                           Device grad_device) {
   Tensor gc = g.contiguous();
@@ -66,9 +102,10 @@ void Gemini::add_gradient(Chunk& c, const ChunkMember& member, const Tensor& g,
     iter_.d2h_bytes += gc.nbytes();
     run_.d2h_bytes += gc.nbytes();
   }
-  if (c.backwards_done == 0) {
+  if (!grad_in_buffer_[member.tensor]) {
     copy_bytes(static_cast<float*>(c.grad.raw_data()) + member.offset, grad_device, gc.raw_data(),
                gc.device(), gc.nbytes());
+    grad_in_buffer_[member.tensor] = 1;
     return;
   }
   // A later micro-batch adds into the buffer. A gradient on another device comes over in slices
@@ -87,7 +124,6 @@ void Gemini::add_gradient(Chunk& c, const ChunkMember& member, const Tensor& g,
 
 void Gemini::complete_deferred(Chunk& c) {
   c.grads_ready = 0;
-  ++c.backwards_done;
   if (final_backward_) {
     if (reducing())  // Note [Gemini under data parallel]
       start_reduction(c);
@@ -272,6 +308,7 @@ void Gemini::restore_grad(Chunk& c) {
 
 double Gemini::grad_norm() {
   MW_CHECK(deferred_, "Gemini::grad_norm needs deferred updates (set_deferred_updates)");
+  refuse_missing_gradients();
   settle_reductions();  // Note [Gemini under data parallel]
   if (sharded()) return sharded_norm();
   // A chunk that did not complete (a member without a gradient) gives its share now.
@@ -286,6 +323,7 @@ double Gemini::grad_norm() {
 }
 
 void Gemini::step_deferred() {
+  refuse_missing_gradients();
   update_reduced(0);  // Note [Updates as reductions complete]
   settle_reductions();
   std::vector<int> order;
@@ -303,10 +341,7 @@ void Gemini::step_deferred() {
     Gemini& g;
     ~Done() {
       g.updating_ = false;
-      for (auto& c : g.chunks_) {
-        c->backwards_done = 0;
-        c->norm_taken = false;
-      }
+      for (auto& c : g.chunks_) c->norm_taken = false;
       for (auto& parts : g.norm_parts_) parts.clear();
     }
   } done{*this};

@@ -101,6 +101,8 @@ void Gemini::layout(const std::vector<std::pair<std::string, Shape>>& tensors) {
   filled_.assign(chunks_.size(), 0);
   states_ = TensorStates(names_);
   in_use_.assign(names_.size(), 0);
+  grad_in_buffer_.assign(names_.size(), 0);  // Note [Deferred updates]
+  arrived_in_backward_.assign(names_.size(), 0);
 
   // Homes (Note [Chunk homes]) and where each chunk's gradients and Adam states live.
   std::vector<int64_t> bytes;
@@ -475,6 +477,9 @@ void Gemini::on_grad_ready(size_t i) {
     states_.set(i, TensorState::kHoldAfterBwd);
   }
   states_.set(i, TensorState::kReadyForReduce);
+  // Note [Deferred updates]: a tensor's second gradient since the last mark: a backward began.
+  if (arrived_in_backward_[i]) begin_backward();
+  arrived_in_backward_[i] = 1;
   Chunk& c = *chunks_[chunk_of_[i]];
   const Device grad_device = optim_on_host_[chunk_of_[i]] ? Device::cpu() : options_.device;
   if (c.grad_on_disk) restore_grad(c);  // Note [Deferred updates]: a later micro-batch
@@ -482,6 +487,7 @@ void Gemini::on_grad_ready(size_t i) {
     c.grad = Tensor::zeros({grad_buffer_numel(c)}, DType::F32, grad_device);
     if (grad_device.is_cpu()) track_host(c.grad.nbytes());
     if (deferred_ && c.on_nvme()) grads_in_ram_.push_back(c.index());
+    for (const ChunkMember& m : c.members()) grad_in_buffer_[m.tensor] = 0;
   }
   const ChunkMember* member = nullptr;
   for (const ChunkMember& mm : c.members())
@@ -562,6 +568,7 @@ void Gemini::step() {
   op_ = 0;
   off_plan_ = false;
   stepped_chunks_ = 0;
+  begin_backward();
   Optimizer::step_ = adam_->step_count();
 }
 

@@ -32,8 +32,9 @@
 // Contract (Note [Overlapped step contract], optim/hybrid_adam.h): one backward per step() (or K
 // with deferred updates, Note [Deferred updates]), no gradient changes between backward and
 // step(). Evaluation forwards run inside an EvalScope (Note [Evaluation forward]). Every parameter
-// should receive a gradient in each backward: a chunk is stepped with a zero gradient for a member
-// that got none (a plain AdamW would skip that parameter).
+// should receive a gradient in each step: with one backward a step, a chunk is stepped with a zero
+// gradient for a member that got none (a plain AdamW would skip that parameter); with deferred
+// updates in one process, that step is refused naming the parameter (Note [Deferred updates]).
 #pragma once
 
 #include <atomic>
@@ -222,8 +223,9 @@ class Gemini : public optim::Optimizer {
   void set_deferred_updates(bool on);
   bool deferred_updates() const { return deferred_; }
   // Whether the coming backward is the step's last (default true): then each chunk's gradient is
-  // final when complete, and its share of the norm is taken at once.
-  void set_final_backward(bool final) { final_backward_ = final; }
+  // final when complete, and its share of the norm is taken at once. Called before each backward
+  // of a step, it also marks where that backward begins (Note [Deferred updates]).
+  void set_final_backward(bool final);
   // Note [Updates as reductions complete] (deferred.cpp): under data parallel, with nothing that
   // needs every gradient before the first update (no clipping, accumulation or loss scaling), each
   // chunk is updated in backward once its reduction completes; Note [Updates in the last
@@ -357,6 +359,8 @@ class Gemini : public optim::Optimizer {
   const NextUse& plan_next() const { return evaluating_ ? *eval_next_ : *next_; }
   int64_t plan_ops() const;
   void complete_deferred(Chunk& c);
+  void begin_backward();  // Note [Deferred updates]: no tensor has arrived in it yet
+  void refuse_missing_gradients() const;
   void add_gradient(Chunk& c, const ChunkMember& member, const Tensor& g, Device grad_device);
   void take_norm_parts(Chunk& c);
   void spill_grads(bool all);
@@ -484,8 +488,10 @@ class Gemini : public optim::Optimizer {
 
   // Note [Deferred updates]: chunks with gradients in RAM on their way to disk, oldest first;
   // the chunks whose gradient buffer (disk-homed chunks only) is in RAM, oldest first; per tensor,
-  // its block partials of the squared norm.
+  // its block partials of the squared norm, whether its chunk's buffer holds a gradient of it, and
+  // whether its gradient arrived in the current backward.
   bool deferred_ = false, final_backward_ = true, updating_ = false;
+  std::vector<char> grad_in_buffer_, arrived_in_backward_;
   struct Spill {
     int chunk = 0;
     Tensor buffer;
