@@ -144,8 +144,25 @@ CachingAllocator::Block* CachingAllocator::new_segment_locked(bool small, int64_
   if (reserved_exists) ++stats_.arena_fallbacks;
   // Note [Freeing just enough]: without a reserved segment, a hard capacity holds the cache too.
   const int64_t over = segment_bytes_ + bytes - stats_.capacity_bytes;
-  if (hard_capacity_ && !reserved_exists && stats_.capacity_bytes > 0 && over > 0)
+  if (hard_capacity_ && !reserved_exists && stats_.capacity_bytes > 0 && over > 0) {
     free_cached_locked(over);
+    // What is still over is free space inside segments in use, which a GPU of that size would
+    // not have either: a segment of the request alone where that fits, else out of memory (the
+    // segment was taken regardless, 40 MiB reserved under a 32 MiB cuda:32MiB).
+    if (segment_bytes_ + bytes > stats_.capacity_bytes && bytes > rounded &&
+        segment_bytes_ + rounded <= stats_.capacity_bytes)
+      bytes = rounded;
+    if (segment_bytes_ + bytes > stats_.capacity_bytes) {
+      const int64_t free_bytes = std::max<int64_t>(0, stats_.capacity_bytes - segment_bytes_);
+      throw OutOfMemory(
+          str(device_.str(), " out of memory: requested ", rounded, " bytes, ", free_bytes,
+              " bytes unreserved of a ", stats_.capacity_bytes, "-byte capacity (",
+              stats_.capacity_bytes - stats_.current_bytes,
+              " free in all, split among cached segments). Raise the capacity (--device "
+              "cuda:SIZE), lower the batch, or enable checkpointing/offload."),
+          rounded, free_bytes, stats_.capacity_bytes);
+    }
+  }
   char* ptr = nullptr;
   if (reserved_exists && spare_ptr_ && spare_bytes_ == bytes)  // its pages are backed already
     ptr = std::exchange(spare_ptr_, nullptr);

@@ -194,6 +194,24 @@ TEST(CachingAllocator, ALimitMakesAGpusReportedCapacityHardUntilLifted) {
   a->deallocate(q, int64_t{48} << 20);
 }
 
+// cuda:SIZE is a smaller GPU: what it reserves stays inside the cap. A 2 MiB request took a 20 MiB
+// segment; a 19 MiB one passed the in-use check (21 <= 32) but fit no free block, and its new 20
+// MiB segment was taken although nothing cached could be freed: 40 MiB reserved under 32. Now
+// refused, as cudaMalloc would be; a request whose own size fits gets a segment of its size.
+TEST(CachingAllocator, AGpusLimitBoundsWhatIsReservedNotOnlyWhatIsInUse) {
+  auto [src, a] = make(gpu_cache_policy(512, int64_t{1} << 40), int64_t{64} << 20, false);
+  a->set_limit(int64_t{32} << 20);
+  void* small = a->allocate(int64_t{2} << 20);
+  EXPECT_EQ(src->out_bytes, int64_t{20} << 20) << "small requests share a 20 MiB segment";
+  EXPECT_THROW(a->allocate(int64_t{19} << 20), OutOfMemory);
+  EXPECT_LE(src->out_bytes, int64_t{32} << 20);
+  void* fits = a->allocate(int64_t{11} << 20);  // 20 + 11 <= 32: a segment of its own size
+  EXPECT_LE(src->out_bytes, int64_t{32} << 20);
+  a->deallocate(fits, int64_t{11} << 20);
+  a->deallocate(small, int64_t{2} << 20);
+  a->set_limit(0);
+}
+
 // Note [Freeing just enough]: the cache lives inside the capacity, and a miss that does not fit
 // beside it frees the smallest cached block that covers the shortfall, not the whole cache.
 TEST(CachingAllocator, AMissBesideAFullCacheFreesJustEnoughOfIt) {

@@ -133,6 +133,23 @@ TEST(MemoryPlan, ACgroupMemoryLimitIsWhatTheHostHas) {
   EXPECT_NE(out->find("does not fit"), std::string::npos) << *out;  // GPT-2 small: about 2 GiB
 }
 
+// The group's inactive page cache is reclaimed before anything is killed: 140 MB just written
+// under a 160 MiB limit left "13.8 MiB available" and a refusal of a run that trained in 40 MiB.
+TEST(MemoryPlan, ACgroupsReclaimablePageCacheIsAvailable) {
+  const testing::TestCgroup group("memory", "memory.limit_in_bytes", "160M", "memory.max", "160M");
+  if (!group.ok()) GTEST_SKIP() << "no writable cgroup with a memory limit here";
+  const std::string file = "/tmp/memwall-cache-" + std::to_string(::getpid());
+  const std::optional<std::string> out =
+      group.run("sh -c \"dd if=/dev/zero of=" + file + " bs=1M count=140 conv=fsync 2>/dev/null; " +
+                std::string(MW_BINARY_DIR) +
+                "/apps/gpt2_train --plan --n-layer 2 --n-embd 128 --n-head 2 --vocab-size 8192 "
+                "--batch 2 --seq 64\"");
+  std::remove(file.c_str());
+  if (!out) GTEST_SKIP() << "cannot join the cgroup here";
+  EXPECT_NE(out->find("(cgroup memory limit - usage)"), std::string::npos) << *out;
+  EXPECT_EQ(out->find("does not fit"), std::string::npos) << *out;
+}
+
 // Data parallel (docs/distributed.md): the plan is one rank's, over its rows of the global batch;
 // ZeRO 1 and 2 shard the Adam states (and stage 2 the kept gradients); ranks on one machine share
 // its RAM, so the check multiplies. Measured against each rank's peak in tests/dist/plan_test.cpp.
