@@ -51,6 +51,18 @@ gpt2::SamplingOptions sampling_options(const cli::Parser& p, const gpt2::Generat
   return o;
 }
 
+// No --prompt, or "": from <|endoftext|>, else the bos_token_id, as HF's generate starts.
+int32_t unconditional_start(const data::BpeTokenizer& tok, const gpt2::Config& config) {
+  const int64_t start =
+      tok.token_id(data::kEndOfText).value_or(static_cast<int32_t>(config.bos_token_id));
+  MW_CHECK_T(cli::UsageError, start >= 0 && start < config.vocab_size,
+             "no --prompt to start from: the tokenizer has no <|endoftext|> and the config's "
+             "bos_token_id is ",
+             config.bos_token_id, " (the model has ", config.vocab_size,
+             " tokens); pass --prompt or --prompt-ids");
+  return static_cast<int32_t>(start);
+}
+
 // How a sample ended, for its summary line.
 struct SampleEnd {
   bool end_of_text = false;           // the model wrote an eos_token_id
@@ -194,9 +206,7 @@ int run(cli::Parser& p) {
                                     ? cli::token_ids("prompt-ids", p.str("prompt-ids"))
                                 : has_text ? tok->encode_prompt(text)
                                            : std::vector<int32_t>{};
-  if (prompt.empty())  // no --prompt, or "": from <|endoftext|>, else the bos_token_id (as HF)
-    prompt.push_back(tok->token_id(data::kEndOfText)
-                         .value_or(static_cast<int32_t>(model.config().bos_token_id)));
+  if (prompt.empty()) prompt.push_back(unconditional_start(*tok, model.config()));
   for (int64_t k = 0; k < samples; ++k) {
     gpt2::SamplingOptions o = options;
     o.seed = options.seed + static_cast<uint64_t>(k);  // sample k of --seed S: --seed S+k alone

@@ -57,7 +57,11 @@ Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, int64_t offset, co
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t s : shape)
     MW_CHECK_T(ShapeError, s >= 0, "empty: negative dimension in shape ", shape_str(shape));
-  auto storage = Storage::create(shape_numel(shape) * dtype_size(dtype), device);
+  const int64_t numel = shape_numel(shape);
+  MW_CHECK_T(ShapeError, numel <= std::numeric_limits<int64_t>::max() / dtype_size(dtype),
+             "empty: ", shape_str(shape), " of ", dtype_name(dtype),
+             " has more bytes than an int64_t counts");
+  auto storage = Storage::create(numel * dtype_size(dtype), device);
   return from_storage(std::move(storage), 0, shape, contiguous_strides(shape), dtype);
 }
 

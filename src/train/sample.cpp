@@ -232,14 +232,19 @@ void Trainer::load_tokenizer() {
                "(or --tokenizer), or give the prompt as --sample-prompt-ids");
     sample_prompt_ = tokenizer_->encode_prompt(o_.sample_prompt);
   }
-  if (sample_prompt_.empty())  // GPT-2's unconditional samples start from <|endoftext|>
+  const bool given = !sample_prompt_.empty();
+  if (!given)  // GPT-2's unconditional samples start from <|endoftext|>
     sample_prompt_ = {tokenizer_eot().value_or(static_cast<int32_t>(config_.eos_token_id))};
   // Ids past the tokenizer's (a padded vocabulary's) have no text: refused here, where they
   // stopped the run at its first sample.
   const int64_t ids = tokenizer_ ? tokenizer_->vocab_size() : config_.vocab_size;
   for (int32_t id : sample_prompt_)
-    MW_CHECK_T(InvalidArgument, id < ids, "the sampling prompt holds token ", id, " but the ",
-               tokenizer_ ? "tokenizer" : "model", " has ", ids, " tokens (ids 0..", ids - 1, ")");
+    MW_CHECK_T(InvalidArgument, id >= 0 && id < ids, "the sampling prompt holds token ", id,
+               given ? ""
+                     : " (no prompt given: the config's eos_token_id, for want of a "
+                       "<|endoftext|> in the tokenizer)",
+               " but the ", tokenizer_ ? "tokenizer" : "model", " has ", ids, " tokens (ids 0..",
+               ids - 1, "); pass --sample-prompt or --sample-prompt-ids");
   MW_CHECK_T(InvalidArgument, static_cast<int64_t>(sample_prompt_.size()) < config_.n_positions,
              "the sampling prompt is ", sample_prompt_.size(), " tokens, and the model's context ",
              "holds ", config_.n_positions, ": shorten it so that tokens can follow");

@@ -219,8 +219,10 @@ TEST(Placement, TierReserveAndWindowFollowTheChunks) {
   EXPECT_EQ(window({40 * M}, 1 * M), 8 * M);
   EXPECT_EQ(window({40 * M}, 32 * M), 32 * M);
   EXPECT_EQ(window({40 * M}, 33 * M), 32 * M);
-  // Chunks of 64 KiB (16 Ki elements): slots of their m and v, 128 KiB.
-  EXPECT_EQ(window({64 * 1024}, 1 * M), 1 * M);
+  // Chunks of 64 KiB (16 Ki elements): slots of their m and v, 128 KiB, no more of them than
+  // the states have slices (one here: two slots at least; 1 MiB asked made 8 before session 41).
+  EXPECT_EQ(window({64 * 1024}, 1 * M), 256 * 1024);
+  EXPECT_EQ(window(std::vector<int64_t>(8, 64 * 1024), 1 * M), 1 * M);  // eight: all 8 slots
   EXPECT_EQ(window({64 * 1024}, 100), 256 * 1024);
 }
 

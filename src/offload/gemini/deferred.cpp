@@ -20,8 +20,10 @@
 // a gradient in the whole step, beside members with one, cannot be the plain run's: that leaves
 // the parameter as it is, but HybridAdam steps the chunk whole (m and v decay, the weight decay
 // applies). In one process grad_norm() and step() refuse such a step first, naming the tensor
-// (InvalidArgument; skip_step drops it). Under data parallel the plain run steps it with a zero
-// gradient (its bucket is zero-filled, train/data_parallel.cpp), as the chunk does.
+// (InvalidArgument; skip_step drops it), unless updates in the last backward stepped chunks
+// already: then, as with one backward a step, the chunk is stepped with a zero gradient for it.
+// Under data parallel the plain run steps it with a zero gradient (its bucket is zero-filled,
+// train/data_parallel.cpp), as the chunk does.
 //
 // Gradient buffers of disk-homed chunks (three tiers) do not stay in RAM: once complete in a
 // backward, all but the newest are written to the swap space ("grad.C") and freed when written;
@@ -81,6 +83,10 @@ void Gemini::begin_backward() {
 
 void Gemini::refuse_missing_gradients() const {
   if (reducing()) return;  // the plain data-parallel run steps it with a zero gradient too
+  // Updates in the last backward (Note [Updates in the last backward]) stepped the complete chunks
+  // already: a refusal now would leave the step half applied. As with one backward a step, the
+  // incomplete chunk is stepped with a zero gradient for the member that got none.
+  if (stepped_chunks_ > 0) return;
   for (const auto& c : chunks_) {
     if (!c->grad.defined() && !c->grad_on_disk) continue;  // no member has one: none is stepped
     for (const ChunkMember& m : c->members())

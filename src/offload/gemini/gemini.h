@@ -34,7 +34,8 @@
 // step(). Evaluation forwards run inside an EvalScope (Note [Evaluation forward]). Every parameter
 // should receive a gradient in each step: with one backward a step, a chunk is stepped with a zero
 // gradient for a member that got none (a plain AdamW would skip that parameter); with deferred
-// updates in one process, that step is refused naming the parameter (Note [Deferred updates]).
+// updates in one process, that step is refused naming the parameter unless updates in the last
+// backward stepped chunks already (Note [Deferred updates]).
 #pragma once
 
 #include <atomic>

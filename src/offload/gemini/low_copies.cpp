@@ -82,8 +82,8 @@ DType Gemini::copy_dtype_for(Chunk& c, bool backward) {
 DType Gemini::prefetch_dtype(const Chunk& c, int64_t t, int64_t u) const {
   const auto k = static_cast<size_t>(c.index());
   if (!low_chunk_[k]) return DType::F32;
-  if (!evaluating_ && (trace_keys_[static_cast<size_t>(t)].second ||
-                       trace_keys_[static_cast<size_t>(u)].second))
+  if (!evaluating_ &&
+      (trace_keys_[static_cast<size_t>(t)].second || trace_keys_[static_cast<size_t>(u)].second))
     return forward_copy_[k];
   return autocast_dtype() == options_.low_copies ? options_.low_copies : DType::F32;
 }

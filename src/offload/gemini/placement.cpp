@@ -210,7 +210,10 @@ TierPlan plan_tiers(const std::vector<TierChunk>& chunks, int64_t host_capacity_
   if (largest_piece > 0)
     t.reserve_bytes = std::max(t.reserve_bytes, 2 * (largest + largest_piece) + 2 * largest);
   // The states' parameters are the chunks (this rank's pieces): m and v, 8 bytes per element.
-  const int64_t window_bytes = optim::staging_window_bytes(window, slice_numel, largest_states / 8);
+  // No more slots than the states have slices (the window makes none they could not use).
+  const int64_t window_bytes = optim::staging_window_bytes(
+      window, slice_numel, largest_states / 8,
+      (states / 8 + slice_numel - 1) / slice_numel + static_cast<int64_t>(chunks.size()));
   t.nvme_fraction = nvme_fraction;
   if (t.host_chunk_bytes + states + t.reserve_bytes + t.kept_grad_bytes > cap &&
       t.nvme_fraction == 0 && states > 0)

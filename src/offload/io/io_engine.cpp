@@ -334,7 +334,8 @@ std::unique_ptr<IoEngine> IoEngine::create(const IoOptions& options) {
       return create_engine_with_reason(BackendKind::kUring, options,
                                        "probe: io_uring works (NOP ran; READ/WRITE supported)");
     } catch (const DeviceError& e) {
-      problem = e.what();
+      problem =
+          str("the probe's 4-entry ring ran, but the engine's did not start (", e.what(), ")");
     }
   }
   return create_engine_with_reason(BackendKind::kThreads, options,
