@@ -9,6 +9,7 @@
 #include <functional>
 
 #include "autograd/functions.h"
+#include "checkpoint_blocks.h"
 #include "core/allocator.h"
 #include "core/cuda_stream.h"
 #include "core/random.h"
@@ -126,15 +127,7 @@ TrainRun train(const Variant& v, int steps = 4) {
     o.states_on_host = true;
     opt = std::make_unique<optim::HybridAdam>(model.parameters(), o);
   }
-  std::shared_ptr<nn::SegmentedRunner> runner;
-  if (v.checkpoint) {
-    std::vector<nn::Segment> plan;
-    for (int64_t i = 0; i < config.n_layer; ++i) plan.push_back({i, i + 1, true});
-    runner = std::make_shared<nn::SegmentedRunner>(
-        std::vector<std::shared_ptr<nn::Module>>(model.blocks().begin(), model.blocks().end()),
-        plan);
-    model.run_block = [runner](nn::Block&, int64_t i, const Tensor& x) { return (*runner)(i, x); };
-  }
+  if (v.checkpoint) testing::checkpoint_every_block(model);
   if (gem && v.before_training) v.before_training(*gem);
   Unexpected unexpected;
   if (v.unexpected_bytes > 0) hold_unexpected(model, v.unexpected_bytes, device, unexpected);

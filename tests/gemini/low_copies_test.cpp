@@ -12,6 +12,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/functions.h"
+#include "checkpoint_blocks.h"
 #include "core/allocator.h"
 #include "core/random.h"
 #include "data/random_tokens.h"
@@ -156,15 +157,7 @@ CopiesRun train(DType low, const GeminiOptions* options, int steps = 4, bool rec
   const Device sim = Device::sim(kSim);
   allocator_for(sim).reset_peak();
   gpt2::GPT2 model(config, 21, DType::F32, options ? Device::cpu() : sim);
-  std::shared_ptr<nn::SegmentedRunner> runner;  // every block checkpointed
-  if (recompute) {
-    std::vector<nn::Segment> plan;
-    for (int64_t i = 0; i < config.n_layer; ++i) plan.push_back({i, i + 1, true});
-    runner = std::make_shared<nn::SegmentedRunner>(
-        std::vector<std::shared_ptr<nn::Module>>(model.blocks().begin(), model.blocks().end()),
-        plan);
-    model.run_block = [runner](nn::Block&, int64_t i, const Tensor& x) { return (*runner)(i, x); };
-  }
+  if (recompute) testing::checkpoint_every_block(model);
   optim::AdamHyper hyper;
   hyper.lr = 1e-2f;
   std::unique_ptr<optim::Optimizer> opt;

@@ -158,7 +158,7 @@ TEST(GenerateAsHf, GenerationConfigJsonGivesTheDefaults) {
   EXPECT_EQ(*d.top_p, 1.0);
   EXPECT_EQ(*d.repetition_penalty, 1.2);
   EXPECT_EQ(*d.max_new_tokens, 9);
-  EXPECT_EQ(*write(R"({"do_sample": true})").top_k, 50);  // transformers' default
+  EXPECT_EQ(*write(R"({"do_sample": true})").top_k, 50);                // transformers' default
   EXPECT_EQ(*write(R"({"do_sample": true, "top_k": null})").top_k, 0);  // None: no top-k (was 50)
   EXPECT_EQ(*write(R"({"do_sample": false, "top_k": 5})").temperature, 0);
   EXPECT_FALSE(write(R"({"do_sample": false, "top_k": 5})").top_k);
